@@ -23,15 +23,18 @@ COMMANDS = {
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="flashcourse", description="How FlashAttention makes attention fast.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-    for name, (module, help_) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_, description=help_)
-        p.set_defaults(_module=module)
-        importlib.import_module(module).add_arguments(p)
-    args = parser.parse_args(argv)
-    return int(importlib.import_module(args._module).run(args) or 0)
+    parser = argparse.ArgumentParser(
+        prog="flashcourse", description="How FlashAttention makes attention fast.",
+        epilog="commands:\n" + "\n".join(f"  {n:<10} {h}" for n, (_, h) in COMMANDS.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=COMMANDS, metavar="COMMAND")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="the command's own arguments (see COMMAND --help)")
+    ns = parser.parse_args(argv)
+    module_name, help_ = COMMANDS[ns.command]
+    module = importlib.import_module(module_name)  # only the command used is imported
+    sub = argparse.ArgumentParser(prog=f"flashcourse {ns.command}", description=help_)
+    module.add_arguments(sub)
+    return int(module.run(sub.parse_args(ns.args)) or 0)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,125 @@
+"""NumPy references agree with float64 softmax / attention, and their counted traffic equals the formulas."""
+import numpy as np
+import pytest
+
+from flashcourse import formulas
+from flashcourse.memory import Memory
+from flashcourse.reference import (attention_float64, blocked_online_softmax, causal_mask, merge,
+                                   naive_softmax, online_softmax, safe_softmax, standard_attention)
+
+rng = np.random.default_rng()
+
+
+def softmax64(x):
+    x = np.asarray(x, dtype=np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    e = np.exp(x - m)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _all(block):
+    return {
+        "naive": naive_softmax,
+        "safe": safe_softmax,
+        "online": online_softmax,
+        "blocked": lambda x, memory=None: blocked_online_softmax(x, block, memory=memory),
+    }
+
+
+@pytest.mark.parametrize("name", ["naive", "safe", "online", "blocked"])
+def test_softmax_matches_float64(name):
+    shape = tuple(rng.integers(1, 4, size=rng.integers(0, 2))) + (int(rng.integers(1, 40)),)
+    x = rng.normal(size=shape) * 3
+    fn = _all(int(rng.integers(1, 9)))[name]
+    np.testing.assert_allclose(fn(x), softmax64(x), rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("name", ["safe", "online", "blocked"])
+def test_safe_variants_survive_large_logits_and_minus_inf(name):
+    x = rng.normal(size=(3, 17)) * 1e4
+    x[1, ::3] = -np.inf
+    fn = _all(4)[name]
+    np.testing.assert_allclose(fn(x), softmax64(x), rtol=1e-12, atol=1e-300)
+    all_inf = fn(np.full((1, 5), -np.inf))
+    assert np.isnan(all_inf).all()  # as torch.softmax: 0 / 0
+
+
+def test_naive_softmax_overflows_visibly():
+    x = np.array([10.0, 800.0, 0.0])
+    assert np.isnan(naive_softmax(x)).any()
+    assert not np.isnan(safe_softmax(x)).any()
+    assert np.isnan(naive_softmax(x.astype(np.float32) / 8)).any()  # e^100 overflows float32
+
+
+@pytest.mark.parametrize("variant,fn", [("naive", naive_softmax), ("safe", safe_softmax),
+                                        ("online", online_softmax),
+                                        ("online", lambda x, memory: blocked_online_softmax(x, 7, memory=memory))])
+def test_softmax_passes_over_memory_equal_the_formula(variant, fn):
+    rows, cols = int(rng.integers(1, 4)), int(rng.integers(1, 30))
+    mem = Memory()
+    fn(rng.normal(size=(rows, cols)), memory=mem)
+    counted = {"read": mem.accesses("x", "read"), "write": mem.accesses("y", "write")}
+    assert counted == formulas.softmax_accesses(variant, rows, cols)
+    assert mem.accesses() == sum(counted.values())
+
+
+def test_blocked_softmax_fits_an_sram_of_one_block():
+    cols, block = 40, 8
+    mem = Memory(sram_bytes=2 * block * 8)       # a block of x and a block of y, float64
+    blocked_online_softmax(rng.normal(size=cols), block, memory=mem)
+    assert mem.peak_sram == 2 * block * 8
+
+
+def test_merge_rule_is_associative_with_the_whole_row():
+    x = rng.normal(size=20) * 5
+    cut = int(rng.integers(1, 19))
+    a, b = x[:cut], x[cut:]
+    m, l = merge(a.max(), np.exp(a - a.max()).sum(), b.max(), np.exp(b - b.max()).sum())
+    assert m == x.max()
+    np.testing.assert_allclose(l, np.exp(x - x.max()).sum(), rtol=1e-13)
+    m, l = merge(-np.inf, 0.0, 2.0, 1.0)
+    assert (m, l) == (2.0, 1.0)
+
+
+def test_softmax_rejects_a_scalar():
+    with pytest.raises(ValueError, match="scalar"):
+        safe_softmax(np.float64(1.0))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_standard_attention_matches_float64(causal):
+    B, H = int(rng.integers(1, 3)), int(rng.integers(1, 3))
+    n_q, n_k, d = int(rng.integers(1, 20)), int(rng.integers(1, 20)), int(rng.choice([16, 32]))
+    q, k, v = rng.normal(size=(B, H, n_q, d)), rng.normal(size=(B, H, n_k, d)), rng.normal(size=(B, H, n_k, d))
+    scale = float(rng.uniform(0.05, 0.3))
+    got = standard_attention(q, k, v, causal=causal, sm_scale=scale)
+    s = q @ np.swapaxes(k, -1, -2) * scale
+    if causal:
+        s = np.where(causal_mask(n_q, n_k), s, -np.inf)
+    rows_seen = np.isfinite(s).any(-1, keepdims=True)
+    p = np.where(rows_seen, softmax64(np.where(rows_seen, s, 0.0)), 0.0)
+    np.testing.assert_allclose(got, p @ v, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(attention_float64(q, k, v, causal, scale), p @ v, rtol=1e-10, atol=1e-12)
+
+
+def test_standard_attention_traffic_is_4Nd_plus_4N2():
+    N, d, H = int(rng.integers(1, 40)), int(rng.choice([16, 64])), int(rng.integers(1, 3))
+    mem = Memory()
+    standard_attention(*rng.normal(size=(3, 1, H, N, d)), memory=mem)
+    assert mem.accesses() == formulas.standard_attention_accesses(N, d, heads=H) == H * (4 * N * d + 4 * N * N)
+    assert mem.passes("S") == {"read": 1.0, "write": 1.0}
+    assert mem.passes("P") == {"read": 1.0, "write": 1.0}
+
+
+def test_standard_attention_needs_a_whole_K_on_chip():
+    from flashcourse.memory import SRAMOverflow
+    N, d = 64, 16
+    with pytest.raises(SRAMOverflow, match=r"loading K\[0:64, 0:16\]"):
+        standard_attention(*rng.normal(size=(3, N, d)), memory=Memory(sram_bytes=N * d * 8 - 8))
+
+
+def test_standard_attention_rejects_mismatched_shapes():
+    with pytest.raises(ValueError, match=r"q \(4, 8\), k \(4, 16\)"):
+        standard_attention(np.ones((4, 8)), np.ones((4, 16)), np.ones((4, 16)))
+    with pytest.raises(ValueError, match="expected \\(N_q, d\\) or \\(B, H, N_q, d\\)"):
+        standard_attention(np.ones(4), np.ones(4), np.ones(4))

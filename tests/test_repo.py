@@ -1,0 +1,65 @@
+"""The repository keeps its promises: README badges from one URL, notebooks executed and presentable."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import nbtools  # noqa: E402
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "solutions").glob("*.ipynb"))
+
+
+def test_readme_colab_badges_are_generated_from_pyproject_url():
+    readme = (ROOT / "README.md").read_text()
+    assert readme == nbtools.readme_with_badges(readme), "run: python tools/nbtools.py --readme"
+    url = nbtools.repo_url()
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        assert nbtools.colab_url(f"notebooks/{nb.name}") in readme
+    assert url.startswith("https://github.com/")
+
+
+def test_readme_test_command_is_what_ci_runs():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "```bash\npython -m pytest\n```" in readme
+    assert ci.rstrip().splitlines()[-1] == "python -m pytest"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_was_run_top_to_bottom_and_can_be_presented(path):
+    nb = json.loads(path.read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    counts = [c["execution_count"] for c in code]
+    assert None not in counts, f"{path.name}: cells never run; rebuild with tools/nbtools.py"
+    assert counts == list(range(1, len(code) + 1)), f"{path.name}: not run top to bottom on a fresh kernel"
+    types = {c["metadata"].get("slideshow", {}).get("slide_type") for c in nb["cells"]}
+    assert None not in types, f"{path.name}: a cell has no slideshow metadata"
+    assert "slide" in types
+    setup = "".join(code[0]["source"])
+    assert nbtools.repo_url() in setup and "--no-deps" in setup
+    for bad in ("torch", "triton", "ipywidgets", "ipykernel"):
+        assert f"install -q --no-deps {bad}" not in setup
+    for c in code:
+        for out in c.get("outputs", []):
+            assert out.get("name") != "stderr" or "Traceback" not in "".join(out.get("text", ""))
+
+
+def test_cli_lists_commands_and_doctor_reports_the_backend():
+    out = subprocess.run([sys.executable, "-m", "flashcourse.cli", "doctor"], capture_output=True,
+                         text=True, check=True).stdout
+    import flashcourse
+    assert f"backend     {flashcourse.backend.DEVICE}" in out
+    assert "triton" in out and "ipywidgets" in out
+    bad = subprocess.run([sys.executable, "-m", "flashcourse.cli", "nonsense"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+def test_doctor_warns_about_t4_and_bf16():
+    from flashcourse.doctor import warnings_for
+    t4 = " ".join(warnings_for((7, 5)))
+    assert "64 KB" in t4 and "tensor cores" in t4 and "bf16" in t4
+    assert not any("bf16" in w for w in warnings_for((9, 0)))
