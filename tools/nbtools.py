@@ -107,7 +107,7 @@ def build(source: Path, execute: bool = True, timeout: int = 600) -> Path:
         from nbclient import NotebookClient
         env_cwd = out.parent
         os.environ.setdefault("PYTHONHASHSEED", "0")
-        NotebookClient(nb, timeout=timeout, kernel_name="python3",
+        NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
                        resources={"metadata": {"path": str(env_cwd)}}).execute()
     nbformat.validate(nb)
     nbformat.write(nb, out)

@@ -1,0 +1,25 @@
+"""Benchmarks: the course's kernels beside what a user would pick instead, timed on a GPU.
+
+``run(suite)`` measures one suite on this machine's GPU (a progress bar, the medians of
+``triton.testing.do_bench``) and returns a :class:`Result`; ``shipped(suite)`` loads the results
+measured on an H100 that ship with the course, so a student without a GPU still sees real figures.
+``flashcourse bench SUITE`` does the same from the shell and writes JSON with its provenance.
+
+Suites register themselves with ``@suite("name")`` (see :mod:`flashcourse.bench.suites`).
+
+Example:
+    >>> import flashcourse.bench as bench
+    >>> sorted(bench.registered())[:2]
+    ['memory', 'softmax']
+    >>> h100 = bench.shipped("memory")
+    >>> round(h100.ceilings()["TBps"], 1) > 2.0
+    True
+"""
+from .harness import (DO_BENCH, Case, GPURequired, Record, Result, Workload, default_out,
+                      do_bench_timer, get_suite, provenance, require_gpu, run, shipped,
+                      shipped_suites, suite, registered, unregister)
+from . import suites as _suites  # noqa: F401  (registers the course's suites)
+
+__all__ = ["run", "shipped", "shipped_suites", "suite", "registered", "get_suite", "unregister", "Result",
+           "Record", "Case", "Workload", "GPURequired", "provenance", "require_gpu",
+           "do_bench_timer", "default_out", "DO_BENCH"]

@@ -1,0 +1,88 @@
+"""``flashcourse bench SUITE``: measure a suite on this machine's GPU and write the result as JSON.
+
+``flashcourse bench --list`` names the suites; ``flashcourse bench SUITE --shipped`` prints the
+H100 results that ship with the course (no GPU needed). Without a GPU, measuring says so in one
+line and exits with status 2.
+
+Example:
+    >>> import argparse
+    >>> p = argparse.ArgumentParser(prog="flashcourse bench"); add_arguments(p)
+    >>> args = p.parse_args(["softmax", "--quick", "--out", "s.json"])
+    >>> args.suite, args.quick, args.out
+    ('softmax', True, 's.json')
+"""
+from __future__ import annotations
+
+import shlex
+import sys
+
+from . import harness
+from .harness import GPURequired
+
+#: Exit status when a measurement is asked for on a machine without a GPU.
+NEEDS_GPU = 2
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("suite", nargs="?", help="the suite to run (see --list)")
+    parser.add_argument("--list", action="store_true", help="list the suites and what they measure")
+    parser.add_argument("--out", metavar="PATH",
+                        help="where to write the JSON result (default: ./bench-SUITE-GPU.json)")
+    parser.add_argument("--quick", action="store_true",
+                        help="smaller sizes: a first look, or a GPU with little memory")
+    parser.add_argument("--shipped", action="store_true",
+                        help="print the H100 results shipped with the course instead of measuring")
+    parser.add_argument("--warmup", type=int, default=harness.DO_BENCH["warmup"],
+                        help="do_bench warm-up time in ms (default %(default)s)")
+    parser.add_argument("--rep", type=int, default=harness.DO_BENCH["rep"],
+                        help="do_bench timing time in ms (default %(default)s)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _err(msg: str) -> None:
+    print(f"flashcourse bench: {msg}", file=sys.stderr)
+
+
+def run(args) -> int:
+    from . import registered  # the package registers the course's suites on import
+    known = registered()
+    if args.list or not args.suite:
+        for name, s in sorted(known.items()):
+            shipped = " (H100 results shipped)" if name in harness.shipped_suites() else ""
+            print(f"{name:<10} {s.help}{shipped}")
+        if not args.list:
+            _err("name a suite to run, e.g. `flashcourse bench memory`")
+            return 1
+        return 0
+    if args.suite not in known:
+        _err(f"no suite {args.suite!r}; known suites: {', '.join(sorted(known))}")
+        return 1
+    if args.shipped:
+        try:
+            print(harness.shipped(args.suite).table())
+        except FileNotFoundError as e:
+            _err(str(e))
+            return 1
+        return 0
+    try:
+        harness.require_gpu(f"flashcourse bench {args.suite}", args.suite)
+    except GPURequired as e:
+        print(e, file=sys.stderr)
+        return NEEDS_GPU
+    command = "flashcourse bench " + shlex.join(sys.argv[2:] if _called_as_bench() else [args.suite])
+    out = args.out or harness.default_out(args.suite)
+    options = {"quick": True} if args.quick else {}
+    result = harness.run(args.suite, out=out, progress=not args.no_progress, command=command,
+                         warmup=args.warmup, rep=args.rep, **options)
+    print(result.table())
+    print(f"wrote {out}")
+    failed = [r for r in result.records if r.error]
+    if failed:
+        _err(f"{len(failed)} case(s) failed: " + "; ".join(f"{r.workload} {r.impl}: {r.error}" for r in failed))
+        return 1
+    return 0
+
+
+def _called_as_bench() -> bool:
+    """True when sys.argv is ``... bench SUITE ...`` (the console script or ``python -m``)."""
+    return len(sys.argv) > 2 and sys.argv[1] == "bench"

@@ -1,0 +1,22 @@
+"""The course's figures: traffic from the counted memory, the roofline, and benchmark results.
+
+Every function returns a :class:`matplotlib.figure.Figure` (made without pyplot, at a small dpi so
+executed notebooks stay light) and accepts ``ax=`` to draw into an existing axes instead.
+
+Example:
+    >>> from flashcourse import viz
+    >>> from flashcourse.viz.traffic import count_standard_attention
+    >>> fig = viz.traffic_bars(count_standard_attention(N=32, d=8))
+    >>> fig.dpi
+    72
+"""
+from ._common import DPI, human_bytes, new_figure
+from .bench import bench_plot, memory_plot
+from .roofline import Op, attainable, attention_ops, ceilings_of, matmul_op, ridge, roofline, softmax_op, step_traffic
+from .traffic import (CAPACITIES, attention_traffic, count_standard_attention, cumulative_traffic,
+                      materialized_memory, traffic_bars)
+
+__all__ = ["DPI", "human_bytes", "new_figure", "traffic_bars", "cumulative_traffic", "attention_traffic",
+           "count_standard_attention", "materialized_memory", "CAPACITIES", "roofline", "Op", "attainable",
+           "ridge", "matmul_op", "softmax_op", "attention_ops", "step_traffic", "ceilings_of",
+           "bench_plot", "memory_plot"]

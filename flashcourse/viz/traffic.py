@@ -1,0 +1,196 @@
+"""Pictures of HBM traffic, drawn from a :class:`~flashcourse.memory.Memory`'s event log.
+
+The log is the data; these functions only read it. ``traffic_bars`` shows the bytes each tensor
+moved, read and written; ``cumulative_traffic`` shows them pile up transfer by transfer, step by
+step; ``attention_traffic`` sets standard attention's counted traffic against ``4Nd + 4N^2``;
+``materialized_memory`` shows how much HBM S and P take as N grows.
+
+Example:
+    >>> import numpy as np
+    >>> from flashcourse.memory import Memory
+    >>> from flashcourse.reference import standard_attention
+    >>> mem = Memory(dtype_bytes=2)
+    >>> _ = standard_attention(*np.random.default_rng(0).normal(size=(3, 8, 4)), memory=mem)
+    >>> fig = traffic_bars(mem)
+    >>> [t.get_text() for t in fig.axes[0].get_xticklabels()]       # in order of first use
+    ['K', 'Q', 'S', 'P', 'V', 'O']
+    >>> [int(b.get_height()) for b in fig.axes[0].containers[0]]    # bytes read: N d or N^2, x 2 B
+    [64, 64, 128, 128, 64, 0]
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import formulas
+from ..memory import Memory
+from ._common import READ_COLOR, WRITE_COLOR, bytes_axis, figure_of, human_bytes
+
+__all__ = ["traffic_bars", "cumulative_traffic", "count_standard_attention", "attention_traffic",
+           "materialized_memory", "CAPACITIES"]
+
+_DIRECTIONS = (("read", "read (HBM → SRAM)", READ_COLOR), ("write", "write (SRAM → HBM)", WRITE_COLOR))
+
+
+def _tensors(mem: Memory) -> list[str]:
+    return list(dict.fromkeys(e.tensor for e in mem.events))
+
+
+def traffic_bars(mem: Memory, ax=None, unit: str = "bytes", title: str | None = None):
+    """A stacked bar per tensor: what it read (bottom) and wrote (top), from ``mem.totals(unit)``.
+
+    ``unit`` is ``"bytes"`` or ``"elements"`` (the papers count elements). Returns the Figure; the
+    first bar container is the reads, the second the writes, in the order tensors were first used.
+    """
+    totals = mem.totals(unit)
+    names = _tensors(mem)
+    fig, ax = figure_of(ax)
+    x = np.arange(len(names))
+    bottom = np.zeros(len(names))
+    for direction, label, color in _DIRECTIONS:
+        heights = np.array([totals.get((t, direction), 0) for t in names], dtype=float)
+        ax.bar(x, heights, bottom=bottom, color=color, label=label, width=0.6)
+        bottom += heights
+    for xi, top in zip(x, bottom):
+        ax.annotate(human_bytes(top) if unit == "bytes" else f"{int(top):,}", (xi, top),
+                    ha="center", va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points")
+    ax.set_xticks(x, names)
+    ax.set_xlabel("tensor")
+    if unit == "bytes":
+        bytes_axis(ax.yaxis)
+        ax.set_ylabel("HBM traffic")
+    else:
+        ax.set_ylabel("HBM accesses (elements)")
+    ax.set_ylim(0, max(bottom.max(initial=0) * 1.15, 1))
+    total = sum(totals.values())
+    ax.set_title(title or f"HBM traffic by tensor: {human_bytes(total) if unit == 'bytes' else f'{total:,}'} in all")
+    ax.legend(loc="upper left", fontsize=8, frameon=False)
+    return fig
+
+
+def cumulative_traffic(mem: Memory, ax=None, title: str | None = None, max_step_labels: int = 12):
+    """Bytes read, written, and both, summed transfer after transfer; the algorithm's steps shaded.
+
+    Returns the Figure. Its lines are, in order, ``read``, ``write`` and ``total``, each ending at
+    the Memory's totals.
+    """
+    fig, ax = figure_of(ax)
+    n = len(mem.events)
+    x = np.arange(1, n + 1)
+    read = np.cumsum([e.bytes if e.direction == "read" else 0 for e in mem.events])
+    write = np.cumsum([e.bytes if e.direction == "write" else 0 for e in mem.events])
+    ax.plot(x, read, color=READ_COLOR, label="read")
+    ax.plot(x, write, color=WRITE_COLOR, label="written")
+    ax.plot(x, read + write, color="black", lw=1.5, label="total")
+    steps = np.array([e.step for e in mem.events])
+    if n:
+        starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]])
+        ends = np.r_[starts[1:], n]
+        for k, (a, b) in enumerate(zip(starts, ends)):
+            if k % 2:
+                ax.axvspan(a + 0.5, b + 0.5, color="0.92", zorder=0)
+            if len(starts) <= max_step_labels:
+                label = mem.step_labels[steps[a]].split(": ", 1)[-1]
+                ax.text((a + b) / 2 + 0.5, 0.98, label, transform=ax.get_xaxis_transform(),
+                        ha="center", va="top", fontsize=8)
+    bytes_axis(ax.yaxis)
+    ax.set_xlim(0.5, max(n, 1) + 0.5)
+    ax.set_ylim(0, max((read + write).max(initial=0) * 1.12, 1))
+    ax.set_xlabel("transfer (in the order the algorithm makes them)")
+    ax.set_ylabel("bytes moved so far")
+    ax.set_title(title or f"HBM traffic, step by step ({len(set(steps.tolist()))} steps, {n} transfers)")
+    ax.legend(loc="center left", fontsize=8, frameon=False)
+    return fig
+
+
+def count_standard_attention(N: int, d: int, dtype_bytes: int = 2, seed: int = 0) -> Memory:
+    """Run standard attention on random (N, d) Q, K, V with a counted Memory; return the Memory.
+
+    Example:
+        >>> mem = count_standard_attention(N=16, d=4)
+        >>> mem.accesses() == formulas.standard_attention_accesses(N=16, d=4)
+        True
+    """
+    from ..reference import standard_attention
+    q, k, v = np.random.default_rng(seed).normal(size=(3, N, d))
+    mem = Memory(dtype_bytes=dtype_bytes)
+    standard_attention(q, k, v, memory=mem)
+    return mem
+
+
+def attention_traffic(Ns, d: int = 64, dtype_bytes: int = 2, counted: dict | None = None, ax=None,
+                      title: str | None = None):
+    """Standard attention's HBM bytes against N: counted (points) and ``(4Nd + 4N^2)`` x size (line).
+
+    ``counted`` maps N to bytes; by default each N is counted with :func:`count_standard_attention`.
+    The dotted lines split the formula into its two terms: 4Nd (Q, K, V, O) and 4N^2 (S and P).
+    Returns the Figure; its first line is the formula, its first collection the counted points.
+    """
+    Ns = sorted(int(n) for n in Ns)
+    if counted is None:
+        counted = {N: _total(count_standard_attention(N, d, dtype_bytes)) for N in Ns}
+    fig, ax = figure_of(ax)
+    grid = np.unique(np.geomspace(Ns[0] / 1.5, Ns[-1] * 1.5, 200))
+    formula = np.array([formulas.standard_attention_accesses(N=n, d=d) for n in grid]) * dtype_bytes
+    ax.plot(grid, formula, color="black", lw=1.2, label=f"formula (4Nd + 4N²) × {dtype_bytes} B")
+    ax.plot(grid, 4 * grid * d * dtype_bytes, ":", color=READ_COLOR, label="4Nd: Q, K, V read; O written")
+    ax.plot(grid, 4 * grid**2 * dtype_bytes, ":", color=WRITE_COLOR, label="4N²: S and P, written and read")
+    xs = np.array(list(Ns), dtype=float)
+    ax.scatter(xs, [counted[n] for n in Ns], s=36, color="crimson", zorder=3,
+               label="counted on the Memory")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    bytes_axis(ax.yaxis)
+    ax.set_xlabel("sequence length N")
+    ax.set_ylabel("HBM traffic")
+    ax.set_title(title or f"standard attention, one head, d = {d}, {dtype_bytes}-byte elements")
+    ax.legend(fontsize=8, frameon=False)
+    return fig
+
+
+def _total(mem: Memory) -> int:
+    return mem.bytes_read() + mem.bytes_written()
+
+
+#: Memory sizes to compare S and P against (facts from the course's sources and the GPUs' specs).
+CAPACITIES = {
+    "A100 on-chip SRAM, all 108 SMs (192 KB each)": 192 * 1024 * 108,
+    "T4 HBM (16 GB, Colab's free GPU)": 16e9,
+    "A100 HBM (40 GB)": 40e9,
+    "H100 HBM (80 GB)": 80e9,
+}
+
+
+def materialized_memory(Ns, configs: dict | None = None, dtype_bytes: int = 2,
+                        capacities: dict | None = None, ax=None, title: str | None = None):
+    """HBM needed to hold S and P (``2 B H N^2`` elements) against N, beside memory sizes.
+
+    ``configs`` maps a label to ``{"heads": H, "batch": B}`` (default: one head). Returns the
+    Figure; its lines are the configs, in order, then one horizontal line per capacity.
+
+    Example:
+        >>> fig = materialized_memory([1024, 4096], dtype_bytes=2)
+        >>> fig.axes[0].lines[0].get_ydata().tolist()     # 2 N^2 x 2 bytes
+        [4194304.0, 67108864.0]
+    """
+    configs = configs or {"one head": {"heads": 1, "batch": 1}}
+    capacities = CAPACITIES if capacities is None else capacities
+    Ns = sorted(int(n) for n in Ns)
+    fig, ax = figure_of(ax)
+    for label, cfg in configs.items():
+        ys = [float(formulas.materialized_bytes(N, heads=cfg.get("heads", 1), batch=cfg.get("batch", 1),
+                                                dtype_bytes=dtype_bytes)) for N in Ns]
+        ax.plot(Ns, ys, "o-", ms=4, label=f"S and P: {label}")
+    for k, (label, nbytes) in enumerate(capacities.items()):
+        ax.axhline(nbytes, color="0.45", lw=0.8, ls=(0, (4, 2 + k)))
+        left = k % 2 == 0   # alternate sides so that close capacities do not overlap
+        ax.annotate(label, (Ns[0] if left else Ns[-1], nbytes), xytext=(2 if left else -2, 2),
+                    textcoords="offset points", fontsize=7, color="0.3", va="bottom",
+                    ha="left" if left else "right")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    bytes_axis(ax.yaxis)
+    ax.set_xlabel("sequence length N")
+    ax.set_ylabel("bytes")
+    ax.set_title(title or f"HBM to materialise S and P ({dtype_bytes}-byte elements)")
+    ax.legend(fontsize=8, frameon=False, loc="lower right")
+    return fig

@@ -1,0 +1,394 @@
+"""The benchmark harness, without a GPU: a fake timer stands in for do_bench.
+
+What is checked: the registry, the FLOP and byte accounting of the course's suites, rates derived
+from them, provenance, JSON round trips, skipped and failing cases, the do_bench settings, the
+refusal on a CPU, and the shipped H100 results.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+import torch
+
+import flashcourse
+import flashcourse.bench as bench
+from flashcourse import backend, formulas
+from flashcourse.bench import cli as bench_cli
+from flashcourse.bench import harness
+from flashcourse.bench.harness import Case, Record, Result, Workload
+
+NOW = "2026-01-02T03:04:05+00:00"
+DEV = backend.DEVICE          # small sizes: the GPU if there is one, else the interpreter on CPU
+
+
+class FakeTimer:
+    """Runs each fn once (so broken cases fail) and says it took ``ms`` milliseconds."""
+
+    def __init__(self, ms=2.0):
+        self.ms, self.calls = ms, []
+        self.settings = {"timer": "fake", "ms": ms}
+
+    def __call__(self, fn):
+        self.calls.append(fn)
+        fn()
+        return self.ms
+
+
+@pytest.fixture
+def toy_suite():
+    made = []
+
+    @bench.suite("toy-test", help="a toy")
+    def toy(n: int = 10, fail: bool = False):
+        def setup(n):
+            made.append(n)
+
+            def boom():
+                raise RuntimeError("kernel exploded\nsecond line")
+            return [Case("good", fn=lambda: n, flops=3 * n, bytes=8 * n, kind="course"),
+                    Case("absent", skip="not written yet", flops=3 * n, bytes=8 * n),
+                    Case("broken", fn=boom if fail else (lambda: 0), flops=1, bytes=1, kind="baseline"),
+                    Case("wrong", fn=lambda: -1, check=lambda out: None if out == 1 else f"got {out}")]
+        return [Workload(f"n={m}", {"n": m}, lambda m=m: setup(m)) for m in (n, 2 * n)]
+    yield made
+    bench.unregister("toy-test")
+
+
+# -- the registry -------------------------------------------------------------------------------
+def test_course_suites_are_registered_and_unknown_ones_are_named():
+    assert {"memory", "softmax"} <= set(bench.registered())
+    with pytest.raises(KeyError, match="no benchmark suite 'nope'; known suites: .*memory.*softmax"):
+        bench.get_suite("nope")
+
+
+def test_a_second_suite_with_the_same_name_is_refused(toy_suite):
+    with pytest.raises(ValueError, match="already registered"):
+        @bench.suite("toy-test")
+        def other():
+            return []
+    with pytest.raises(ValueError, match="suite name"):
+        bench.suite("Bad Name")
+
+
+def test_unknown_options_are_refused(toy_suite):
+    with pytest.raises(TypeError, match=r"no option \['m'\]"):
+        bench.run("toy-test", timer=FakeTimer(), progress=False, m=3)
+
+
+# -- a run with a fake timer --------------------------------------------------------------------
+def test_run_records_rates_skips_errors_and_wrong_results(toy_suite):
+    timer = FakeTimer(ms=4.0)
+    r = bench.run("toy-test", timer=timer, progress=False, now=NOW, n=1000, fail=True)
+    assert toy_suite == [1000, 2000]                       # each workload set up once, lazily
+    assert [rec.impl for rec in r.records] == ["good", "absent", "broken", "wrong"] * 2
+    good = r.get("good", n=2000)
+    assert good.ms == 4.0 and good.flops == 6000 and good.bytes == 16000
+    assert good.TFLOPs == pytest.approx(6000 / 4e-3 / 1e12)
+    assert good.TBps == pytest.approx(16000 / 4e-3 / 1e12)
+    assert good.GBps == pytest.approx(16000 / 4e-3 / 1e9)
+    absent = r.get("absent", n=1000)
+    assert absent.skipped == "not written yet" and absent.ms is None and absent.TBps is None
+    broken = r.get("broken", n=1000)
+    assert broken.error == "RuntimeError: kernel exploded" and broken.ms is None
+    wrong = r.get("wrong", n=1000)
+    assert wrong.error == "wrong result, not timed: got -1" and wrong.ms is None
+    # only the good and broken cases reached the timer (a wrong result is never timed)
+    assert len(timer.calls) == 4
+    assert r.settings == {"timer": "fake", "ms": 4.0, "options": {"n": 1000, "fail": True}}
+    assert r.provenance["command"] == "flashcourse.bench.run('toy-test', n=1000, fail=True)"
+    assert r.provenance["date"] == NOW
+
+
+def test_failing_setup_is_recorded_and_the_run_goes_on():
+    @bench.suite("toy-setup")
+    def toy():
+        def bad():
+            raise MemoryError("out of memory")
+        return [Workload("big", {"n": 1}, bad),
+                Workload("small", {"n": 2}, lambda: [Case("a", fn=lambda: 0, bytes=1)])]
+    try:
+        r = bench.run("toy-setup", timer=FakeTimer(), progress=False)
+    finally:
+        bench.unregister("toy-setup")
+    assert r.records[0].impl == "(setup)" and r.records[0].error == "MemoryError: out of memory"
+    assert r.get("a").ms == 2.0
+
+
+def test_a_bad_timer_value_is_an_error_not_a_rate(toy_suite):
+    r = bench.run("toy-test", timer=lambda fn: 0.0, progress=False)
+    assert r.get("good", n=10).error == "ValueError: the timer returned 0.0 ms"
+    assert r.get("good", n=10).TBps is None
+
+
+def test_progress_bar_counts_workloads(toy_suite, capsys):
+    bench.run("toy-test", timer=FakeTimer(), progress=True)
+    err = capsys.readouterr().err
+    assert "bench toy-test" in err and "2/2" in err
+
+
+def test_default_timer_is_do_bench_median_with_the_baseline_settings(monkeypatch):
+    import triton.testing
+    seen = {}
+
+    def fake_do_bench(fn, warmup=None, rep=None, return_mode=None, **kw):
+        seen.update(warmup=warmup, rep=rep, return_mode=return_mode)
+        return 1.5
+    monkeypatch.setattr(triton.testing, "do_bench", fake_do_bench)
+    timer = bench.do_bench_timer()
+    assert timer(lambda: None) == 1.5
+    assert seen == {"warmup": 25, "rep": 100, "return_mode": "median"}
+    assert timer.settings == {"timer": "triton.testing.do_bench", "warmup_ms": 25, "rep_ms": 100,
+                              "return_mode": "median"}
+
+
+# -- provenance and JSON ------------------------------------------------------------------------
+def test_provenance_names_the_machine_versions_and_command():
+    import platform
+
+    import triton
+    p = bench.provenance(command="flashcourse bench memory", now=NOW)
+    assert p["torch"] == torch.__version__ and p["triton"] == triton.__version__
+    assert p["python"] == platform.python_version() and p["flashcourse"] == flashcourse.__version__
+    assert p["command"] == "flashcourse bench memory" and p["date"] == NOW
+    assert p["backend"] == backend.DEVICE
+    assert p["gpu"] == backend.gpu_name()
+    cc = backend.compute_capability()
+    assert p["compute_capability"] == (None if cc is None else f"{cc[0]}.{cc[1]}")
+    assert bench.provenance()["date"].endswith("+00:00")
+
+
+def test_result_json_round_trip(toy_suite, tmp_path):
+    r = bench.run("toy-test", timer=FakeTimer(), progress=False, now=NOW, fail=True)
+    path = r.save(tmp_path / "sub" / "toy.json")
+    raw = json.loads(path.read_text())
+    assert raw["format"] == harness.FORMAT and raw["suite"] == "toy-test"
+    assert raw["records"][0]["TBps"] == pytest.approx(r.records[0].TBps)   # derived rates written
+    back = Result.load(path)
+    assert back == r
+    assert back.table() == r.table()
+    with pytest.raises(ValueError, match="format"):
+        Result.from_dict({**raw, "format": "something-else/9"})
+
+
+def test_a_course_suite_reads_back_equal(tmp_path):
+    r = bench.run("memory", timer=FakeTimer(), progress=False, device=DEV, copy_bytes=[4096], matmul_n=16)
+    assert r.settings["options"]["dtypes"] == ["float16", "bfloat16"]
+    assert Result.load(r.save(tmp_path / "m.json")) == r
+
+
+def test_run_writes_out(toy_suite, tmp_path):
+    out = tmp_path / "r.json"
+    r = bench.run("toy-test", timer=FakeTimer(), progress=False, out=out)
+    assert Result.load(out) == r
+
+
+def test_get_says_how_many_matched():
+    r = Result("s", {}, {}, [Record("w", "a", "course", {"n": 1}, 1.0), Record("w", "a", "course", {"n": 2}, 1.0)])
+    assert r.get("a", n=2).params == {"n": 2}
+    with pytest.raises(LookupError, match="2 records of suite 's' match impl='a'"):
+        r.get("a")
+
+
+def test_table_lists_every_record():
+    r = Result("s", {"gpu": "G"}, {}, [Record("w1", "a", "course", {}, 500.0, 2 * 10**12, 10**12),
+                                        Record("w1", "b", "baseline", {}, None, skipped="no bf16")])
+    lines = r.table().splitlines()
+    assert lines[0] == "s on G"
+    assert lines[2].split() == ["w1", "a", "course", "500.0000", "4.000", "2.000"]
+    assert lines[3].split()[:4] == ["w1", "b", "baseline", "skipped:"]
+
+
+def test_default_out_names_suite_and_gpu(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert bench.default_out("memory", "NVIDIA GeForce RTX 4090") == tmp_path / "bench-memory-nvidia-geforce-rtx-4090.json"
+
+
+# -- the course's suites: accounting on small sizes -----------------------------------------------
+def test_memory_suite_counts_copy_bytes_and_matmul_flops_on_random_data():
+    r = bench.run("memory", timer=FakeTimer(ms=1.0), progress=False, device=DEV,
+                  copy_bytes=[2**16, 2**18], matmul_n=64)
+    copies = r.select(op="copy")
+    assert [c.params["buffer_bytes"] for c in copies] == [2**16, 2**18]
+    for c in copies:
+        assert c.bytes == 2 * c.params["buffer_bytes"] and c.flops is None     # read + write
+        assert c.TBps == pytest.approx(2 * c.params["buffer_bytes"] / 1e-3 / 1e12)
+        assert c.kind == "baseline" and c.ok
+    for dt in ("float16", "bfloat16"):
+        mm = r.get(op="matmul", dtype=dt)
+        assert mm.flops == 2 * 64**3 and mm.bytes == 3 * 64 * 64 * 2
+        assert mm.TFLOPs == pytest.approx(2 * 64**3 / 1e-3 / 1e12) and mm.ok
+    assert r.ceilings() == pytest.approx({"TBps": 2 * 2**18 / 1e-3 / 1e12,
+                                          "float16 TFLOPs": 2 * 64**3 / 1e-3 / 1e12,
+                                          "bfloat16 TFLOPs": 2 * 64**3 / 1e-3 / 1e12})
+
+
+def test_memory_suite_data_is_random_not_zeros():
+    w = bench.get_suite("memory").workloads(device=DEV, copy_bytes=[2**12], matmul_n=32)
+    for workload in w:
+        for case in workload.setup():
+            for t in case.inputs[:1]:
+                assert t.float().std() > 0.5                            # normal data
+                assert (t != 0).float().mean() > 0.99
+
+
+def test_memory_suite_default_sizes_match_the_baselines():
+    w = bench.get_suite("memory").workloads()
+    sizes = [x.params["buffer_bytes"] for x in w if x.params["op"] == "copy"]
+    assert sizes[-1] == 2 * 2**30 and sizes[0] == 2**20                    # 2 GiB, like the baselines
+    assert [(x.params["dtype"], x.params["N"]) for x in w if x.params["op"] == "matmul"] == \
+        [("float16", 8192), ("bfloat16", 8192)]
+    quick = bench.get_suite("memory").workloads(quick=True)
+    assert max(x.params.get("buffer_bytes", 0) for x in quick) == 256 * 2**20
+
+
+def test_matmul_check_rejects_a_wrong_product():
+    (case,) = bench.get_suite("memory").workloads(device=DEV, copy_bytes=[], matmul_n=32,
+                                                  dtypes=("float16",))[0].setup()
+    assert case.check(case.fn()) is None
+    assert "relative error" in case.check(case.fn() * 1.1)
+
+
+def test_softmax_suite_sizes_and_bytes():
+    ws = bench.get_suite("softmax").workloads()
+    assert [w.params["cols"] for w in ws] == [1024, 2048, 4096, 8192, 16384, 32768]
+    for w in ws:
+        nbytes = w.params["rows"] * w.params["cols"] * 2
+        assert nbytes >= 256 * 2**20 and w.params["dtype"] == "float16"
+
+
+def test_softmax_suite_accounting_and_baseline(monkeypatch):
+    # Small sizes on the CPU; the course kernels may or may not exist yet: both are fine.
+    r = bench.run("softmax", timer=FakeTimer(ms=1.0), progress=False, device=DEV,
+                  cols=(64, 96), bytes_per_call=64 * 96 * 2)
+    for cols in (64, 96):
+        rows = math.ceil(64 * 96 * 2 / (cols * 2))
+        t = r.get("torch.softmax", cols=cols)
+        assert t.kind == "baseline" and t.ok and t.params["rows"] == rows
+        assert t.bytes == 2 * rows * cols * 2 and t.flops == 5 * rows * cols
+        for rec in r.select(cols=cols):
+            assert rec.bytes == t.bytes                    # every impl: one read + one write
+        safe = r.get("kernels.safe_softmax_3pass", cols=cols)
+        acc = formulas.softmax_accesses("safe", rows, cols)
+        assert safe.extra["algorithm_bytes"] == (acc["read"] + acc["write"]) * 2
+        assert safe.kind == "course" and (safe.ok or safe.skipped)
+        assert r.get("kernels.softmax", cols=cols).error is None
+        for rec in r.select(impl="kernels.softmax (online, two passes)", cols=cols):
+            online = formulas.softmax_accesses("online", rows, cols)
+            assert rec.extra == {"passes": "online", "algorithm_bytes": 3 * rows * cols * 2}
+            assert rec.extra["algorithm_bytes"] == (online["read"] + online["write"]) * 2
+            assert rec.error is None
+
+
+def test_softmax_suite_finds_the_kernels_two_pass_path(monkeypatch):
+    """A stand-in kernel module: the suite forces the online path with a block narrower than the row."""
+    import importlib
+    import types
+    calls = []
+
+    def softmax(x, *, block_size=None):
+        calls.append((x.shape[-1], block_size))
+        return torch.softmax(x, -1)
+
+    def softmax_config(n_cols, dtype):
+        return types.SimpleNamespace(kernel="softmax_one_pass" if n_cols <= 64 else "softmax_online")
+    fake = types.SimpleNamespace(softmax=softmax, softmax_config=softmax_config,
+                                 safe_softmax_3pass=lambda x: torch.softmax(x, -1))
+    real = importlib.import_module
+    monkeypatch.setattr(importlib, "import_module",
+                        lambda name, *a: fake if name == "flashcourse.kernels.softmax" else real(name, *a))
+    r = bench.run("softmax", timer=FakeTimer(), progress=False, device=DEV, cols=(64, 200), bytes_per_call=4096)
+    assert r.impls() == ["kernels.softmax", "kernels.softmax (online, two passes)",
+                         "kernels.safe_softmax_3pass", "torch.softmax"]
+    assert all(rec.ok for rec in r.records)
+    # one-pass: no block; forced online: half the row's power of two (64 -> 32, 200 -> 128)
+    assert set(calls) == {(64, None), (64, 32), (200, None), (200, 128)}
+    assert r.get("kernels.softmax", cols=64).extra["passes"] == "one-pass"
+    assert r.get("kernels.softmax", cols=200).extra["passes"] == "online"
+
+
+def test_softmax_suite_skips_a_missing_kernel_plainly(monkeypatch):
+    import importlib
+    real = importlib.import_module
+
+    def no_kernels(name, *a, **k):
+        if name == "flashcourse.kernels.softmax":
+            raise ModuleNotFoundError("No module named 'flashcourse.kernels.softmax'")
+        return real(name, *a, **k)
+    monkeypatch.setattr(importlib, "import_module", no_kernels)
+    r = bench.run("softmax", timer=FakeTimer(), progress=False, device=DEV, cols=(32,), bytes_per_call=256)
+    assert r.get("kernels.softmax").skipped.startswith("flashcourse.kernels.softmax cannot be imported")
+    assert r.get("torch.softmax").ok
+
+
+def test_softmax_check_rejects_wrong_outputs():
+    w = bench.get_suite("softmax").workloads(device=DEV, cols=(64,), bytes_per_call=64 * 8 * 2)[0]
+    cases = w.setup()
+    baseline = cases[-1]
+    check = cases[0].check
+    (x,) = baseline.inputs
+    assert check(torch.softmax(x, -1)) is None
+    assert "max |y - torch.softmax(x)|" in check(torch.softmax(x.float() * 1.5, -1).half())
+    assert "expected a (8, 64) torch.float16 tensor" in check(torch.softmax(x.float(), -1))
+
+
+# -- no GPU: plain refusal ------------------------------------------------------------------------
+needs_cpu = pytest.mark.skipif(backend.DEVICE == "cuda", reason="checks the refusal on a CPU-only machine")
+
+
+@needs_cpu
+def test_api_refuses_without_a_gpu():
+    with pytest.raises(bench.GPURequired, match=r"^flashcourse.bench.run\('softmax'\) needs a CUDA GPU"):
+        bench.run("softmax")
+
+
+@needs_cpu
+def test_cli_refuses_in_one_line_with_a_nonzero_status(capsys, tmp_path):
+    p = argparse.ArgumentParser()
+    bench_cli.add_arguments(p)
+    status = bench_cli.run(p.parse_args(["memory", "--out", str(tmp_path / "x.json")]))
+    out, err = capsys.readouterr()
+    assert status == bench_cli.NEEDS_GPU != 0
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith("flashcourse bench memory needs a CUDA GPU") and "--shipped" in err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_cli_lists_suites_and_prints_shipped_results(capsys):
+    p = argparse.ArgumentParser()
+    bench_cli.add_arguments(p)
+    assert bench_cli.run(p.parse_args(["--list"])) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("memory ") and "\nsoftmax " in out
+    assert bench_cli.run(p.parse_args(["memory", "--shipped"])) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "memory on NVIDIA H100 80GB HBM3"
+    assert bench_cli.run(p.parse_args(["nope"])) == 1
+    assert "no suite 'nope'" in capsys.readouterr().err
+
+
+# -- shipped results -------------------------------------------------------------------------------
+def test_shipped_memory_results_are_an_h100_measurement():
+    r = bench.shipped("memory")
+    p = r.provenance
+    assert p["gpu"].startswith("NVIDIA H100") and p["compute_capability"] == "9.0"
+    for key in ("torch", "triton", "python", "date", "command"):
+        assert p[key]
+    assert r.settings["warmup_ms"] == 25 and r.settings["rep_ms"] == 100
+    assert r.settings["return_mode"] == "median" and r.settings["timer"] == "triton.testing.do_bench"
+    assert all(rec.ok for rec in r.records)
+    c = r.ceilings()
+    # what the course's baselines measured on an H100: copy ~3.0 TB/s, fp16 ~700, bf16 ~740 TFLOP/s
+    assert 2.5 < c["TBps"] < 3.35
+    assert 550 < c["float16 TFLOPs"] < 990 and 550 < c["bfloat16 TFLOPs"] < 990
+    big = r.get(op="copy", buffer_bytes=2 * 2**30)
+    assert big.bytes == 4 * 2**30 and big.TBps == pytest.approx(big.bytes / big.ms / 1e9)
+    assert r.get(op="matmul", dtype="float16").flops == 2 * 8192**3
+
+
+def test_shipped_says_what_is_there():
+    with pytest.raises(FileNotFoundError, match="no shipped results for suite 'nope' on 'h100'; shipped on 'h100': .*memory"):
+        bench.shipped("nope")
+    assert "memory" in bench.shipped_suites()

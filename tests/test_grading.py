@@ -1,0 +1,225 @@
+"""Grading: an untouched exercise fails as *not implemented*, an edited check cannot pass
+``flashcourse grade``, and a completed exercise passes it.
+
+Running a notebook under nbval takes several seconds, so the three runs these tests need are started
+together, once, by the ``runs`` fixture; each test then reads its own result:
+
+* the README's ``pytest --nbval-lax`` on the untouched exercise;
+* ``flashcourse grade`` (the command) on the exercise with its checks tampered with; restoring them
+  gives back the untouched exercise byte for byte (tested below without running anything), so this
+  is also ``flashcourse grade`` on the untouched exercise;
+* ``grade`` (the API) on the exercise completed with the solution code, which is the solutions
+  notebook's code exactly (tested below): so this also shows the solutions pass nbval, which the
+  test command checks besides by collecting ``solutions/`` (see pyproject's testpaths).
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from flashcourse import grading
+from flashcourse.grading import CheckResult, GradeReport, grade, identify, restore_checks
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME = "01_softmax"
+EXERCISE = ROOT / "exercises" / f"{NAME}.ipynb"
+SOLUTION = ROOT / "solutions" / f"{NAME}.ipynb"
+SUCCESS_LINE = "online_softmax: 40 cases passed (8 shown, 32 hidden) ✓"
+CHECKS = ["online_softmax", "merge", "softmax_kernel"]
+
+
+def read(path):
+    return nbformat.read(path, as_version=4)
+
+
+def completed_exercise():
+    """The exercise with the solution code typed back in where it says # YOUR CODE HERE."""
+    ex, sol = read(EXERCISE), read(SOLUTION)
+    for e, s in zip(ex.cells, sol.cells):
+        regions = re.findall(r"[ \t]*### BEGIN SOLUTION\n(.*?)[ \t]*### END SOLUTION\n?", s.source, re.S)
+        for body in regions:
+            e.source = re.sub(r"[ \t]*# YOUR CODE HERE\n[ \t]*(raise NotImplementedError\(\)|pass)\n?",
+                              lambda _: body, e.source, count=1)
+        assert "# YOUR CODE HERE" not in e.source
+    return ex
+
+
+def tampered_exercise():
+    """The untouched exercise, with its first check edited to print the success line, its second
+    deleted, and the third's tag removed."""
+    ex = read(EXERCISE)
+    first = next(c for c in ex.cells if c.id.endswith("check-online-softmax"))
+    first.source = f'print("{SUCCESS_LINE}")'
+    ex.cells = [c for c in ex.cells if not c.id.endswith("check-merge")]
+    third = next(c for c in ex.cells if c.id.endswith("check-softmax-kernel"))
+    third.metadata["tags"] = []
+    third.source = "# NBVAL_SKIP\n" + third.source
+    return ex
+
+
+def _pytest(args, cwd):
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--nbval-current-env", *args]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("grading")
+    done = completed_exercise()
+    # as a student leaves it: a stale output on a cell that was never run (nbval would object to it
+    # in a reference notebook), and a cell of their own that prints
+    demo = next(c for c in done.cells if c.id.endswith("online-demo"))
+    demo.outputs = [nbformat.v4.new_output("stream", text="stale\n")]
+    done.cells.insert(done.cells.index(demo) + 1, nbformat.v4.new_code_cell("print('trying things')"))
+    nbformat.write(done, tmp / "completed.ipynb")
+    nbformat.write(tampered_exercise(), tmp / f"{NAME}.ipynb")
+    jobs = {
+        "raw": lambda: subprocess.run(  # the README's command, on the untouched exercise
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--nbval-current-env", "--nbval-lax",
+             f"exercises/{NAME}.ipynb"], cwd=ROOT, capture_output=True, text=True),
+        "tampered": lambda: subprocess.run(
+            [sys.executable, "-m", "flashcourse.cli", "grade", str(tmp / f"{NAME}.ipynb")],
+            cwd=tmp, capture_output=True, text=True),
+        "completed": lambda: grade(tmp / "completed.ipynb"),
+    }
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        futures = {k: pool.submit(f) for k, f in jobs.items()}
+        return {k: f.result() for k, f in futures.items()}
+
+
+@pytest.mark.slow
+def test_untouched_exercise_fails_nbval_as_not_implemented(runs):
+    r = runs["raw"]
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out[-3000:]  # 1: cells failed (not 2-4: the run itself broke)
+    assert "INTERNALERROR" not in out and "pytest plugin exception" not in out
+    for name in CHECKS[:2]:
+        assert f"{name} is not implemented yet" in out
+    assert "softmax_kernel wrote nothing to y: not implemented yet?" in out
+
+
+@pytest.mark.slow
+def test_grade_reports_not_implemented_even_when_the_checks_were_edited(runs):
+    r = runs["tampered"]
+    assert r.returncode == 1, r.stdout + r.stderr
+    out = r.stdout
+    assert SUCCESS_LINE not in out
+    for name in CHECKS:
+        assert re.search(rf"^  {name}\s+not implemented\n\s+{name} (is not implemented yet|wrote nothing)", out, re.M), out
+    assert "3 of 3 checks not passed" in out
+    assert "check-online-softmax (online_softmax) was edited" in out
+    assert "check-merge (merge) was deleted: re-inserted after cell 01-softmax-blocked-demo" in out
+    assert "check-softmax-kernel (softmax_kernel) was edited" in out
+
+
+@pytest.mark.slow
+def test_a_completed_exercise_passes_grade(runs):
+    report = runs["completed"]
+    assert report.passed, report.format()
+    assert [(c.name, c.status) for c in report.checks] == [(n, "passed") for n in CHECKS]
+    assert report.other_failures == [] and report.notes == []
+    assert report.format().endswith("all 3 checks passed ✓")
+
+
+def test_the_completed_exercise_is_the_solutions_code():
+    strip = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION\n", re.M)
+    assert [c.source for c in completed_exercise().cells] == [strip.sub("", c.source) for c in read(SOLUTION).cells]
+
+
+# ---------------------------------------------------------------------------------------------
+# restoring the canonical checks (no notebook is run)
+
+def test_restoring_the_tampered_exercise_gives_back_the_untouched_one():
+    canonical = grading.load_canonical()[NAME]
+    fixed, notes = restore_checks(tampered_exercise(), canonical)
+    untouched, none = restore_checks(read(EXERCISE), canonical)
+    assert none == [] and len(notes) == 3
+    assert nbformat.writes(fixed) == nbformat.writes(untouched) == nbformat.writes(read(EXERCISE))
+
+
+def test_checks_whose_ids_were_lost_are_found_by_their_call():
+    nb = read(EXERCISE)
+    for c in nb.cells:
+        c.id = f"x{abs(hash(c.source)) % 10**6}-{nb.cells.index(c)}"
+        if "check" in c.metadata.get("tags", []):
+            c.metadata["tags"] = []
+            c.outputs = []
+    fixed, notes = restore_checks(nb, grading.load_canonical()[NAME])
+    assert len(fixed.cells) == len(nb.cells)  # replaced in place, none inserted
+    assert [c.source for c in fixed.cells] == [c.source for c in read(EXERCISE).cells]
+    assert all("was deleted" not in n for n in notes)
+
+
+def test_deleted_checks_are_reinserted_after_their_cell_or_the_previous_check():
+    canonical = grading.load_canonical()[NAME]
+    nb = read(EXERCISE)
+    nb.cells = [c for c in nb.cells if "check" not in c.metadata.get("tags", [])
+                and not c.id.endswith("online-demo")]
+    fixed, notes = restore_checks(nb, canonical)
+    ids = [c.id for c in fixed.cells]
+    # its own preceding cell (the demo) is gone too: after the nearest one still there
+    assert ids.index("01-softmax-check-online-softmax") == ids.index("01-softmax-online-demo-text") + 1
+    assert ids.index("01-softmax-check-merge") == ids.index("01-softmax-blocked-demo") + 1
+    assert ids.index("01-softmax-check-softmax-kernel") == ids.index("01-softmax-kernel-demo") + 1
+    assert "re-inserted after the previous check" not in " ".join(notes)
+
+
+def test_the_exercise_is_identified_by_metadata_name_or_cell_ids(tmp_path):
+    canonical = grading.load_canonical()
+    nb = read(EXERCISE)
+    assert identify(nb, "anything.ipynb", canonical) == NAME
+    del nb.metadata["flashcourse"]
+    assert identify(nb, "homework.ipynb", canonical) == NAME           # by its cell ids
+    bare = nbformat.v4.new_notebook()
+    assert identify(bare, f"my/{NAME}.ipynb", canonical) == NAME       # by its name
+    with pytest.raises(grading.GradingError, match="cannot tell which exercise"):
+        identify(bare, "homework.ipynb", canonical)
+    with pytest.raises(grading.GradingError, match="not one of the exercises"):
+        identify(bare, "homework.ipynb", canonical, exercise="99_nope")
+
+
+def test_grade_says_plainly_when_it_cannot_grade(tmp_path, capsys):
+    from flashcourse import cli
+    assert cli.main(["grade", str(tmp_path / "missing.ipynb")]) == 2
+    assert "no such notebook" in capsys.readouterr().err
+    bad = tmp_path / "bad.ipynb"
+    bad.write_text("not json")
+    assert cli.main(["grade", str(bad)]) == 2
+    assert "not a readable notebook" in capsys.readouterr().err
+
+
+def test_the_report_reads_per_check():
+    report = GradeReport("nb.ipynb", NAME, [
+        CheckResult("online_softmax", "a", "passed"),
+        CheckResult("merge", "b", "failed", "merge: wrong value on shown case 1 of 6\n  first wrong element: l"),
+        CheckResult("softmax_kernel", "c", "not implemented", "softmax_kernel wrote nothing to y"),
+    ], notes=["check cell b (merge) was edited: restored the original"])
+    text = report.format()
+    assert not report.passed
+    assert "  merge          failed\n                   merge: wrong value on shown case 1 of 6\n" in text
+    assert "note: check cell b (merge) was edited" in text
+    assert text.endswith("2 of 3 checks not passed")
+
+
+def test_messages_for_the_student_from_each_kind_of_failure():
+    assert grading._message({"ename": "NotImplementedError", "evalue": ""})[0] == "not implemented"
+    assert grading._message({"ename": "AssertionError", "evalue": "merge: wrong"}) == ("failed", "merge: wrong")
+    assert grading._message({"ename": "NameError", "evalue": "name 'merge' is not defined"}) == \
+        ("failed", "NameError: name 'merge' is not defined")
+    status, msg = grading._message({"longrepr": "Cell outputs differ", "stdout": "debug 1\nmerge: ... ✓"})
+    assert status == "failed" and "debug 1" in msg and "check cell" in msg
+    status, msg = grading._message({"longrepr": "Cell outputs differ", "stdout": "\n".join(map(str, range(100)))})
+    assert "(94 more lines)" in msg and len(msg.splitlines()) < 12
+    assert grading._message({"longrepr": "pytest plugin exception: Kernel dead on test start"})[0] == "not run"
+
+
+def test_canonical_checks_ship_with_the_package():
+    data = json.loads(grading.CHECKS_JSON.read_text(encoding="utf-8"))
+    assert [c["name"] for c in data[NAME]] == CHECKS
+    assert os.path.dirname(grading.CHECKS_JSON) == os.path.dirname(grading.__file__)
