@@ -1,0 +1,155 @@
+"""Input checks shared by the kernels' Python entry points.
+
+Each check raises an error that names the function, the argument and what was expected, so a
+student sees ``softmax: x has dtype torch.int64; expected float16, float32 or bfloat16`` rather
+than a Triton compile error three frames deep. Later chapters reuse them for q, k, v, ...
+
+Example:
+    >>> import torch
+    >>> from flashcourse.kernels._validate import expect_float_tensor
+    >>> expect_float_tensor("softmax", "x", torch.arange(3))
+    Traceback (most recent call last):
+        ...
+    TypeError: softmax: x has dtype torch.int64; expected float16, float32 or bfloat16
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import backend
+
+__all__ = ["FLOAT_DTYPES", "dtype_names", "expect_tensor", "expect_dtype", "expect_on_backend",
+           "expect_ndim", "expect_same", "expect_float_tensor", "supports_bf16"]
+
+#: The floating dtypes the course's kernels accept (bfloat16 only where the GPU has it).
+FLOAT_DTYPES = (torch.float16, torch.float32, torch.bfloat16)
+
+
+def dtype_names(dtypes) -> str:
+    """``float16, float32 or bfloat16``: a list of dtypes the way a sentence says it.
+
+    Example:
+        >>> import torch
+        >>> dtype_names([torch.float16, torch.float32])
+        'float16 or float32'
+    """
+    names = [str(d).removeprefix("torch.") for d in dtypes]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def supports_bf16(cc: tuple[int, int] | None = None) -> bool:
+    """Whether bfloat16 kernels run here: sm_80 (A100) and newer, and the interpreter.
+
+    ``cc`` defaults to the current GPU's compute capability (None under the interpreter).
+
+    Example:
+        >>> supports_bf16((7, 5)), supports_bf16((9, 0))
+        (False, True)
+    """
+    if cc is None:
+        cc = backend.compute_capability()
+    return cc is None or tuple(cc) >= (8, 0)
+
+
+def expect_tensor(fn: str, name: str, x) -> None:
+    """Raise TypeError unless ``x`` is a torch.Tensor.
+
+    Example:
+        >>> expect_tensor("softmax", "x", [1.0, 2.0])
+        Traceback (most recent call last):
+            ...
+        TypeError: softmax: x is a list; expected a torch.Tensor (try torch.tensor(x))
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{fn}: {name} is a {type(x).__name__}; expected a torch.Tensor "
+                        f"(try torch.tensor({name}))")
+
+
+def expect_dtype(fn: str, name: str, x: torch.Tensor, dtypes=FLOAT_DTYPES) -> None:
+    """Raise TypeError unless ``x.dtype`` is one of ``dtypes``; bfloat16 also needs an sm_80+ GPU.
+
+    Example:
+        >>> import torch
+        >>> expect_dtype("softmax", "x", torch.zeros(2, dtype=torch.float64))
+        Traceback (most recent call last):
+            ...
+        TypeError: softmax: x has dtype torch.float64; expected float16, float32 or bfloat16
+    """
+    if x.dtype not in dtypes:
+        raise TypeError(f"{fn}: {name} has dtype {x.dtype}; expected {dtype_names(dtypes)}")
+    if x.dtype == torch.bfloat16 and not supports_bf16():
+        major, minor = backend.compute_capability()
+        raise TypeError(f"{fn}: {name} has dtype torch.bfloat16, which this GPU (sm_{major}{minor}, "
+                        f"{backend.gpu_name()}) does not support; use float16 or float32")
+
+
+def expect_on_backend(fn: str, name: str, x: torch.Tensor) -> None:
+    """Raise ValueError unless ``x`` lives where the kernels run: the GPU, or the CPU under the interpreter.
+
+    Example:
+        >>> import torch
+        >>> expect_on_backend("softmax", "x", torch.zeros(2, device="meta"))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+            ...
+        ValueError: softmax: x is on meta; expected ...
+    """
+    device = x.device.type
+    if device == backend.DEVICE:
+        return
+    if backend.DEVICE == "cuda":
+        hint = f"move it with {name}.cuda()" if device == "cpu" else f"use {name}.cuda()"
+        raise ValueError(f"{fn}: {name} is on {x.device}; expected a CUDA tensor, since the kernels "
+                         f"run on the GPU ({hint})")
+    hint = f"; use {name}.cpu()" if device == "cuda" else ""
+    raise ValueError(f"{fn}: {name} is on {x.device}; expected a CPU tensor, since the kernels run in "
+                     f"Triton's interpreter on the CPU ({backend.NOTE.split(':')[0]}){hint}")
+
+
+def expect_ndim(fn: str, name: str, x: torch.Tensor, at_least: int = 1, what: str = "") -> None:
+    """Raise ValueError unless ``x`` has at least ``at_least`` dimensions.
+
+    Example:
+        >>> import torch
+        >>> expect_ndim("softmax", "x", torch.tensor(1.0), what="softmax runs over the last one")
+        Traceback (most recent call last):
+            ...
+        ValueError: softmax: x is 0-dimensional (a scalar); expected at least 1 dimension (softmax runs over the last one)
+    """
+    if x.dim() < at_least:
+        shape = "0-dimensional (a scalar)" if x.dim() == 0 else f"{tuple(x.shape)}"
+        plural = "" if at_least == 1 else "s"
+        extra = f" ({what})" if what else ""
+        raise ValueError(f"{fn}: {name} is {shape}; expected at least {at_least} dimension{plural}{extra}")
+
+
+def expect_same(fn: str, attr: str, **tensors: torch.Tensor) -> None:
+    """Raise ValueError unless every tensor has the same ``attr`` (``"dtype"``, ``"device"``, ``"shape"``).
+
+    Example:
+        >>> import torch
+        >>> expect_same("attention", "dtype", q=torch.zeros(1), k=torch.zeros(1, dtype=torch.float16))
+        Traceback (most recent call last):
+            ...
+        ValueError: attention: q has dtype torch.float32 but k has dtype torch.float16; expected the same dtype
+    """
+    items = [(n, getattr(t, attr)) for n, t in tensors.items()]
+    first_name, first = items[0]
+    for n, v in items[1:]:
+        if v != first:
+            show = (lambda s: tuple(s)) if attr == "shape" else (lambda s: s)
+            raise ValueError(f"{fn}: {first_name} has {attr} {show(first)} but {n} has {attr} {show(v)}; "
+                             f"expected the same {attr}")
+
+
+def expect_float_tensor(fn: str, name: str, x, dtypes=FLOAT_DTYPES, at_least: int = 1,
+                        what: str = "") -> None:
+    """All of the above for one input: a tensor, of a float dtype, on the backend's device, ≥ 1-dim.
+
+    Example:
+        >>> import torch
+        >>> expect_float_tensor("softmax", "x", torch.zeros(3, 4))   # passes silently
+    """
+    expect_tensor(fn, name, x)
+    expect_dtype(fn, name, x, dtypes)
+    expect_ndim(fn, name, x, at_least, what)
+    expect_on_backend(fn, name, x)

@@ -1,0 +1,287 @@
+"""Row softmax in Triton: one pass when a row fits in a block, the online normaliser when it does not.
+
+Chapter 1's algorithms, on a GPU. Every kernel normalises the rows of a 2-D view ``(n_rows, n_cols)``
+of its input, computes in fp32 whatever the input dtype, and writes the input's dtype.
+
+* :func:`softmax` -- a row of at most 32k columns is held in registers by one program: load,
+  max, exp, sum, store. The row is read from HBM once, written once.
+* wider rows (or ``softmax(x, block_size=...)`` narrower than the row) take the *online*
+  two-pass kernel: pass 1 streams the row block by block keeping a running max ``m_i`` and
+  normaliser ``l_i``, merged with the rule
+  ``m = max(m_a, m_b)``, ``l = l_a e^(m_a - m) + l_b e^(m_b - m)``;
+  pass 2 reads the row again and writes ``e^(x - m) / l``. Two reads instead of three.
+* :func:`safe_softmax_3pass` -- the textbook safe softmax: a max pass, a sum pass, a write pass.
+
+``e^t`` is computed as ``2^(t log2 e)``: ``exp2`` is the instruction the hardware has.
+
+Example:
+    >>> import torch
+    >>> from flashcourse.backend import DEVICE
+    >>> from flashcourse.kernels import softmax
+    >>> x = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, float("-inf")]], device=DEVICE)
+    >>> softmax(x).cpu()
+    tensor([[0.0900, 0.2447, 0.6652],
+            [0.5000, 0.5000, 0.0000]])
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from .. import backend
+from . import aot
+from ._validate import expect_float_tensor
+
+__all__ = ["softmax", "safe_softmax_3pass", "softmax_config", "MAX_FUSED"]
+
+LOG2E = tl.constexpr(1.4426950408889634)  # e^t = 2^(t log2 e)
+
+#: Widest row (columns) the one-pass kernel holds in registers; wider rows go online.
+MAX_FUSED = 32768
+
+
+@triton.jit
+def _softmax_one_pass(X, Y, n_rows, n_cols, stride_x, stride_y,
+                      BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    # one program, ROWS whole rows: x is (ROWS, BLOCK), with BLOCK >= n_cols
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    rows = rows.to(tl.int64)
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=-float("inf"))
+    x = x.to(tl.float32)
+    m_i = tl.max(x, axis=1)                                   # (ROWS,)
+    p = tl.exp2((x - m_i[:, None]) * LOG2E)                   # (ROWS, BLOCK)
+    l_i = tl.sum(p, axis=1)                                   # (ROWS,)
+    y = p / l_i[:, None]
+    tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _softmax_online(X, Y, n_cols, stride_x, stride_y, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = X + row * stride_x
+    y_row = Y + row * stride_y
+    cols = tl.arange(0, BLOCK)
+
+    # pass 1: running max m_i and normaliser l_i = sum_j e^(x_j - m_i) over the blocks seen so far
+    m_i = -float("inf")
+    l_i = 0.0
+    for start in range(0, n_cols, BLOCK):
+        mask = start + cols < n_cols
+        x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        m_new = tl.maximum(m_i, tl.max(x, axis=0))
+        # merge (m_i, l_i) with this block's (m_new, sum e^(x - m_new)): rescale the old sum.
+        # While every x so far is -inf, m_new = -inf and (-inf) - (-inf) would be nan: shift by 0.
+        m_shift = tl.where(m_new == -float("inf"), 0.0, m_new)
+        alpha = tl.exp2((m_i - m_shift) * LOG2E)
+        l_i = l_i * alpha + tl.sum(tl.exp2((x - m_shift) * LOG2E), axis=0)
+        m_i = m_new
+
+    # pass 2: read the row again and write e^(x - m) / l. Last block first: the blocks pass 1
+    # read last are the likeliest to be still in L2 (a wide row's first blocks may be gone).
+    T = tl.cdiv(n_cols, BLOCK)
+    for j in range(0, T):
+        start = (T - 1 - j) * BLOCK
+        mask = start + cols < n_cols
+        x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        y = tl.exp2((x - m_i) * LOG2E) / l_i
+        tl.store(y_row + start + cols, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _softmax_3pass(X, Y, n_cols, stride_x, stride_y, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = X + row * stride_x
+    y_row = Y + row * stride_y
+    cols = tl.arange(0, BLOCK)
+
+    # pass 1: m = max_j x_j
+    m = -float("inf")
+    for start in range(0, n_cols, BLOCK):
+        x = tl.load(x_row + start + cols, mask=start + cols < n_cols, other=-float("inf"))
+        m = tl.maximum(m, tl.max(x.to(tl.float32), axis=0))
+
+    # pass 2: l = sum_j e^(x_j - m)
+    l = 0.0
+    for start in range(0, n_cols, BLOCK):
+        x = tl.load(x_row + start + cols, mask=start + cols < n_cols, other=-float("inf"))
+        l += tl.sum(tl.exp2((x.to(tl.float32) - m) * LOG2E), axis=0)
+
+    # pass 3: y_j = e^(x_j - m) / l
+    for start in range(0, n_cols, BLOCK):
+        mask = start + cols < n_cols
+        x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        tl.store(y_row + start + cols, (tl.exp2((x - m) * LOG2E) / l).to(Y.dtype.element_ty), mask=mask)
+
+
+# --------------------------------------------------------------------------------------------------
+# Launch configs. One function chooses them, for the entry points at launch and for the
+# ahead-of-time check (aot.py) on every target GPU.
+
+_KERNELS = {"softmax_one_pass": _softmax_one_pass, "softmax_online": _softmax_online,
+            "softmax_3pass": _softmax_3pass}
+_PTR = {torch.float16: "*fp16", torch.float32: "*fp32", torch.bfloat16: "*bf16"}
+_STREAM_BLOCK = 16384  # columns per block of the online and 3-pass kernels
+_MIN_BLOCK = 32        # a warp's width: narrower rows are masked, not given kernels of their own
+
+# Measured on an H100 (fp16, 256 MB per call, tools/gpu_softmax.py --sweep). One pass: about 16
+# elements per thread keeps every width from 1k to 32k columns at 96-100% of the device-copy
+# bandwidth, 8 or fewer per thread (narrower loads) loses 5-25%, and a 32k row takes all 32 warps
+# a block may have. The streaming kernels wait on every block's load before the next: about 8
+# elements per thread (more threads, more loads in flight) and 16k-column blocks do best.
+
+
+def _one_pass_launch(BLOCK: int, dtype, cc, n_rows: int) -> aot.Launch:
+    if cc is None:  # interpreter: num_warps means nothing; fewer, bigger programs run faster
+        ROWS = max(1, min(16384 // BLOCK, triton.next_power_of_2(max(n_rows, 1))))
+        return aot.Launch({"BLOCK": BLOCK, "ROWS": ROWS}, 4, 1, kernel="softmax_one_pass")
+    ROWS = max(1, 2048 // BLOCK)  # narrow rows share a program: at least 2048 elements each
+    num_warps = max(1, min(32, ROWS * BLOCK // (16 * 32)))
+    return aot.Launch({"BLOCK": BLOCK, "ROWS": ROWS}, num_warps, 1, kernel="softmax_one_pass")
+
+
+def _stream_launch(kernel: str, BLOCK: int, dtype, cc) -> aot.Launch:
+    num_warps = 4 if cc is None else max(2, min(32, BLOCK // (8 * 32)))
+    return aot.Launch({"BLOCK": BLOCK}, num_warps, 1, kernel=kernel)
+
+
+def softmax_config(n_cols: int, dtype=torch.float16, cc="current", *, block_size: int | None = None,
+                   three_pass: bool = False, n_rows: int = 1 << 20) -> aot.Launch:
+    """The kernel and launch config the entry points use for rows of ``n_cols`` columns.
+
+    ``cc`` is a compute capability such as ``(9, 0)``, None for the interpreter, or ``"current"``
+    (this machine). ``block_size`` forces the block width: a row wider than it takes the online
+    two-pass kernel. The result's ``kernel`` names the kernel; ``constexprs``, ``num_warps`` and
+    ``num_stages`` are its launch parameters.
+
+    Example:
+        >>> import torch
+        >>> softmax_config(4096, torch.float16, (9, 0))  # doctest: +ELLIPSIS
+        Launch(constexprs={'BLOCK': 4096, 'ROWS': 1}, num_warps=8, ..., kernel='softmax_one_pass', ...)
+        >>> softmax_config(100_000, torch.float16, (9, 0)).kernel
+        'softmax_online'
+        >>> softmax_config(1000, torch.float32, (9, 0), block_size=256).constexprs
+        {'BLOCK': 256}
+    """
+    if cc == "current":
+        cc = backend.compute_capability()
+    _expect_block_size("softmax_config", block_size)
+    width = max(triton.next_power_of_2(n_cols), _MIN_BLOCK)
+    if three_pass:
+        return _stream_launch("softmax_3pass", block_size or min(width, _STREAM_BLOCK), dtype, cc)
+    if block_size is None and width <= MAX_FUSED or block_size is not None and width <= block_size:
+        return _one_pass_launch(width, dtype, cc, n_rows)
+    return _stream_launch("softmax_online", block_size or _STREAM_BLOCK, dtype, cc)
+
+
+def _expect_block_size(fn: str, block_size) -> None:
+    if block_size is not None and (not isinstance(block_size, int) or isinstance(block_size, bool)
+                                   or block_size < 1 or block_size & (block_size - 1)):
+        raise ValueError(f"{fn}: block_size is {block_size!r}; expected a power of two such as 1024")
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as (n_rows, n_cols) with unit column stride; copies only when it must."""
+    if x.stride(-1) != 1:  # e.g. a transposed tensor: a row's elements are not adjacent
+        x = x.contiguous()
+    if x.dim() == 1:
+        return x.unsqueeze(0)
+    try:
+        return x.view(-1, x.shape[-1])  # rows with any row stride, e.g. x[:, :n] or x[::2]
+    except RuntimeError:  # leading dims that no single stride can walk, e.g. x[:, ::2, :] of a 3-D x
+        return x.reshape(-1, x.shape[-1])
+
+
+def _run(x: torch.Tensor, launch: aot.Launch) -> torch.Tensor:
+    """Launch ``launch`` on ``x`` (already checked); returns a new tensor of x's shape and dtype."""
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x.numel() == 0:
+        return y
+    x2, y2 = _rows(x), y.view(-1, x.shape[-1])
+    n_rows, n_cols = x2.shape
+    if launch.kernel == "softmax_one_pass":
+        grid = (triton.cdiv(n_rows, launch.constexprs["ROWS"]),)
+        args = (x2, y2, n_rows, n_cols, x2.stride(0), y2.stride(0))
+    else:
+        grid, args = (n_rows,), (x2, y2, n_cols, x2.stride(0), y2.stride(0))
+    # The interpreter computes with NumPy, which warns where the GPU silently makes the nan that
+    # torch.softmax makes too: (-inf) - (-inf) on a row of -inf.
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        _KERNELS[launch.kernel][grid](*args, **launch.constexprs, **launch.options())
+    return y
+
+
+def softmax(x: torch.Tensor, *, block_size: int | None = None) -> torch.Tensor:
+    """Softmax over the last dimension of ``x``, like ``torch.softmax(x, -1)``.
+
+    ``x``: float16, float32 or bfloat16 (bfloat16 on sm_80+), any shape with at least one
+    dimension, any strides (a tensor whose last dim is not contiguous, e.g. a transposed one, is
+    copied first). Computes in fp32 and returns x's dtype. A row of at most :data:`MAX_FUSED`
+    columns is read from memory once; a wider one twice (online normaliser). ``block_size`` (a power
+    of two) forces the block width, so a narrower block makes a short row take the two-pass path.
+    Forward only: the result carries no autograd graph.
+
+    Example:
+        >>> import torch
+        >>> from flashcourse.backend import DEVICE
+        >>> x = torch.randn(4, 3, 1000, device=DEVICE)
+        >>> torch.allclose(softmax(x), torch.softmax(x, -1), atol=1e-6)
+        True
+        >>> torch.allclose(softmax(x, block_size=256), torch.softmax(x, -1), atol=1e-6)  # online
+        True
+    """
+    expect_float_tensor("softmax", "x", x, what="softmax runs over the last one")
+    _expect_block_size("softmax", block_size)
+    launch = softmax_config(x.shape[-1], x.dtype, block_size=block_size,
+                            n_rows=x.numel() // max(x.shape[-1], 1))
+    return _run(x, launch)
+
+
+def safe_softmax_3pass(x: torch.Tensor, *, block_size: int | None = None) -> torch.Tensor:
+    """The safe softmax in three passes over each row: max, sum of e^(x - max), write. For comparison.
+
+    Same inputs and result as :func:`softmax`, but every row is read three times.
+
+    Example:
+        >>> import torch
+        >>> from flashcourse.backend import DEVICE
+        >>> x = torch.randn(8, 5000, device=DEVICE)
+        >>> torch.allclose(safe_softmax_3pass(x), torch.softmax(x, -1), atol=1e-6)
+        True
+    """
+    expect_float_tensor("safe_softmax_3pass", "x", x, what="softmax runs over the last one")
+    _expect_block_size("safe_softmax_3pass", block_size)
+    launch = softmax_config(x.shape[-1], x.dtype, block_size=block_size, three_pass=True)
+    return _run(x, launch)
+
+
+# --------------------------------------------------------------------------------------------------
+# Ahead-of-time check: every config softmax_config can pick, on every target.
+
+def _aot_configs(kernel: str):
+    widths = {"softmax_one_pass": [2 ** k for k in range(5, 16)],  # 32 .. 32768 columns
+              "softmax_online": [2 * MAX_FUSED], "softmax_3pass": [2 ** k for k in range(5, 15)]}[kernel]
+
+    def configs(cc):
+        dtypes = [torch.float16, torch.float32] + ([torch.bfloat16] if cc >= (8, 0) else [])
+        for dtype in dtypes:
+            for n in widths:
+                launch = softmax_config(n, dtype, cc, three_pass=kernel == "softmax_3pass")
+                assert launch.kernel == kernel, (launch, kernel)
+                yield aot.Launch(launch.constexprs, launch.num_warps, launch.num_stages,
+                                 {"X": _PTR[dtype], "Y": _PTR[dtype]}, kernel, note=f"n_cols={n}")
+    return configs
+
+
+_SIGNATURES = {
+    "softmax_one_pass": {"X": "*fp16", "Y": "*fp16", "n_rows": "i32", "n_cols": "i32",
+                         "stride_x": "i32", "stride_y": "i32", "BLOCK": "constexpr", "ROWS": "constexpr"},
+    "softmax_online": {"X": "*fp16", "Y": "*fp16", "n_cols": "i32", "stride_x": "i32",
+                       "stride_y": "i32", "BLOCK": "constexpr"},
+}
+_SIGNATURES["softmax_3pass"] = _SIGNATURES["softmax_online"]
+for _name, _kernel in _KERNELS.items():
+    aot.register(_name, _kernel, signature=_SIGNATURES[_name], configs=_aot_configs(_name))

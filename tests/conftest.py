@@ -1,0 +1,55 @@
+"""Shared pytest set-up: the ``gpu`` marker, and fresh random seeds that a failure reports.
+
+* ``@pytest.mark.gpu`` tests are skipped unless the kernels run on a CUDA GPU
+  (``flashcourse.backend.DEVICE == "cuda"``; ``FLASHCOURSE_BACKEND=cpu`` on a GPU machine skips them too).
+* the ``seed`` fixture draws a new seed for every test run; a failing test prints it, and
+  ``FLASHCOURSE_SEED=<seed> python -m pytest ...`` replays it. ``gen`` is a torch.Generator on
+  the CPU seeded with it.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+
+import pytest
+
+import flashcourse  # noqa: F401  (decides the backend before anything imports triton)
+from flashcourse import backend
+
+
+def pytest_collection_modifyitems(config, items):
+    if backend.DEVICE == "cuda":
+        return
+    import torch
+    why = ("needs a CUDA GPU: " + ("torch sees none" if not torch.cuda.is_available()
+                                   else "FLASHCOURSE_BACKEND=cpu runs the interpreter"))
+    skip = pytest.mark.skip(reason=why)
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def seed(request) -> int:
+    """A fresh 32-bit seed per test (or ``$FLASHCOURSE_SEED``), reported if the test fails."""
+    value = int(os.environ.get("FLASHCOURSE_SEED") or secrets.randbits(32))
+    request.node.user_properties.append(("seed", value))
+    return value
+
+
+@pytest.fixture
+def gen(seed):
+    """A CPU torch.Generator seeded with ``seed``: draw on the CPU, then move to the device."""
+    import torch
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        seeds = [v for k, v in item.user_properties if k == "seed"]
+        if seeds:
+            report.sections.append(("random seed", f"seed {seeds[0]}: replay with "
+                                                   f"FLASHCOURSE_SEED={seeds[0]} python -m pytest {item.nodeid!r}"))
