@@ -11,9 +11,6 @@ import platform
 
 from . import backend
 
-#: Shared memory per block that Triton may use, by compute capability (bytes).
-SHARED_MEMORY = {(7, 5): 64 * 1024, (8, 0): 163 * 1024, (8, 6): 99 * 1024, (8, 9): 99 * 1024,
-                 (9, 0): 227 * 1024}
 
 
 def _version(module: str) -> str:
@@ -71,8 +68,9 @@ def warnings_for(cc: tuple[int, int] | None) -> list[str]:
                    "so the kernels pick smaller tiles.")
     if cc < (8, 0):
         out.append(f"bf16 is unsupported on sm_{cc[0]}{cc[1]}: use fp16.")
-    if cc in SHARED_MEMORY:
-        out.append(f"Shared memory per block: {SHARED_MEMORY[cc] // 1024} KB.")
+    from .kernels.aot import SHARED_LIMIT  # the limits the ahead-of-time check holds kernels to
+    if cc in SHARED_LIMIT:
+        out.append(f"Shared memory per block: {SHARED_LIMIT[cc] // 1024} KB.")
     return out
 
 
