@@ -113,7 +113,7 @@ class GradeReport:
     Example:
         >>> r = GradeReport("nb.ipynb", "01_softmax", [CheckResult("merge", "c", "passed")])
         >>> r.passed, r.format().splitlines()[-1]
-        (True, 'all 1 checks passed ✓')
+        (True, 'the 1 check passed ✓')
     """
     notebook: str
     exercise: str
@@ -128,7 +128,9 @@ class GradeReport:
 
     def format(self) -> str:
         """The per-check report that ``flashcourse grade`` prints."""
-        lines = [f"grading {self.notebook} (exercise {self.exercise}, {len(self.checks)} checks)"]
+        n = len(self.checks)
+        checks = f"{n} check" + ("" if n == 1 else "s")
+        lines = [f"grading {self.notebook} (exercise {self.exercise}, {checks})"]
         lines += [f"  note: {n}" for n in self.notes]
         width = max([len(c.name) for c in self.checks] + [14])
         lines += [c.line(width) for c in self.checks]
@@ -137,10 +139,11 @@ class GradeReport:
             lines += [c.line(width) for c in self.other_failures]
         bad = sum(c.status != PASSED for c in self.checks)
         if self.passed:
-            lines.append(f"all {len(self.checks)} checks passed ✓")
+            lines.append(f"the {checks} passed ✓" if n == 1 else f"all {checks} passed ✓")
         else:
-            lines.append(f"{bad} of {len(self.checks)} checks not passed"
-                         + (f", {len(self.other_failures)} other cells failed" if self.other_failures else ""))
+            others = len(self.other_failures)
+            lines.append(f"{bad} of {checks} not passed"
+                         + (f", {others} other cell{'' if others == 1 else 's'} failed" if others else ""))
         return "\n".join(lines)
 
 

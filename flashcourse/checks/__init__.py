@@ -1,0 +1,44 @@
+"""The exercise checks: one call under each exercise, one line when it is right, a precise error otherwise.
+
+A check cell of an exercise notebook is a one-liner::
+
+    # NBVAL_CHECK_OUTPUT
+    check.online_softmax(online_softmax)
+
+Each check runs your function on *shown* cases (fixed; a failure prints their input) and on
+*hidden* cases drawn afresh on every run (ragged sizes, large logits, -inf entries, rows that see
+no key), compares with a float64 reference, and prints one line that is the same on every run, e.g.
+``online_softmax: 40 cases passed (8 shown, 32 hidden) ✓``. That line is the cell's expected
+output under nbval, so the cell passes only when every case does.
+
+On failure it raises an AssertionError that names the case (its kind, its shape, and for a hidden
+case the seed that draws it again: ``check.online_softmax(online_softmax, seed=...)``), the first
+wrong element (index, expected, got) or the wrong shape/dtype, and a hint. A function that still
+raises NotImplementedError (or a Triton kernel whose body is still ``pass``, so that it writes
+nothing) is reported as not implemented yet.
+
+The checks, by chapter:
+
+* :mod:`.softmax` (chapter 1): :func:`online_softmax`, :func:`merge`, :func:`softmax_kernel`;
+* :mod:`.attention` (chapters 2 and 3): :func:`fa1_step` (FlashAttention-1's inner step, run
+  inside FA1's loops), :func:`fa2_attention` (FlashAttention-2's deferred rescale, in NumPy) and
+  :func:`fa2_kernel` (the inner loop of the FA2 Triton kernel).
+
+Adding a check for a later chapter: a module here with a function ``NAME(fn, seed=None)`` that
+builds its shown cases (fixed) and hidden cases (drawn from ``np.random.default_rng(_seed(seed))``)
+as :class:`Case` objects, calls the student's code through ``_call``, compares each result with a
+float64 reference through ``_compare`` (tolerances justified in a comment), and ends with
+``_passed``, which prints the one line (all three in :mod:`._common`); then re-export it here.
+
+Example:
+    >>> import numpy as np
+    >>> from flashcourse import checks
+    >>> checks.online_softmax(lambda x: np.exp(x - x.max()) / np.exp(x - x.max()).sum())
+    online_softmax: 40 cases passed (8 shown, 32 hidden) ✓
+"""
+from ._common import (ATOL_F32, ATOL_F64, RTOL_F32, RTOL_F64, _POISON, Case, _call, _compare,  # noqa: F401
+                      _passed, _seed, _softmax64)
+from .attention import fa1_step, fa2_attention, fa2_kernel
+from .softmax import merge, online_softmax, softmax_kernel
+
+__all__ = ["online_softmax", "merge", "softmax_kernel", "fa1_step", "fa2_attention", "fa2_kernel", "Case"]

@@ -1,0 +1,561 @@
+"""Chapters 2 and 3's checks: FlashAttention-1's inner step, FlashAttention-2's deferred rescale, and
+the inner loop of the FlashAttention-2 Triton kernel.
+
+Every case is compared with attention in float64 (:func:`flashcourse.reference.attention.attention_float64`:
+causal masking aligned bottom-right, so that query r sees keys c <= r + N_k - N_q; a row that sees no
+key gives 0). The hidden cases draw ragged sizes (N not a multiple of the block), N_q != N_k, causal
+masks with rows that see no key, large logits (q scaled by 30), and d in {16, 32, 64}.
+
+Example:
+    >>> import numpy as np
+    >>> from flashcourse import checks
+    >>> def zeros(Q, K, V, B_r, B_c, causal, sm_scale):
+    ...     return np.zeros((len(Q), Q.shape[1]))
+    >>> checks.fa2_attention(zeros)                            # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    AssertionError: fa2_attention: wrong value on shown case 1 of 7 (one block of queries, one of keys): ...
+    ...
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import warnings
+
+import numpy as np
+
+from ..reference.attention import attention_float64
+from ._common import Case, _as_array, _call, _callable, _compare, _not_implemented, _passed, _seed, _summary
+
+__all__ = ["fa1_step", "fa2_attention", "fa2_kernel"]
+
+# ---------------------------------------------------------------------------------------------
+# Tolerances, from an error analysis of a *correct* implementation.
+#
+# float64 (the NumPy exercises), u = 1.1e-16. Each output row is a convex combination of rows of V,
+# with weights e^(s - m) / l. A logit s = q . k * scale is a dot of d <= 64 terms (error <= d u
+# sum|q||k| scale, 1e-11 at the largest logits drawn, ~1000); the weights then carry that as a
+# relative error, and each of the T_c <= 100 blocks rescales l and O once more (a few u per block).
+# So |O - O_exact| <= (1e-11 + 300 u) max|V| < 1e-10 max|V|: atol = 1e-9 max|V| (10x margin), and
+# rtol = 1e-9 for m and l (positive sums: no cancellation). Every wrong formula below is off by O(1).
+RTOL_ATTN_F64, ATOL_ATTN_F64 = 1e-9, 1e-9
+#
+# The Triton kernel (fp16 inputs and output, fp32 dots and accumulator), u16 = 2^-11, u32 = 2^-24:
+#   * logits: a fp16 x fp16 product is exact in fp32, so q . k * scale * log2(e) carries only the
+#     fp32 sum and scaling errors, dt <= (d + 5) u32 A with A = max_ij sum_k |q_ik k_jk| * scale * log2(e);
+#     the weights 2^(t - m) then err by ln2 dt (relative), which moves O by <= 2 ln2 dt max|V|;
+#   * P is rounded to fp16 for the dot with V_j (as every fp16 FlashAttention does): <= u16 max|V|;
+#   * the fp32 accumulator and exp2: <= (N_k + 8) u32 max|V|; O stored as fp16: <= u16 max|V|.
+# B = max|V| (2 u16 + 2 ln2 dt + (N_k + 8) u32), about 1e-3 max|V|; the check allows 2 B, since the
+# analysis is first order. Measured under the interpreter over 25 seeds, the solution's error is at
+# most 0.35 B (median 0.1 B, i.e. ~1e-4 to 1e-3); a kernel that forgets a rescale, skips the ragged
+# mask or masks the wrong keys is off by 0.05 or more (tests/test_checks_attention.py).
+_U16, _U32 = 2.0 ** -11, 2.0 ** -24
+_LOG2E = 1.4426950408889634
+
+# The fp16 bit pattern the kernel check poisons O with: a NaN that no arithmetic produces
+# (computed fp16 NaNs are 0x7e00 or 0xfe00), so "never written" and "wrote nan" differ.
+_POISON16 = 0x7DAD
+
+_FLOATS = "attention outputs are real numbers, so it must be a float array"
+
+
+class _AttnCase(Case):
+    """An attention case: (Q, K, V) with its sizes, and the description a student reads."""
+
+    def __init__(self, kind, inputs, number, of, hidden=False, seed=None, extra=None, what=""):
+        super().__init__(kind, inputs, number, of, hidden, seed, ("Q", "K", "V"), extra or {})
+        self.what = what
+
+    def describe(self) -> str:
+        seed = f", seed {self.seed}" if self.hidden and self.seed is not None else ""
+        where = f"{'hidden' if self.hidden else 'shown'} case {self.number} of {self.of} ({self.kind}{seed})"
+        e = self.extra
+        sizes = f"N_q = {e['N_q']}, N_k = {e['N_k']}, d = {e['d']}"
+        blocks = ", ".join(f"{b} = {e[b]}" for b in ("B_r", "B_c", "BLOCK_M", "BLOCK_N", "B*H") if b in e)
+        scale = f"sm_scale = {e['sm_scale']:.6g}"
+        vals = _summary(np.concatenate([np.ravel(np.asarray(t, dtype=np.float64)) for t in self.inputs[:3]]))
+        what = f"{self.what} " if self.what else ""
+        return (f"{where}: {what}{sizes}, {blocks}, {'causal' if e['causal'] else 'not causal'}, {scale}; "
+                f"Q, K, V {vals}")
+
+
+def _visible(n_q: int, n_k: int, causal: bool) -> np.ndarray:
+    """(n_q, n_k) boolean: True where query r sees key c; causal is aligned bottom-right."""
+    if not causal:
+        return np.ones((n_q, n_k), dtype=bool)
+    return np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + (n_k - n_q)
+
+
+def _stats64(q, k, causal: bool, scale: float):
+    """The final (m, l) of each query row: its largest visible logit, and sum of e^(s - m) (-inf, 0 if none)."""
+    s = np.where(_visible(len(q), len(k), causal), q @ k.T * scale, -np.inf)
+    m = s.max(axis=1)
+    safe = np.where(np.isneginf(m), 0.0, m)
+    return m, np.exp(s - safe[:, None]).sum(axis=1)
+
+
+def _attention64(q, k, v, causal: bool, scale: float) -> np.ndarray:
+    return attention_float64(q[None, None], k[None, None], v[None, None], causal=causal, sm_scale=scale)[0, 0]
+
+
+_KINDS = ["ragged: N is not a multiple of the blocks", "causal", "causal, N_q > N_k: rows that see no key",
+          "causal, N_q < N_k: aligned bottom-right", "large logits (Q x 30)", "the maximum moves in every block",
+          "N_q != N_k", "causal, large logits (Q x 30)"]
+
+
+def _draw(rng, kind: str, n_max: int = 100, ds=(16, 32, 64)):
+    """Random (Q, K, V, causal, sm_scale) of the given kind, float64."""
+    d = int(rng.choice(ds))
+    n_q, n_k = (int(t) for t in rng.integers(1, n_max + 1, size=2))
+    if "N_q > N_k" in kind:
+        n_k = int(rng.integers(1, n_max // 2))
+        n_q = n_k + int(rng.integers(2, n_max // 2))
+    elif "N_q < N_k" in kind:
+        n_q = int(rng.integers(1, n_max // 2))
+        n_k = n_q + int(rng.integers(2, n_max // 2))
+    elif kind == "causal":
+        n_k = n_q = max(n_q, 2)
+    q, k, v = rng.normal(size=(n_q, d)), rng.normal(size=(n_k, d)), rng.normal(size=(n_k, d))
+    if "large logits" in kind:
+        q = q * 30.0
+    elif "maximum moves" in kind:  # later keys line up better and better with every query
+        q[:, 0] = np.abs(q[:, 0]) + 2.0
+        k[:, 0] = np.linspace(-3.0, 3.0, n_k)
+    scale = 1.0 / math.sqrt(d) if rng.random() < 0.7 else float(rng.uniform(0.05, 0.5))
+    return q, k, v, kind.startswith("causal"), scale
+
+
+# hints, by what a case stresses (the first that applies to the case's kind)
+_KIND_HINTS = {
+    "rows that see no key": "a row that sees no key of a block has a block maximum of -inf, and "
+                            "e^(-inf - (-inf)) is nan: subtract 0 where the maximum is -inf (as in chapter 1's "
+                            "merge), and divide by l only where l > 0 (a row that sees no key at all gives O = 0).",
+    "aligned bottom-right": "causal masking is aligned bottom-right: query r sees keys c <= r + (N_k - N_q), so "
+                            "the last query sees every key; with N_q != N_k, c <= r is the wrong triangle.",
+    "causal": "causal: query r sees keys c <= r + (N_k - N_q); the other keys get S = -inf.",
+    "large logits": "e^s overflows for s > 709 (float64) or 88 (float32): exponentiate s - m, with m the running "
+                    "row maximum, never s itself.",
+    "maximum moves": "every block raises the row maximum: what was summed against the old maximum (l, and O or "
+                     "acc) must be scaled by e^(m_old - m_new) before this block's terms are added.",
+}
+
+
+def _kind_hint(kind: str) -> str:
+    return next((h for k, h in _KIND_HINTS.items() if k in kind), "")
+
+
+def _join(*parts: str) -> str:
+    return "\n  ".join(p for p in parts if p)
+
+
+# ---------------------------------------------------------------------------------------------
+# Chapter 2: FlashAttention-1's inner step (Algorithm 1, lines 9-12), run inside FA1's loops.
+
+def _fa1_step64(Q_i, K_j, V_j, O_i, l_i, m_i, mask, scale):
+    """The float64 inner step of FlashAttention-1: (O_i, l_i, m_i) after one more tile (K_j, V_j)."""
+    with np.errstate(all="ignore"):
+        S = np.where(mask, Q_i @ K_j.T * scale, -np.inf)
+        m_t = S.max(axis=1)
+        P = np.exp(S - np.where(np.isneginf(m_t), 0.0, m_t)[:, None])
+        l_t = P.sum(axis=1)
+        m_new = np.maximum(m_i, m_t)
+        safe = np.where(np.isneginf(m_new), 0.0, m_new)
+        a, b = np.exp(m_i - safe), np.exp(m_t - safe)
+        l_new = a * l_i + b * l_t
+        O_new = ((l_i * a)[:, None] * O_i + b[:, None] * (P @ V_j)) / np.where(l_new == 0, 1.0, l_new)[:, None]
+    return O_new, l_new, m_new
+
+
+_FA1_HINTS = {
+    "m_i": "m_new = max(m_i, m~_ij), where m~_ij is the row maximum of this tile's S_ij (-inf where mask is False).",
+    "l_i": "l_new = e^(m_i - m_new) l_i + e^(m~_ij - m_new) l~_ij: the l_i read back from HBM was summed against the "
+           "old maximum m_i, so it is rescaled too.",
+    "O_i": "O_new = (l_i e^(m_i - m_new) O_i + e^(m~_ij - m_new) P~_ij V_j) / l_new: the O_i read back is normalised "
+           "by the old l_i and taken against the old m_i; undo both, add this tile, divide by l_new.",
+}
+
+
+def _fa1_got(name, got, B_r, d, case):
+    if not isinstance(got, (tuple, list)) or len(got) != 3:
+        what = f"{len(got)} values" if isinstance(got, (tuple, list)) else f"a {type(got).__name__}"
+        raise AssertionError(f"{name} must return the three new values (O_i, l_i, m_i); it returned {what} "
+                             f"on {case.describe()}")
+    shapes = ((B_r, d), (B_r,), (B_r,))
+    return [_as_array(name, w, g, s, case, _FLOATS).astype(np.float64) for w, g, s in zip(("O_i", "l_i", "m_i"), got, shapes)]
+
+
+def _fa1_loop(name, fn, case: Case):
+    """FA1's loops around the student's step: K/V tiles outer, Q tiles inner, O/l/m kept in 'HBM'."""
+    q, k, v = case.inputs
+    e = case.extra
+    B_r, B_c, scale = e["B_r"], e["B_c"], e["sm_scale"]
+    n_q, d = q.shape
+    vis = _visible(n_q, len(k), e["causal"])
+    O, l, m = np.zeros((n_q, d)), np.zeros(n_q), np.full(n_q, -np.inf)
+    for j in range(0, len(k), B_c):
+        for i in range(0, n_q, B_r):
+            mask = vis[i:i + B_r, j:j + B_c]
+            if not mask.any():  # causal: a tile entirely above the diagonal is skipped, as in the notebook
+                continue
+            got = _call(name, fn, (q[i:i + B_r], k[j:j + B_c], v[j:j + B_c], O[i:i + B_r], l[i:i + B_r],
+                                   m[i:i + B_r], mask, scale), case)
+            O[i:i + B_r], l[i:i + B_r], m[i:i + B_r] = _fa1_got(name, got, len(mask), d, case)
+    return O, l, m
+
+
+def _fa1_step_case(rng, kind: str, number: int, of: int, seed: int, hidden: bool = True) -> Case:
+    """One step on its own: a state (O_i, l_i, m_i) from a real earlier tile, and a new tile."""
+    d = int(rng.choice([16, 32, 64]))
+    B_r, B_c = (int(t) for t in rng.integers(1, 17, size=2))
+    s = 30.0 if "large" in kind else 1.0
+    Q_i = rng.normal(size=(B_r, d)) * s
+    K_0, V_0, K_j, V_j = (rng.normal(size=(B_c, d)) for _ in range(4))
+    scale = 1.0 / math.sqrt(d)
+    if "raises" in kind:
+        K_j = K_j + 2.0 * np.sign(Q_i.sum(axis=0))  # this tile lines up better with every query
+    if "start" in kind:
+        O_i, l_i, m_i = np.zeros((B_r, d)), np.zeros(B_r), np.full(B_r, -np.inf)
+    else:
+        first = rng.random((B_r, B_c)) < 0.8
+        O_i, l_i, m_i = _fa1_step64(Q_i, K_0, V_0, np.zeros((B_r, d)), np.zeros(B_r), np.full(B_r, -np.inf),
+                                    first, scale)
+    mask = np.ones((B_r, B_c), dtype=bool)
+    if "mask" in kind:
+        mask = rng.random((B_r, B_c)) < 0.6
+        mask[rng.integers(B_r)] = False   # a row that sees no key of this tile
+    inputs = (Q_i, K_j, V_j, O_i, l_i, m_i, mask, scale)
+    return Case(kind, inputs, number=number, of=of, hidden=hidden, seed=seed if hidden else None,
+                names=("Q_i", "K_j", "V_j", "O_i", "l_i", "m_i", "mask", "sm_scale"))
+
+
+_FA1_STEP_KINDS = ["one step, from the start (m_i = -inf, l_i = 0, O_i = 0)", "one step: this tile raises the maximum",
+                   "one step, masked: a row sees no key of this tile (rows that see no key)",
+                   "one step, large logits (Q x 30)"]
+
+
+def fa1_step(fn, seed: int | None = None) -> None:
+    """Check ``fn(Q_i, K_j, V_j, O_i, l_i, m_i, mask, sm_scale) -> (O_i, l_i, m_i)``, FlashAttention-1's
+    inner step (Algorithm 1, lines 9-12 of the FlashAttention paper).
+
+    ``Q_i`` is (B_r, d), ``K_j`` and ``V_j`` (B_c, d); ``O_i`` (B_r, d), ``l_i`` and ``m_i`` (B_r,) are the
+    running output, normaliser and maximum read back from HBM; ``mask`` is a (B_r, B_c) boolean, False
+    where a query may not see a key (causal). The step returns the new ``(O_i, l_i, m_i)``, O_i normalised.
+
+    7 shown cases and 20 hidden ones: 5 and 6 single steps (each output compared with a float64 step),
+    2 and 14 whole runs of FA1's loops (K/V tiles outer, Q tiles inner, tiles of B_r x B_c, as in the
+    notebook) with your step inside, compared with float64 attention: ragged N, N_q != N_k, causal
+    (rows that see no key give 0), large logits, d in {16, 32, 64}.
+
+    Example:
+        >>> import numpy as np
+        >>> from flashcourse import checks
+        >>> def forgets_the_old_max(Q_i, K_j, V_j, O_i, l_i, m_i, mask, sm_scale):
+        ...     S = np.where(mask, Q_i @ K_j.T * sm_scale, -np.inf)
+        ...     P = np.exp(S - S.max(axis=1, keepdims=True))
+        ...     return P @ V_j / P.sum(axis=1, keepdims=True), P.sum(axis=1), S.max(axis=1)
+        >>> checks.fa1_step(forgets_the_old_max)             # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        AssertionError: fa1_step: wrong value on shown case 2 of 7 (one step: this tile raises the maximum), ...
+        ...
+    """
+    name = "fa1_step"
+    _callable(name, fn, "check.fa1_step(fa1_step)")
+    seed = _seed(seed)
+    rng = np.random.default_rng(seed)
+    g = np.random.default_rng(2)
+    names = ("Q_i", "K_j", "V_j", "O_i", "l_i", "m_i", "mask", "sm_scale")
+    # shown single steps: B_r = 2 queries, B_c = 3 keys, d = 4, small enough to print
+    Q_i = np.array([[1.0, 0.0, -1.0, 0.5], [0.0, 2.0, 1.0, -1.0]])
+    K_0, V_0 = g.normal(size=(3, 4)).round(2), g.normal(size=(3, 4)).round(2)
+    K_j, V_j = g.normal(size=(3, 4)).round(2), g.normal(size=(3, 4)).round(2)
+    ones = np.ones((2, 3), dtype=bool)
+    start = (np.zeros((2, 4)), np.zeros(2), np.full(2, -np.inf))
+    after_0 = _fa1_step64(Q_i, K_0, V_0, *start, ones, 0.5)
+    row_masked = np.array([[True, True, False], [False, False, False]])
+    shown_steps = [
+        ("one step, from the start (m_i = -inf, l_i = 0, O_i = 0)", (Q_i, K_j, V_j, *start, ones, 0.5)),
+        ("one step: this tile raises the maximum", (Q_i, K_j + 2 * np.sign(Q_i.sum(0)), V_j, *after_0, ones, 0.5)),
+        ("one step: the maximum stays", (Q_i, K_j - 2 * np.sign(Q_i.sum(0)), V_j, *after_0, ones, 0.5)),
+        ("one step, masked: the second row sees no key of this tile (rows that see no key)",
+         (Q_i, K_j, V_j, *after_0, row_masked, 0.5)),
+        ("one step, masked: rows that see no key yet, and none here", (Q_i, K_j, V_j, *start, row_masked, 0.5)),
+    ]
+    shown_loops = [
+        ("ragged: N is not a multiple of the blocks", _loop_inputs(g, 10, 10, 4, False), 4, 3),
+        ("causal, N_q > N_k: rows that see no key", _loop_inputs(g, 7, 5, 4, True), 2, 2),
+    ]
+    n_shown = len(shown_steps) + len(shown_loops)
+    cases = [Case(k, args, number=i + 1, of=n_shown, names=names) for i, (k, args) in enumerate(shown_steps)]
+    for i, (kind, (q, k, v, causal, scale), B_r, B_c) in enumerate(shown_loops):
+        cases.append(_AttnCase(kind, (q, k, v), len(shown_steps) + i + 1, n_shown, what="FA1's loops around your step over",
+                               extra=dict(N_q=len(q), N_k=len(k), d=q.shape[1], B_r=B_r, B_c=B_c, causal=causal,
+                                          sm_scale=scale)))
+    n_steps, n_loops = 6, 14
+    n_hidden = n_steps + n_loops
+    for i in range(n_steps):
+        cases.append(_fa1_step_case(rng, _FA1_STEP_KINDS[i % len(_FA1_STEP_KINDS)], i + 1, n_hidden, seed))
+    for i in range(n_loops):
+        kind = _KINDS[i % len(_KINDS)]
+        q, k, v, causal, scale = _draw(rng, kind)
+        B_r, B_c = (int(t) for t in rng.integers(1, 17, size=2))
+        cases.append(_AttnCase(kind, (q, k, v), n_steps + i + 1, n_hidden, hidden=True, seed=seed,
+                               what="FA1's loops around your step over",
+                               extra=dict(N_q=len(q), N_k=len(k), d=q.shape[1], B_r=B_r, B_c=B_c, causal=causal,
+                                          sm_scale=scale)))
+    replay = f"check.fa1_step(fa1_step, seed={seed}) draws this hidden case again."
+    for case in cases:
+        again = replay if case.hidden else ""
+        if isinstance(case, _AttnCase):
+            q, k, v = case.inputs
+            got = _fa1_loop(name, fn, case)
+            m, l = _stats64(q, k, case.extra["causal"], case.extra["sm_scale"])
+            expected = (_attention64(q, k, v, case.extra["causal"], case.extra["sm_scale"]), l, m)
+            atol_o = ATOL_ATTN_F64 * max(1.0, np.abs(v).max())
+            for what, w in (("m", 2), ("l", 1), ("O", 0)):  # the maximum first: its error explains the others
+                hint = _join(_kind_hint(case.kind), _FA1_HINTS[f"{what}_i"], again)
+                _compare(name, what, got[w], expected[w], case, RTOL_ATTN_F64,
+                         atol_o if what == "O" else ATOL_ATTN_F64, hint, _FLOATS)
+            continue
+        Q_i, K_j, V_j, O_i, l_i, m_i, mask, scale = case.inputs
+        got = _fa1_got(name, _call(name, fn, case.inputs, case), len(Q_i), Q_i.shape[1], case)
+        expected = _fa1_step64(*case.inputs)
+        atol_o = ATOL_ATTN_F64 * max(1.0, np.abs(V_j).max(), np.abs(O_i).max())
+        for what, w in (("m_i", 2), ("l_i", 1), ("O_i", 0)):
+            hint = _join(_kind_hint(case.kind), _FA1_HINTS[what], again)
+            _compare(name, f"new {what}", got[w], expected[w], case, RTOL_ATTN_F64,
+                     atol_o if what == "O_i" else ATOL_ATTN_F64, hint, _FLOATS)
+    _passed(name, n_shown, n_hidden)
+
+
+def _loop_inputs(g, n_q, n_k, d, causal):
+    q, k, v = g.normal(size=(n_q, d)), g.normal(size=(n_k, d)), g.normal(size=(n_k, d))
+    return q, k, v, causal, 1.0 / math.sqrt(d)
+
+
+# ---------------------------------------------------------------------------------------------
+# Chapter 3: FlashAttention-2 in NumPy: Q blocks outer, K/V blocks inner, the division deferred.
+
+_FA2_HINT = ("per K/V block: m_new = max(m_i, rowmax(S_ij)), alpha = e^(m_i - m_new), P~ = e^(S_ij - m_new), "
+             "l_i = alpha l_i + rowsum(P~), acc = alpha acc + P~ V_j; after the last block, O_i = acc / l_i "
+             "(once, not at every step).")
+
+
+def fa2_attention(fn, seed: int | None = None) -> None:
+    """Check ``fn(Q, K, V, B_r, B_c, causal, sm_scale) -> O``, FlashAttention-2 in NumPy: query blocks of
+    B_r rows in the outer loop, K/V blocks of B_c rows inside, an unnormalised accumulator rescaled by
+    e^(m_old - m_new) at each block, and O_i = acc / l_i once at the end.
+
+    ``Q`` is (N_q, d), ``K`` and ``V`` (N_k, d); causal masking is aligned bottom-right (query r sees keys
+    c <= r + N_k - N_q) and a row that sees no key gives 0. 7 shown cases and 20 hidden ones (ragged N,
+    N_q != N_k, causal, rows that see no key, large logits, d in {16, 32, 64}, B_r and B_c from 1 to 16),
+    compared with float64 attention.
+
+    Example:
+        >>> import numpy as np
+        >>> from flashcourse import checks
+        >>> from flashcourse.reference.attention import attention_float64
+        >>> checks.fa2_attention(lambda Q, K, V, B_r, B_c, causal, sm_scale:
+        ...                      attention_float64(Q, K, V, causal, sm_scale))
+        fa2_attention: 27 cases passed (7 shown, 20 hidden) ✓
+    """
+    name = "fa2_attention"
+    _callable(name, fn, "check.fa2_attention(fa2_attention)")
+    seed = _seed(seed)
+    rng = np.random.default_rng(seed)
+    g = np.random.default_rng(3)
+    inc = _loop_inputs(g, 8, 8, 4, False)
+    inc[0][:, 0], inc[1][:, 0] = np.abs(inc[0][:, 0]) + 2.0, np.linspace(-3.0, 3.0, 8)
+    big = _loop_inputs(g, 9, 9, 8, False)
+    shown = [
+        ("one block of queries, one of keys", _loop_inputs(g, 4, 4, 4, False), 4, 4),
+        ("the maximum moves in every block", inc, 4, 2),
+        ("ragged: N is not a multiple of the blocks", _loop_inputs(g, 10, 7, 4, False), 4, 3),
+        ("causal", _loop_inputs(g, 8, 8, 4, True), 4, 4),
+        ("causal, N_q < N_k: aligned bottom-right", _loop_inputs(g, 5, 9, 4, True), 2, 3),
+        ("causal, N_q > N_k: rows that see no key", _loop_inputs(g, 7, 4, 4, True), 4, 2),
+        ("large logits (Q x 30)", (big[0] * 30, *big[1:]), 4, 4),
+    ]
+
+    def case_of(kind, inputs, B_r, B_c, number, of, hidden):
+        q, k, v, causal, scale = inputs
+        return _AttnCase(kind, (q, k, v), number, of, hidden=hidden, seed=seed if hidden else None,
+                         extra=dict(N_q=len(q), N_k=len(k), d=q.shape[1], B_r=B_r, B_c=B_c, causal=causal,
+                                    sm_scale=scale))
+
+    cases = [case_of(k, x, br, bc, i + 1, len(shown), False) for i, (k, x, br, bc) in enumerate(shown)]
+    n_hidden = 20
+    for i in range(n_hidden):
+        kind = _KINDS[i % len(_KINDS)]
+        inputs = _draw(rng, kind)
+        B_r, B_c = (int(t) for t in rng.integers(1, 17, size=2))
+        cases.append(case_of(kind, inputs, B_r, B_c, i + 1, n_hidden, True))
+    for case in cases:
+        q, k, v = case.inputs
+        e = case.extra
+        got = _call(name, fn, (q, k, v, e["B_r"], e["B_c"], e["causal"], e["sm_scale"]), case)
+        expected = _attention64(q, k, v, e["causal"], e["sm_scale"])
+        hint = _join(_kind_hint(case.kind), _FA2_HINT,
+                     f"check.fa2_attention(fa2_attention, seed={seed}) draws this hidden case again." if case.hidden else "")
+        _compare(name, "O", got, expected, case, RTOL_ATTN_F64, ATOL_ATTN_F64 * max(1.0, np.abs(v).max()),
+                 hint, _FLOATS)
+    _passed(name, len(shown), n_hidden)
+
+
+# ---------------------------------------------------------------------------------------------
+# Chapter 3: the inner loop of the FlashAttention-2 Triton kernel.
+
+_KERNEL_HINTS = {
+    "fewer keys than BLOCK_N": "N_k < BLOCK_N: most lanes of the only K/V block are past the end; mask them "
+                               "(loads with mask=cols[:, None] < N_k, qk = -inf there).",
+    "ragged": "the last K/V block is partial: load K_j and V_j with mask=cols[:, None] < N_k (other=0.0) and set "
+              "qk to -inf where cols >= N_k, or those lanes add 2^(0 - m) to l_i.",
+}
+
+
+def _kernel_atol(q, k, v, scale: float) -> float:
+    """2 B, with B the error bound of a correct fp16 kernel (see the comment on the tolerances above)."""
+    a = max(float((np.abs(q[h]) @ np.abs(k[h]).T).max()) for h in range(len(q))) * scale * _LOG2E
+    dt = (q.shape[-1] + 5) * _U32 * a
+    return 2.0 * float(np.abs(v).max()) * (2 * _U16 + 2 * math.log(2) * dt + (k.shape[1] + 8) * _U32)
+
+
+_KERNEL_KINDS = ["ragged: N_q != N_k, neither a multiple of the block", "causal, N_q < N_k: aligned bottom-right",
+                 "large logits (Q x 30)", "causal, N_q > N_k: rows that see no key",
+                 "the maximum moves in every block, ragged", "causal, ragged", "fewer keys than BLOCK_N (ragged)",
+                 "causal, large logits (Q x 30)"]
+
+
+def fa2_kernel(kernel, seed: int | None = None) -> None:
+    """Check the FlashAttention-2 Triton kernel ``kernel(Q, K, V, O, sm_scale, stride_qh, stride_qm,
+    stride_kh, stride_kn, stride_vh, stride_vn, stride_oh, stride_om, N_q, N_k, HEAD_DIM, BLOCK_M,
+    BLOCK_N, CAUSAL)``, one program per (block of BLOCK_M queries, batch x head).
+
+    The check launches the kernel itself on fp16 tensors of shape (B*H, N, d) whose rows are padded
+    (row stride > d), with BLOCK_M and BLOCK_N of 16 or 32 and d of 16, 32 or 64. K and V are followed
+    by NaN rows, so a load past N_k without a mask shows; O is filled with a marker NaN first, so an
+    element never written is reported (and a kernel that writes nothing, as not implemented yet), and
+    so is a write past row N_q. 4 shown cases, 8 hidden ones (ragged N, N_q != N_k, causal, rows that
+    see no key, large logits), compared with float64 attention of the same fp16 values; the error
+    allowed comes from an error analysis of fp16 inputs with fp32 accumulation (about 2e-3 max|V|).
+
+    Example:
+        >>> from flashcourse import checks
+        >>> checks.fa2_kernel(fa2_kernel)                  # doctest: +SKIP
+        fa2_kernel: 12 cases passed (4 shown, 8 hidden) ✓
+    """
+    name = "fa2_kernel"
+    if not hasattr(kernel, "__getitem__") or not callable(getattr(kernel, "run", None)):
+        raise AssertionError("check.fa2_kernel expects the @triton.jit function itself, e.g. "
+                             f"check.fa2_kernel(fa2_kernel), not a launcher; got {kernel!r}")
+    seed = _seed(seed)
+    rng = np.random.default_rng(seed)
+    g = np.random.default_rng(4)
+
+    def heads(g, bh, n_q, n_k, d, s=1.0):
+        return g.normal(size=(bh, n_q, d)) * s, g.normal(size=(bh, n_k, d)), g.normal(size=(bh, n_k, d))
+
+    shown = [  # kind, (q, k, v), causal, BLOCK_M, BLOCK_N
+        ("one block of queries, one of keys", heads(g, 1, 16, 16, 16), False, 16, 16),
+        ("ragged: N_q != N_k, neither a multiple of the block", heads(g, 2, 40, 50, 32), False, 16, 16),
+        ("causal", heads(g, 1, 48, 48, 16), True, 16, 16),
+        ("causal, N_q > N_k: rows that see no key", heads(g, 1, 40, 30, 16), True, 16, 16),
+    ]
+    raw = [(k, x, c, bm, bn, False) for k, x, c, bm, bn in shown]
+    n_hidden = 8
+    for i in range(n_hidden):
+        kind = _KERNEL_KINDS[i]
+        bm, bn = int(rng.choice([16, 32])), int(rng.choice([16, 32]))
+        q, k, v, causal, _ = _draw(rng, kind, n_max=90)
+        if "fewer keys" in kind:
+            n_k = min(len(k), int(rng.integers(1, bn)))
+            k, v = k[:n_k], v[:n_k]
+        if "ragged" in kind and len(k) % bn == 0 and len(k) > 1:
+            k, v = k[:-1], v[:-1]
+        bh = int(rng.integers(1, 4))
+        extra = [rng.normal(size=(bh - 1, *t.shape)) * (30.0 if t is q and "large" in kind else 1.0)
+                 for t in (q, k, v)]
+        if "maximum moves" in kind:
+            extra[0][:, :, 0] = np.abs(extra[0][:, :, 0]) + 2.0
+            extra[1][:, :, 0] = np.linspace(-3.0, 3.0, len(k))
+        qkv = tuple(np.concatenate([t[None], x]) for t, x in zip((q, k, v), extra))
+        raw.append((kind, qkv, causal, bm, bn, True))
+    cases = []
+    for i, (kind, qkv, causal, bm, bn, hidden) in enumerate(raw):
+        q, k, v = (np.asarray(t, dtype=np.float16).astype(np.float64) for t in qkv)  # the values the kernel sees
+        number, of = (i - len(shown) + 1, n_hidden) if hidden else (i + 1, len(shown))
+        cases.append(_AttnCase(kind, (q, k, v), number, of, hidden=hidden, seed=seed if hidden else None,
+                               extra=dict(N_q=q.shape[1], N_k=k.shape[1], d=q.shape[2], BLOCK_M=bm, BLOCK_N=bn,
+                                          **{"B*H": q.shape[0]}, causal=causal,
+                                          sm_scale=1.0 / math.sqrt(q.shape[2]))))
+    for i, case in enumerate(cases):
+        _check_fa2_kernel_case(name, kernel, case, first=i == 0, pad=int(rng.integers(1, 9)), seed=seed)
+    _passed(name, len(shown), n_hidden)
+
+
+def _check_fa2_kernel_case(name: str, kernel, case: _AttnCase, first: bool, pad: int, seed: int) -> None:
+    import torch
+
+    from .. import backend
+
+    q, k, v = case.inputs
+    e = case.extra
+    bh, n_q, d = q.shape
+    n_k = k.shape[1]
+    bm, bn = e["BLOCK_M"], e["BLOCK_N"]
+    causal, scale = e["causal"], e["sm_scale"]
+    case.what = f"row stride {d + pad}, O of shape {(bh, n_q, d)},"
+
+    def buffer(x, rows):  # (bh, rows, d + pad) of NaN, with x in [:, :len, :d]
+        buf = torch.full((bh, rows, d + pad), float("nan"), dtype=torch.float16)
+        buf[:, : x.shape[1], :d] = torch.from_numpy(x.astype(np.float16))
+        return buf.to(backend.DEVICE)
+
+    # rows padded to a whole number of blocks plus one more, so that an unmasked load or store stays
+    # inside the buffer and shows up as a wrong value (NaN in K, V) or a write past row N_q
+    q_rows = -(-n_q // bm) * bm + bm
+    kv_rows = -(-n_k // bn) * bn + bn
+    qb, kb, vb = buffer(q, q_rows), buffer(k, kv_rows), buffer(v, kv_rows)
+    ob = torch.empty((bh, q_rows, d + pad), dtype=torch.float16)
+    ob.view(torch.int16).fill_(_POISON16)
+    ob = ob.to(backend.DEVICE)
+    q_t, k_t, v_t, o_t = qb[:, :n_q, :d], kb[:, :n_k, :d], vb[:, :n_k, :d], ob[:, :n_q, :d]
+    grid = (-(-n_q // bm), bh)
+    try:
+        with np.errstate(all="ignore"), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            kernel[grid](q_t, k_t, v_t, o_t, scale, q_t.stride(0), q_t.stride(1), k_t.stride(0), k_t.stride(1),
+                         v_t.stride(0), v_t.stride(1), o_t.stride(0), o_t.stride(1), n_q, n_k,
+                         HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal)
+    except NotImplementedError:
+        raise NotImplementedError(_not_implemented(name)) from None
+    except Exception as ex:
+        raise AssertionError(f"{name} failed to run: {type(ex).__name__}: {ex}\n  on {case.describe()}") from ex
+    bits = ob.cpu().view(torch.int16).numpy().astype(np.int64) & 0xFFFF
+    out = ob.cpu().float().numpy().astype(np.float64)
+    untouched = bits[:, :n_q, :d] == _POISON16
+    if untouched.all():
+        if first:
+            raise NotImplementedError(f"{name} wrote nothing to O: not implemented yet? Write the body of the K/V "
+                                      f"loop and the end of the kernel under `# YOUR CODE HERE` (it stores "
+                                      f"acc / l_i into O).")
+        raise AssertionError(f"{name} wrote nothing to O on {case.describe()}")
+    if untouched.any():
+        b, r, c = (int(t) for t in np.argwhere(untouched)[0])
+        raise AssertionError(f"{name} never wrote O[{b}, {r}, {c}] on {case.describe()}\n  hint: store every row "
+                             f"r < N_q of the block (mask=rows[:, None] < N_q), each of its HEAD_DIM columns.")
+    outside = np.ones(bits.shape, dtype=bool)
+    outside[:, :n_q, :d] = False
+    stray = outside & (bits != _POISON16)
+    if stray.any():
+        b, r, c = (int(t) for t in np.argwhere(stray)[0])
+        raise AssertionError(f"{name} wrote past the end of O (O[{b}, {r}, {c}], but O has N_q = {n_q} rows) on "
+                             f"{case.describe()}\n  hint: mask the store with rows[:, None] < N_q.")
+    expected = np.stack([_attention64(q[h], k[h], v[h], causal, scale) for h in range(bh)])
+    kind_hint = next((h for key, h in _KERNEL_HINTS.items() if key in case.kind), "") or _kind_hint(case.kind)
+    hint = _join(kind_hint, _FA2_HINT.replace("e^(", "2^(").replace("S_ij", "qk"),
+                 f"check.fa2_kernel(fa2_kernel, seed={seed}) draws this hidden case again." if case.hidden else "")
+    _compare(name, "O", out[:, :n_q, :d], expected, case, 0.0, _kernel_atol(q, k, v, scale), hint, _FLOATS)
