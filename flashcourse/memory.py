@@ -8,9 +8,13 @@ The NumPy references move data only through a :class:`Memory`:
 * ``mem.keep(slot, array)`` declares an on-chip buffer (an accumulator such as ``m_i``);
 * ``mem.free(slot)`` releases an SRAM slot; ``mem.step(label)`` starts a new step of the loop.
 
-Every load and store is an :class:`Event` (step, tensor, tile, elements, bytes, direction). The log is
-plain data: byte totals, traffic plots and the tile stepper only read it. Loading more than the
-SRAM holds raises :class:`SRAMOverflow`, naming what was resident.
+Every load and store is an :class:`Event` (step, tensor, tile, elements, bytes, direction), in
+``mem.events``. Every change of an SRAM slot is a :class:`SlotEvent` in ``mem.slot_events``: a
+``"load"`` (the slot now holds a tile of a tensor), a ``"keep"`` (an on-chip buffer) or a ``"free"``
+(of a slot that was held), each with its step and ``after``, the number of transfers logged before
+it, so that the two logs interleave exactly. The logs are plain data: byte totals, traffic plots and
+the tile stepper only read them. Loading more than the SRAM holds raises :class:`SRAMOverflow`,
+naming what was resident.
 
 Example:
     >>> import numpy as np
@@ -33,7 +37,7 @@ from typing import Iterable
 
 import numpy as np
 
-__all__ = ["Event", "Memory", "SRAMOverflow", "box_of"]
+__all__ = ["Event", "SlotEvent", "Memory", "SRAMOverflow", "box_of"]
 
 READ, WRITE = "read", "write"
 
@@ -55,6 +59,29 @@ class Event:
     elements: int
     bytes: int
     direction: str  # "read" (HBM -> SRAM) or "write" (SRAM -> HBM)
+
+
+@dataclass(frozen=True)
+class SlotEvent:
+    """One change of an SRAM slot, logged in ``mem.slot_events``.
+
+    ``action`` is ``"load"`` (``mem.load``: the slot now holds ``tensor[tile]``, ``bytes`` bytes),
+    ``"keep"`` (``mem.keep``: an on-chip buffer, no tensor or tile) or ``"free"`` (``mem.free`` of a
+    slot that was held; ``bytes`` is what it held). ``step`` is the step it happened in and ``after``
+    the number of transfers (``len(mem.events)``) recorded before it, so that slots and transfers
+    interleave exactly (a load's own read comes before its slot event).
+
+    Example:
+        >>> SlotEvent(step=0, after=1, action="load", slot="K_j", tensor="K", tile=((0, 4), (0, 2)), bytes=8)
+        SlotEvent(step=0, after=1, action='load', slot='K_j', tensor='K', tile=((0, 4), (0, 2)), bytes=8)
+    """
+    step: int
+    after: int
+    action: str  # "load", "keep" or "free"
+    slot: str
+    tensor: str | None = None
+    tile: tuple | None = None
+    bytes: int = 0
 
 
 def box_of(shape: tuple[int, ...], index) -> tuple[tuple[int, int], ...]:
@@ -97,6 +124,10 @@ class Memory:
     ``dtype_bytes`` counts every element at that width (e.g. 2 to model fp16 tensors on a GPU while
     the reference computes in float64); by default an element counts as its array's itemsize.
 
+    Two logs are kept: ``events`` (every transfer, an :class:`Event`) and ``slot_events`` (every
+    load into, keep of and free of an SRAM slot, a :class:`SlotEvent`). Freeing a slot that is not
+    held logs nothing; a transfer or slot change before the first ``step()`` starts one.
+
     Example:
         >>> import numpy as np
         >>> mem = Memory(sram_bytes=1024, dtype_bytes=2)
@@ -104,6 +135,9 @@ class Memory:
         >>> q0 = mem.load("q", slice(0, 2))            # 2 rows x 4 = 8 elements = 16 B
         >>> mem.totals()
         {('q', 'read'): 16}
+        >>> mem.keep("acc", np.zeros(4)); mem.free("q", "acc", "nothing")
+        >>> [(x.action, x.slot, x.tile, x.bytes, x.after) for x in mem.slot_events]
+        [('load', 'q', ((0, 2), (0, 4)), 16, 1), ('keep', 'acc', None, 8, 1), ('free', 'q', None, 16, 1), ('free', 'acc', None, 8, 1)]
     """
 
     def __init__(self, sram_bytes: int | None = None, *, dtype_bytes: int | None = None):
@@ -113,6 +147,7 @@ class Memory:
         self.dtype_bytes = dtype_bytes
         self.hbm: dict[str, np.ndarray] = {}
         self.events: list[Event] = []
+        self.slot_events: list[SlotEvent] = []
         self.step_labels: list[str] = []
         self._slots: dict[str, tuple[str, int]] = {}  # slot -> (description, bytes)
         self.peak_sram = 0
@@ -143,6 +178,12 @@ class Memory:
         self.events.append(Event(len(self.step_labels) - 1, tensor, box, n, n * width, direction))
         return n * width
 
+    def _slot_event(self, action, slot, tensor=None, tile=None, nbytes=0):
+        if not self.step_labels:
+            self.step()
+        self.slot_events.append(SlotEvent(len(self.step_labels) - 1, len(self.events), action, slot,
+                                          tensor, tile, nbytes))
+
     def _fit(self, what: str, nbytes: int, slot: str | None) -> None:
         others = {s: v for s, v in self._slots.items() if s != slot}
         need = nbytes + sum(b for _, b in others.values())
@@ -168,6 +209,7 @@ class Memory:
         self._fit(f"loading {_describe(name, box)} ({nbytes} B)", nbytes, slot)
         self._record(name, box, tile.size, READ)
         self._slots[slot] = (_describe(name, box), nbytes)
+        self._slot_event("load", slot, name, box, nbytes)
         return tile
 
     def store(self, name: str, index, value) -> None:
@@ -189,11 +231,13 @@ class Memory:
         nbytes = np.asarray(array).size * (self.dtype_bytes or np.asarray(array).itemsize)
         self._fit(f"keeping {slot} ({nbytes} B)", nbytes, slot)
         self._slots[slot] = (slot, nbytes)
+        self._slot_event("keep", slot, nbytes=nbytes)
 
     def free(self, *slots: str) -> None:
-        """Release SRAM slots (missing ones are ignored)."""
+        """Release SRAM slots (missing ones are ignored, and not logged)."""
         for slot in slots:
-            self._slots.pop(slot, None)
+            if slot in self._slots:
+                self._slot_event("free", slot, nbytes=self._slots.pop(slot)[1])
 
     def resident(self) -> dict[str, int]:
         """Bytes held in each SRAM slot now."""

@@ -79,3 +79,55 @@ def test_bad_sizes_and_units_are_refused():
         Memory().totals(unit="bits")
     with pytest.raises(KeyError, match="no tensor 'z'"):
         Memory().load("z")
+
+
+def test_slot_events_log_each_load_keep_and_free_in_order():
+    mem = Memory(dtype_bytes=2)
+    mem.to_hbm("k", np.ones((6, 4)))
+    mem.to_hbm("q", np.ones((6, 4)))
+    mem.step("a")
+    mem.load("k", slice(0, 2))                            # slot "k"
+    mem.load("q", 3, into="q_i")                          # slot "q_i"
+    mem.keep("acc", np.zeros(5))
+    mem.step("b")
+    mem.load("k", slice(2, 4))                            # refills slot "k"
+    mem.free("q_i", "acc", "k")
+    got = [(x.step, x.action, x.slot, x.tensor, x.tile, x.bytes) for x in mem.slot_events]
+    assert got == [(0, "load", "k", "k", ((0, 2), (0, 4)), 16),
+                   (0, "load", "q_i", "q", ((3, 4), (0, 4)), 8),
+                   (0, "keep", "acc", None, None, 10),
+                   (1, "load", "k", "k", ((2, 4), (0, 4)), 16),
+                   (1, "free", "q_i", None, None, 8),
+                   (1, "free", "acc", None, None, 10),
+                   (1, "free", "k", None, None, 16)]
+    assert mem.resident() == {}
+    assert got != got[:3] + [got[4], got[3]] + got[5:]      # order matters
+
+
+def test_free_of_a_missing_slot_is_not_logged():
+    mem = Memory()
+    mem.to_hbm("x", np.ones(4))
+    mem.load("x")
+    mem.free("nothing", "x", "x")                          # a missing slot, then x twice
+    assert [(x.action, x.slot) for x in mem.slot_events] == [("load", "x"), ("free", "x")]
+    mem.free("x")
+    assert len(mem.slot_events) == 2
+
+
+def test_slot_events_interleave_with_transfers():
+    mem = Memory()
+    mem.to_hbm("x", np.ones(8))
+    mem.alloc_hbm("y", (8,))
+    mem.keep("acc", np.zeros(1))                           # before any transfer (and any step)
+    for s in (0, 4):
+        mem.step()
+        mem.store("y", slice(s, s + 4), mem.load("x", slice(s, s + 4)))
+    mem.free("x")
+    # after = transfers logged before the slot event: a load's slot follows its own read
+    assert [(x.action, x.step, x.after) for x in mem.slot_events] == [
+        ("keep", 0, 0), ("load", 1, 1), ("load", 2, 3), ("free", 2, 4)]
+    for x in mem.slot_events:
+        if x.action == "load":
+            read = mem.events[x.after - 1]
+            assert (read.direction, read.tensor, read.tile, read.bytes) == ("read", x.tensor, x.tile, x.bytes)
+    assert mem.step_labels == ["step 0", "step 1", "step 2"]   # keep() started an implicit first step

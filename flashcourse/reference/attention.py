@@ -5,6 +5,9 @@ Each reads its inputs from HBM once and writes its output once, which is the acc
 FlashAttention paper and the seeds: ``4 N d + 4 N^2`` element accesses for N_q = N_k = N
 (:func:`flashcourse.formulas.standard_attention_accesses`). Each kernel streams Q (or S, or P) row
 by row while the other operand stays on chip, so its SRAM must hold a whole K or V of one head.
+Each row of each kernel is one ``mem.step``, labelled ``"head (b, h), row i: S = Q K^T"`` (and
+``P = softmax(S)``, ``O = P V``): a stepper shows the rows going by, and what follows ``": "`` names
+the kernel, as :func:`flashcourse.viz.roofline.step_traffic` groups it.
 
 Example:
     >>> import numpy as np
@@ -16,6 +19,8 @@ Example:
     >>> o = standard_attention(q, k, v, memory=mem)
     >>> mem.accesses() == formulas.standard_attention_accesses(N=16, d=8)
     True
+    >>> len(mem.step_labels), mem.step_labels[16]                # 3 kernels x 16 rows
+    (48, 'head (), row 0: P = softmax(S)')
 """
 from __future__ import annotations
 
@@ -96,23 +101,25 @@ def standard_attention(q, k, v, causal: bool = False, sm_scale: float | None = N
     visible = causal_mask(N_q, N_k) if causal else np.ones((N_q, N_k), dtype=bool)
 
     for bh in np.ndindex(q.shape[:-2]):
-        mem.step(f"head {bh}: S = Q K^T")
-        K = mem.load("K", bh)                                     # (N_k, d), stays on chip
-        for i in range(N_q):
+        for i in range(N_q):                                      # kernel 1: one step per row of S
+            mem.step(f"head {bh}, row {i}: S = Q K^T")
+            if i == 0:
+                K = mem.load("K", bh)                             # (N_k, d), stays on chip
             mem.store("S", bh + (i,), mem.load("Q", bh + (i,)) @ K.T * scale)
         mem.free("K", "Q")
 
-        mem.step(f"head {bh}: P = softmax(S)")
-        for i in range(N_q):
+        for i in range(N_q):                                      # kernel 2: one step per row of P
+            mem.step(f"head {bh}, row {i}: P = softmax(S)")
             S_i = np.where(visible[i], mem.load("S", bh + (i,)), -np.inf)
             m_i = S_i.max() if visible[i].any() else 0.0
             P_i = np.exp(S_i - m_i)
             mem.store("P", bh + (i,), P_i / P_i.sum() if visible[i].any() else P_i)
         mem.free("S")
 
-        mem.step(f"head {bh}: O = P V")
-        V = mem.load("V", bh)                                     # (N_k, d), stays on chip
-        for i in range(N_q):
+        for i in range(N_q):                                      # kernel 3: one step per row of O
+            mem.step(f"head {bh}, row {i}: O = P V")
+            if i == 0:
+                V = mem.load("V", bh)                             # (N_k, d), stays on chip
             mem.store("O", bh + (i,), mem.load("P", bh + (i,)) @ V)
         mem.free("V", "P")
     return mem.read_hbm("O")

@@ -1,7 +1,10 @@
-"""The course's figures: traffic from the counted memory, the roofline, and benchmark results.
+"""The course's figures: traffic from the counted memory, the tile stepper, the roofline, and benchmark results.
 
 Every function returns a :class:`matplotlib.figure.Figure` (made without pyplot, at a small dpi so
 executed notebooks stay light) and accepts ``ax=`` to draw into an existing axes instead.
+
+The widget is ``viz.stepper.stepper(mem)`` (``viz.stepper`` is its module, not re-exported as a
+function); ``viz.show_stepper(mem)`` is what a notebook calls.
 
 Example:
     >>> from flashcourse import viz
@@ -12,11 +15,15 @@ Example:
 """
 from ._common import DPI, human_bytes, new_figure
 from .bench import bench_plot, memory_plot
+from .flash import count_attention, flash_traffic, formula_bytes, traffic_breakdown
 from .roofline import Op, attainable, attention_ops, ceilings_of, matmul_op, ridge, roofline, softmax_op, step_traffic
+from .stepper import draw_frame, frame_state, frame_steps, show_stepper, stepper_animation, stepper_strip
 from .traffic import (CAPACITIES, attention_traffic, count_standard_attention, cumulative_traffic,
                       materialized_memory, traffic_bars)
 
 __all__ = ["DPI", "human_bytes", "new_figure", "traffic_bars", "cumulative_traffic", "attention_traffic",
            "count_standard_attention", "materialized_memory", "CAPACITIES", "roofline", "Op", "attainable",
            "ridge", "matmul_op", "softmax_op", "attention_ops", "step_traffic", "ceilings_of",
-           "bench_plot", "memory_plot"]
+           "bench_plot", "memory_plot", "flash_traffic", "traffic_breakdown", "count_attention",
+           "formula_bytes", "stepper_strip", "stepper_animation", "show_stepper", "draw_frame",
+           "frame_state", "frame_steps"]

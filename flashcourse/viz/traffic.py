@@ -82,8 +82,10 @@ def cumulative_traffic(mem: Memory, ax=None, title: str | None = None, max_step_
     ax.plot(x, write, color=WRITE_COLOR, label="written")
     ax.plot(x, read + write, color="black", lw=1.5, label="total")
     steps = np.array([e.step for e in mem.events])
+    # consecutive steps of one kind (the label after ": ", e.g. the rows of "S = Q K^T") form one band
+    kinds = np.array([mem.step_labels[s].split(": ", 1)[-1] for s in steps], dtype=object)
     if n:
-        starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]])
+        starts = np.flatnonzero(np.r_[True, kinds[1:] != kinds[:-1]])
         ends = np.r_[starts[1:], n]
         for k, (a, b) in enumerate(zip(starts, ends)):
             if k % 2:
