@@ -16,5 +16,8 @@ Example:
 from .. import backend  # noqa: F401  (decides the backend before triton is imported)
 from . import aot  # noqa: F401
 from .softmax import MAX_FUSED, safe_softmax_3pass, softmax, softmax_config
+from .fa1 import fa1_config, fa1_forward
+from .fa2 import fa2_config, fa2_forward
 
-__all__ = ["softmax", "safe_softmax_3pass", "softmax_config", "MAX_FUSED", "aot"]
+__all__ = ["softmax", "safe_softmax_3pass", "softmax_config", "MAX_FUSED", "fa1_forward", "fa1_config",
+           "fa2_forward", "fa2_config", "aot"]

@@ -14,12 +14,15 @@ Example:
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .. import backend
 
 __all__ = ["FLOAT_DTYPES", "dtype_names", "expect_tensor", "expect_dtype", "expect_on_backend",
-           "expect_ndim", "expect_same", "expect_float_tensor", "supports_bf16"]
+           "expect_ndim", "expect_same", "expect_float_tensor", "supports_bf16", "ATTENTION_DTYPES",
+           "expect_qkv", "expect_sm_scale"]
 
 #: The floating dtypes the course's kernels accept (bfloat16 only where the GPU has it).
 FLOAT_DTYPES = (torch.float16, torch.float32, torch.bfloat16)
@@ -153,3 +156,84 @@ def expect_float_tensor(fn: str, name: str, x, dtypes=FLOAT_DTYPES, at_least: in
     expect_dtype(fn, name, x, dtypes)
     expect_ndim(fn, name, x, at_least, what)
     expect_on_backend(fn, name, x)
+
+
+#: The dtypes of the attention kernels' q, k, v (bfloat16 only on sm_80+ GPUs, not in the interpreter).
+ATTENTION_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()
+
+
+def expect_qkv(fn: str, q, k, v, head_dims=(16, 32, 64, 128), dtypes=ATTENTION_DTYPES):
+    """Check attention inputs q (B, H, N_q, d), k and v (B, H, N_k, d); return them ready to launch.
+
+    Same dtype and device for all three, on the backend's device, a supported head dim, and
+    bfloat16 only where ``tl.dot`` computes it correctly (a GPU of sm_80+, not the interpreter).
+    Returns (q, k, v), each with a unit stride along d (copied only if it had none).
+
+    Example:
+        >>> import torch
+        >>> q = torch.zeros(2, 8, 100, 96, dtype=torch.float16)
+        >>> expect_qkv("fa2_forward", q, q, q)
+        Traceback (most recent call last):
+            ...
+        ValueError: fa2_forward: q is (2, 8, 100, 96) but head dim 96 is not one of 16, 32, 64, 128
+        >>> k = torch.zeros(2, 4, 100, 64, dtype=torch.float16)
+        >>> expect_qkv("fa2_forward", q[..., :64], k, k)
+        Traceback (most recent call last):
+            ...
+        ValueError: fa2_forward: q is (2, 8, 100, 64) but k is (2, 4, 100, 64); expected k of shape (2, 8, N_k, 64): the same batch, heads and head dim as q
+    """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        expect_tensor(fn, name, x)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dim() != 4:
+            raise ValueError(f"{fn}: {name} is {tuple(x.shape)}; expected 4 dimensions (B, H, N, d), "
+                             "as for torch.nn.functional.scaled_dot_product_attention")
+    B, H, _, d = q.shape
+    for name, x in (("k", k), ("v", v)):
+        if x.shape[0] != B or x.shape[1] != H or x.shape[3] != d:
+            raise ValueError(f"{fn}: q is {tuple(q.shape)} but {name} is {tuple(x.shape)}; expected "
+                             f"{name} of shape ({B}, {H}, N_k, {d}): the same batch, heads and head dim as q")
+    if k.shape != v.shape:
+        raise ValueError(f"{fn}: k is {tuple(k.shape)} but v is {tuple(v.shape)}; expected the same "
+                         "shape (one value row per key)")
+    if d not in head_dims:
+        raise ValueError(f"{fn}: q is {tuple(q.shape)} but head dim {d} is not one of "
+                         + ", ".join(str(h) for h in head_dims))
+    expect_same(fn, "dtype", q=q, k=k, v=v)
+    expect_dtype(fn, "q", q, dtypes)
+    if q.dtype == torch.bfloat16 and backend.INTERPRET:
+        raise TypeError(f"{fn}: q has dtype torch.bfloat16, which Triton's interpreter (no GPU here) "
+                        "multiplies wrongly in tl.dot; use float16 here (bfloat16 works on a GPU of "
+                        "sm_80 or newer)")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        expect_on_backend(fn, name, x)
+    expect_same(fn, "device", q=q, k=k, v=v)
+    return _unit_last_stride(q), _unit_last_stride(k), _unit_last_stride(v)
+
+
+def expect_sm_scale(fn: str, sm_scale, d: int) -> float:
+    """``sm_scale`` as a float (``1/sqrt(d)`` when None); a ValueError unless finite and >= 0.
+
+    Example:
+        >>> expect_sm_scale("fa2_forward", None, 64)
+        0.125
+        >>> expect_sm_scale("fa2_forward", -1.0, 64)
+        Traceback (most recent call last):
+            ...
+        ValueError: fa2_forward: sm_scale is -1.0; expected a finite number >= 0 (default 1/sqrt(d) = 0.125)
+    """
+    default = 1.0 / math.sqrt(d)
+    if sm_scale is None:
+        return default
+    try:
+        value = float(sm_scale)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{fn}: sm_scale is {sm_scale!r}; expected a finite number >= 0 "
+                         f"(default 1/sqrt(d) = {default:.4g})")
+    return value

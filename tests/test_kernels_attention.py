@@ -1,0 +1,389 @@
+"""The attention kernels (FA1's and FA2's loop orders) against a float64 softmax(QK^T)V.
+
+The bar: the kernel's largest error against float64 is at most twice the error of PyTorch's own
+fp16 attention (``scaled_dot_product_attention`` on the same fp16 inputs) against float64, plus
+1e-3. Inputs are drawn fresh every run; a failing test prints its seed and
+``FLASHCOURSE_SEED=<seed>`` replays it.
+
+Under the interpreter (no GPU) the tests run on CPU tensors on a small grid (the whole file takes
+well under a minute on two cores); on a GPU the same tests run on CUDA on a larger one
+(``python -m pytest -o addopts= -m gpu tests/test_kernels_attention.py``). The last tests show that
+the comparison does catch a kernel that forgets to rescale O by alpha, or masks the wrong triangle.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import math
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from flashcourse import backend  # first: it decides the backend before triton is imported
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from flashcourse.kernels import aot, fa1_config, fa1_forward, fa2_config, fa2_forward  # noqa: E402
+from flashcourse.kernels._validate import supports_bf16  # noqa: E402
+from flashcourse.reference.attention import attention_float64, causal_mask  # noqa: E402
+
+FA2 = importlib.import_module("flashcourse.kernels.fa2")   # the modules (the package exports functions)
+FA1 = importlib.import_module("flashcourse.kernels.fa1")
+
+GPU = backend.DEVICE == "cuda"
+DEVICES = [pytest.param("cpu", id="interp"), pytest.param("cuda", marks=pytest.mark.gpu, id="cuda")]
+KERNELS = {"fa2": fa2_forward, "fa1": fa1_forward}
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    if request.param != backend.DEVICE:
+        pytest.skip(f"this process runs kernels on {backend.DEVICE}")
+    return request.param
+
+
+# ---------------------------------------------------------------------------------------------
+# The comparison
+
+def torch_attention(q, k, v, causal=False, sm_scale=None):
+    """PyTorch's own attention on the same inputs and dtype: SDPA with a bottom-right causal mask.
+
+    (SDPA's ``is_causal`` aligns top-left; a boolean mask gives FlashAttention-2's alignment.) Rows
+    that see no key come out nan from SDPA; they are 0 here, as in the kernels.
+    """
+    mask = None
+    if causal:
+        mask = torch.from_numpy(causal_mask(q.shape[-2], k.shape[-2])).to(q.device)
+    with torch.no_grad():
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=sm_scale).nan_to_num(0.0)
+
+
+def float64_attention(q, k, v, causal=False, sm_scale=None) -> np.ndarray:
+    q, k, v = (t.detach().cpu().double().numpy() for t in (q, k, v))
+    return attention_float64(q, k, v, causal=causal, sm_scale=sm_scale)
+
+
+def assert_attention_close(o, q, k, v, causal=False, sm_scale=None, what=""):
+    """Raise AssertionError unless o's max error against float64 is <= 2 x torch's own + 1e-3."""
+    where = f" ({what})" if what else ""
+    assert isinstance(o, torch.Tensor), f"result is a {type(o).__name__}{where}"
+    assert o.shape == q.shape[:-1] + (v.shape[-1],), f"shape {tuple(o.shape)}, expected {tuple(q.shape)}{where}"
+    assert o.dtype == q.dtype and o.device == q.device, f"{o.dtype} on {o.device}{where}"
+    ref = float64_attention(q, k, v, causal, sm_scale)
+    got = o.detach().cpu().double().numpy()
+    assert not np.isnan(got).any(), f"nan at {tuple(np.argwhere(np.isnan(got))[0])}{where}"
+    err = np.abs(got - ref)
+    torch_err = np.abs(torch_attention(q, k, v, causal, sm_scale).cpu().double().numpy() - ref).max()
+    bound = 2 * torch_err + 1e-3
+    if err.max() > bound:
+        i = tuple(int(x) for x in np.unravel_index(err.argmax(), err.shape))
+        raise AssertionError(f"max error {err.max():.3g} at {i} (got {got[i]:.6g}, float64 {ref[i]:.6g}) > "
+                             f"bound {bound:.3g} = 2 x torch's fp16 error {torch_err:.3g} + 1e-3{where}")
+    return err.max(), torch_err
+
+
+def randn(shape, gen, device, dtype=torch.float16, scale=1.0):
+    return (torch.randn(shape, generator=gen) * scale).to(dtype).to(device)
+
+
+def qkv(B, H, N_q, N_k, d, gen, device, dtype=torch.float16, scale=1.0):
+    return (randn((B, H, N_q, d), gen, device, dtype, scale), randn((B, H, N_k, d), gen, device, dtype, scale),
+            randn((B, H, N_k, d), gen, device, dtype))
+
+
+# (B, H, N_q, N_k, d): N in {1, 17, 113, 256, 1000, 2048}, N_q != N_k both ways, every d.
+# The interpreter takes ~0.7 s for FA2 at N = 1000 (FA1 twice that): N = 2048 runs causal on CPU only.
+CPU_CASES = [(1, 2, 1, 1, 16), (2, 1, 17, 17, 32), (1, 2, 113, 113, 64), (1, 1, 256, 256, 128),
+             (1, 1, 1000, 1000, 64), (1, 2, 17, 113, 64), (2, 1, 113, 17, 16), (1, 1, 100, 256, 128),
+             (1, 1, 256, 100, 32), (1, 1, 1000, 256, 32)]
+GPU_CASES = [(B, H, n_q, n_k, d) for d in (16, 32, 64, 128) for (B, H, n_q, n_k) in
+             [(2, 3, 1, 1), (2, 3, 17, 17), (3, 2, 113, 113), (2, 4, 256, 256), (2, 2, 1000, 1000),
+              (1, 4, 2048, 2048), (2, 2, 17, 113), (2, 2, 113, 17), (1, 2, 1000, 2048), (1, 2, 2048, 1000)]]
+CASES = GPU_CASES if GPU else CPU_CASES
+FA1_CASES = CASES if GPU else [c for c in CASES if max(c[2], c[3]) <= 256] + [(1, 1, 1000, 1000, 64)]
+
+
+def case_id(c):
+    return f"B{c[0]}H{c[1]}-{c[2]}x{c[3]}-d{c[4]}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Correctness
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_fa2_against_float64(device, case, causal, gen):
+    B, H, N_q, N_k, d = case
+    q, k, v = qkv(B, H, N_q, N_k, d, gen, device)
+    assert_attention_close(fa2_forward(q, k, v, causal=causal), q, k, v, causal, what=f"{case_id(case)} causal={causal}")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fa2_at_2048(device, causal, gen):
+    if not causal and not GPU:
+        pytest.skip("N = 2048 non-causal takes ~3 s in the interpreter; the GPU runs it (GPU_CASES)")
+    q, k, v = qkv(1, 1, 2048, 2048, 32, gen, device)
+    assert_attention_close(fa2_forward(q, k, v, causal=causal), q, k, v, causal, what="2048x2048")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", FA1_CASES, ids=case_id)
+def test_fa1_against_float64(device, case, causal, gen):
+    B, H, N_q, N_k, d = case
+    q, k, v = qkv(B, H, N_q, N_k, d, gen, device)
+    assert_attention_close(fa1_forward(q, k, v, causal=causal), q, k, v, causal, what=f"{case_id(case)} causal={causal}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(KERNELS))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_bfloat16_on_the_gpu(device, name, causal, gen):
+    if not supports_bf16():
+        pytest.skip("bfloat16 needs sm_80 or newer")
+    for d in (64, 128):
+        q, k, v = qkv(2, 2, 777, 1000, d, gen, device, dtype=torch.bfloat16)
+        assert_attention_close(KERNELS[name](q, k, v, causal=causal), q, k, v, causal, what=f"bf16 d={d}")
+
+
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_large_logits_and_custom_scale(device, name, gen):
+    # scores of several hundred: a kernel that does not subtract the running max overflows
+    n = 300 if not GPU else 1500
+    q, k, v = qkv(1, 2, n, n, 64, gen, device, scale=8.0)
+    for causal in (False, True):
+        for sm_scale in (None, 0.5, 0.0):
+            o = KERNELS[name](q, k, v, causal=causal, sm_scale=sm_scale)
+            assert_attention_close(o, q, k, v, causal, sm_scale, what=f"scale={sm_scale} causal={causal}")
+
+
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_rows_that_see_no_key_are_zero(device, name, gen):
+    # causal, N_q > N_k, aligned bottom-right: query i sees keys j <= i - (N_q - N_k)
+    N_q, N_k = 150, 40
+    q, k, v = qkv(2, 1, N_q, N_k, 32, gen, device)
+    o = KERNELS[name](q, k, v, causal=True)
+    assert torch.equal(o[:, :, : N_q - N_k], torch.zeros_like(o[:, :, : N_q - N_k]))
+    assert_attention_close(o, q, k, v, causal=True)
+    # the last row sees every key; the first row that sees any sees exactly one: its v
+    torch.testing.assert_close(o[:, :, N_q - N_k], v[:, :, 0], atol=0, rtol=0)
+
+
+def test_log_sum_exp(device, gen):
+    N_q, N_k, d = 130, 70, 64
+    q, k, v = qkv(2, 2, N_q, N_k, d, gen, device)
+    for causal in (False, True):
+        o, lse = fa2_forward(q, k, v, causal=causal, return_lse=True)
+        assert lse.shape == (2, 2, N_q) and lse.dtype == torch.float32
+        assert torch.equal(o, fa2_forward(q, k, v, causal=causal))
+        s = q.double().cpu() @ k.double().cpu().transpose(-1, -2) / math.sqrt(d)
+        if causal:
+            s = s.masked_fill(~torch.from_numpy(causal_mask(N_q, N_k)), -math.inf)
+        ref = torch.logsumexp(s, -1)
+        got = lse.double().cpu()
+        assert torch.equal(got.isinf(), ref.isinf()) and (got[ref.isinf()] < 0).all()
+        fin = ref.isfinite()
+        assert (got[fin] - ref[fin]).abs().max() < 1e-4 * (1 + ref[fin].abs().max()), causal
+
+
+@pytest.mark.parametrize("layout", ["(B, N, H, d) transposed", "head-dim slice", "every other row",
+                                    "last dim strided", "expanded batch"])
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_strided_inputs(device, name, layout, gen):
+    B, H, N, d = 2, 3, 100, 32
+    if layout == "(B, N, H, d) transposed":          # what a fused QKV projection gives
+        q, k, v = (randn((B, N, H, d), gen, device).transpose(1, 2) for _ in range(3))
+    elif layout == "head-dim slice":                 # row stride 64, d = 32
+        q, k, v = (randn((B, H, N, 2 * d), gen, device)[..., :d] for _ in range(3))
+    elif layout == "every other row":
+        q, k, v = (randn((B, H, 2 * N, d), gen, device)[:, :, ::2] for _ in range(3))
+    elif layout == "last dim strided":               # copied first: the kernel wants unit stride in d
+        q, k, v = (randn((B, H, N, 2 * d), gen, device)[..., ::2] for _ in range(3))
+    else:
+        q, k, v = (randn((1, H, N, d), gen, device).expand(B, H, N, d) for _ in range(3))
+    assert not q.is_contiguous()
+    for causal in (False, True):
+        assert_attention_close(KERNELS[name](q, k, v, causal=causal), q, k, v, causal, what=layout)
+
+
+def test_empty_inputs(device):
+    q = torch.zeros(2, 3, 0, 64, dtype=torch.float16, device=device)
+    k = torch.zeros(2, 3, 5, 64, dtype=torch.float16, device=device)
+    assert fa2_forward(q, k, k).shape == (2, 3, 0, 64)
+    assert fa1_forward(q, k, k).shape == (2, 3, 0, 64)
+    o, lse = fa2_forward(k, q, q, return_lse=True)      # no keys at all: 0 and -inf
+    assert torch.equal(o, torch.zeros_like(o)) and bool((lse == -math.inf).all())
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors a student may meet
+
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_errors_speak_to_the_student(name):
+    fn = KERNELS[name]
+    dev = backend.DEVICE
+    z = lambda *s, dtype=torch.float16, device=dev: torch.zeros(*s, dtype=dtype, device=device)  # noqa: E731
+    q = z(2, 8, 100, 64)
+    with pytest.raises(ValueError, match=rf"^{name}_forward: q is \(2, 8, 100, 96\) but head dim 96 is not one of 16, 32, 64, 128$"):
+        fn(z(2, 8, 100, 96), z(2, 8, 100, 96), z(2, 8, 100, 96))
+    with pytest.raises(ValueError, match=r"q is \(2, 8, 100, 64\) but k is \(2, 4, 100, 64\); expected k of shape \(2, 8, N_k, 64\)"):
+        fn(q, z(2, 4, 100, 64), z(2, 4, 100, 64))
+    with pytest.raises(ValueError, match=r"k is \(2, 8, 100, 64\) but v is \(2, 8, 90, 64\)"):
+        fn(q, q, z(2, 8, 90, 64))
+    with pytest.raises(ValueError, match=r"q is \(100, 64\); expected 4 dimensions \(B, H, N, d\)"):
+        fn(z(100, 64), q, q)
+    with pytest.raises(ValueError, match=r"q has dtype torch.float16 but k has dtype torch.float32"):
+        fn(q, z(2, 8, 100, 64, dtype=torch.float32), q)
+    with pytest.raises(TypeError, match=r"q has dtype torch.float32; expected float16 or bfloat16"):
+        fn(*(z(2, 8, 100, 64, dtype=torch.float32),) * 3)
+    with pytest.raises(TypeError, match=r"k is a list; expected a torch.Tensor"):
+        fn(q, [1.0], q)
+    with pytest.raises(ValueError, match=r"sm_scale is -1.0; expected a finite number >= 0"):
+        fn(q, q, q, sm_scale=-1.0)
+    with pytest.raises(ValueError, match=r"q is on meta; expected"):
+        fn(*(z(2, 8, 100, 64, device="meta"),) * 3)
+    if not GPU:
+        with pytest.raises(TypeError, match=r"bfloat16, which Triton's interpreter .* use float16 here"):
+            fn(*(z(2, 8, 100, 64, dtype=torch.bfloat16),) * 3)
+    else:
+        with pytest.raises(ValueError, match=r"q is on cpu; expected a CUDA tensor"):
+            fn(*(z(2, 8, 100, 64, device="cpu"),) * 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# Configs: chosen by one function per compute capability, the same that the AOT check compiles
+
+def test_configs_per_compute_capability():
+    for cc in aot.TARGETS:
+        for d in FA2.HEAD_DIMS:
+            for causal in (False, True):
+                launch = fa2_config(d, torch.float16, cc, causal)
+                assert launch.kernel == "fa2_fwd" and launch.constexprs["HEAD_DIM"] == d
+                bm, bn = launch.constexprs["BLOCK_M"], launch.constexprs["BLOCK_N"]
+                assert bm >= 16 and bn >= 16 and bm & (bm - 1) == 0 and bn & (bn - 1) == 0
+        # the AOT check compiles each config fa2_config / fa1_config picks (one per head dim)
+        for name, config in (("fa2_fwd", fa2_config), ("fa1_fwd", fa1_config)):
+            keys = {(tuple((k, v) for k, v in sorted(l.constexprs.items()) if k not in ("CAUSAL", "STORE_LSE")),
+                     l.num_warps, l.num_stages) for l in aot.configs_of(name, cc)}
+            for d in FA2.HEAD_DIMS:
+                for dtype in [torch.float16] + ([torch.bfloat16] if cc >= (8, 0) else []):
+                    args = (d, dtype, cc) + ((True,) if name == "fa2_fwd" else ())
+                    launch = config(*args)
+                    assert (tuple(sorted(launch.constexprs.items())), launch.num_warps, launch.num_stages) in keys
+    assert fa2_config(64, torch.float16, None).constexprs == {"HEAD_DIM": 64, "BLOCK_M": 64, "BLOCK_N": 64}
+
+
+def test_causal_block_skipping_launches_fewer_key_blocks(device, gen, monkeypatch):
+    """Causal FA2 visits about half the key blocks, and masks only the diagonal ones (interpreter)."""
+    if GPU:
+        pytest.skip("counts the inner loop's trips, which only the interpreter can watch")
+    calls = []
+    inner = FA2._fa2_inner
+
+    def spy(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, rows, cols, lo, hi, *rest):
+        masked = rest[3]
+        calls.append((bool(masked), max(0, (int(hi) - int(lo) + 63) // 64)))
+        return inner(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, rows, cols, lo, hi, *rest)
+    monkeypatch.setattr(FA2, "_fa2_inner", spy)
+    q, k, v = qkv(1, 1, 512, 512, 32, gen, device)
+    fa2_forward(q, k, v, causal=True)
+    blocks = {m: sum(n for mm, n in calls if mm == m) for m in (False, True)}
+    assert blocks == {False: 28, True: 8}, blocks       # 8 query blocks: 0 + 1 + ... + 7 unmasked, 8 diagonal
+    calls.clear()
+    fa2_forward(q, k, v, causal=False)
+    assert {m: sum(n for mm, n in calls if mm == m) for m in (False, True)} == {False: 64, True: 0}
+
+
+# ---------------------------------------------------------------------------------------------
+# The comparison rejects wrong kernels
+
+def _wrong_inner(tmp_path, old, new, name):
+    """FA2's inner loop with one line changed, compiled as a Triton function from a file."""
+    src = textwrap.dedent(inspect.getsource(FA2._fa2_inner.fn))
+    assert old in src, old
+    path = tmp_path / f"{name}.py"
+    path.write_text("import triton\nimport triton.language as tl\n"
+                    "from flashcourse.kernels.fa2 import _causal_visible\n\n" + src.replace(old, new))
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod._fa2_inner
+
+
+@triton.jit
+def _upper_triangle(rows, cols, offset):
+    return cols[None, :] >= rows[:, None] + offset      # the wrong triangle
+
+
+@pytest.mark.parametrize("bug", ["no rescale by alpha", "wrong triangle"])
+def test_the_comparison_rejects_a_wrong_kernel(device, bug, gen, monkeypatch, tmp_path):
+    if GPU:
+        pytest.skip("swaps a jitted helper of the kernel, which only the interpreter picks up at run time")
+    causal = bug == "wrong triangle"
+    q, k, v = qkv(1, 2, 256, 256, 64, gen, device)
+    assert_attention_close(fa2_forward(q, k, v, causal=causal), q, k, v, causal)   # the real one passes
+    if bug == "no rescale by alpha":
+        monkeypatch.setattr(FA2, "_fa2_inner", _wrong_inner(
+            tmp_path, "acc = acc * alpha[:, None]", "acc = acc", "fa2_no_alpha"))
+    else:
+        monkeypatch.setattr(FA2, "_causal_visible", _upper_triangle)
+    with pytest.raises(AssertionError, match="max error"):
+        assert_attention_close(fa2_forward(q, k, v, causal=causal), q, k, v, causal)
+
+
+def test_the_comparison_rejects_wrong_outputs(device, gen):
+    # the same bugs made in plain torch: no device or kernel trickery needed
+    q, k, v = qkv(1, 2, 200, 200, 32, gen, device)
+    s = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(32)
+    upper = torch.ones(200, 200, dtype=torch.bool, device=device).triu()
+    wrong = (torch.softmax(s.masked_fill(~upper, -math.inf), -1) @ v.float()).half()
+    with pytest.raises(AssertionError, match="max error"):
+        assert_attention_close(wrong, q, k, v, causal=True)
+    with pytest.raises(AssertionError, match="max error"):   # top-left alignment when N_q != N_k
+        q2 = q[:, :, :50]
+        left = torch.ones(50, 200, dtype=torch.bool, device=device).tril()
+        o = (torch.softmax(s[:, :, :50].masked_fill(~left, -math.inf), -1) @ v.float()).half()
+        assert_attention_close(o, q2, k, v, causal=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmark suite and the H100 results shipped with the course (no GPU needed)
+
+def test_attention_suite_shapes_and_flops():
+    from flashcourse import formulas
+    from flashcourse.bench import get_suite
+    workloads = get_suite("attention").workloads()
+    assert len(workloads) == 2 * 6 * 2
+    for w in workloads:
+        p = w.params
+        assert p["B"] * p["N"] == 16384 and p["H"] * p["d"] == 2048, p
+        assert w.label == f"d={p['d']} N={p['N']}" + (" causal" if p["causal"] else "")
+    assert formulas.attention_flops(1024, 64, heads=32, causal=True) * 16 == 4 * 16 * 32 * 1024 ** 2 * 64 // 2
+
+
+def test_shipped_h100_results_meet_the_course_claims():
+    from flashcourse.bench import shipped
+    from flashcourse.bench.attention import table
+    r = shipped("attention")
+    assert r.gpu.startswith("NVIDIA H100") and r.settings["timer"] == "triton.testing.do_bench"
+    assert not [x for x in r.records if x.error], [x for x in r.records if x.error]
+    rows = {(x["d"], x["N"], x["causal"]): x for x in table(r)}
+    assert len(rows) == 24
+    for (d, N, causal), x in rows.items():
+        fa2, flash = x["kernels.fa2_forward"], x["sdpa (flash)"]
+        if N >= 1024:
+            assert fa2 >= 1.0 * flash, (d, N, causal, fa2, flash)
+        if d == 128 and N >= 2048 and not causal:
+            assert fa2 >= 1.1 * flash, (d, N, fa2, flash)
+        assert fa2 >= 2 * x["kernels.fa1_forward"], (d, N, causal)
+        if causal and N >= 4096:   # time, not FLOP/s: causal does half the FLOPs
+            assert 2 * fa2 / rows[d, N, False]["kernels.fa2_forward"] >= 1.6, (d, N)
+    # FA2's extra memory is its output alone; naive attention's grows with N (B N fixed: ~N)
+    for d in (64, 128):
+        peaks = [rows[d, N, False]["naive (torch) peak MiB"] for N in (512, 1024, 2048, 4096)]
+        assert all(b > 1.8 * a for a, b in zip(peaks, peaks[1:])), peaks
+        for N in (512, 16384):   # O is B H N d fp16 = 64 MiB at every N
+            assert all(64 <= rows[d, N, c]["kernels.fa2_forward peak MiB"] < 65 for c in (False, True))
