@@ -185,7 +185,11 @@ def compile_launch(name: str, cc: tuple, launch: Launch) -> Result:
         missing = [a for a in fn.arg_names if a not in signature]
         if missing:
             raise ValueError(f"signature lacks {missing}")
-        src = ASTSource(fn, signature, dict(launch.constexprs))
+        # A real launch specialises pointers and strides divisible by 16 (Triton's default), and only
+        # then pipelines loads through shared memory: give the same hints, or the count is too low.
+        attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
+                 if str(signature.get(a, "")).startswith("*") or a.lower().startswith("stride")}
+        src = ASTSource(fn, signature, dict(launch.constexprs), attrs)
         compiled = triton.compile(src, target=GPUTarget("cuda", cc[0] * 10 + cc[1], 32),
                                   options=launch.options())
         return Result(name, cc, shown, int(compiled.metadata.shared), limit)

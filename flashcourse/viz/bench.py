@@ -36,22 +36,25 @@ def _value(rec, metric):
     return None if v is None else float(v)
 
 
-def _series(result, impl, x, metric, op=None):
+def _series(result, impl, x, metric, where):
     pts = [(r.params[x], _value(r, metric)) for r in result.select(impl=impl)
-           if x in r.params and (op is None or r.params.get("op") == op)]
+           if x in r.params and all(r.params.get(k) == v for k, v in where.items())]
     pts = [(a, b) for a, b in pts if b is not None]
     pts.sort()
     return [a for a, _ in pts], [b for _, b in pts]
 
 
 def bench_plot(result, mine=None, *, x: str = "cols", metric: str = "TBps", op: str | None = None,
+               where: dict | None = None,
                ceiling: float | None = None, ceiling_label: str = "copy ceiling", ax=None,
                title: str | None = None, log_x: bool = True):
     """One line per implementation: ``metric`` against the workload parameter ``x``.
 
     ``result`` is drawn with solid lines (usually the shipped H100 numbers), ``mine`` (the
     student's run, optional) with dashed lines of the same colours. ``ceiling`` draws a horizontal
-    line (e.g. the copy bandwidth in TB/s). Returns the Figure; its lines come in the order
+    line (e.g. the copy bandwidth in TB/s). Only records whose params match ``where`` (and ``op``,
+    shorthand for ``where={"op": op}``) are drawn, e.g. ``where={"d": 128, "causal": False}``.
+    Returns the Figure; its lines come in the order
     result's implementations, then mine's, then the ceiling.
 
     Example:
@@ -67,7 +70,7 @@ def bench_plot(result, mine=None, *, x: str = "cols", metric: str = "TBps", op: 
     sources = [(result, "-", "o")] + ([(mine, "--", "s")] if mine is not None else [])
     for res, ls, marker in sources:
         for impl in res.impls():
-            xs, ys = _series(res, impl, x, metric, op)
+            xs, ys = _series(res, impl, x, metric, {**(where or {}), **({"op": op} if op else {})})
             if not xs:
                 continue
             colors.setdefault(impl, f"C{len(colors) % 10}")
