@@ -134,6 +134,15 @@ CELLS = [
     """, "subslide", name="stepper"),
 
     md("""
+    For contrast, standard attention on the same stepper: the three kernels, row by row, with
+    $S$ and $P$ written to HBM and read back.
+    """, "subslide", name="stepper-standard-md"),
+    code("""
+    # NBVAL_IGNORE_OUTPUT
+    show_stepper(count_attention("standard", N=32, d=16))
+    """, "fragment", name="stepper-standard"),
+
+    md("""
     ## Traffic against N
 
     Points are counted on the memory, lines are the formulas; two SRAM sizes. Standard attention
@@ -174,6 +183,20 @@ CELLS = [
     err_torch = ((p @ v).cpu().double() - ref).abs().max().item()
     print("fa1_forward within 2x PyTorch's own fp16 error + 1e-3:", err_kernel <= 2 * err_torch + 1e-3)
     """, "subslide", name="kernel"),
+
+    md("""
+    On an H100 (shipped measurement, fp16, $B \cdot N$ = 16k tokens, $d = 64$): the FA1 loop order
+    against FlashAttention-2 (chapter 3) and PyTorch. It falls further behind as $N$ grows: each
+    step's round trip of $O_i$ costs bandwidth, and one program per (batch, head) leaves most of the
+    132 SMs idle when $B \cdot H$ is small.
+    """, "slide", name="bench-md"),
+    code("""
+    # NBVAL_IGNORE_OUTPUT
+    from flashcourse import bench
+    h100 = bench.shipped("attention")
+    viz.bench_plot(h100, x="N", metric="TFLOPs", where={"d": 64, "causal": False},
+                   title="attention forward, d = 64, not causal (H100)")
+    """, "subslide", name="bench"),
 
     md("""
     ## What we learned
