@@ -22,7 +22,10 @@ The checks, by chapter:
 * :mod:`.softmax` (chapter 1): :func:`online_softmax`, :func:`merge`, :func:`softmax_kernel`;
 * :mod:`.attention` (chapters 2 and 3): :func:`fa1_step` (FlashAttention-1's inner step, run
   inside FA1's loops), :func:`fa2_attention` (FlashAttention-2's deferred rescale, in NumPy) and
-  :func:`fa2_kernel` (the inner loop of the FA2 Triton kernel).
+  :func:`fa2_kernel` (the inner loop of the FA2 Triton kernel);
+* :mod:`.decode` (chapters 4 and 5): :func:`lse_combine` (Flash-Decoding's log-sum-exp combine, in
+  NumPy), :func:`split_kv_kernel` (the per-chunk loop of the split-KV Triton kernel) and
+  :func:`unified_max_partials` (FlashDecoding++'s unified-max partials and their overflow detection).
 
 Adding a check for a later chapter: a module here with a function ``NAME(fn, seed=None)`` that
 builds its shown cases (fixed) and hidden cases (drawn from ``np.random.default_rng(_seed(seed))``)
@@ -39,6 +42,8 @@ Example:
 from ._common import (ATOL_F32, ATOL_F64, RTOL_F32, RTOL_F64, _POISON, Case, _call, _compare,  # noqa: F401
                       _passed, _seed, _softmax64)
 from .attention import fa1_step, fa2_attention, fa2_kernel
+from .decode import lse_combine, split_kv_kernel, unified_max_partials
 from .softmax import merge, online_softmax, softmax_kernel
 
-__all__ = ["online_softmax", "merge", "softmax_kernel", "fa1_step", "fa2_attention", "fa2_kernel", "Case"]
+__all__ = ["online_softmax", "merge", "softmax_kernel", "fa1_step", "fa2_attention", "fa2_kernel",
+           "lse_combine", "split_kv_kernel", "unified_max_partials", "Case"]
