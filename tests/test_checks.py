@@ -4,63 +4,21 @@ The wrong implementations are mostly *mutations of the solutions notebook's own 
 changed the way a student might get it wrong), so the checks are tested against exactly what the
 student is asked to write. The kernels run under Triton's interpreter on a machine without a GPU.
 """
-import importlib.util
-import json
 import re
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import flashcourse  # noqa: F401  (before triton: switches on the interpreter without a GPU)
 from flashcourse import checks
+import solution_cells as cells
+from solution_cells import ROOT, SUCCESS, fails  # noqa: F401
 
-ROOT = Path(__file__).resolve().parents[1]
-SOLUTIONS = ROOT / "solutions" / "01_softmax.ipynb"
-HEADER = "import numpy as np\nimport torch\nimport flashcourse\nimport triton\nimport triton.language as tl\n\n"
-SUCCESS = re.compile(r"^(\w+): (\d+) cases passed \((\d+) shown, (\d+) hidden\) ✓$")
-
-
-def solution_source(name: str, exercise: bool = False) -> str:
-    """The source of the solutions notebook's cell named ``name``: the solution with its markers
-    removed, or (``exercise=True``) what the student is given, made by ``flashcourse exercises``."""
-    nb = json.loads(SOLUTIONS.read_text(encoding="utf-8"))
-    cell = next(c for c in nb["cells"] if c["metadata"].get("name") == name)
-    src = "".join(cell["source"])
-    if exercise:
-        from flashcourse.exercises import strip_solutions
-        return strip_solutions(src)
-    return "\n".join(line for line in src.split("\n") if "### BEGIN SOLUTION" not in line
-                     and "### END SOLUTION" not in line)
-
-
-_count = iter(range(10**6))
+SOFTMAX = "01_softmax"
 
 
 def load(tmp_path, cell: str, attr: str, replace=(), exercise: bool = False):
-    """Import the solution cell ``cell`` (with each (old, new) of ``replace`` applied) from a real file,
-    so that @triton.jit can read its source; return its ``attr``."""
-    src = solution_source(cell, exercise)
-    for old, new in replace:
-        assert old in src, f"mutation no longer applies to the solutions notebook: {old!r}"
-        src = src.replace(old, new)
-    path = tmp_path / f"mod_{cell.replace('-', '_')}_{next(_count)}.py"
-    path.write_text(HEADER + src)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = mod
-    spec.loader.exec_module(mod)
-    return getattr(mod, attr)
-
-
-def fails(check, fn, *expected: str, exc=AssertionError) -> str:
-    with pytest.raises(exc) as info:
-        check(fn)
-    msg = str(info.value)
-    for text in expected:
-        assert text in msg, f"{text!r} not in the message:\n{msg}"
-    return msg
+    return cells.load(tmp_path, SOFTMAX, cell, attr, replace, exercise)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,12 +5,9 @@ As in tests/test_checks.py, the wrong versions are *mutations of the solutions n
 the student is asked to write. The kernel runs under Triton's interpreter on a machine without a GPU.
 The last tests grade exercises/03 with ``flashcourse grade``, untouched and completed.
 """
-import importlib.util
 import json
 import re
-import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import nbformat
 import numpy as np
@@ -19,52 +16,11 @@ import pytest
 import flashcourse  # noqa: F401  (before triton: switches on the interpreter without a GPU)
 from flashcourse import checks
 from flashcourse.checks import attention as attention_checks
-from flashcourse.exercises import strip_solutions
 from flashcourse.grading import grade
+from solution_cells import ROOT, SUCCESS, fails, load, solution_source  # noqa: F401
 
-ROOT = Path(__file__).resolve().parents[1]
 FA1, FA2 = "02_flashattention1", "03_flashattention2"
-HEADER = ("import math\nimport numpy as np\nimport torch\nimport flashcourse\nimport triton\n"
-          "import triton.language as tl\n\n")
-SUCCESS = re.compile(r"^(\w+): (\d+) cases passed \((\d+) shown, (\d+) hidden\) ✓$")
 
-
-def solution_source(notebook: str, name: str, exercise: bool = False) -> str:
-    """The source of the solutions notebook's cell ``name``, markers removed (or as the student gets it)."""
-    nb = json.loads((ROOT / "solutions" / f"{notebook}.ipynb").read_text(encoding="utf-8"))
-    src = "".join(next(c for c in nb["cells"] if c["metadata"].get("name") == name)["source"])
-    if exercise:
-        return strip_solutions(src)
-    return "\n".join(line for line in src.split("\n") if "### BEGIN SOLUTION" not in line
-                     and "### END SOLUTION" not in line)
-
-
-_count = iter(range(10**6))
-
-
-def load(tmp_path, notebook: str, cell: str, attr: str, replace=(), exercise: bool = False):
-    """Import cell ``cell`` of a solutions notebook, each (old, new) of ``replace`` applied, from a real
-    file (so that @triton.jit can read its source); return its ``attr``."""
-    src = solution_source(notebook, cell, exercise)
-    for old, new in replace:
-        assert old in src, f"mutation no longer applies to the solutions notebook: {old!r}"
-        src = src.replace(old, new)
-    path = tmp_path / f"mod_{cell.replace('-', '_')}_{next(_count)}.py"
-    path.write_text(HEADER + src)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = mod
-    spec.loader.exec_module(mod)
-    return getattr(mod, attr)
-
-
-def fails(check, fn, *expected: str, exc=AssertionError) -> str:
-    with pytest.raises(exc) as info:
-        check(fn)
-    msg = str(info.value)
-    for text in expected:
-        assert text in msg, f"{text!r} not in the message:\n{msg}"
-    return msg
 
 
 # ---------------------------------------------------------------------------------------------

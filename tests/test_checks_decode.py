@@ -6,12 +6,9 @@ exactly what the student is asked to write. The kernel runs under Triton's inter
 without a GPU. The last tests grade exercises/04 and exercises/05 with ``flashcourse grade``,
 untouched and completed, four notebook runs started together.
 """
-import importlib.util
 import json
 import re
-import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import nbformat
 import numpy as np
@@ -20,53 +17,11 @@ import pytest
 import flashcourse  # noqa: F401  (before triton: switches on the interpreter without a GPU)
 from flashcourse import checks
 from flashcourse.checks import decode as decode_checks
-from flashcourse.exercises import strip_solutions
 from flashcourse.grading import grade
+from solution_cells import ROOT, SUCCESS, fails, load, solution_source  # noqa: F401
 
-ROOT = Path(__file__).resolve().parents[1]
 FD, UM = "04_flash_decoding", "05_unified_max"
-HEADER = ("import math\nimport numpy as np\nimport torch\nimport flashcourse\nimport triton\n"
-          "import triton.language as tl\n\n")
-SUCCESS = re.compile(r"^(\w+): (\d+) cases passed \((\d+) shown, (\d+) hidden\) ✓$")
 
-
-def solution_source(notebook: str, name: str, exercise: bool = False) -> str:
-    """The source of the solutions notebook's cell ``name``, markers removed (or as the student gets it)."""
-    nb = json.loads((ROOT / "solutions" / f"{notebook}.ipynb").read_text(encoding="utf-8"))
-    src = "".join(next(c for c in nb["cells"] if c["metadata"].get("name") == name)["source"])
-    if exercise:
-        return strip_solutions(src)
-    return "\n".join(line for line in src.split("\n") if "### BEGIN SOLUTION" not in line
-                     and "### END SOLUTION" not in line)
-
-
-_count = iter(range(10**6))
-
-
-def load(tmp_path, notebook: str, cells, attr: str, replace=(), exercise: bool = False):
-    """Import cells ``cells`` (a name or a list) of a solutions notebook, each (old, new) of ``replace``
-    applied, from a real file (so that @triton.jit can read its source); return its ``attr``."""
-    cells = [cells] if isinstance(cells, str) else cells
-    src = "\n\n".join(solution_source(notebook, c, exercise) for c in cells)
-    for old, new in replace:
-        assert old in src, f"mutation no longer applies to the solutions notebook: {old!r}"
-        src = src.replace(old, new)
-    path = tmp_path / f"mod_{cells[0].replace('-', '_')}_{next(_count)}.py"
-    path.write_text(HEADER + src)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = mod
-    spec.loader.exec_module(mod)
-    return getattr(mod, attr)
-
-
-def fails(check, fn, *expected: str, exc=AssertionError) -> str:
-    with pytest.raises(exc) as info:
-        check(fn)
-    msg = str(info.value)
-    for text in expected:
-        assert text in msg, f"{text!r} not in the message:\n{msg}"
-    return msg
 
 
 # ---------------------------------------------------------------------------------------------

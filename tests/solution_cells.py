@@ -1,0 +1,60 @@
+"""Shared by the check tests: load a solutions notebook's cells as a module, mutate them, expect failures.
+
+The wrong implementations the check tests feed the checks are *mutations of the solutions notebooks'
+own code* (a line changed the way a student might get it wrong), so each check is tested against
+exactly what the student is asked to write.
+"""
+import importlib.util
+import json
+import re
+import sys
+from itertools import count
+from pathlib import Path
+
+import pytest
+
+from flashcourse.exercises import strip_solutions
+
+ROOT = Path(__file__).resolve().parents[1]
+HEADER = ("import math\nimport numpy as np\nimport torch\nimport flashcourse\nimport triton\n"
+          "import triton.language as tl\n\n")
+SUCCESS = re.compile(r"^(\w+): (\d+) cases passed \((\d+) shown, (\d+) hidden\) ✓$")
+_count = count()
+
+
+def solution_source(notebook: str, name: str, exercise: bool = False) -> str:
+    """The source of the solutions notebook's cell ``name``: the solution with its markers removed, or
+    (``exercise=True``) what the student is given, made by ``flashcourse exercises``."""
+    nb = json.loads((ROOT / "solutions" / f"{notebook}.ipynb").read_text(encoding="utf-8"))
+    src = "".join(next(c for c in nb["cells"] if c["metadata"].get("name") == name)["source"])
+    if exercise:
+        return strip_solutions(src)
+    return "\n".join(line for line in src.split("\n") if "### BEGIN SOLUTION" not in line
+                     and "### END SOLUTION" not in line)
+
+
+def load(tmp_path, notebook: str, cells, attr: str, replace=(), exercise: bool = False):
+    """Import cells ``cells`` (a name or a list) of a solutions notebook, each (old, new) of ``replace``
+    applied, from a real file (so that @triton.jit can read its source); return its ``attr``."""
+    cells = [cells] if isinstance(cells, str) else cells
+    src = "\n\n".join(solution_source(notebook, c, exercise) for c in cells)
+    for old, new in replace:
+        assert old in src, f"mutation no longer applies to the solutions notebook: {old!r}"
+        src = src.replace(old, new)
+    path = tmp_path / f"mod_{cells[0].replace('-', '_')}_{next(_count)}.py"
+    path.write_text(HEADER + src)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = mod
+    spec.loader.exec_module(mod)
+    return getattr(mod, attr)
+
+
+def fails(check, fn, *expected: str, exc=AssertionError) -> str:
+    """Run ``check(fn)``, expect ``exc`` whose message contains every ``expected`` text; return it."""
+    with pytest.raises(exc) as info:
+        check(fn)
+    msg = str(info.value)
+    for text in expected:
+        assert text in msg, f"{text!r} not in the message:\n{msg}"
+    return msg
