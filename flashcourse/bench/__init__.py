@@ -20,6 +20,7 @@ from .harness import (DO_BENCH, Case, GPURequired, Record, Result, Workload, def
                       shipped_suites, suite, registered, unregister)
 from . import suites as _suites  # noqa: F401  (registers the course's suites)
 from . import attention as _attention  # noqa: F401  (chapters 2-3: registers the "attention" suite)
+from . import decode as _decode  # noqa: F401  (chapters 4-5: registers the "decode" suite)
 
 __all__ = ["run", "shipped", "shipped_suites", "suite", "registered", "get_suite", "unregister", "Result",
            "Record", "Case", "Workload", "GPURequired", "provenance", "require_gpu",

@@ -22,7 +22,7 @@ from .. import backend
 
 __all__ = ["FLOAT_DTYPES", "dtype_names", "expect_tensor", "expect_dtype", "expect_on_backend",
            "expect_ndim", "expect_same", "expect_float_tensor", "supports_bf16", "ATTENTION_DTYPES",
-           "expect_qkv", "expect_sm_scale"]
+           "expect_qkv", "expect_sm_scale", "expect_decode", "expect_num_splits"]
 
 #: The floating dtypes the course's kernels accept (bfloat16 only where the GPU has it).
 FLOAT_DTYPES = (torch.float16, torch.float32, torch.bfloat16)
@@ -237,3 +237,104 @@ def expect_sm_scale(fn: str, sm_scale, d: int) -> float:
         raise ValueError(f"{fn}: sm_scale is {sm_scale!r}; expected a finite number >= 0 "
                          f"(default 1/sqrt(d) = {default:.4g})")
     return value
+
+
+def expect_decode(fn: str, q, k_cache, v_cache, kv_lens=None, head_dims=(64, 128),
+                  dtypes=ATTENTION_DTYPES):
+    """Check decode inputs: q (B, H_q, d) or (B, H_q, 1, d), caches (B, H_kv, L, d), kv_lens (B,).
+
+    H_q must be a multiple of H_kv (grouped-query attention; MHA and MQA are the two ends).
+    ``kv_lens`` (an integer tensor of valid cache lengths, each in 1..L) is checked on the host,
+    which copies it there: a synchronisation with the GPU. Returns ``(q3, k, v, lens)`` with q as
+    (B, H_q, d), every tensor with a unit stride along d, and lens an int32 tensor on q's device
+    (or None).
+
+    Example:
+        >>> import torch
+        >>> q = torch.zeros(2, 12, 64, dtype=torch.float16)
+        >>> kv = torch.zeros(2, 8, 100, 64, dtype=torch.float16)
+        >>> expect_decode("flash_decode", q, kv, kv)
+        Traceback (most recent call last):
+            ...
+        ValueError: flash_decode: q has 12 heads but the caches have 8; expected H_q a multiple of H_kv (grouped-query attention: each KV head serves H_q / H_kv query heads)
+        >>> expect_decode("flash_decode", q[:, :8], kv, kv, kv_lens=torch.tensor([100, 101]))
+        Traceback (most recent call last):
+            ...
+        ValueError: flash_decode: kv_lens[1] is 101; expected every length in 1..100 (L, the cache's length)
+    """
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        expect_tensor(fn, name, x)
+    if q.dim() == 4:
+        if q.shape[2] != 1:
+            raise ValueError(f"{fn}: q is {tuple(q.shape)}; decoding takes one query token per sequence: "
+                             "q of shape (B, H_q, d) or (B, H_q, 1, d) (use fa2_forward for several)")
+        q = q[:, :, 0]
+    elif q.dim() != 3:
+        raise ValueError(f"{fn}: q is {tuple(q.shape)}; expected (B, H_q, d) or (B, H_q, 1, d): one "
+                         "query token per sequence")
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if x.dim() != 4:
+            raise ValueError(f"{fn}: {name} is {tuple(x.shape)}; expected 4 dimensions (B, H_kv, L, d)")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"{fn}: k_cache is {tuple(k_cache.shape)} but v_cache is {tuple(v_cache.shape)}; "
+                         "expected the same shape (one value row per key)")
+    B, H_q, d = q.shape
+    Bk, H_kv, L, dk = k_cache.shape
+    if Bk != B or dk != d:
+        raise ValueError(f"{fn}: q is {tuple(q.shape)} but k_cache is {tuple(k_cache.shape)}; expected "
+                         f"caches of shape ({B}, H_kv, L, {d}): the same batch and head dim as q")
+    if H_kv == 0 or H_q % H_kv:
+        raise ValueError(f"{fn}: q has {H_q} heads but the caches have {H_kv}; expected H_q a multiple of "
+                         "H_kv (grouped-query attention: each KV head serves H_q / H_kv query heads)")
+    if d not in head_dims:
+        raise ValueError(f"{fn}: q is {tuple(q.shape)} but head dim {d} is not one of "
+                         + ", ".join(str(h) for h in head_dims))
+    if L < 1:
+        raise ValueError(f"{fn}: k_cache is {tuple(k_cache.shape)}; expected at least one cached key (L >= 1)")
+    expect_same(fn, "dtype", q=q, k_cache=k_cache, v_cache=v_cache)
+    expect_dtype(fn, "q", q, dtypes)
+    if q.dtype == torch.bfloat16 and backend.INTERPRET:
+        raise TypeError(f"{fn}: q has dtype torch.bfloat16, which Triton's interpreter (no GPU here) "
+                        "multiplies wrongly in tl.dot; use float16 here (bfloat16 works on a GPU of "
+                        "sm_80 or newer)")
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        expect_on_backend(fn, name, x)
+    expect_same(fn, "device", q=q, k_cache=k_cache, v_cache=v_cache)
+    lens = None
+    if kv_lens is not None:
+        expect_tensor(fn, "kv_lens", kv_lens)
+        if kv_lens.dtype.is_floating_point or kv_lens.dtype.is_complex or kv_lens.dtype == torch.bool:
+            raise TypeError(f"{fn}: kv_lens has dtype {kv_lens.dtype}; expected an integer tensor "
+                            "(torch.int32 or torch.int64) of valid cache lengths")
+        if tuple(kv_lens.shape) != (B,):
+            raise ValueError(f"{fn}: kv_lens is {tuple(kv_lens.shape)}; expected ({B},): one length per sequence")
+        host = kv_lens.detach().cpu()                   # a synchronisation with the GPU
+        bad = ((host < 1) | (host > L)).nonzero()
+        if len(bad):
+            i = int(bad[0, 0])
+            raise ValueError(f"{fn}: kv_lens[{i}] is {int(host[i])}; expected every length in 1..{L} "
+                             "(L, the cache's length)")
+        lens = kv_lens.to(device=q.device, dtype=torch.int32)
+    return _unit_last_stride(q), _unit_last_stride(k_cache), _unit_last_stride(v_cache), lens
+
+
+def expect_num_splits(fn: str, num_splits) -> int | None:
+    """``num_splits`` as an int >= 1 (None stays None: the heuristic decides).
+
+    Example:
+        >>> expect_num_splits("flash_decode", 0)
+        Traceback (most recent call last):
+            ...
+        ValueError: flash_decode: num_splits is 0; expected a whole number >= 1 (or None for the heuristic)
+    """
+    if num_splits is None:
+        return None
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) and not (
+            hasattr(num_splits, "__index__")):
+        raise ValueError(f"{fn}: num_splits is {num_splits!r}; expected a whole number >= 1 "
+                         "(or None for the heuristic)")
+    n = int(num_splits)
+    if n < 1 or n >= 65536:
+        raise ValueError(f"{fn}: num_splits is {num_splits!r}; expected a whole number >= 1 "
+                         "(or None for the heuristic)" + (" and < 65536" if n >= 65536 else ""))
+    return n

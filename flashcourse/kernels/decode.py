@@ -1,0 +1,718 @@
+"""Decoding attention in Triton: Flash-Decoding (split-KV) and FlashDecoding++'s unified max.
+
+Chapters 4 and 5. When a model generates text, each step has ONE query token per sequence and a
+long KV cache: softmax(q K^T * scale) V with q of shape (B, H_q, d) against caches (B, H_kv, L, d).
+FA2's grid (query blocks x heads x batch) has B * H programs here -- 32 for one sequence of a
+32-head model, on an H100 with 132 SMs -- and each walks the whole cache alone.
+
+``flash_decode`` splits each sequence's valid keys into ``S`` chunks, so the grid is
+``S x (B * H_kv)`` programs. A program takes one chunk of one KV head, for ALL the
+``G = H_q / H_kv`` query heads that share it (grouped-query attention without copying K or V: the
+group is the M dimension of the dot, padded to 16 rows -- even for G = 1, where the padded dot on
+tensor cores measured twice as fast on an H100 as a broadcast multiply and sum). Each program
+writes a partial output ``o_s`` (fp32, normalised) and its log-sum-exp ``lse_s``; a second kernel
+combines them:
+
+    lse = log sum_s exp(lse_s),     o = sum_s exp(lse_s - lse) o_s
+
+``unified_max_decode`` is FlashDecoding++'s asynchronous softmax: every chunk uses ONE shared
+offset ``phi`` instead of its own running max, so it accumulates ``sum e^(x - phi) v`` and
+``sum e^(x - phi)`` without any rescaling, and partials simply add -- here with atomic adds into a
+float32 workspace, and the last program to finish a head divides (one kernel launch, no combine
+kernel). A chunk whose scores leave the safe range (``x - phi`` above ``bounds[1]``: e^(x - phi)
+could overflow; or its largest score below ``bounds[0]``: everything underflows) is recomputed the
+synchronised way, flash_decode's way, right there, and the last program merges it with the others
+by log-sum-exp. So the result is always right; ``return_stats=True`` says how often that happened.
+
+All exponentials are base 2 with ``sm_scale * log2 e`` folded into the scores (as in FA2).
+
+Example:
+    >>> import torch
+    >>> from flashcourse.backend import DEVICE
+    >>> from flashcourse.kernels import flash_decode, unified_max_decode
+    >>> q = torch.randn(2, 8, 64, device=DEVICE).half()            # (B, H_q, d): one token each
+    >>> k, v = torch.randn(2, 2, 2, 300, 64, device=DEVICE).half() # (B, H_kv, L, d): GQA, G = 4
+    >>> o = flash_decode(q, k, v, num_splits=3)
+    >>> ref = torch.nn.functional.scaled_dot_product_attention(
+    ...     q[:, :, None].float(), k.float().repeat_interleave(4, 1), v.float().repeat_interleave(4, 1))[:, :, 0]
+    >>> (o.float() - ref).abs().max().item() < 2e-3
+    True
+    >>> o2, stats = unified_max_decode(q, k, v, phi=0.0, return_stats=True)
+    >>> (o2.float() - ref).abs().max().item() < 2e-3, stats["fallback_heads"]
+    (True, 0)
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from .. import backend
+from . import aot
+from ._validate import expect_decode, expect_num_splits, expect_sm_scale
+
+__all__ = ["flash_decode", "unified_max_decode", "decode_config", "combine_config", "num_splits",
+           "HEAD_DIMS", "DEFAULT_BOUNDS"]
+
+LOG2E = 1.4426950408889634  # e^t = 2^(t log2 e)
+#: Head dims the decode kernels are compiled for.
+HEAD_DIMS = (64, 128)
+#: The safe range of x - phi (natural-log units, x = sm_scale q.k) of unified_max_decode. Its sums
+#: are float32 (its P V product three-pass TF32, as accurate as float32): e^40 times 2^31 keys
+#: times |v| <= 65504 stays below float32's 3.4e38, and a chunk whose largest score is 40 below
+#: phi still has e^-40 ~ 4e-18, a normal float32.
+DEFAULT_BOUNDS = (-40.0, 40.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# The pieces both kernels share: scores of one key block, and P V.
+
+@triton.jit
+def _scores(q, k, qk_scale, USE_DOT: tl.constexpr):
+    # q: (B_G, d) the query group, k: (B_c, d) -> (B_G, B_c) fp32 scores in log2 units
+    if USE_DOT:
+        s = tl.dot(q, tl.trans(k))
+    else:   # one query head: a broadcast multiply and a sum over d, no tensor cores needed
+        s = tl.sum(q[:, None, :].to(tl.float32) * k[None, :, :].to(tl.float32), 2)
+    return s * qk_scale
+
+
+@triton.jit
+def _pv(acc, p, v, USE_DOT: tl.constexpr, P_FP32: tl.constexpr):
+    # acc (B_G, d) += p (B_G, B_c) @ v (B_c, d)
+    if USE_DOT:
+        if P_FP32:      # p may be far from 1 (unified max): float32's range, and its precision
+            # too (three TF32 products): the sum l is of the same p, so o = acc / l stays exact
+            acc = tl.dot(p, v.to(tl.float32), acc, input_precision="tf32x3")
+        else:           # p in [0, 1]: v's dtype, as FA2 does
+            acc = tl.dot(p.to(v.dtype), v, acc)
+    else:
+        acc += tl.sum(p[:, :, None] * v[None, :, :].to(tl.float32), 1)
+    return acc
+
+
+@triton.jit
+def _load_kv(K_ptrs, V_ptrs, start, stride_kn, stride_vn, cols, n_end, MASKED: tl.constexpr):
+    if MASKED:
+        in_k = (start + cols) < n_end                                               # (B_c,)
+        k = tl.load(K_ptrs + start * stride_kn, mask=in_k[:, None], other=0.0)     # (B_c, d)
+        v = tl.load(V_ptrs + start * stride_vn, mask=in_k[:, None], other=0.0)     # (B_c, d)
+    else:
+        in_k = cols >= 0
+        k = tl.load(K_ptrs + start * stride_kn)
+        v = tl.load(V_ptrs + start * stride_vn)
+    return k, v, in_k
+
+
+@triton.jit
+def _chunk_sync(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, lo, hi, n_end,
+                qk_scale, MASKED: tl.constexpr, BLOCK_N: tl.constexpr, USE_DOT: tl.constexpr):
+    # Keys [lo, hi) of one chunk, FA2's online softmax: running max m_i, sum l_i, rescale by alpha.
+    for start in range(lo, hi, BLOCK_N):
+        k, v, in_k = _load_kv(K_ptrs, V_ptrs, start, stride_kn, stride_vn, cols, n_end, MASKED)
+        s = _scores(q, k, qk_scale, USE_DOT)                                        # (B_G, B_c)
+        if MASKED:
+            s = tl.where(in_k[None, :], s, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_shift = tl.where(m_new == -float("inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_shift[:, None])
+        alpha = tl.math.exp2(m_i - m_shift)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = _pv(acc * alpha[:, None], p, v, USE_DOT, False)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _chunk_async(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, lo, hi, n_end,
+                 qk_scale, phi2, MASKED: tl.constexpr, BLOCK_N: tl.constexpr, USE_DOT: tl.constexpr):
+    # The same keys with one shared offset phi (log2 units): no rescale, nothing depends on the
+    # previous block. m_i (the largest score) is kept only to check the safe range afterwards.
+    for start in range(lo, hi, BLOCK_N):
+        k, v, in_k = _load_kv(K_ptrs, V_ptrs, start, stride_kn, stride_vn, cols, n_end, MASKED)
+        s = _scores(q, k, qk_scale, USE_DOT)
+        if MASKED:
+            s = tl.where(in_k[None, :], s, -float("inf"))
+        m_i = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - phi2)
+        l_i += tl.sum(p, 1)
+        acc = _pv(acc, p, v, USE_DOT, True)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _chunk_bounds(KV_LENS, b, s, L, S, HAS_LENS: tl.constexpr, BLOCK_N: tl.constexpr):
+    # This sequence's valid length n, and the keys [lo, hi) of split s: chunks of whole blocks;
+    # [lo, full) needs no mask, [full, hi) is the ragged end. Splits past the end are empty.
+    if HAS_LENS:
+        n = tl.load(KV_LENS + b)
+    else:
+        n = L
+    chunk = tl.cdiv(tl.cdiv(n, S), BLOCK_N) * BLOCK_N
+    lo = tl.minimum(s * chunk, n)
+    hi = tl.minimum(lo + chunk, n)
+    full = lo + (hi - lo) // BLOCK_N * BLOCK_N
+    return n, lo, hi, full
+
+
+@triton.jit
+def _decode_split(Q, K, V, KV_LENS, O_PART, LSE_PART, qk_scale, L, H_kv, G, S,
+                  stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
+                  USE_DOT: tl.constexpr, HAS_LENS: tl.constexpr):
+    # grid: (S splits, B * H_kv). One program: one chunk of one KV head, its G query heads.
+    s = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H_kv).to(tl.int64)
+    hk = (bh % H_kv).to(tl.int64)
+    g = tl.arange(0, BLOCK_G)                     # (B_G,) query heads hk*G + g of the group
+    cols = tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, HEAD_DIM)
+    in_g = g < G
+    heads = hk * G + g
+    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + dims[None, :],
+                mask=in_g[:, None], other=0.0)                                     # (B_G, d)
+    K_ptrs = K + b * stride_kb + hk * stride_kh + cols[:, None] * stride_kn + dims[None, :]
+    V_ptrs = V + b * stride_vb + hk * stride_vh + cols[:, None] * stride_vn + dims[None, :]
+    n, lo, hi, full = _chunk_bounds(KV_LENS, b, s, L, S, HAS_LENS, BLOCK_N)
+
+    m_i = tl.full([BLOCK_G], -float("inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
+    acc, l_i, m_i = _chunk_sync(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, lo, full,
+                                n, qk_scale, False, BLOCK_N, USE_DOT)
+    acc, l_i, m_i = _chunk_sync(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, full, hi,
+                                n, qk_scale, True, BLOCK_N, USE_DOT)
+
+    # partial output, normalised, and its log-sum-exp (log2 units; -inf for an empty split)
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    rows = b * H_kv * G + heads                                                     # (B_G,)
+    tl.store(O_PART + (rows[:, None] * S + s) * HEAD_DIM + dims[None, :], acc / l_safe[:, None],
+             mask=in_g[:, None])
+    tl.store(LSE_PART + rows * S + s, m_i + tl.math.log2(l_i), mask=in_g)
+
+
+@triton.jit
+def _decode_combine(O_PART, LSE_PART, O, S, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
+    # grid: (B * H_q,). o = sum_s 2^(lse_s - lse) o_s, lse = log2 sum_s 2^lse_s.
+    r = tl.program_id(0).to(tl.int64)
+    splits = tl.arange(0, BLOCK_S)
+    dims = tl.arange(0, HEAD_DIM)
+    m = -float("inf")
+    for s0 in range(0, S, BLOCK_S):
+        lse_s = tl.load(LSE_PART + r * S + s0 + splits, mask=s0 + splits < S, other=-float("inf"))
+        m = tl.maximum(m, tl.max(lse_s, 0))          # finite: every sequence has a key
+    l = 0.0
+    acc = tl.zeros([HEAD_DIM], tl.float32)
+    for s0 in range(0, S, BLOCK_S):
+        in_s = s0 + splits < S
+        lse_s = tl.load(LSE_PART + r * S + s0 + splits, mask=in_s, other=-float("inf"))
+        w = tl.math.exp2(lse_s - m)                                                  # (B_S,)
+        o_s = tl.load(O_PART + (r * S + s0 + splits[:, None]) * HEAD_DIM + dims[None, :],
+                      mask=in_s[:, None], other=0.0)                                 # (B_S, d)
+        acc += tl.sum(w[:, None] * o_s, 0)
+        l += tl.sum(w, 0)
+    tl.store(O + r * HEAD_DIM + dims, (acc / l).to(O.dtype.element_ty))
+
+
+@triton.jit
+def _unified_max_decode(Q, K, V, KV_LENS, O, ACC, LSUM, COUNT, O_PART, LSE_PART, FLAGS,
+                        qk_scale, phi2, lo2, hi2, L, H_kv, G, S,
+                        stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh,
+                        stride_vn, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_G: tl.constexpr, USE_DOT: tl.constexpr, HAS_LENS: tl.constexpr):
+    # grid: (S splits, B * H_kv), as _decode_split. ACC, LSUM, COUNT are a zeroed workspace that
+    # the last program of each head leaves zeroed again.
+    s = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H_kv).to(tl.int64)
+    hk = (bh % H_kv).to(tl.int64)
+    g = tl.arange(0, BLOCK_G)
+    cols = tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, HEAD_DIM)
+    in_g = g < G
+    heads = hk * G + g
+    rows = b * H_kv * G + heads                                                     # (B_G,)
+    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + dims[None, :],
+                mask=in_g[:, None], other=0.0)
+    K_ptrs = K + b * stride_kb + hk * stride_kh + cols[:, None] * stride_kn + dims[None, :]
+    V_ptrs = V + b * stride_vb + hk * stride_vh + cols[:, None] * stride_vn + dims[None, :]
+    n, lo, hi, full = _chunk_bounds(KV_LENS, b, s, L, S, HAS_LENS, BLOCK_N)
+
+    m_i = tl.full([BLOCK_G], -float("inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
+    acc, l_i, m_i = _chunk_async(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, lo, full,
+                                 n, qk_scale, phi2, False, BLOCK_N, USE_DOT)
+    acc, l_i, m_i = _chunk_async(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, full, hi,
+                                 n, qk_scale, phi2, True, BLOCK_N, USE_DOT)
+
+    # detection: a score too far above phi (overflow), or a chunk whose best score is too far below
+    out = ((m_i > phi2 + hi2) | ((m_i < phi2 + lo2) & (m_i > -float("inf")))) & in_g
+    fallback = tl.max(out.to(tl.int32), 0)                                          # 0 or 1
+    lse_s = tl.full([BLOCK_G], -float("inf"), tl.float32)
+    if fallback > 0:
+        # the synchronised way for this chunk: re-read it with a running max (flash_decode's loop)
+        m_i = tl.full([BLOCK_G], -float("inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
+        acc, l_i, m_i = _chunk_sync(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, lo,
+                                    full, n, qk_scale, False, BLOCK_N, USE_DOT)
+        acc, l_i, m_i = _chunk_sync(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, full,
+                                    hi, n, qk_scale, True, BLOCK_N, USE_DOT)
+        lse_s = m_i + tl.math.log2(l_i)
+        tl.store(O_PART + (rows[:, None] * S + s) * HEAD_DIM + dims[None, :],
+                 acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None], mask=in_g[:, None])
+    else:
+        # the asynchronous partials just add (an empty chunk adds zeros)
+        tl.atomic_add(ACC + rows[:, None] * HEAD_DIM + dims[None, :], acc, mask=in_g[:, None], sem="relaxed")
+        tl.atomic_add(LSUM + rows, l_i, mask=in_g, sem="relaxed")
+    tl.store(LSE_PART + rows * S + s, lse_s, mask=in_g)     # -inf: this chunk is in ACC, LSUM
+
+    # One counter per head counts arrivals (low 16 bits) and recomputed chunks (high bits); the
+    # release/acquire of this atomic makes every other program's adds and stores visible to the last.
+    # (The barrier first: the counter is bumped by one thread, after all threads' adds are done.)
+    tl.debug_barrier()
+    inc = 1 + fallback * 65536
+    old = tl.atomic_add(COUNT + bh, inc, sem="acq_rel", scope="gpu")
+    if (old & 65535) == S - 1:
+        n_fb = (old + inc) >> 16
+        # every other program of this head is done: read the sums (from L2) and zero them again
+        acc_ptrs = ACC + rows[:, None] * HEAD_DIM + dims[None, :]
+        acc = tl.load(acc_ptrs, mask=in_g[:, None], other=0.0, cache_modifier=".cg")
+        l_sum = tl.load(LSUM + rows, mask=in_g, other=0.0, cache_modifier=".cg")
+        tl.debug_barrier()    # l_sum is held by several threads: all read before one zeroes it
+        tl.store(acc_ptrs, tl.zeros([BLOCK_G, HEAD_DIM], tl.float32), mask=in_g[:, None])
+        tl.store(LSUM + rows, tl.zeros([BLOCK_G], tl.float32), mask=in_g)
+        tl.store(COUNT + bh, 0)
+        if n_fb == 0:
+            o = acc / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
+        else:
+            # merge the phi-referenced sum (lse = phi + log2 l_sum) with each recomputed chunk
+            m_run = tl.where(l_sum > 0.0, phi2 + tl.math.log2(l_sum), -float("inf"))
+            o = acc / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
+            for s2 in range(0, S):
+                lse2 = tl.load(LSE_PART + rows * S + s2, mask=in_g, other=-float("inf"),
+                               cache_modifier=".cg")
+                has = lse2 > -float("inf")
+                o2 = tl.load(O_PART + (rows[:, None] * S + s2) * HEAD_DIM + dims[None, :],
+                             mask=has[:, None], other=0.0, cache_modifier=".cg")
+                m_new = tl.maximum(m_run, lse2)
+                m_sh = tl.where(m_new == -float("inf"), 0.0, m_new)
+                w_run = tl.math.exp2(m_run - m_sh)
+                w2 = tl.math.exp2(lse2 - m_sh)
+                tot = tl.where(w_run + w2 == 0.0, 1.0, w_run + w2)
+                o = (o * w_run[:, None] + o2 * w2[:, None]) / tot[:, None]
+                m_run = m_sh + tl.math.log2(tot)
+        tl.store(O + rows[:, None] * HEAD_DIM + dims[None, :], o.to(O.dtype.element_ty),
+                 mask=in_g[:, None])
+        tl.store(FLAGS + rows, tl.zeros([BLOCK_G], tl.int32) + n_fb, mask=in_g)
+
+
+# --------------------------------------------------------------------------------------------------
+# Launch configs and the split count. One function picks them, for the entry points at launch and
+# for the ahead-of-time check (aot.py) on every target GPU.
+
+_PTR = {torch.float16: "*fp16", torch.bfloat16: "*bf16"}
+
+
+def decode_config(d: int, group: int, dtype=torch.float16, cc="current", kernel: str = "decode_split") -> aot.Launch:
+    """Tile sizes, warps and stages of the split-KV kernels (``decode_split``, ``unified_max_decode``).
+
+    ``group`` is G = H_q / H_kv, the query heads one program serves: a ``tl.dot`` with the group
+    padded to ``BLOCK_G >= 16`` rows. (The kernels can also do G = 1 with a broadcast multiply and
+    sum, ``USE_DOT=False``; on an H100 that moved 1.2-1.4 TB/s against the padded dot's 2.5-3.1,
+    so no config picks it.) ``BLOCK_N`` keys per step.
+
+    * sm_90 (H100): 64 keys per block, 4 warps, 3 stages (tools/gpu_decode.py --sweep: within 3%
+      of the best of 8 configs at B = 1, L = 16k and 128k, MHA and GQA);
+    * sm_80 / sm_89: 64 keys, 4 warps, 3 / 2 stages;
+    * sm_75 (T4, 64 KB, no asynchronous copies): 64 keys, 4 warps, 1 stage;
+    * the interpreter: 32 keys (num_warps and stages mean nothing there).
+
+    Example:
+        >>> decode_config(128, 4, torch.float16, (9, 0)).constexprs
+        {'HEAD_DIM': 128, 'BLOCK_N': 64, 'BLOCK_G': 16, 'USE_DOT': True}
+        >>> decode_config(128, 1, torch.float16, (7, 5)).constexprs
+        {'HEAD_DIM': 128, 'BLOCK_N': 64, 'BLOCK_G': 16, 'USE_DOT': True}
+    """
+    if cc == "current":
+        cc = _cc()
+    return _decode_config(d, group, dtype, cc, kernel)
+
+
+@functools.lru_cache(maxsize=None)
+def _decode_config(d, group, dtype, cc, kernel):
+    use_dot = True
+    block_g = max(16, triton.next_power_of_2(group)) if use_dot else 1
+    if cc is None:
+        block_n, warps, stages = 32, 4, 1
+    elif cc >= (9, 0):
+        block_n, warps, stages = 64, 4, 3
+    elif cc >= (8, 9):
+        block_n, warps, stages = 64, 4, 2
+    elif cc >= (8, 0):
+        block_n, warps, stages = 64, 4, 3
+    else:
+        block_n, warps, stages = 64, 4, 1
+    return aot.Launch({"HEAD_DIM": d, "BLOCK_N": block_n, "BLOCK_G": block_g, "USE_DOT": use_dot},
+                      warps, stages, {n: _PTR[dtype] for n in ("Q", "K", "V")}, kernel=kernel,
+                      note=f"d={d} G={group}")
+
+
+def combine_config(d: int, splits: int, dtype=torch.float16, cc="current") -> aot.Launch:
+    """The combine kernel's launch: ``BLOCK_S`` splits at a time (at most 32), 4 warps.
+
+    Example:
+        >>> combine_config(128, 5, torch.float16, (7, 5)).constexprs
+        {'HEAD_DIM': 128, 'BLOCK_S': 8}
+    """
+    if cc == "current":
+        cc = _cc()
+    return _combine_config(d, splits, dtype, cc)
+
+
+@functools.lru_cache(maxsize=None)
+def _combine_config(d, splits, dtype, cc):
+    block_s = min(32, triton.next_power_of_2(max(1, splits)))
+    return aot.Launch({"HEAD_DIM": d, "BLOCK_S": block_s}, 4, 1, {"O": _PTR[dtype]},
+                      kernel="decode_combine", note=f"d={d}")
+
+
+_NUM_SMS: dict = {}
+_CC: list = []
+
+
+def _cc():
+    if not _CC:
+        _CC.append(backend.compute_capability())
+    return _CC[0]
+
+
+def _num_sms(device) -> int:
+    """SMs of the GPU (the interpreter pretends to have 4, so that small tests split)."""
+    if backend.INTERPRET:
+        return 4
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    if index not in _NUM_SMS:
+        _NUM_SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _NUM_SMS[index]
+
+
+#: Smallest chunk of keys worth a split of its own (given to the heuristic).
+MIN_CHUNK = 256
+#: Programs per SM the stand-in heuristic aims for (used only if the chapter's is missing).
+PROGRAMS_PER_SM = 4
+
+
+def _own_num_splits(B: int, H: int, L: int, num_sms: int, min_chunk: int = MIN_CHUNK,
+                    programs_per_sm: int = PROGRAMS_PER_SM, max_splits: int = 256) -> int:
+    # enough programs (B * H * S) for a few per SM, but no chunk shorter than min_chunk keys
+    want = math.ceil(programs_per_sm * num_sms / max(1, B * H))
+    return max(1, min(want, math.ceil(L / min_chunk), max_splits))
+
+
+def num_splits(B: int, H_kv: int, L: int, device=None) -> int:
+    """The split count flash_decode and unified_max_decode use when not told: enough programs
+    (``B * H_kv * S``) to give every SM a few, and no chunk shorter than :data:`MIN_CHUNK` keys.
+
+    Uses ``flashcourse.reference.decode.num_splits_for`` (the chapter's wave-efficiency heuristic,
+    with the GPU's SM count and ``min_chunk=MIN_CHUNK``) -- what the shipped H100 results ran
+    with; on an H100 it picks 4 splits for one sequence of 32 KV heads, 15 for 8 KV heads, 1 from
+    B * H_kv >= 106 on. If that module is missing, a stand-in here aims for
+    :data:`PROGRAMS_PER_SM` programs per SM instead.
+
+    Example:
+        >>> num_splits(1, 32, 65536, device="cpu") >= 1
+        True
+    """
+    return _splits(B, H_kv, L, _num_sms(device if device is not None else backend.DEVICE))
+
+
+@functools.lru_cache(maxsize=4096)
+def _splits(B, H_kv, L, sms):       # the heuristic costs ~0.1 ms of Python: once per shape
+    return int(_heuristic()(B, H_kv, L, sms, min_chunk=MIN_CHUNK))
+
+
+_HEURISTIC: list = []
+
+
+def _heuristic():
+    if not _HEURISTIC:
+        try:  # lazily: the reference module is another chapter's
+            from ..reference.decode import num_splits_for
+        except (ImportError, AttributeError):
+            num_splits_for = _own_num_splits
+        _HEURISTIC.append(num_splits_for)
+    return _HEURISTIC[0]
+
+
+# --------------------------------------------------------------------------------------------------
+# Entry points
+
+def _common_case(q, k, v) -> bool:
+    """The inputs of a decoding loop, recognised in a few attribute reads: (B, H_q, d) fp16 (or bf16 on
+    a GPU) q and contiguous-in-d caches on the kernels' device. Anything else takes the full checks.
+    (A decode step is ~10 us of GPU time: the host must not spend more than that on checking.)"""
+    if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
+        return False
+    if q.dim() != 3 or k.dim() != 4 or k.shape != v.shape:
+        return False
+    dt = q.dtype
+    if k.dtype != dt or v.dtype != dt or not (dt == torch.float16 or (dt == torch.bfloat16 and _BF16_OK)):
+        return False
+    dev = q.device
+    if dev.type != backend.DEVICE or k.device != dev or v.device != dev:
+        return False
+    B, H_q, d = q.shape
+    B_k, H_kv, L, d_k = k.shape
+    return (B_k == B and d_k == d and d in HEAD_DIMS and L >= 1 and H_kv >= 1 and H_q % H_kv == 0
+            and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1)
+
+
+_BF16_OK = not backend.INTERPRET and backend.DEVICE == "cuda" and (backend.compute_capability() or (0, 0)) >= (8, 0)
+
+
+def _prepare(fn, q, k_cache, v_cache, kv_lens, num_splits_, sm_scale):
+    if kv_lens is None and _common_case(q, k_cache, v_cache):
+        q3, k, v, lens = q, k_cache, v_cache, None
+    else:
+        q3, k, v, lens = expect_decode(fn, q, k_cache, v_cache, kv_lens, head_dims=HEAD_DIMS)
+    if sm_scale is None:
+        sm_scale = _DEFAULT_SCALE[q3.shape[-1]]
+    else:
+        sm_scale = expect_sm_scale(fn, sm_scale, q3.shape[-1])
+    if num_splits_ is None:
+        S = num_splits(q3.shape[0], k.shape[1], k.shape[2], q3.device)
+    else:
+        S = expect_num_splits(fn, num_splits_)
+    return q3, k, v, lens, sm_scale, S
+
+
+_DEFAULT_SCALE = {d: 1.0 / math.sqrt(d) for d in HEAD_DIMS}
+
+
+def _strides(q3, k, v):
+    return (q3.stride(0), q3.stride(1), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2))
+
+
+def _launch_flash(q3, k, v, lens, sm_scale, S, launch: aot.Launch, comb: aot.Launch):
+    """Run both kernels with the given launches on checked inputs (tests and tuning call this)."""
+    B, H_q, d = q3.shape
+    H_kv, L = k.shape[1], k.shape[2]
+    o_part, lse_part = _scratch(q3.device, B * H_q * S, d)     # (B H_q, S, d) and (B H_q, S)
+    o = torch.empty((B, H_q, d), dtype=q3.dtype, device=q3.device)
+    with _quiet():
+        _decode_split[(S, B * H_kv)](q3, k, v, lens, o_part, lse_part, sm_scale * LOG2E, L, H_kv,
+                                     H_q // H_kv, S, *_strides(q3, k, v), HAS_LENS=lens is not None,
+                                     **launch.constexprs, **launch.options())
+        _decode_combine[(B * H_q,)](o_part, lse_part, o, S, **comb.constexprs, **comb.options())
+    return o
+
+
+def _quiet():
+    # The interpreter computes with NumPy, which warns about the -inf arithmetic of empty splits
+    if backend.INTERPRET:
+        return np.errstate(invalid="ignore", over="ignore", divide="ignore")
+    return contextlib.nullcontext()
+
+
+_SCRATCH: dict = {}
+
+
+def _scratch(device, n_partials: int, d: int):
+    """Float32 space for ``n_partials`` partial outputs (of d) and their lse, kept between calls.
+
+    The kernels index it themselves (flat), and every call writes before it reads, so it is
+    never cleared. Calls on one CUDA stream are ordered; calls on different streams at the same
+    time must not share it.
+    """
+    key = str(device)
+    buf = _SCRATCH.get(key)
+    if buf is None or buf[0].numel() < n_partials * d or buf[1].numel() < n_partials:
+        n = max(n_partials, buf[1].numel() if buf else 0)
+        buf = (torch.empty(n * d, dtype=torch.float32, device=device),
+               torch.empty(n, dtype=torch.float32, device=device))
+        _SCRATCH[key] = buf
+    return buf
+
+
+def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_lens=None,
+                 num_splits: int | None = None, sm_scale: float | None = None) -> torch.Tensor:
+    """Attention of one new token per sequence against a KV cache, Flash-Decoding's split-KV way.
+
+    ``q``: (B, H_q, d) or (B, H_q, 1, d) -- one query token per sequence; the result has q's shape.
+    ``k_cache``, ``v_cache``: (B, H_kv, L, d) with H_q a multiple of H_kv (query head i reads KV
+    head i // (H_q / H_kv): MHA when equal, MQA when H_kv = 1), never copied per query head.
+    ``kv_lens``: (B,) integer tensor of valid lengths (keys 0..kv_lens[b]-1 of sequence b), default
+    L; it is checked on the host, which synchronises with the GPU -- leave it None in a timing loop.
+    ``num_splits``: chunks per sequence (default: :func:`num_splits`, enough programs to fill the
+    SMs); more splits than chunks of keys is allowed (the extra ones are empty). float16, or
+    bfloat16 on a GPU of sm_80+; d 64 or 128; ``sm_scale`` defaults to 1/sqrt(d).
+
+    Example:
+        >>> import torch
+        >>> from flashcourse.backend import DEVICE
+        >>> q = torch.randn(2, 4, 1, 64, device=DEVICE).half()
+        >>> k, v = torch.randn(2, 2, 4, 100, 64, device=DEVICE).half()
+        >>> o = flash_decode(q, k, v, kv_lens=torch.tensor([100, 7]), num_splits=4)
+        >>> o.shape
+        torch.Size([2, 4, 1, 64])
+        >>> ref = torch.softmax(q[1].float() @ k[1, :, :7].float().mT / 8, -1) @ v[1, :, :7].float()
+        >>> (o[1].float() - ref).abs().max().item() < 2e-3
+        True
+    """
+    q3, k, v, lens, sm_scale, S = _prepare("flash_decode", q, k_cache, v_cache, kv_lens, num_splits, sm_scale)
+    G = q3.shape[1] // k.shape[1]
+    launch = decode_config(q3.shape[-1], G, q3.dtype)
+    comb = combine_config(q3.shape[-1], S, q3.dtype)
+    return _launch_flash(q3, k, v, lens, sm_scale, S, launch, comb).view(q.shape)
+
+
+_WORKSPACE: dict = {}
+
+
+def _workspace(device, n_rows: int, d: int, n_heads: int):
+    """Zeroed float32 sums (rows x d, rows), int32 counters (heads) and flags (rows), kept between calls.
+
+    Every call leaves them zeroed again (its last programs reset what they read), so no call
+    pays for a memset. Calls on different CUDA streams at the same time must not share it.
+    """
+    key = str(device)
+    ws = _WORKSPACE.get(key)
+    if ws is None or ws[0].numel() < n_rows * d or ws[1].numel() < n_rows or ws[2].numel() < n_heads:
+        old = ws or (torch.empty(0), torch.empty(0), torch.empty(0))
+        rows = max(n_rows, old[1].numel())
+        ws = (torch.zeros(max(n_rows * d, old[0].numel()), dtype=torch.float32, device=device),
+              torch.zeros(rows, dtype=torch.float32, device=device),
+              torch.zeros(max(n_heads, old[2].numel()), dtype=torch.int32, device=device),
+              torch.zeros(rows, dtype=torch.int32, device=device))   # per row: chunks recomputed
+        _WORKSPACE[key] = ws
+    return ws
+
+
+def _launch_unified(q3, k, v, lens, sm_scale, S, phi, bounds, launch: aot.Launch):
+    """Run the unified-max kernel on checked inputs: (o of shape (B, H_q, d), flags per row)."""
+    B, H_q, d = q3.shape
+    H_kv, L = k.shape[1], k.shape[2]
+    acc, lsum, count, flags = _workspace(q3.device, B * H_q, d, B * H_kv)
+    o_part, lse_part = _scratch(q3.device, B * H_q * S, d)
+    o = torch.empty((B, H_q, d), dtype=q3.dtype, device=q3.device)
+    with _quiet():
+        _unified_max_decode[(S, B * H_kv)](
+            q3, k, v, lens, o, acc, lsum, count, o_part, lse_part, flags,
+            sm_scale * LOG2E, phi * LOG2E, bounds[0] * LOG2E, bounds[1] * LOG2E, L, H_kv, H_q // H_kv, S,
+            *_strides(q3, k, v), HAS_LENS=lens is not None, **launch.constexprs, **launch.options())
+    return o, flags
+
+
+def _expect_phi_bounds(fn, phi, bounds):
+    try:
+        value = float(phi)
+    except (TypeError, ValueError):
+        raise TypeError(f"{fn}: phi is {phi!r}; expected a number (the shared offset phi, in the units "
+                        "of the scaled scores sm_scale * q.k)") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{fn}: phi is {phi!r}; expected a finite number")
+    if bounds is None:
+        return value, DEFAULT_BOUNDS
+    try:
+        a, b = (float(x) for x in bounds)
+    except (TypeError, ValueError):
+        raise ValueError(f"{fn}: bounds is {bounds!r}; expected a pair (a, b) with a < 0 < b") from None
+    if not (math.isfinite(a) and math.isfinite(b) and a < 0 < b):
+        raise ValueError(f"{fn}: bounds is {bounds!r}; expected a pair (a, b) of finite numbers with "
+                         "a < 0 < b (the safe range of x - phi)")
+    return value, (a, b)
+
+
+def unified_max_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, phi: float,
+                       kv_lens=None, num_splits: int | None = None, sm_scale: float | None = None,
+                       bounds=None, return_stats: bool = False):
+    """Decoding attention with FlashDecoding++'s asynchronous softmax: one shared offset ``phi``.
+
+    Same inputs and result as :func:`flash_decode`, plus ``phi``: a number close to the typical
+    largest scaled score ``x = sm_scale * q.k`` (one value for every head, as the paper picks one
+    per model from statistics). Each chunk sums ``e^(x - phi) v`` and ``e^(x - phi)`` with no
+    running max; the chunks' sums are added (atomically) and the last chunk of each head divides.
+    A chunk where some ``x - phi > bounds[1]`` or whose largest ``x - phi < bounds[0]`` is
+    recomputed with flash_decode's running max and merged by log-sum-exp, so the output is right
+    for any ``phi`` -- only slower when phi is badly chosen. ``bounds`` defaults to
+    :data:`DEFAULT_BOUNDS` (float32's safe range, with room to spare).
+
+    With ``return_stats=True`` returns ``(o, stats)``: ``stats["fallback_heads"]`` (query heads of
+    a sequence with any recomputed chunk), ``"heads"`` (B * H_q), ``"fallback_chunks"``,
+    ``"chunks"`` (S * B * H_kv) and ``"num_splits"`` -- reading them synchronises with the GPU.
+    The atomic sums make the last bits of the result depend on the order the chunks finish in.
+
+    Example:
+        >>> import torch
+        >>> from flashcourse.backend import DEVICE
+        >>> q = torch.randn(1, 2, 64, device=DEVICE).half()
+        >>> k, v = torch.randn(2, 1, 2, 200, 64, device=DEVICE).half()
+        >>> o, st = unified_max_decode(q, k, v, phi=0.0, num_splits=4, return_stats=True)
+        >>> st["fallback_heads"], st["chunks"]
+        (0, 8)
+        >>> o, st = unified_max_decode(q * 100, k, v, phi=0.0, num_splits=4, return_stats=True)
+        >>> st["fallback_heads"], st["fallback_chunks"]      # scores of several hundred: recomputed
+        (2, 8)
+        >>> ref = flash_decode(q * 100, k, v)                 # fp16 outputs of up to ~4: an ulp is 4e-3
+        >>> (o.float() - ref.float()).abs().max().item() < 1e-2
+        True
+    """
+    fn = "unified_max_decode"
+    q3, k, v, lens, sm_scale, S = _prepare(fn, q, k_cache, v_cache, kv_lens, num_splits, sm_scale)
+    phi, bounds = _expect_phi_bounds(fn, phi, bounds)
+    G = q3.shape[1] // k.shape[1]
+    launch = decode_config(q3.shape[-1], G, q3.dtype, kernel="unified_max_decode")
+    o, flags = _launch_unified(q3, k, v, lens, sm_scale, S, phi, bounds, launch)
+    o = o.view(q.shape)
+    if not return_stats:
+        return o
+    B, H_q = q3.shape[:2]
+    flags = flags[: B * H_q].view(B, H_q)
+    per_kv_head = flags.view(B, k.shape[1], G)[:, :, 0]
+    stats = {"fallback_heads": int((flags > 0).sum()), "heads": B * H_q,
+             "fallback_chunks": int(per_kv_head.sum()), "chunks": S * B * k.shape[1], "num_splits": S}
+    return o, stats
+
+
+# --------------------------------------------------------------------------------------------------
+# Ahead-of-time check: every config the entry points can pick, on every target.
+
+def _aot_split(kernel):
+    def configs(cc):
+        for d in HEAD_DIMS:
+            for group in (1, 4):
+                launch = decode_config(d, group, torch.float16, cc, kernel=kernel)
+                yield aot.Launch({**launch.constexprs, "HAS_LENS": True}, launch.num_warps,
+                                 launch.num_stages, launch.signature, launch.kernel, launch.note)
+    return configs
+
+
+def _aot_combine(cc):
+    for d in HEAD_DIMS:
+        yield combine_config(d, 32, torch.float16, cc)
+
+
+_COMMON = {"Q": "*fp16", "K": "*fp16", "V": "*fp16", "KV_LENS": "*i32",
+           **{f"stride_{n}": "i32" for n in ("qb", "qh", "kb", "kh", "kn", "vb", "vh", "vn")},
+           "HEAD_DIM": "constexpr", "BLOCK_N": "constexpr", "BLOCK_G": "constexpr",
+           "USE_DOT": "constexpr", "HAS_LENS": "constexpr"}
+aot.register("decode_split", _decode_split, configs=_aot_split("decode_split"), signature={
+    **_COMMON, "O_PART": "*fp32", "LSE_PART": "*fp32", "qk_scale": "fp32", "L": "i32", "H_kv": "i32",
+    "G": "i32", "S": "i32"})
+aot.register("decode_combine", _decode_combine, configs=_aot_combine, signature={
+    "O_PART": "*fp32", "LSE_PART": "*fp32", "O": "*fp16", "S": "i32", "HEAD_DIM": "constexpr",
+    "BLOCK_S": "constexpr"})
+aot.register("unified_max_decode", _unified_max_decode, configs=_aot_split("unified_max_decode"), signature={
+    **_COMMON, "O": "*fp16", "ACC": "*fp32", "LSUM": "*fp32", "COUNT": "*i32", "O_PART": "*fp32",
+    "LSE_PART": "*fp32", "FLAGS": "*i32", "qk_scale": "fp32", "phi2": "fp32", "lo2": "fp32",
+    "hi2": "fp32", "L": "i32", "H_kv": "i32", "G": "i32", "S": "i32"})
