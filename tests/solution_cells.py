@@ -58,3 +58,16 @@ def fails(check, fn, *expected: str, exc=AssertionError) -> str:
     for text in expected:
         assert text in msg, f"{text!r} not in the message:\n{msg}"
     return msg
+
+
+def passes_with_one_line(check, fn, attr: str, capsys) -> None:
+    """``check(fn)`` prints one success line naming ``attr``, the same with another seed, nothing else."""
+    check(fn)
+    first = capsys.readouterr()
+    check(fn, seed=12345)
+    second = capsys.readouterr()
+    assert first.out == second.out and first.err == second.err == ""
+    line = first.out.rstrip("\n")
+    m = SUCCESS.match(line)
+    assert m and m.group(1) == attr, line
+    assert int(m.group(2)) == int(m.group(3)) + int(m.group(4)) and int(m.group(4)) >= 8

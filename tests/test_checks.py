@@ -12,7 +12,7 @@ import pytest
 import flashcourse  # noqa: F401  (before triton: switches on the interpreter without a GPU)
 from flashcourse import checks
 import solution_cells as cells
-from solution_cells import ROOT, SUCCESS, fails  # noqa: F401
+from solution_cells import ROOT, SUCCESS, fails, passes_with_one_line  # noqa: F401
 
 SOFTMAX = "01_softmax"
 
@@ -31,15 +31,7 @@ def load(tmp_path, cell: str, attr: str, replace=(), exercise: bool = False):
 ])
 def test_solution_passes_with_one_line_that_is_the_same_every_run(tmp_path, capsys, cell, attr, check):
     fn = load(tmp_path, cell, attr)
-    check(fn)
-    first = capsys.readouterr()
-    check(fn, seed=12345)
-    second = capsys.readouterr()
-    assert first.out == second.out and first.err == second.err == ""
-    line = first.out.rstrip("\n")
-    m = SUCCESS.match(line)
-    assert m and m.group(1) == attr, line
-    assert int(m.group(2)) == int(m.group(3)) + int(m.group(4)) and int(m.group(4)) >= 8
+    passes_with_one_line(check, fn, attr, capsys)
 
 
 def test_hidden_cases_are_drawn_fresh_each_run_and_a_seed_draws_them_again():

@@ -18,10 +18,9 @@ import flashcourse  # noqa: F401  (before triton: switches on the interpreter wi
 from flashcourse import checks
 from flashcourse.checks import decode as decode_checks
 from flashcourse.grading import grade
-from solution_cells import ROOT, SUCCESS, fails, load, solution_source  # noqa: F401
+from solution_cells import ROOT, SUCCESS, fails, passes_with_one_line, load, solution_source  # noqa: F401
 
 FD, UM = "04_flash_decoding", "05_unified_max"
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -34,15 +33,7 @@ FD, UM = "04_flash_decoding", "05_unified_max"
 ])
 def test_solution_passes_with_one_line_that_is_the_same_every_run(tmp_path, capsys, notebook, cell, attr, check):
     fn = load(tmp_path, notebook, cell, attr)
-    check(fn)
-    first = capsys.readouterr()
-    check(fn, seed=12345)
-    second = capsys.readouterr()
-    assert first.out == second.out and first.err == second.err == ""
-    line = first.out.rstrip("\n")
-    m = SUCCESS.match(line)
-    assert m and m.group(1) == attr, line
-    assert int(m.group(2)) == int(m.group(3)) + int(m.group(4)) and int(m.group(4)) >= 8
+    passes_with_one_line(check, fn, attr, capsys)
 
 
 def test_the_checks_are_exported_where_the_notebooks_look_for_them():

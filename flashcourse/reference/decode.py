@@ -58,7 +58,7 @@ import numpy as np
 
 from .. import formulas
 from ..memory import Memory
-from .flash import FLOAT_BYTES, _check_fits, _finite, _positive_int, fa2_finish, fa2_update
+from .flash import FLOAT_BYTES, _check_fits, _finite, _positive_int, fa2_finish, fa2_update, softmax_scale
 
 __all__ = ["decode_attention", "flash_decoding", "unified_max_decoding", "combine_partials",
            "unified_update", "unified_combine", "out_of_range", "safe_bounds", "split_chunks",
@@ -289,15 +289,7 @@ def _inputs(fn, q, k_cache, v_cache, kv_lens, sm_scale):
         raise ValueError(f"{fn}: q_len = {q_len} query tokens but sequence {int(lens.argmin())} has only "
                          f"kv_len = {int(lens.min())} keys; the queries are the last q_len tokens, so "
                          "q_len <= kv_len")
-    if sm_scale is None:
-        tau = 1.0 / math.sqrt(d)
-    else:
-        try:
-            tau = float(sm_scale)
-        except (TypeError, ValueError):
-            tau = float("nan")
-        if not math.isfinite(tau):
-            raise ValueError(f"{fn}: sm_scale is {sm_scale!r}; expected a finite number (default 1/sqrt(d))")
+    tau = softmax_scale(fn, sm_scale, d)
     q, k, v = (np.asarray(t, dtype=np.float64) for t in (q, k, v))
     return q, k, v, [int(n) for n in lens], tau
 

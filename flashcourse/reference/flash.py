@@ -161,21 +161,31 @@ def fa2_finish(O_i, l_i, m_i, *, flops: dict | None = None):
 
 # -- arguments ----------------------------------------------------------------------------------------
 
+def softmax_scale(fn: str, sm_scale, d: int) -> float:
+    """The softmax scale tau: ``sm_scale`` checked to be a finite number, or 1/sqrt(d) when None.
+
+    Example:
+        >>> softmax_scale("fa2_attention", None, 64)
+        0.125
+    """
+    if sm_scale is None:
+        return 1.0 / math.sqrt(d)
+    try:
+        tau = float(sm_scale)
+    except (TypeError, ValueError):
+        tau = float("nan")
+    if not math.isfinite(tau):
+        raise ValueError(f"{fn}: sm_scale is {sm_scale!r}; expected a finite number (default 1/sqrt(d))")
+    return tau
+
+
 def _inputs(fn, q, k, v, sm_scale):
     q, k, v = _check_qkv(fn, q, k, v)
     if q.shape[-2] == 0 or k.shape[-2] == 0 or q.shape[-1] == 0:
         raise ValueError(f"{fn}: q is {q.shape} and k is {k.shape}; need at least one query, one key "
                          "and a head dim d >= 1")
     d = q.shape[-1]
-    if sm_scale is None:
-        tau = 1.0 / math.sqrt(d)
-    else:
-        try:
-            tau = float(sm_scale)
-        except (TypeError, ValueError):
-            tau = float("nan")
-        if not math.isfinite(tau):
-            raise ValueError(f"{fn}: sm_scale is {sm_scale!r}; expected a finite number (default 1/sqrt(d))")
+    tau = softmax_scale(fn, sm_scale, d)
     return tuple(np.asarray(t, dtype=np.float64) for t in (q, k, v)), tau
 
 
