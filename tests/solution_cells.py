@@ -11,6 +11,7 @@ import sys
 from itertools import count
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from flashcourse.exercises import strip_solutions
@@ -71,3 +72,16 @@ def passes_with_one_line(check, fn, attr: str, capsys) -> None:
     m = SUCCESS.match(line)
     assert m and m.group(1) == attr, line
     assert int(m.group(2)) == int(m.group(3)) + int(m.group(4)) and int(m.group(4)) >= 8
+
+
+def completed(name: str):
+    """Exercise ``name`` with the solution code typed back in where it says # YOUR CODE HERE."""
+    ex = nbformat.read(ROOT / "exercises" / f"{name}.ipynb", as_version=4)
+    sol = nbformat.read(ROOT / "solutions" / f"{name}.ipynb", as_version=4)
+    for e, s in zip(ex.cells, sol.cells):
+        for body in re.findall(r"[ \t]*### BEGIN SOLUTION\n(.*?)[ \t]*### END SOLUTION\n?", s.source, re.S):
+            e.source = re.sub(r"[ \t]*# YOUR CODE HERE\n[ \t]*(raise NotImplementedError\(\)|pass)\n?",
+                              lambda _: body, e.source, count=1)
+    strip = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION\n", re.M)
+    assert [c.source for c in ex.cells] == [strip.sub("", c.source) for c in sol.cells]
+    return ex

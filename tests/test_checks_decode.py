@@ -18,7 +18,7 @@ import flashcourse  # noqa: F401  (before triton: switches on the interpreter wi
 from flashcourse import checks
 from flashcourse.checks import decode as decode_checks
 from flashcourse.grading import grade
-from solution_cells import ROOT, SUCCESS, fails, passes_with_one_line, load, solution_source  # noqa: F401
+from solution_cells import ROOT, SUCCESS, completed, fails, passes_with_one_line, load, solution_source  # noqa: F401
 
 FD, UM = "04_flash_decoding", "05_unified_max"
 
@@ -288,19 +288,6 @@ def test_exercises_hide_the_solutions_and_keep_the_checks(name, checks_expected)
             assert e.source.count("# YOUR CODE HERE\n") == 2 and "NotImplementedError" not in e.source
     canonical = json.loads((ROOT / "flashcourse" / "exercise_checks.json").read_text())[name]
     assert [c["name"] for c in canonical] == checks_expected
-
-
-def completed(name: str):
-    """The exercise with the solution code typed back in where it says # YOUR CODE HERE."""
-    ex = nbformat.read(ROOT / "exercises" / f"{name}.ipynb", as_version=4)
-    sol = nbformat.read(ROOT / "solutions" / f"{name}.ipynb", as_version=4)
-    for e, s in zip(ex.cells, sol.cells):
-        for body in re.findall(r"[ \t]*### BEGIN SOLUTION\n(.*?)[ \t]*### END SOLUTION\n?", s.source, re.S):
-            e.source = re.sub(r"[ \t]*# YOUR CODE HERE\n[ \t]*(raise NotImplementedError\(\)|pass)\n?",
-                              lambda _: body, e.source, count=1)
-    strip = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION\n", re.M)
-    assert [c.source for c in ex.cells] == [strip.sub("", c.source) for c in sol.cells]
-    return ex
 
 
 @pytest.fixture(scope="module")
