@@ -166,6 +166,21 @@ def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()
 
 
+def _expect_dot_operands(fn: str, dtypes, **tensors) -> None:
+    """Operands of a ``tl.dot``: one dtype among ``dtypes`` (no bf16 in the interpreter), all on the
+    backend's device. The first tensor names the dtype in errors."""
+    (first, x0), = list(tensors.items())[:1]
+    expect_same(fn, "dtype", **tensors)
+    expect_dtype(fn, first, x0, dtypes)
+    if x0.dtype == torch.bfloat16 and backend.INTERPRET:
+        raise TypeError(f"{fn}: {first} has dtype torch.bfloat16, which Triton's interpreter (no GPU here) "
+                        "multiplies wrongly in tl.dot; use float16 here (bfloat16 works on a GPU of "
+                        "sm_80 or newer)")
+    for name, x in tensors.items():
+        expect_on_backend(fn, name, x)
+    expect_same(fn, "device", **tensors)
+
+
 def expect_qkv(fn: str, q, k, v, head_dims=(16, 32, 64, 128), dtypes=ATTENTION_DTYPES):
     """Check attention inputs q (B, H, N_q, d), k and v (B, H, N_k, d); return them ready to launch.
 
@@ -203,15 +218,7 @@ def expect_qkv(fn: str, q, k, v, head_dims=(16, 32, 64, 128), dtypes=ATTENTION_D
     if d not in head_dims:
         raise ValueError(f"{fn}: q is {tuple(q.shape)} but head dim {d} is not one of "
                          + ", ".join(str(h) for h in head_dims))
-    expect_same(fn, "dtype", q=q, k=k, v=v)
-    expect_dtype(fn, "q", q, dtypes)
-    if q.dtype == torch.bfloat16 and backend.INTERPRET:
-        raise TypeError(f"{fn}: q has dtype torch.bfloat16, which Triton's interpreter (no GPU here) "
-                        "multiplies wrongly in tl.dot; use float16 here (bfloat16 works on a GPU of "
-                        "sm_80 or newer)")
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        expect_on_backend(fn, name, x)
-    expect_same(fn, "device", q=q, k=k, v=v)
+    _expect_dot_operands(fn, dtypes, q=q, k=k, v=v)
     return _unit_last_stride(q), _unit_last_stride(k), _unit_last_stride(v)
 
 
@@ -291,15 +298,7 @@ def expect_decode(fn: str, q, k_cache, v_cache, kv_lens=None, head_dims=(64, 128
                          + ", ".join(str(h) for h in head_dims))
     if L < 1:
         raise ValueError(f"{fn}: k_cache is {tuple(k_cache.shape)}; expected at least one cached key (L >= 1)")
-    expect_same(fn, "dtype", q=q, k_cache=k_cache, v_cache=v_cache)
-    expect_dtype(fn, "q", q, dtypes)
-    if q.dtype == torch.bfloat16 and backend.INTERPRET:
-        raise TypeError(f"{fn}: q has dtype torch.bfloat16, which Triton's interpreter (no GPU here) "
-                        "multiplies wrongly in tl.dot; use float16 here (bfloat16 works on a GPU of "
-                        "sm_80 or newer)")
-    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        expect_on_backend(fn, name, x)
-    expect_same(fn, "device", q=q, k_cache=k_cache, v_cache=v_cache)
+    _expect_dot_operands(fn, dtypes, q=q, k_cache=k_cache, v_cache=v_cache)
     lens = None
     if kv_lens is not None:
         expect_tensor(fn, "kv_lens", kv_lens)
