@@ -16,7 +16,11 @@ __all__ = ["SOFTMAX_PASSES", "softmax_accesses", "standard_attention_accesses",
            "fa1_traffic", "fa1_accesses", "fa1_accesses_seeds", "flash_accesses_asymptote",
            "fa2_traffic", "fa2_accesses", "FLOP_KINDS", "fa1_nonmatmul_flops", "fa2_nonmatmul_flops",
            "decode_chunks", "decode_traffic", "decode_accesses", "decode_bytes", "flash_decoding_traffic",
-           "flash_decoding_accesses", "unified_max_traffic", "unified_max_accesses", "wave_efficiency"]
+           "flash_decoding_accesses", "unified_max_traffic", "unified_max_accesses", "decode_nonmatmul_flops",
+           "wave_efficiency",
+           "padded_rows", "flat_gemm_traffic", "flat_gemm_accesses", "flat_gemm_accesses_seeds",
+           "flat_gemm_ratio", "flat_gemm_parallelism", "flat_gemm_flops", "flat_gemm_sram_elements",
+           "pipeline_time"]
 
 #: Passes over the input (reads) and the output (writes) of each softmax algorithm.
 SOFTMAX_PASSES = {
@@ -555,6 +559,99 @@ def unified_max_accesses(batch: int, heads_q: int, heads_kv: int, kv_lens, d: in
     return sum(unified_max_traffic(batch, heads_q, heads_kv, kv_lens, d, num_splits, q_len, fallback).values())
 
 
+def decode_nonmatmul_flops(variant: str, batch: int, heads_q: int, heads_kv: int, kv_lens, d: int,
+                           num_splits: int = 1, q_len: int = 1, block_n: int = 32, fallback=None,
+                           by_kind: bool = False):
+    """Non-matmul FLOPs of the decode references (``flops=`` of ``flashcourse.reference.decode``).
+
+    ``variant``: ``"decode"`` (decode_attention), ``"flash_decoding"`` or ``"unified_max"``. Counted as
+    :func:`fa2_nonmatmul_flops` counts: a program with r = (H_q / H_kv) q_len rows folds each block
+    of c <= ``block_n`` keys (T blocks for n keys; masked scores count too):
+
+    ====================  =========================================================================
+    FA2 block (decode,    ``tau Q_i K_j^T``: r c mul; max r c + r; ``S - m``: r c add, exp r c;
+    Flash-Decoding)       ``m_old - m_new``: r add, r exp; rescale ``e^.. l_i``: r mul, ``+ rowsum``:
+                          r c + r add; rescale ``e^.. O_i``: r d mul, ``+ P V``: r d add
+    FA2 finish            per program (decode) or non-empty chunk: r d div, r log, r add
+    combine (per head,    ``m = max lse_s``: S q_len max; ``w = e^(lse_s - m)``: S q_len add and exp;
+    Flash-Decoding)       ``sum w``: S q_len add; ``m + log``: q_len log and add; ``w o_s``: S q_len d
+                          mul, their sum S q_len d add; ``/ sum w``: q_len d div
+    unified block         ``tau Q_i K_j^T``: r c mul; ``S - phi``: r c add, exp r c; ``+ rowsum``:
+                          r c + r add; ``+ P V``: r d add; the chunk's max (watched, never used to
+                          rescale): r c + r max
+    unified detection     per non-empty chunk: ``m_i - phi``: r add, two comparisons: 2 r max
+    unified combine       per head not fallen back: S q_len (d + 1) add, q_len d div
+    ====================  =========================================================================
+
+    ``fallback`` (unified max only): a (batch, heads_q) boolean array of the heads recomputed with
+    Flash-Decoding (one query head per program: r = q_len), as :func:`unified_max_traffic`.
+
+    The rescales that unified max removes are the ``mul`` beyond the r c scaling of the scores: in
+    Flash-Decoding ``H_q q_len (d + 1) sum_chunks T`` in the chunks plus ``B H_q S q_len d`` in the
+    combine; in unified max none (fallen-back heads aside).
+
+    Example:
+        >>> fd = decode_nonmatmul_flops("flash_decoding", 1, 8, 2, 4096, 128, num_splits=4, by_kind=True)
+        >>> um = decode_nonmatmul_flops("unified_max", 1, 8, 2, 4096, 128, num_splits=4, by_kind=True)
+        >>> fd["mul"] - um["mul"] == 8 * (128 + 1) * 4 * 32 + 8 * 4 * 128      # the rescales
+        True
+        >>> decode_nonmatmul_flops("decode", 1, 1, 1, 100, 64, block_n=32) == fa2_nonmatmul_flops(1, 64, 1, 32, N_k=100)
+        True
+    """
+    fn = "decode_nonmatmul_flops"
+    if variant not in ("decode", "flash_decoding", "unified_max"):
+        raise ValueError(f"{fn}: variant must be 'decode', 'flash_decoding' or 'unified_max', got {variant!r}")
+    _positive(fn, batch=batch, heads_q=heads_q, heads_kv=heads_kv, d=d, num_splits=num_splits, q_len=q_len,
+              block_n=block_n)
+    lens = _kv_lens(fn, batch, kv_lens)
+    S, rows = num_splits, heads_q * q_len         # rows of one sequence, over all its programs
+    c = dict.fromkeys(FLOP_KINDS, 0)
+
+    def count(**kinds):
+        for kind, n in kinds.items():
+            c[kind] += n
+
+    def fa2(r, n):                                # FA2 over n keys, then its finish
+        T = _ceil_div(n, block_n)
+        count(mul=r * (n + T * (1 + d)), add=r * (2 * n + T * (2 + d) + 1), max=r * (n + T),
+              exp=r * (n + T), div=r * d, log=r)
+
+    def combine(heads):                           # the log-sum-exp combine of S partials per head
+        r = heads * q_len
+        count(max=S * r, add=r * (2 * S + 1 + S * d), exp=S * r, log=r, mul=S * r * d, div=r * d)
+
+    def chunks(n):                                # key counts of the non-empty chunks
+        size = _ceil_div(n, S)
+        return [min(size, n - i * size) for i in range(decode_chunks(n, S))]
+
+    if variant == "decode":
+        for n in lens:
+            fa2(rows, n)
+    elif variant == "flash_decoding":
+        for n in lens:
+            for n_s in chunks(n):
+                fa2(rows, n_s)
+        combine(batch * heads_q)
+    else:
+        for n in lens:
+            for n_s in chunks(n):
+                T = _ceil_div(n_s, block_n)
+                count(mul=rows * n_s, add=rows * (2 * n_s + T * (1 + d) + 1), exp=rows * n_s,
+                      max=rows * (n_s + T + 2))
+        flags = [[False] * heads_q for _ in range(batch)] if fallback is None else \
+            [[bool(x) for x in row] for row in fallback]
+        if len(flags) != batch or any(len(row) != heads_q for row in flags):
+            raise ValueError(f"{fn}: fallback must be a ({batch}, {heads_q}) array of booleans")
+        n_fb = sum(map(sum, flags))
+        count(add=(batch * heads_q - n_fb) * S * q_len * (d + 1), div=(batch * heads_q - n_fb) * q_len * d)
+        for n, row in zip(lens, flags):
+            for _ in range(sum(row)):
+                for n_s in chunks(n):
+                    fa2(q_len, n_s)
+        combine(n_fb)
+    return _by_kind(c, 1, by_kind)
+
+
 def wave_efficiency(programs, num_sms: int):
     """The fraction of SM slots a grid of ``programs`` equal programs keeps busy: ``P / (ceil(P / SMs) SMs)``.
 
@@ -572,3 +669,160 @@ def wave_efficiency(programs, num_sms: int):
         raise ValueError(f"wave_efficiency: programs must be positive, got {programs!r}")
     eff = p / (-(-p // num_sms) * num_sms)
     return float(eff) if eff.ndim == 0 else eff
+
+
+# -- Chapter 6: flat GEMM (FlashDecoding++) -------------------------------------------------------
+#
+# Y = X W with X of [M, K] (M: the batch of tokens being decoded, small) and W of [K, N] (a weight).
+# The counted reference (flashcourse.reference.gemm) runs one program per N-tile of B_N columns;
+# each program walks the K-tiles of B_K, loading the X tile (M rows, padded on chip to pad(M) rows of
+# zeros) and the W tile (B_K x B_N), and writes its [M, B_N] tile of Y once. The last tiles of a
+# ragged K or N are short. Padded rows are made on chip: they cost FLOPs and SRAM, never HBM reads.
+
+def padded_rows(M: int, pad_m: int) -> int:
+    """M rounded up to a multiple of ``pad_m``: the rows a tensor-core tile really multiplies.
+
+    Example:
+        >>> padded_rows(3, 8), padded_rows(9, 8), padded_rows(3, 64)
+        (8, 16, 64)
+    """
+    _positive("padded_rows", M=M, pad_m=pad_m)
+    return _ceil_div(M, pad_m) * pad_m
+
+
+def flat_gemm_traffic(M: int, K: int, N: int, block_n: int, block_k: int) -> dict[tuple[str, str], int]:
+    """HBM element accesses of the tiled flat GEMM, by ``(tensor, direction)`` as ``Memory.totals("elements")``.
+
+    With T_N = ceil(N / B_N) programs (N-tiles):
+
+    * X read T_N M K: every program streams all of X (M rows only: the padding is made on chip);
+    * W read K N: each W tile belongs to one program and is read once;
+    * Y written M N: each program writes its [M, B_N] tile once.
+
+    B_K cancels: smaller K-tiles mean more, smaller loads of the same data. When B_N divides N this
+    is the seeds' ``(M B_K + B_N B_K) N K / (B_N B_K) + M N`` (:func:`flat_gemm_accesses_seeds`).
+
+    Example:
+        >>> flat_gemm_traffic(M=4, K=100, N=300, block_n=128, block_k=64)     # T_N = 3
+        {('X', 'read'): 1200, ('W', 'read'): 30000, ('Y', 'write'): 1200}
+    """
+    _positive("flat_gemm_traffic", M=M, K=K, N=N, block_n=block_n, block_k=block_k)
+    return {("X", "read"): _ceil_div(N, block_n) * M * K, ("W", "read"): K * N, ("Y", "write"): M * N}
+
+
+def flat_gemm_accesses(M: int, K: int, N: int, block_n: int, block_k: int) -> int:
+    """HBM element accesses of the flat GEMM: ``ceil(N / B_N) M K + K N + M N``.
+
+    Example:
+        >>> flat_gemm_accesses(M=8, K=4096, N=4096, block_n=64, block_k=64)
+        18907136
+    """
+    return sum(flat_gemm_traffic(M, K, N, block_n, block_k).values())
+
+
+def flat_gemm_accesses_seeds(M: int, K: int, N: int, block_n: int, block_k: int) -> float:
+    """The seeds' count: ``(M B_K + B_N B_K) B + M N`` with ``B = N K / (B_N B_K)`` GEMM tiles.
+
+    Equal to :func:`flat_gemm_accesses` when B_N divides N; with a ragged N the count is larger,
+    as the last program still reads all of X.
+
+    Example:
+        >>> flat_gemm_accesses_seeds(M=8, K=4096, N=4096, block_n=64, block_k=64)
+        18907136.0
+        >>> flat_gemm_accesses_seeds(8, 4096, 4000, 64, 64) < flat_gemm_accesses(8, 4096, 4000, 64, 64)
+        True
+    """
+    tile_accesses = M * block_k + block_n * block_k
+    return tile_accesses * N * K / (block_n * block_k) + M * N      # B = N K / (B_N B_K), one division
+
+
+def flat_gemm_ratio(M: int, K: int, N: int, block_n):
+    """FlashDecoding++'s compute/memory ratio: ``2 M K / (K + M K / B_N + M)`` FLOPs per element moved.
+
+    ``2 M B_N B_K`` FLOPs per GEMM tile over the accesses of :func:`flat_gemm_accesses_seeds`; N
+    cancels (it is an argument so that the call reads like the problem). The ratio grows with B_N
+    towards ``2 M K / (K + M)``: bigger N-tiles re-read X fewer times. ``block_n`` may be an array.
+
+    Example:
+        >>> [round(flat_gemm_ratio(M=8, K=4096, N=4096, block_n=b), 2) for b in (16, 64, 256)]
+        [10.65, 14.2, 15.49]
+    """
+    _positive("flat_gemm_ratio", M=M, K=K, N=N)
+    import numpy as np
+    b = np.asarray(block_n)
+    if np.any(b <= 0):
+        raise ValueError(f"flat_gemm_ratio: block_n must be positive, got {block_n!r}")
+    ratio = 2 * M * K / (K + M * K / b + M)
+    return float(ratio) if ratio.ndim == 0 else ratio
+
+
+def flat_gemm_parallelism(N: int, block_n):
+    """How many programs (N-tiles) the flat GEMM launches: ``ceil(N / B_N)``; ``block_n`` may be an array.
+
+    Fewer programs than SMs leave SMs idle (:func:`wave_efficiency`): the ratio wants a large B_N,
+    the parallelism a small one.
+
+    Example:
+        >>> flat_gemm_parallelism(N=4096, block_n=32), wave_efficiency(flat_gemm_parallelism(4096, 32), 132)
+        (128, 0.9696969696969697)
+    """
+    _positive("flat_gemm_parallelism", N=N)
+    import numpy as np
+    b = np.asarray(block_n)
+    if np.any(b < 1):
+        raise ValueError(f"flat_gemm_parallelism: block_n must be positive, got {block_n!r}")
+    p = -(-N // b)
+    return int(p) if p.ndim == 0 else p
+
+
+def flat_gemm_flops(M: int, K: int, N: int, pad_m: int = 1) -> dict[str, int]:
+    """Useful and executed FLOPs of the flat GEMM: ``2 M K N`` and ``2 pad(M) K N``.
+
+    Tensor cores multiply whole tiles of ``pad_m`` rows (:func:`padded_rows`), so the padded rows of
+    zeros cost as much as real ones. cuBLAS-style padding to 64 at M = 8 executes 8 times the useful
+    work; FlashDecoding++ pads to 8. ``pad_m=1``: no padding.
+
+    Example:
+        >>> flat_gemm_flops(M=8, K=4096, N=4096, pad_m=64)
+        {'useful': 268435456, 'executed': 2147483648}
+    """
+    _positive("flat_gemm_flops", M=M, K=K, N=N, pad_m=pad_m)
+    return {"useful": 2 * M * K * N, "executed": 2 * padded_rows(M, pad_m) * K * N}
+
+
+def flat_gemm_sram_elements(M: int, K: int, N: int, block_n: int, block_k: int, pad_m: int,
+                            buffers: int = 1) -> int:
+    """Peak elements on chip in the counted flat GEMM: ``buffers`` tiles of X and W plus the accumulator.
+
+    One tile is the padded X tile (pad(M) B_K) and the W tile (B_K B_N); the accumulator is
+    pad(M) B_N. With ``buffers=2`` (double buffering) the tiles of steps k and k+1 are on chip
+    together, so the tiles take twice the room. Exact for ragged shapes: B_N is clipped to N, and the
+    tiles counted are the first ``buffers`` K-tiles (the largest).
+
+    Example:
+        >>> [flat_gemm_sram_elements(8, 4096, 4096, 64, 64, pad_m=8, buffers=b) for b in (1, 2)]
+        [5120, 9728]
+        >>> 8 * 64 + 64 * 64 + 8 * 64                  # X tile + W tile + accumulator
+        5120
+    """
+    _positive("flat_gemm_sram_elements", M=M, K=K, N=N, block_n=block_n, block_k=block_k, pad_m=pad_m,
+              buffers=buffers)
+    Mp, B_N = padded_rows(M, pad_m), min(block_n, N)
+    k_tiles = [min(block_k, K - s) for s in range(0, K, block_k)][:buffers]
+    return sum((Mp + B_N) * b for b in k_tiles) + Mp * B_N
+
+
+def pipeline_time(load: float, compute: float, tiles: int, double_buffer: bool = False) -> float:
+    """Time of ``tiles`` steps that each load a tile and then compute on it.
+
+    Single buffer: ``tiles (load + compute)``. Double buffer, the load of tile k+1 overlapping the
+    compute of tile k: ``load + (tiles - 1) max(load, compute) + compute``.
+
+    Example:
+        >>> pipeline_time(3, 2, tiles=4), pipeline_time(3, 2, tiles=4, double_buffer=True)
+        (20, 14)
+    """
+    _positive("pipeline_time", tiles=tiles)
+    if double_buffer:
+        return load + (tiles - 1) * max(load, compute) + compute
+    return tiles * (load + compute)

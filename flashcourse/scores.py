@@ -2,22 +2,26 @@
 
 FlashDecoding++ computes every chunk's partial softmax as ``exp(x - phi)`` with one scalar ``phi``
 chosen ahead of time, instead of each chunk's own running max. That is exact as long as
-``x - phi`` stays in a safe window ``[a, b]``: above ``b`` the exponential overflows, and when a
-row's *largest* score sits below ``phi + a`` every ``exp(x - phi)`` of the row has underflowed (or
-lost its precision) and the sum is worthless. Such a row (in decoding: a head) is recomputed the
-synchronised way. The course's rule, used everywhere here:
+``x - phi`` stays in a safe window ``[a, b]``; a row (in decoding: a head) that leaves it is
+recomputed the synchronised way. The course has one rule for when, stated and implemented once in
+:mod:`flashcourse.reference.decode` (:func:`~flashcourse.reference.decode.needs_fallback`), and used
+here on whole rows of scores (``rule="max"``, the default):
 
-    rule="max":  a row needs the fallback  <=>  max(x_row) - phi > b   or   max(x_row) - phi < a
+    a row needs the fallback  <=>  max(x_row) - phi > b   or   max(x_row) - phi < a
 
-so the fallback rate depends only on the distribution of *row maxima*. A score far below the row's
-max that underflows is harmless: its true weight ``e^(x - max)`` was below the format's precision
-anyway. FlashDecoding++'s literal check, which :func:`flashcourse.reference.decode.out_of_range`
-implements, is stricter on that side:
+so the fallback rate depends only on the distribution of *row maxima*. (The reference and the kernel
+apply the same rule to each chunk of a row, with the chunk's max.) For comparison only,
+``rule="any"`` is FlashDecoding++'s literal check, the same function applied to every score on its
+own: some ``x - phi > b`` or some ``x - phi < a``. It is stricter on the underflow side, where one
+score far below its row's max is harmless (the module docstring of :mod:`flashcourse.reference.decode`
+says why). :func:`fallback_rate` and :func:`choose_phi` take either (``rule=``); the shipped
+statistics carry the row maxima and row minima, and the exactly counted curves of both rules.
 
-    rule="any":  a row needs the fallback  <=>  some x - phi > b   or   some x - phi < a
-
-:func:`fallback_rate` and :func:`choose_phi` take either (``rule=``); the shipped statistics carry
-the row maxima and row minima, and the exactly counted curves of both rules.
+The windows :data:`FP16_BOUNDS` and :data:`FP32_BOUNDS` come from
+:func:`~flashcourse.reference.decode.safe_bounds` with a single term and subnormals kept
+(``max_keys=1, max_abs_v=1, flush_to_zero=False``): the plain range of each format, where the MiniLM
+statistics are read. The reference and the kernel use
+:data:`~flashcourse.reference.decode.DEFAULT_BOUNDS`: float32 sums of up to 2^31 fp16 values on a GPU.
 
 Real statistics come from MiniLM-L6 (``all-MiniLM-L6-v2``, 6 layers x 12 heads, head dim 32),
 computed once on the CPU from :data:`MINILM_TEXTS` by ``tools/make_minilm_scores.py`` and shipped as
@@ -51,6 +55,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .reference.decode import needs_fallback, out_of_range, safe_bounds
+
 __all__ = ["FORMAT", "FP16_BOUNDS", "FP32_BOUNDS", "QUANTILES", "SCORE_BIN", "ROW_MAX_BIN", "PHI_GRID",
            "MINILM_PACKAGE", "MINILM_TEXTS", "PhiChoice", "shipped_minilm_scores", "minilm_available",
            "compute_minilm_scores", "synthetic_scores", "summarize", "merge_histograms", "fallback_rate",
@@ -58,11 +64,11 @@ __all__ = ["FORMAT", "FP16_BOUNDS", "FP32_BOUNDS", "QUANTILES", "SCORE_BIN", "RO
 
 #: Written into the shipped JSON, so a later format can still read old files.
 FORMAT = "flashcourse-scores/1"
-#: fp16's safe window for ``x - phi``: ``exp`` stays below fp16's max (65504, ln = 11.09) and the
-#: row's largest ``exp(x - phi)`` stays a normal fp16 number (>= 2**-14, ln = -9.70).
-FP16_BOUNDS = (math.log(2.0 ** -14), math.log(65504.0))
+#: fp16's safe window for ``x - phi``, one term: ``exp`` stays below fp16's max (65504, ln = 11.09) and
+#: the row's largest ``exp(x - phi)`` stays a normal fp16 number (>= 2**-14, ln = -9.70).
+FP16_BOUNDS = safe_bounds(np.float16, max_keys=1, max_abs_v=1, flush_to_zero=False)
 #: The same for fp32: max 3.4e38 (ln = 88.72), smallest normal 2**-126 (ln = -87.34).
-FP32_BOUNDS = (math.log(2.0 ** -126), math.log(float(np.finfo(np.float32).max)))
+FP32_BOUNDS = safe_bounds(np.float32, max_keys=1, max_abs_v=1, flush_to_zero=False)
 #: Quantiles (as fractions) kept for every layer/head.
 QUANTILES = (0.001, 0.01, 0.5, 0.99, 0.999)
 #: Bin widths of the shipped histograms: all scores, and row maxima (finer: φ is read from it).
@@ -323,9 +329,10 @@ def fallback_rate(scores_or_stats, phi: float, bounds=FP16_BOUNDS, side: str = "
                   rule: str = "max") -> float:
     """The fraction of rows that need the synchronised fallback at this ``phi``.
 
-    With ``rule="max"`` a row needs it when its max is above ``phi + b`` (``exp`` overflows: φ too
-    small) or below ``phi + a`` (the whole row underflows: φ too large); with ``rule="any"``
-    (FlashDecoding++'s literal check) the underflow side is any score below ``phi + a``.
+    With ``rule="max"`` (the course's rule, :func:`~flashcourse.reference.decode.needs_fallback` on
+    the row max) a row needs it when its max is above ``phi + b`` (``exp`` overflows: φ too small) or
+    below ``phi + a`` (the whole row underflows: φ too large); with ``rule="any"`` (FlashDecoding++'s
+    literal check, for comparison) the underflow side is any score below ``phi + a``.
     ``side="overflow"`` or ``"underflow"`` counts one side. ``scores_or_stats`` is a 2-D array of
     scores (one row per query: counted exactly) or statistics (:func:`summarize`,
     :func:`shipped_minilm_scores`: read from the row-max and row-min histograms, exact to within
@@ -356,11 +363,9 @@ def fallback_rate(scores_or_stats, phi: float, bounds=FP16_BOUNDS, side: str = "
         x = np.asarray(scores_or_stats, dtype=np.float64)
         if x.ndim < 1 or x.size == 0:
             raise ValueError(f"fallback_rate: scores must be rows of scores, got shape {x.shape}")
-        m = x.max(axis=-1)
-        lo = m if rule == "max" else x.min(axis=-1)
-        over_rows, under_rows = m - phi > b, lo - phi < a
-        over, under = float(np.mean(over_rows)), float(np.mean(under_rows))
-        both = float(np.mean(over_rows | under_rows))
+        # the rule of reference.decode on every row; one side alone: the other bound switched off
+        window = {"both": (a, b), "overflow": (-math.inf, b), "underflow": (a, math.inf)}[side]
+        return float(np.mean(out_of_range(x, phi, window, rule=rule)))
     return {"both": both, "overflow": over, "underflow": under}[side]
 
 
@@ -613,13 +618,14 @@ def compute_minilm_scores(texts=MINILM_TEXTS, phi_grid=PHI_GRID, max_length: int
                "rows_any_below": [], "rows_fallback_any": []}
         n = all_scores.size
         for phi in phi_grid:
-            cur["rows_overflow"].append(round(float(np.mean(all_max - phi > b)), 6))
-            cur["rows_underflow"].append(round(float(np.mean(all_max - phi < a)), 6))
-            cur["rows_any_below"].append(round(float(np.mean(all_min - phi < a)), 6))
-            cur["rows_fallback_any"].append(round(float(np.mean((all_max - phi > b) | (all_min - phi < a))), 6))
+            cur["rows_overflow"].append(round(float(np.mean(needs_fallback(all_max, phi, (-math.inf, b)))), 6))
+            cur["rows_underflow"].append(round(float(np.mean(needs_fallback(all_max, phi, (a, math.inf)))), 6))
+            cur["rows_any_below"].append(round(float(np.mean(needs_fallback(all_min, phi, (a, math.inf)))), 6))
+            cur["rows_fallback_any"].append(round(float(np.mean(needs_fallback(all_max, phi, (-math.inf, b))
+                                                                | needs_fallback(all_min, phi, (a, math.inf)))), 6))
             cur["scores_above"].append(round(float(n - np.searchsorted(all_scores, phi + b, "right")) / n, 8))
             cur["scores_below"].append(round(float(np.searchsorted(all_scores, phi + a, "left")) / n, 8))
-            out = [[(m - phi > b) | (m - phi < a) for m in lm] for lm in row_max]   # [layer][head] -> rows
+            out = [[needs_fallback(m, phi, (a, b)) for m in lm] for lm in row_max]   # [layer][head] -> rows
             cur["heads_with_fallback"].append(sum(bool(o.any()) for lo in out for o in lo))
             for l in range(L):
                 cur["layer_rows_fallback"][l].append(round(float(np.concatenate(out[l]).mean()), 6))

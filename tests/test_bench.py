@@ -392,3 +392,11 @@ def test_shipped_says_what_is_there():
     with pytest.raises(FileNotFoundError, match="no shipped results for suite 'nope' on 'h100'; shipped on 'h100': .*memory"):
         bench.shipped("nope")
     assert "memory" in bench.shipped_suites()
+
+
+def test_shipped_flush_variants():
+    with pytest.raises(ValueError, match="shipped: flush must be 'write' or 'read', got 'dirty'"):
+        bench.shipped("memory", flush="dirty")
+    with pytest.raises(FileNotFoundError, match="no shipped results for suite 'memory'"):
+        bench.shipped("memory", flush="read")          # only the streaming suites were timed both ways
+    assert "read-flush" not in bench.shipped_suites()

@@ -210,22 +210,29 @@ def test_split_kv_kernel_tolerance_is_well_above_the_solution_error(tmp_path, mo
 # ---------------------------------------------------------------------------------------------
 # chapter 5: the unified maximum's partials and overflow detection
 
-DETECT = "overflow = bool(np.any((t < a) | (t > b)))"
+DETECT = "overflow = bool(t.max() > b or t.max() < a)"
 
 
 @pytest.mark.parametrize("old, new, expected", [
     # a detection that never fires
     (DETECT, "overflow = False", ("shown case 3 of 6 (one score above b)", "got overflow = False, expected True")),
     # the wrong sign of a bound: -a = 60, so it fires on almost every chunk
-    ("(t < a)", "(t < -a)", ("shown case 1 of 6 (scores inside the window", "got overflow = True",
-                             "must not be flagged")),
+    ("t.max() < a", "t.max() < -a", ("shown case 1 of 6 (scores inside the window", "got overflow = True",
+                                     "must not be flagged")),
     # the wrong sign of the other bound: t > -b fires on almost every chunk too
-    ("(t > b)", "(t > -b)", ("shown case 1 of 6", "got overflow = True")),
-    # only the upper bound: misses logits far below phi
-    (DETECT, "overflow = bool(np.any(t > b))", ("shown case 4 of 6 (one score below a)", "below a")),
+    ("t.max() > b", "t.max() > -b", ("shown case 1 of 6", "got overflow = True")),
+    # only the upper bound: misses a phi so large that every logit underflows
+    (DETECT, "overflow = bool(t.max() > b)", ("shown case 6 of 6 (adversarial: every score underflows",
+                                              "got overflow = False, expected True", "below a")),
     # tests x itself, not x - phi
-    ("(t < a) | (t > b)", "(x < a) | (x > b)", ("shown case 2 of 6 (scores close to the bounds, inside)",
-                                               "got overflow = True")),
+    ("t.max() > b or t.max() < a", "x.max() > b or x.max() < a",
+     ("shown case 2 of 6 (scores close to the bounds, inside)", "got overflow = True")),
+    # FlashDecoding++'s literal check (any x - phi outside): a false alarm on a harmless low score
+    (DETECT, "overflow = bool(np.any((t < a) | (t > b)))",
+     ("shown case 4 of 6 (one score below a, next to a safe max)", "got overflow = True", "does not count")),
+    # the smallest x - phi where the largest belongs
+    (DETECT, "overflow = bool(t.min() > b or t.min() < a)", ("shown case 3 of 6 (one score above b)",
+                                                            "got overflow = False, expected True")),
     # adds up e^x instead of e^(x - phi)
     ("e = np.exp(t)", "e = np.exp(x)", ("shown case 1 of 6", "first wrong element: l")),
 ])

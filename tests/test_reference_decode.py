@@ -16,6 +16,7 @@ from flashcourse.reference import (attention_float64, combine_partials, decode_a
                                    num_splits_for, out_of_range, safe_bounds, split_chunks, splits_efficiency,
                                    unified_combine, unified_max_decoding, unified_update)
 from flashcourse.reference import decode
+from flashcourse.reference.decode import needs_fallback
 
 KINDS = ("MHA", "GQA", "MQA")
 
@@ -47,6 +48,12 @@ def assert_traffic(mem, expected, seed, what):
 
 
 def assert_fallback(stats, expected, seed, what):
+    """``expected``: (B, H_q) heads, or (B, H_q, S) chunks (then the heads are those with a flagged chunk)."""
+    if expected.ndim == 3:
+        assert np.array_equal(stats["chunk_flags"], expected), \
+            f"{what}: chunks flagged {np.argwhere(stats['chunk_flags']).tolist()}, expected " \
+            f"{np.argwhere(expected).tolist()} (seed {seed})"
+        expected = expected.any(axis=2)
     got = stats["fallback"]
     assert np.array_equal(got, expected) and stats["fallbacks"] == int(expected.sum()), \
         f"{what}: fell back on {np.argwhere(got).tolist()}, expected {np.argwhere(expected).tolist()} (seed {seed})"
@@ -79,19 +86,25 @@ def heads_of(q, k):
     return q.shape[0], q.shape[1], k.shape[1], q.shape[3], q.shape[2]     # B, H_q, H_kv, d, q_len
 
 
-def brute_flags(q, k, lens, phi, bounds, sm_scale=None):
-    """(B, H_q): does any visible score of that head have x - phi outside [a, b]?"""
+def brute_flags(q, k, lens, phi, bounds, S, sm_scale=None):
+    """(B, H_q, S): the fallback rule, written out: is the largest visible x - phi of a chunk (for some
+    query token of that head) above b or below a? A token that sees no key of the chunk raises nothing."""
     B, H_q, q_len, d = q.shape
     G = H_q // k.shape[1]
     tau = 1 / math.sqrt(d) if sm_scale is None else sm_scale
     phi = np.broadcast_to(phi, (H_q,))
-    flags = np.zeros((B, H_q), dtype=bool)
+    flags = np.zeros((B, H_q, S), dtype=bool)
     for b in range(B):
         n = lens[b]
+        c = -(-n // S)
         for h in range(H_q):
-            x = tau * q[b, h] @ k[b, h // G, :n].T - phi[h]
-            visible = np.arange(n)[None, :] <= n - q_len + np.arange(q_len)[:, None]
-            flags[b, h] = bool(np.any(visible & ((x < bounds[0]) | (x > bounds[1]))))
+            x = tau * q[b, h] @ k[b, h // G, :n].T - phi[h]                   # (q_len, n)
+            for t in range(q_len):
+                seen = x[t, :n - q_len + t + 1]                                # causal: keys j <= n - q_len + t
+                for s in range(S):
+                    chunk = seen[s * c:(s + 1) * c]
+                    if chunk.size:
+                        flags[b, h, s] |= not bounds[0] <= chunk.max() <= bounds[1]
     return flags
 
 
@@ -208,7 +221,8 @@ def test_unified_max_falls_back_on_a_huge_score_and_stays_exact(seed, kind):
     S = int(rng.integers(1, k.shape[2] + 5))
     mem = Memory(dtype_bytes=2)
     out, stats = unified_max_decoding(q, k, v, 0.0, kv_lens=lens, num_splits=S, memory=mem, return_stats=True)
-    assert_fallback(stats, expected | brute_flags(q, k, lens, 0.0, decode.DEFAULT_BOUNDS), seed, kind)
+    assert_fallback(stats, brute_flags(q, k, lens, 0.0, decode.DEFAULT_BOUNDS, S), seed, kind)
+    assert not np.any(expected & ~stats["fallback"]), f"a huge score did not fall back (seed {seed})"
     assert stats["fallbacks"] >= 1
     assert_matches_float64(out, q, k, v, lens, None, seed, f"unified_max_decoding with fallback {kind}")
     B, H_q, H_kv, d, q_len = heads_of(q, k)
@@ -233,7 +247,7 @@ def test_a_phi_too_large_or_too_small_falls_back_and_the_count_is_right(seed):
     phi = rng.normal(size=H_q)
     bounds = tuple(sorted(rng.uniform(-3, 3, size=2)))
     out, stats = unified_max_decoding(q, k, v, phi, bounds=bounds, kv_lens=lens, num_splits=3, return_stats=True)
-    assert_fallback(stats, brute_flags(q, k, lens, phi, bounds), seed, f"bounds {bounds}")
+    assert_fallback(stats, brute_flags(q, k, lens, phi, bounds, 3), seed, f"bounds {bounds}")
     assert_matches_float64(out, q, k, v, lens, None, seed, f"unified max with bounds {bounds}")
     # phi between the bounds and every score: nothing falls back
     _, stats = unified_max_decoding(q, k, v, 0.0, bounds=(-1e9, 1e9), kv_lens=lens, num_splits=3, return_stats=True)
@@ -241,18 +255,64 @@ def test_a_phi_too_large_or_too_small_falls_back_and_the_count_is_right(seed):
 
 
 def test_safe_bounds_follow_the_float_format():
-    a, b = safe_bounds(np.float32)
+    a, b = safe_bounds(np.float32, max_keys=2 ** 20, max_abs_v=2 ** 10, flush_to_zero=False)
     assert a == pytest.approx(math.log(np.finfo(np.float32).tiny))
     with np.errstate(over="ignore"):                        # 2^20 keys times |v| <= 2^10 times e^b just fit
         assert np.isfinite(np.float32(2 ** 30) * np.exp(np.float32(b - 0.01)))
         assert np.isinf(np.float32(2 ** 30) * np.exp(np.float32(b + 0.01)))
-    a16, b16 = safe_bounds(np.float16, max_keys=1, max_abs_v=1)
+    a16, b16 = safe_bounds(np.float16, max_keys=1, max_abs_v=1, flush_to_zero=False)
     with np.errstate(over="ignore"):
         assert np.isfinite(np.exp(np.float16(b16 - 0.01))) and np.isinf(np.exp(np.float16(b16 + 0.01)))
     assert np.exp(np.float16(a16)) >= np.finfo(np.float16).tiny * 0.99
-    assert out_of_range(np.array([[b + 1.0, -np.inf]]), 0.0).tolist() == [True]
-    assert out_of_range(np.array([[a - 1.0, 0.0]]), 0.0).tolist() == [True]
-    assert out_of_range(np.array([[a + 1.0, b - 1.0, -np.inf]]), 0.0).tolist() == [False]
+
+
+def test_the_default_bounds_are_what_the_kernel_holds():
+    """float32 sums of up to 2^31 keys of fp16 values on a GPU that flushes subnormals to zero: e^b 2^31 65504
+    just fits in float32, and 2^31 flushed terms (each < tiny) stay below float32's rounding of e^a."""
+    a, b = decode.DEFAULT_BOUNDS
+    assert decode.DEFAULT_BOUNDS == safe_bounds() == safe_bounds(np.float32, 2 ** 31, 65504.0, flush_to_zero=True)
+    assert (round(a, 2), round(b, 2)) == (-49.21, 56.15)
+    with np.errstate(over="ignore"):
+        big = np.float32(2 ** 31) * np.float32(65504.0)
+        assert np.isfinite(big * np.exp(np.float32(b - 0.01))) and np.isinf(big * np.exp(np.float32(b + 0.01)))
+    u, tiny = 2.0 ** -24, float(np.finfo(np.float32).tiny)
+    assert 2 ** 31 * tiny <= u * math.exp(a + 1e-9) and 2 ** 31 * tiny > u * math.exp(a - 0.01)
+    # with subnormals kept (NumPy, the interpreter) the lower bound is the format's: ln(tiny)
+    assert safe_bounds(np.float32, 2 ** 31, 65504.0, flush_to_zero=False) == (math.log(tiny), b)
+
+
+def test_the_fallback_rule_looks_at_the_max_only():
+    a, b = decode.DEFAULT_BOUNDS
+    x_max = np.array([0.0, b + 1.0, b - 1.0, a - 1.0, a + 1.0, -np.inf, np.inf, np.nan])
+    assert needs_fallback(x_max, 0.0).tolist() == [False, True, False, True, False, False, True, True]
+    assert needs_fallback(x_max + 5.0, phi=5.0).tolist() == needs_fallback(x_max, 0.0).tolist()
+    assert needs_fallback(np.array([[3.0], [-20.0]]), np.array([0.0, 1.0]), (-10.0, 10.0)).tolist() == \
+        [[False, False], [True, True]]                                     # broadcasts like numpy
+    # out_of_range: the rule on a block's row maxima; a score far below a safe max does not count
+    S_ij = np.array([[b + 1.0, -np.inf], [a - 1.0, 0.0], [a + 1.0, b - 1.0], [-np.inf, -np.inf], [a - 1.0, a - 2.0]])
+    assert out_of_range(S_ij, 0.0).tolist() == [True, False, False, False, True]
+    # FlashDecoding++'s literal check, for comparison: also the row with one score below a
+    assert out_of_range(S_ij, 0.0, rule="any").tolist() == [True, True, False, False, True]
+    with pytest.raises(ValueError, match="rule must be"):
+        out_of_range(S_ij, 0.0, rule="min")
+
+
+def test_a_low_score_is_harmless_but_a_chunk_entirely_below_a_falls_back(seed):
+    """The rule per chunk, as in the kernel: one score far below phi + a next to a safe max is exact
+    without the fallback; a chunk whose largest score is below phi + a falls back."""
+    rng = np.random.default_rng(seed)
+    q, k, v = rng.normal(size=(1, 2, 1, 16)), rng.normal(size=(1, 2, 40, 16)), rng.normal(size=(1, 2, 40, 16))
+    bounds, low = (-30.0, 30.0), -40 * 4 * q[0, 0, 0] / (q[0, 0, 0] @ q[0, 0, 0])    # a key with x = -40
+    k[0, 0, 5] = low                                                          # head 0: one score below a
+    out, stats = unified_max_decoding(q, k, v, 0.0, bounds=bounds, num_splits=2, return_stats=True)
+    assert stats["chunk_flags"].tolist() == [[[False, False], [False, False]]], f"seed {seed}"
+    assert out_of_range(0.25 * q[0, 0] @ k[0, 0].T, 0.0, bounds, rule="any").tolist() == [True]  # the literal check
+    assert_matches_float64(out, q, k, v, [40], None, seed, "a score below phi + a")
+    k[0, 0, 20:] = low                                                        # head 0: all of the second chunk
+    out, stats = unified_max_decoding(q, k, v, 0.0, bounds=bounds, num_splits=2, return_stats=True)
+    assert stats["chunk_flags"].tolist() == [[[False, True], [False, False]]], f"seed {seed}"
+    assert stats["fallback"].tolist() == [[True, False]]
+    assert_matches_float64(out, q, k, v, [40], None, seed, "a chunk below phi + a")
 
 
 # -- counted traffic equals the formulas ----------------------------------------------------------------
@@ -277,6 +337,53 @@ def test_counted_traffic_equals_the_formulas_exactly(seed):
     assert m3.accesses() == formulas.unified_max_accesses(B, H_q, H_kv, lens, d, S, q_len, stats["fallback"])
     for mem in (m1, m2, m3):                                  # the valid KV cache, once
         assert mem.accesses("K") == mem.accesses("V") == H_kv * d * sum(lens), f"seed {seed}"
+
+
+def _nonzero(counts):
+    return {kind: n for kind, n in counts.items() if n}
+
+
+def test_counted_flops_equal_the_formulas_exactly(seed):
+    rng = np.random.default_rng(seed)
+    q, k, v, lens = problem(rng)
+    B, H_q, H_kv, d, q_len = heads_of(q, k)
+    if rng.integers(2):
+        q, _ = adversarial(rng, q, k, lens)                                    # some heads fall back
+    S, block_n = int(rng.integers(1, k.shape[2] + 5)), int(rng.integers(1, 20))
+    counted = {"decode": {}, "flash_decoding": {}, "unified_max": {}}
+    decode_attention(q, k, v, kv_lens=lens, block_n=block_n, flops=counted["decode"])
+    flash_decoding(q, k, v, kv_lens=lens, num_splits=S, block_n=block_n, flops=counted["flash_decoding"])
+    _, stats = unified_max_decoding(q, k, v, 0.0, kv_lens=lens, num_splits=S, block_n=block_n, return_stats=True,
+                                    flops=counted["unified_max"])
+    for variant, got in counted.items():
+        want = formulas.decode_nonmatmul_flops(variant, B, H_q, H_kv, lens, d, S, q_len, block_n, by_kind=True,
+                                               fallback=stats["fallback"] if variant == "unified_max" else None)
+        assert _nonzero(got) == _nonzero(want), f"{variant}: counted {got}, formula {want} (seed {seed})"
+        assert sum(got.values()) == formulas.decode_nonmatmul_flops(
+            variant, B, H_q, H_kv, lens, d, S, q_len, block_n,
+            fallback=stats["fallback"] if variant == "unified_max" else None)
+    # a wrong fallback set gives a wrong count: the count sees the recomputed heads
+    if stats["fallbacks"]:
+        assert _nonzero(counted["unified_max"]) != _nonzero(formulas.decode_nonmatmul_flops(
+            "unified_max", B, H_q, H_kv, lens, d, S, q_len, block_n, by_kind=True))
+
+
+def test_unified_max_removes_the_rescales(seed):
+    """Without fallback, unified max multiplies only to scale the scores; Flash-Decoding also rescales
+    O_i and l_i by e^(m_old - m_new) in every block and every partial in the combine."""
+    rng = np.random.default_rng(seed)
+    q, k, v, lens = problem(rng)
+    B, H_q, _, d, q_len = heads_of(q, k)
+    S, block_n = int(rng.integers(1, k.shape[2] + 5)), int(rng.integers(1, 20))
+    fd, um = {}, {}
+    flash_decoding(q, k, v, kv_lens=lens, num_splits=S, block_n=block_n, flops=fd)
+    _, stats = unified_max_decoding(q, k, v, 0.0, kv_lens=lens, num_splits=S, block_n=block_n, flops=um,
+                                    return_stats=True)
+    assert stats["fallbacks"] == 0, f"seed {seed}"
+    blocks = sum(-(-(c.stop - c.start) // block_n) for n in lens for c in split_chunks(n, S))
+    assert um["mul"] == H_q * q_len * sum(lens), f"seed {seed}"                # tau q . k, nothing else
+    assert fd["mul"] - um["mul"] == H_q * q_len * (d + 1) * blocks + B * H_q * S * q_len * d, f"seed {seed}"
+    assert "log" not in um and fd["log"] > 0                                    # no log-sum-exp either
 
 
 def test_kv_is_read_once_within_the_valid_length_and_never_per_query_head(seed):
@@ -381,8 +488,14 @@ def combine_without_weights(o_s, lse_s):                     # forgets e^{lse_s 
     return o_s.sum(axis=0)
 
 
-def never_fires(S_ij, phi, bounds):
-    return np.zeros(S_ij.shape[0], dtype=bool)
+def never_fires(x_max, phi, bounds):
+    return np.zeros(x_max.shape[0], dtype=bool)
+
+
+def wrong_bound_sign(x_max, phi, bounds):                   # t > -b: fires on every ordinary chunk
+    a, b = bounds
+    t = x_max - phi
+    return (t < a) | (t > -b)
 
 
 def test_the_checks_reject_wrong_variants(seed):
@@ -406,6 +519,10 @@ def test_the_checks_reject_wrong_variants(seed):
         assert_matches_float64(out, qa, k, v, lens, None, seed, "a fallback that never fires")
     with pytest.raises(AssertionError, match="fell back on"):
         assert_fallback(stats, expected, seed, "a fallback that never fires")
+    _, stats = unified_max_decoding(qa, k, v, 0.0, kv_lens=lens, num_splits=3, return_stats=True,
+                                    detect=wrong_bound_sign)
+    with pytest.raises(AssertionError, match="fell back on"):
+        assert_fallback(stats, expected, seed, "a bound with the wrong sign")
     mem = Memory()
     out, stats = unified_max_decoding(qa, k, v, 0.0, kv_lens=lens, num_splits=3, memory=mem, return_stats=True)
     assert_fallback(stats, expected, seed, "right")
@@ -448,6 +565,10 @@ def test_errors_name_the_argument():
         flash_decoding(q, k, k, num_splits=2, sm_scale="x")
     with pytest.raises(ValueError, match="num_splits_for: min_chunk must be a positive integer"):
         num_splits_for(1, 8, 1000, 132, min_chunk=0)
+    with pytest.raises(ValueError, match="decode_nonmatmul_flops: variant must be 'decode', 'flash_decoding' or"):
+        formulas.decode_nonmatmul_flops("fa2", 1, 1, 1, 10, 8)
+    with pytest.raises(ValueError, match=r"decode_nonmatmul_flops: fallback must be a \(1, 2\) array"):
+        formulas.decode_nonmatmul_flops("unified_max", 1, 2, 1, 10, 8, fallback=[[True]])
 
 
 def test_the_sram_holds_a_program_and_a_small_memory_is_refused(seed):

@@ -168,6 +168,24 @@ def test_fallback_rate_counts_rows(kind, bounds, seed):
         assert over_any + under_any - 0.05 <= st <= over + below + 0.05
 
 
+def test_one_rule_and_one_bounds_function_from_reference_decode(seed, monkeypatch):
+    """scores' windows come from reference.decode.safe_bounds, and fallback_rate calls its needs_fallback."""
+    from flashcourse.reference import decode as D
+    assert S.FP16_BOUNDS == D.safe_bounds(np.float16, 1, 1, flush_to_zero=False) == (math.log(2.0 ** -14),
+                                                                                     math.log(65504.0))
+    assert S.FP32_BOUNDS == D.safe_bounds(np.float32, 1, 1, flush_to_zero=False) == (
+        math.log(2.0 ** -126), math.log(float(np.finfo(np.float32).max)))
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(200, 16)) * 5
+    for phi in rng.uniform(-10, 20, size=5):
+        assert S.fallback_rate(x, phi, (-6.0, 5.0)) == np.mean(D.needs_fallback(x.max(axis=1), phi, (-6.0, 5.0)))
+        assert S.fallback_rate(x, phi, (-6.0, 5.0), rule="any") == np.mean(
+            D.needs_fallback(x, phi, (-6.0, 5.0)).any(axis=1))           # every score judged on its own
+    # the rule is called, not copied: replacing it changes every rate
+    monkeypatch.setattr(D, "needs_fallback", lambda x_max, phi, bounds: np.ones(np.shape(x_max), dtype=bool))
+    assert S.fallback_rate(x, 0.0, (-6.0, 5.0)) == S.fallback_rate(x, 0.0, (-6.0, 5.0), rule="any") == 1.0
+
+
 def test_fallback_rate_edges():
     x = np.array([[0.0, 10.0], [0.0, -10.0]])            # row maxima 10 and 0
     assert S.fallback_rate(x, 0.0, (-5.0, 10.0)) == 0.0  # x - φ = b exactly is still safe

@@ -212,6 +212,35 @@ def test_one_head_of_a_four_dimensional_run():
         S.frame_state(mem, 0, head=1)
 
 
+def test_a_gqa_log_shows_each_query_head_with_its_kv_head():
+    """Flash-Decoding with 4 query heads on 2 KV heads: the frames of query head h are the steps of
+    KV head h // 2, with that KV head's K and V tiles (K, V are (B, H_kv, L, d), Q is (B, H_q, 1, d))."""
+    from flashcourse.reference import flash_decoding
+    rng = np.random.default_rng(4)
+    q, k, v = rng.normal(size=(1, 4, 1, 8)), rng.normal(size=(1, 2, 20, 8)), rng.normal(size=(1, 2, 20, 8))
+    mem = Memory(dtype_bytes=2)
+    flash_decoding(q, k, v, num_splits=2, memory=mem)
+    for h in range(4):
+        g = h // 2
+        steps = S.frame_steps(mem, head=(0, h))
+        assert [mem.step_labels[s] for s in steps] == [f"kv head (0, {g}), split 0: keys 0:10",
+                                                       f"kv head (0, {g}), split 1: keys 10:20",
+                                                       f"head (0, {h}): combine 2 partials"], h
+        for s, keys in zip(steps, ((0, 10), (10, 20))):
+            st = S.frame_state(mem, s, head=(0, h))
+            assert st.read["K"] == st.read["V"] == [(keys, (0, 8))], (h, st.read)
+            assert st.read["Q"] == [((0, 1), (0, 8))] and sorted(st.written) == ["O_s", "lse_s"]
+        last = S.frame_state(mem, steps[-1], head=(0, h))
+        assert (last.grids["K"] == S.DONE).all() and (last.grids["V"] == S.DONE).all()
+    fig = S.draw_frame(mem, S.frame_steps(mem, head=(0, 3))[1], head=(0, 3))
+    assert (np.asarray(fig.frame_axes["K"].images[0].get_array()) == S.READ).any()
+    # MQA: one KV head for every query head
+    mem = Memory(dtype_bytes=2)
+    flash_decoding(q, k[:, :1], v[:, :1], num_splits=2, memory=mem)
+    st = S.frame_state(mem, S.frame_steps(mem, head=(0, 3))[0], head=(0, 3))
+    assert st.read["K"] == [((0, 10), (0, 8))]
+
+
 def test_errors_speak_to_the_student():
     with pytest.raises(ValueError, match="log is empty"):
         S.frame_state(Memory(), 0)

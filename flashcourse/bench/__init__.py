@@ -16,12 +16,12 @@ Example:
     True
 """
 from .harness import (DO_BENCH, Case, GPURequired, Record, Result, Workload, default_out,
-                      do_bench_timer, get_suite, provenance, require_gpu, run, shipped,
-                      shipped_suites, suite, registered, unregister)
+                      do_bench_timer, get_suite, provenance, read_flush_timer, require_gpu, run,
+                      shipped, shipped_suites, suite, registered, unregister)
 from . import suites as _suites  # noqa: F401  (registers the course's suites)
 from . import attention as _attention  # noqa: F401  (chapters 2-3: registers the "attention" suite)
 from . import decode as _decode  # noqa: F401  (chapters 4-5: registers the "decode" suite)
 
 __all__ = ["run", "shipped", "shipped_suites", "suite", "registered", "get_suite", "unregister", "Result",
            "Record", "Case", "Workload", "GPURequired", "provenance", "require_gpu",
-           "do_bench_timer", "default_out", "DO_BENCH"]
+           "do_bench_timer", "read_flush_timer", "default_out", "DO_BENCH"]

@@ -47,7 +47,7 @@ from .. import backend
 
 __all__ = ["FORMAT", "DO_BENCH", "GPURequired", "Case", "Workload", "Suite", "Record", "Result",
            "suite", "unregister", "registered", "get_suite", "do_bench_timer", "provenance",
-           "require_gpu", "run", "shipped", "shipped_suites", "default_out"]
+           "require_gpu", "run", "shipped", "shipped_suites", "default_out", "read_flush_timer", "FLUSH_BYTES"]
 
 #: Written into every result file, so that a later format can still read old files.
 FORMAT = "flashcourse-bench/1"
@@ -364,6 +364,64 @@ def do_bench_timer(warmup: int = DO_BENCH["warmup"], rep: int = DO_BENCH["rep"])
     return timer
 
 
+#: Bytes a flush reads: several times any L2 of the course's GPUs (the H100's is 50 MB).
+FLUSH_BYTES = 256 * 1024 * 1024
+_FLUSH: list = []
+
+
+def read_flush_timer(warmup: int = DO_BENCH["warmup"], rep: int = DO_BENCH["rep"]):
+    """do_bench's method with a *read-only* L2 flush: the median time of ``fn``, in ms.
+
+    ``triton.testing.do_bench`` flushes the L2 cache by writing zeros over 256 MB, so every timed
+    call starts with an L2 full of dirty lines, and each line the call brings in first writes one
+    of them back to HBM. For a kernel that streams tens of MB (a KV cache, a weight matrix) that
+    write-back is extra HBM traffic of up to the L2's size (50 MB on an H100, ~16 us) charged to
+    the kernel. This timer flushes by *reading* 256 MB instead, so the L2 holds clean lines that
+    are simply dropped -- the state a decode step finds after the GEMMs and norms before it --
+    and otherwise times like do_bench (warm-up and repeat counts from ``warmup``/``rep`` ms, CUDA
+    events around each call, median).
+
+    Example:
+        >>> read_flush_timer().settings["flush"]
+        'read 256 MiB'
+    """
+    def timer(fn) -> float:
+        import torch
+        if not _FLUSH:
+            _FLUSH.append(torch.ones(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda"))
+        buf = _FLUSH[0]
+
+        def flush():
+            buf.sum()
+
+        fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(5):
+            flush()
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        estimate = max(start.elapsed_time(end) / 5, 1e-3)
+        n_warmup, n_repeat = max(1, int(warmup / estimate)), max(1, int(rep / estimate))
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
+        for _ in range(n_warmup):
+            fn()
+        for i in range(n_repeat):
+            flush()
+            starts[i].record()
+            fn()
+            ends[i].record()
+        torch.cuda.synchronize()
+        times = sorted(a.elapsed_time(b) for a, b in zip(starts, ends))
+        return float(times[len(times) // 2])
+    timer.settings = {"timer": "read-flush do_bench", "flush": "read 256 MiB", "warmup_ms": warmup,
+                      "rep_ms": rep, "return_mode": "median"}
+    return timer
+
+
 def provenance(command: str | None = None, now: str | None = None) -> dict:
     """Where and when a measurement was made: GPU, compute capability, versions, date, command.
 
@@ -545,15 +603,25 @@ def shipped_suites(gpu: str = "h100") -> list[str]:
     return sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
 
 
-def shipped(name: str, gpu: str = "h100") -> Result:
+#: Where results timed with :func:`read_flush_timer` are kept, beside a GPU's do_bench results.
+READ_FLUSH_DIR = "read-flush"
+
+
+def shipped(name: str, gpu: str = "h100", flush: str = "write") -> Result:
     """The results of suite ``name`` measured on the course's ``gpu`` (package data; no GPU needed).
+
+    ``flush="write"``: timed with do_bench (the baselines' method); ``flush="read"``: timed with
+    :func:`read_flush_timer`, for the suites that were (``decode``, ``gemm``).
 
     Example:
         >>> r = shipped("memory")
         >>> r.gpu
         'NVIDIA H100 80GB HBM3'
     """
-    path = RESULTS / gpu / f"{name}.json"
+    if flush not in ("write", "read"):
+        raise ValueError(f"shipped: flush must be 'write' or 'read', got {flush!r}")
+    folder = RESULTS / gpu / (READ_FLUSH_DIR if flush == "read" else "")
+    path = folder / f"{name}.json"
     if not path.is_file():
         have = shipped_suites(gpu)
         gpus = sorted(p.name for p in RESULTS.iterdir() if p.is_dir()) if RESULTS.is_dir() else []

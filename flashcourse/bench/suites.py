@@ -284,3 +284,7 @@ def _softmax_cases(rows, cols, dtype, device, seed):
     cases.append(Case("torch.softmax", fn=lambda: torch.softmax(x, dim=-1), flops=flops, bytes=nbytes,
                       kind="baseline", inputs=(x,)))
     return cases
+
+
+# -- chapter 6 --------------------------------------------------------------------------------------
+from . import gemm as _gemm  # noqa: E402,F401  (registers the "gemm" suite: flashcourse/bench/gemm.py)

@@ -25,7 +25,10 @@ The checks, by chapter:
   :func:`fa2_kernel` (the inner loop of the FA2 Triton kernel);
 * :mod:`.decode` (chapters 4 and 5): :func:`lse_combine` (Flash-Decoding's log-sum-exp combine, in
   NumPy), :func:`split_kv_kernel` (the per-chunk loop of the split-KV Triton kernel) and
-  :func:`unified_max_partials` (FlashDecoding++'s unified-max partials and their overflow detection).
+  :func:`unified_max_partials` (FlashDecoding++'s unified-max partials and their overflow detection);
+* :mod:`.gemm` (chapter 6): :func:`choose_block_n` (FlashDecoding++'s choice of B_N from the
+  compute/memory ratio and the SM count, in Python) and :func:`flat_gemm_kernel` (the K loop of the
+  flat GEMM Triton kernel).
 
 Adding a check for a later chapter: a module here with a function ``NAME(fn, seed=None)`` that
 builds its shown cases (fixed) and hidden cases (drawn from ``np.random.default_rng(_seed(seed))``)
@@ -43,7 +46,8 @@ from ._common import (ATOL_F32, ATOL_F64, RTOL_F32, RTOL_F64, _POISON, Case, _ca
                       _passed, _seed, _softmax64)
 from .attention import fa1_step, fa2_attention, fa2_kernel
 from .decode import lse_combine, split_kv_kernel, unified_max_partials
+from .gemm import choose_block_n, flat_gemm_kernel
 from .softmax import merge, online_softmax, softmax_kernel
 
 __all__ = ["online_softmax", "merge", "softmax_kernel", "fa1_step", "fa2_attention", "fa2_kernel",
-           "lse_combine", "split_kv_kernel", "unified_max_partials", "Case"]
+           "lse_combine", "split_kv_kernel", "unified_max_partials", "choose_block_n", "flat_gemm_kernel", "Case"]

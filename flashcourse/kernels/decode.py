@@ -54,6 +54,7 @@ import triton.language as tl
 
 from .. import backend
 from . import aot
+from ..reference.decode import DEFAULT_BOUNDS
 from ._validate import expect_decode, expect_num_splits, expect_sm_scale
 
 __all__ = ["flash_decode", "unified_max_decode", "decode_config", "combine_config", "num_splits",
@@ -62,11 +63,10 @@ __all__ = ["flash_decode", "unified_max_decode", "decode_config", "combine_confi
 LOG2E = 1.4426950408889634  # e^t = 2^(t log2 e)
 #: Head dims the decode kernels are compiled for.
 HEAD_DIMS = (64, 128)
-#: The safe range of x - phi (natural-log units, x = sm_scale q.k) of unified_max_decode. Its sums
-#: are float32 (its P V product three-pass TF32, as accurate as float32): e^40 times 2^31 keys
-#: times |v| <= 65504 stays below float32's 3.4e38, and a chunk whose largest score is 40 below
-#: phi still has e^-40 ~ 4e-18, a normal float32.
-DEFAULT_BOUNDS = (-40.0, 40.0)
+#: The safe range of x - phi (natural-log units, x = sm_scale q.k) of unified_max_decode: the
+#: course's one rule and bounds, :data:`flashcourse.reference.decode.DEFAULT_BOUNDS` (float32 sums
+#: of up to 2^31 keys with |v| <= 65504, and a GPU that flushes subnormal e^(x - phi) to zero).
+#: A chunk falls back when its largest x - phi is outside it (``needs_fallback`` of the reference).
 
 
 # --------------------------------------------------------------------------------------------------
@@ -86,14 +86,23 @@ def _scores(q, k, qk_scale, USE_DOT: tl.constexpr):
 def _pv(acc, p, v, USE_DOT: tl.constexpr, P_FP32: tl.constexpr):
     # acc (B_G, d) += p (B_G, B_c) @ v (B_c, d)
     if USE_DOT:
-        if P_FP32:      # p may be far from 1 (unified max): float32's range, and its precision
-            # too (three TF32 products): the sum l is of the same p, so o = acc / l stays exact
-            acc = tl.dot(p, v.to(tl.float32), acc, input_precision="tf32x3")
+        if P_FP32:      # p may be far from 1 (unified max): float32's range. p arrives rounded
+            # to TF32 (_round_tf32) and v is fp16, both exact in TF32: one TF32 pass is exact
+            acc = tl.dot(p, v.to(tl.float32), acc, input_precision="tf32")
         else:           # p in [0, 1]: v's dtype, as FA2 does
             acc = tl.dot(p.to(v.dtype), v, acc)
     else:
         acc += tl.sum(p[:, :, None] * v[None, :, :].to(tl.float32), 1)
     return acc
+
+
+@triton.jit
+def _round_tf32(x):
+    # float32 -> the nearest TF32 (10 mantissa bits; x >= 0 here): round the low 13 bits away.
+    # The sum l_i and the P V product then see the same p, so o = acc / l weights the values
+    # exactly by these p, each within 2^-11 of e^(x - phi): the precision of FA2's fp16 P.
+    bits = x.to(tl.int32, bitcast=True)
+    return ((bits + 4096) & -8192).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -139,7 +148,7 @@ def _chunk_async(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, l
         if MASKED:
             s = tl.where(in_k[None, :], s, -float("inf"))
         m_i = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2(s - phi2)
+        p = _round_tf32(tl.math.exp2(s - phi2))
         l_i += tl.sum(p, 1)
         acc = _pv(acc, p, v, USE_DOT, True)
     return acc, l_i, m_i
@@ -645,7 +654,7 @@ def unified_max_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     A chunk where some ``x - phi > bounds[1]`` or whose largest ``x - phi < bounds[0]`` is
     recomputed with flash_decode's running max and merged by log-sum-exp, so the output is right
     for any ``phi`` -- only slower when phi is badly chosen. ``bounds`` defaults to
-    :data:`DEFAULT_BOUNDS` (float32's safe range, with room to spare).
+    :data:`DEFAULT_BOUNDS`, the reference's (about (-49.2, 56.1)).
 
     With ``return_stats=True`` returns ``(o, stats)``: ``stats["fallback_heads"]`` (query heads of
     a sequence with any recomputed chunk), ``"heads"`` (B * H_q), ``"fallback_chunks"``,

@@ -13,9 +13,28 @@ Decoding: a few query tokens per sequence (usually one) against a long KV cache.
 * :func:`unified_max_decoding` (Hong et al. 2023, "FlashDecoding++") gives every chunk one shared
   ``phi`` in place of its own running max: the partial numerators ``sum e^{x - phi} v`` and
   denominators ``sum e^{x - phi}`` just add (:func:`unified_update`, :func:`unified_combine`), no
-  rescaling and no max to agree on. A score with ``x - phi`` outside the safe range ``[a, b]``
-  (:func:`safe_bounds`, :func:`out_of_range`) makes that (sequence, head) fall back to Flash-Decoding,
-  so the result is always exact.
+  rescaling and no max to agree on. A chunk that breaks the fallback rule below makes its
+  (sequence, head) fall back to Flash-Decoding, so the result is always exact.
+
+**The fallback rule** (the one rule of the course: this reference, the statistics of
+:mod:`flashcourse.scores` and the Triton kernel :func:`flashcourse.kernels.unified_max_decode` all
+call it or copy it). A program that adds up ``e^{x - phi}`` over a set of scores x (a chunk of a head
+here and in the kernel; a whole row of scores in :mod:`flashcourse.scores`) must be recomputed the
+synchronised way exactly when the *largest* of those scores leaves the safe window ``[a, b]``:
+
+    fallback  <=>  max(x) - phi > b   or   max(x) - phi < a                  (:func:`needs_fallback`)
+
+Above b, ``e^{x - phi}`` or the sums over the keys may overflow. Below a, the terms that fall under
+the format's smallest normal number (which a GPU flushes to zero) may add up to more than the
+rounding error of the sum. Inside the window they cannot: the sum is at least its largest term,
+``e^{max - phi} >= e^a``, and ``a`` is chosen so that even ``max_keys`` lost terms stay below the
+format's rounding of that (:func:`safe_bounds`). That is why a single score far below the max is
+harmless, and why only the max is checked. FlashDecoding++'s literal check, which flags a chunk when
+*any* ``x - phi`` leaves ``[a, b]``, is the same function applied to every score on its own; it is
+stricter on the underflow side for no gain and is kept only for comparison (:func:`out_of_range`
+``rule="any"``). The window comes from :func:`safe_bounds`, and one default holds for the reference
+and the kernel, :data:`DEFAULT_BOUNDS`: float32 sums of up to 2^31 keys of fp16 values
+(|v| <= 65504) on a GPU that flushes subnormals to zero, ``[-49.21, 56.15]``.
 
 **Shapes and masking.** ``q`` is (B, H_q, q_len, d); ``k_cache``, ``v_cache`` are (B, H_kv, L, d) with
 H_q a multiple of H_kv (grouped-query attention: query head h reads KV head h // (H_q / H_kv); MQA is
@@ -58,55 +77,121 @@ import numpy as np
 
 from .. import formulas
 from ..memory import Memory
-from .flash import FLOAT_BYTES, _check_fits, _finite, _positive_int, fa2_finish, fa2_update, softmax_scale
+from .flash import (FLOAT_BYTES, _check_fits, _count, _finite, _nonzero, _positive_int, fa2_finish, fa2_update,
+                    softmax_scale)
 
 __all__ = ["decode_attention", "flash_decoding", "unified_max_decoding", "combine_partials",
-           "unified_update", "unified_combine", "out_of_range", "safe_bounds", "split_chunks",
+           "unified_update", "unified_combine", "needs_fallback", "out_of_range", "safe_bounds", "split_chunks",
            "num_splits_for", "splits_efficiency", "H100_SMS", "DEFAULT_BOUNDS"]
 
 #: Streaming multiprocessors of an H100 SXM: the default GPU the split heuristic plans for.
 H100_SMS = 132
 
 
-# -- the safe range of x - phi ------------------------------------------------------------------------
+# -- the safe range of x - phi, and the fallback rule -----------------------------------------------
 
-def safe_bounds(dtype=np.float32, max_keys: int = 2 ** 20, max_abs_v: float = 2 ** 10) -> tuple[float, float]:
+def safe_bounds(dtype=np.float32, max_keys: int = 2 ** 31, max_abs_v: float = 65504.0,
+                flush_to_zero: bool = True) -> tuple[float, float]:
     """The safe range ``[a, b]`` of ``x - phi`` when ``e^{x - phi}`` and its sums are held in ``dtype``.
 
     * ``b``: the denominator adds up to ``max_keys`` terms of at most ``e^b``, and the numerators
       ``sum e^{x - phi} v`` up to ``max_keys`` terms of at most ``e^b max_abs_v``; both must stay
       below the format's largest number, so ``b = ln(max / (max_keys max_abs_v))``.
-    * ``a``: below ``ln(tiny)`` (the smallest normal number) ``e^{x - phi}`` is subnormal and loses
-      precision, and a little further it is 0; if every score of a head fell there, numerator and
-      denominator would both vanish. So ``a = ln(tiny)``.
+    * ``a`` bounds the chunk's *largest* ``x - phi`` from below (the fallback rule, module docstring).
+      A term below ``tiny``, the format's smallest normal number, is subnormal, and a GPU flushes it
+      to zero (``flush_to_zero=True``): each such term loses less than ``tiny``, at most
+      ``max_keys`` of them less than ``max_keys tiny``. Against a sum of at least ``e^a`` that is
+      within the format's unit roundoff u (half its epsilon) when ``a = ln(tiny max_keys / u)``.
+      Where subnormals are kept (``flush_to_zero=False``: IEEE arithmetic, NumPy, Triton's
+      interpreter) a lost digit costs at most half the smallest subnormal, no more than the rounding
+      of a sum that is at least ``tiny``, and ``a = ln(tiny)``.
 
-    The default, float32 with 2^20 keys and |v| <= 2^10, is the format a decode kernel computes the
-    exponentials and accumulates in: ``[-87.3, 67.9]``. fp16 with a single term gives the narrow
-    ``[-9.7, 11.1]`` that makes the choice of phi delicate (FlashDecoding++ reports 99.99% of
-    Llama2-7B's softmax inputs within [-16.8, 6.5]).
+    The default is what the course's decode kernel holds: float32 sums of up to 2^31 keys of fp16
+    values (|v| <= 65504) on a GPU, :data:`DEFAULT_BOUNDS`, ``[-49.21, 56.15]``. A single fp16 term
+    with subnormals kept is the format's plain range, ``[-9.7, 11.09]``
+    (:data:`flashcourse.scores.FP16_BOUNDS`), the narrow window that makes the choice of phi delicate
+    (FlashDecoding++ reports 99.99% of Llama2-7B's softmax inputs within [-16.8, 6.5]).
 
     Example:
         >>> [round(x, 2) for x in safe_bounds()]
-        [-87.34, 67.93]
-        >>> [round(x, 2) for x in safe_bounds(np.float16, max_keys=1, max_abs_v=1)]
+        [-49.21, 56.15]
+        >>> [round(x, 2) for x in safe_bounds(np.float32, max_keys=2 ** 31, max_abs_v=65504.0, flush_to_zero=False)]
+        [-87.34, 56.15]
+        >>> [round(x, 2) for x in safe_bounds(np.float16, max_keys=1, max_abs_v=1, flush_to_zero=False)]
         [-9.7, 11.09]
     """
     info = np.finfo(dtype)
-    return (math.log(float(info.tiny)), math.log(float(info.max)) - math.log(max_keys) - math.log(max_abs_v))
+    a = math.log(float(info.tiny))
+    if flush_to_zero:
+        a += math.log(max_keys) - math.log(float(info.eps) / 2)
+    return a, math.log(float(info.max)) - math.log(max_keys) - math.log(max_abs_v)
 
 
-#: ``safe_bounds()``: float32, up to 2^20 keys, |v| <= 2^10.
-DEFAULT_BOUNDS = safe_bounds()
+#: The safe window of ``x - phi`` of the reference and the kernel: ``safe_bounds(np.float32,
+#: max_keys=2**31, max_abs_v=65504.0, flush_to_zero=True)``, about ``(-49.21, 56.15)``: float32
+#: exponentials and sums over up to 2^31 keys of fp16 values, on a GPU that flushes subnormals to
+#: zero, neither overflow nor lose more than float32's rounding.
+DEFAULT_BOUNDS = safe_bounds(np.float32, max_keys=2 ** 31, max_abs_v=65504.0, flush_to_zero=True)
+
+
+def needs_fallback(x_max, phi, bounds=DEFAULT_BOUNDS) -> np.ndarray:
+    """The fallback rule: ``max(x) - phi > b`` or ``max(x) - phi < a`` (see the module docstring).
+
+    ``x_max``: the largest score of each set of scores a program added up (a chunk's running max, or a
+    row's max), any shape; ``phi`` broadcasts against it. A set with no visible score (``x_max = -inf``)
+    added nothing and never falls back; a NaN always does. Returns booleans of the broadcast shape.
+    Bounds of ``-inf`` or ``inf`` switch one side off (``(-inf, b)``: the overflow side alone).
+
+    Example:
+        >>> needs_fallback(np.array([3.0, 60.0, -100.0, -np.inf]), phi=0.0).tolist()   # DEFAULT_BOUNDS
+        [False, True, True, False]
+        >>> needs_fallback(np.array([3.0, -12.0]), phi=0.0, bounds=(-10.0, 10.0)).tolist()
+        [False, True]
+    """
+    a, b = bounds
+    x_max = np.asarray(x_max, dtype=np.float64)
+    t = x_max - np.asarray(phi, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        inside = (t >= a) & (t <= b)
+    return ~inside & ~np.isneginf(x_max)
+
+
+def out_of_range(S_ij, phi, bounds=DEFAULT_BOUNDS, rule: str = "max") -> np.ndarray:
+    """The fallback rule on a block of scores: does each row have to be recomputed?
+
+    ``S_ij`` (..., c), masked entries -inf (ignored); ``phi`` one per row or a scalar. With ``rule="max"``
+    (the course's rule) a row falls back when its largest visible score breaks :func:`needs_fallback`.
+    ``rule="any"`` is FlashDecoding++'s literal check, kept for comparison: :func:`needs_fallback`
+    applied to every score on its own, so one score far below the max is enough (stricter on the
+    underflow side; the module docstring says why that score is harmless). Returns booleans, (...).
+
+    Example:
+        >>> S = np.array([[0.0, 5.0], [-np.inf, 1.0], [-20.0, 1.0]])
+        >>> out_of_range(S, phi=2.0, bounds=(-10.0, 2.5)).tolist()
+        [True, False, False]
+        >>> out_of_range(S, phi=2.0, bounds=(-10.0, 2.5), rule="any").tolist()     # -20 - 2 < a
+        [True, False, True]
+    """
+    S_ij = np.asarray(S_ij, dtype=np.float64)
+    phi = np.asarray(phi, dtype=np.float64)
+    if rule == "max":
+        return needs_fallback(S_ij.max(axis=-1), phi, bounds)
+    if rule == "any":
+        return needs_fallback(S_ij, phi[..., None], bounds).any(axis=-1)
+    raise ValueError(f"out_of_range: rule must be 'max' or 'any', got {rule!r}")
 
 
 # -- the math of one chunk, and of the combine ---------------------------------------------------------
 
-def combine_partials(o_s, lse_s):
+def combine_partials(o_s, lse_s, *, flops: dict | None = None):
     """Flash-Decoding's combine: ``lse = log sum_s e^{lse_s}`` and ``o = sum_s e^{lse_s - lse} o_s``.
 
     ``o_s`` is (S, ..., d), each partial normalised within its chunk; ``lse_s`` (S, ...) their
     log-sum-exps. A chunk that saw no key has ``lse_s = -inf`` and weight 0. Returns ``(o, lse)``
-    with the leading S removed (rows that saw no key at all: o = 0, lse = -inf).
+    with the leading S removed (rows that saw no key at all: o = 0, lse = -inf). Computed the way the
+    combine kernel does it: ``w_s = e^{lse_s - m}`` with ``m = max_s lse_s``, ``o = sum_s w_s o_s / sum_s w_s``
+    -- a rescale of every partial. ``flops``, a dict, collects the non-matmul FLOPs by kind
+    (:func:`flashcourse.formulas.decode_nonmatmul_flops` says what is counted).
 
     Example:
         >>> x, v = np.array([1.0, 2.0, 3.0]), np.array([[1.0], [0.0], [2.0]])
@@ -118,69 +203,61 @@ def combine_partials(o_s, lse_s):
     """
     o_s, lse_s = np.asarray(o_s, dtype=np.float64), np.asarray(lse_s, dtype=np.float64)
     m = _finite(lse_s.max(axis=0))                            # (...)  for a stable log-sum-exp
-    w = np.exp(lse_s - m)                                     # (S, ...)
+    w = np.exp(lse_s - m)                                     # (S, ...)  0 for empty chunks
     total = w.sum(axis=0)
     with np.errstate(divide="ignore"):
         lse = m + np.log(total)
-    scale = np.exp(lse_s - _finite(lse))                      # e^{lse_s - lse}, 0 for empty chunks
-    return (scale[..., None] * o_s).sum(axis=0), lse
+    o = (w[..., None] * o_s).sum(axis=0) / _nonzero(total)[..., None]
+    _count(flops, max=lse_s.size, add=2 * lse_s.size + lse.size + o_s.size, exp=lse_s.size, log=lse.size,
+           mul=o_s.size, div=o.size)
+    return o, lse
 
 
-def unified_update(N_i, l_i, S_ij, V_j, phi):
+def unified_update(N_i, l_i, S_ij, V_j, phi, *, flops: dict | None = None):
     """One block of FlashDecoding++'s asynchronous softmax: ``N_i += e^{S_ij - phi} V_j``, ``l_i += rowsum``.
 
     ``phi`` (one per row, or a scalar) is fixed in advance, so nothing is rescaled: compare
     :func:`~flashcourse.reference.flash.fa2_update`, which tracks a running max ``m_i`` and multiplies
     ``O_i`` and ``l_i`` by ``e^{m_old - m_new}`` whenever it grows. Shapes: ``N_i`` (r, d), ``l_i`` (r,),
-    ``S_ij`` (r, c) scaled and masked (-inf), ``V_j`` (c, d). Returns the new ``(N_i, l_i)``.
+    ``S_ij`` (r, c) scaled and masked (-inf), ``V_j`` (c, d). Returns the new ``(N_i, l_i)``. ``flops``
+    as in :func:`combine_partials`.
 
     Example:
         >>> rng = np.random.default_rng(0)
         >>> S, V, phi = rng.normal(size=(2, 6)), rng.normal(size=(6, 3)), np.array([1.0, -1.0])
-        >>> N, l = np.zeros((2, 3)), np.zeros(2)
+        >>> N, l, flops = np.zeros((2, 3)), np.zeros(2), {}
         >>> for cols in (slice(0, 4), slice(4, 6)):
-        ...     N, l = unified_update(N, l, S[:, cols], V[cols], phi)
+        ...     N, l = unified_update(N, l, S[:, cols], V[cols], phi, flops=flops)
         >>> P = np.exp(S) / np.exp(S).sum(axis=1, keepdims=True)
-        >>> np.allclose(N / l[:, None], P @ V)
-        True
+        >>> np.allclose(N / l[:, None], P @ V), flops                 # no max, no multiplication
+        (True, {'add': 40, 'exp': 12})
     """
     phi = np.broadcast_to(np.asarray(phi, dtype=np.float64), (S_ij.shape[0],))
     with np.errstate(over="ignore", invalid="ignore"):       # out-of-range rows are flagged, not trusted
         P = np.exp(S_ij - phi[:, None])                       # (r, c)  e^{x - phi}, no max
-        return N_i + P @ V_j, l_i + P.sum(axis=1)
+        N_new, l_new = N_i + P @ V_j, l_i + P.sum(axis=1)
+    _count(flops, add=2 * S_ij.size + l_i.size + N_i.size, exp=S_ij.size)
+    return N_new, l_new
 
 
-def unified_combine(N_s, l_s):
+def unified_combine(N_s, l_s, *, flops: dict | None = None):
     """Unified max's combine: ``o = sum_s N_s / sum_s l_s``, partials just add.
 
     ``N_s`` (S, ..., d) and ``l_s`` (S, ...) are the chunks' numerators and denominators, all taken
-    against the same phi. Rows with ``sum l_s = 0`` get 0.
+    against the same phi. Rows with ``sum l_s = 0`` get 0. ``flops`` as in :func:`combine_partials`:
+    additions and one division per output element, no rescale.
 
     Example:
-        >>> unified_combine(np.array([[2.0], [4.0]]), np.array([1.0, 3.0])).tolist()
-        [1.5]
+        >>> flops = {}
+        >>> unified_combine(np.array([[2.0], [4.0]]), np.array([1.0, 3.0]), flops=flops).tolist(), flops
+        ([1.5], {'add': 4, 'div': 1})
     """
     N_s, l_s = np.asarray(N_s, dtype=np.float64), np.asarray(l_s, dtype=np.float64)
     l = l_s.sum(axis=0)
     with np.errstate(over="ignore", invalid="ignore"):
-        return N_s.sum(axis=0) / np.where(l == 0, 1.0, l)[..., None]
-
-
-def out_of_range(S_ij, phi, bounds=DEFAULT_BOUNDS) -> np.ndarray:
-    """FlashDecoding++'s check: for each row, does any visible score have ``x - phi`` outside ``[a, b]``?
-
-    ``S_ij`` (r, c), masked entries -inf (they are ignored); ``phi`` one per row or a scalar. Returns a
-    (r,) boolean array: True where that row must be recomputed the synchronised way.
-
-    Example:
-        >>> out_of_range(np.array([[0.0, 5.0], [-np.inf, 1.0]]), phi=2.0, bounds=(-10.0, 2.5)).tolist()
-        [True, False]
-    """
-    a, b = bounds
-    phi = np.broadcast_to(np.asarray(phi, dtype=np.float64), (S_ij.shape[0],))
-    x = S_ij - phi[:, None]
-    visible = ~np.isneginf(S_ij)
-    return np.any(visible & ((x > b) | (x < a)), axis=1)
+        o = N_s.sum(axis=0) / np.where(l == 0, 1.0, l)[..., None]
+    _count(flops, add=N_s.size + l_s.size, div=o.size)
+    return o
 
 
 # -- chunks and the split-count heuristic ---------------------------------------------------------------
@@ -327,11 +404,12 @@ def _mask(keys: slice, heads: int, q_len: int, kv_len: int) -> np.ndarray | None
     return None if visible.all() else visible
 
 
-def _sweep(mem, b, g, heads: slice, keys: slice, kv_len, tau, block_n, fold, state, label=None):
+def _sweep(mem, b, g, heads: slice, keys: slice, kv_len, tau, block_n, fold, state, label=None, flops=None):
     """One program's loop over the key blocks of ``keys``: ``state = fold(state, S_ij, V_j)``.
 
     Loads ``Q_i`` (the q_len tokens of ``heads``) first. ``label`` (a function of the block number)
-    starts a ``mem.step`` per block; without it the loop runs inside the caller's step.
+    starts a ``mem.step`` per block; without it the loop runs inside the caller's step. ``flops``
+    counts the scaling of the scores (the fold counts the rest).
     """
     q_len = mem.hbm["Q"].shape[2]
     Q_i = mem.load("Q", (b, heads), into="Q_i")               # (G, q_len, d)
@@ -343,6 +421,7 @@ def _sweep(mem, b, g, heads: slice, keys: slice, kv_len, tau, block_n, fold, sta
         K_j = mem.load("K", (b, g, C), into="K_j")            # (B_c, d)
         V_j = mem.load("V", (b, g, C), into="V_j")
         S_ij = tau * (Q_i @ K_j.T)                            # (G q_len, B_c)
+        _count(flops, mul=S_ij.size)
         visible = _mask(C, heads.stop - heads.start, q_len, kv_len)
         if visible is not None:
             S_ij = np.where(visible, S_ij, -np.inf)
@@ -360,8 +439,8 @@ def _fa2_state(mem, rows, d):
     return O_i, l_i, m_i
 
 
-def _fa2_fold(state, S_ij, V_j):
-    return fa2_update(*state, S_ij, V_j)
+def _fa2_fold(flops):
+    return lambda state, S_ij, V_j: fa2_update(*state, S_ij, V_j, flops=flops)
 
 
 def _store_rows(mem, name, b, heads, rows, value, q_len):
@@ -373,7 +452,7 @@ def _store_rows(mem, name, b, heads, rows, value, q_len):
 # -- decode attention without splits -------------------------------------------------------------------
 
 def decode_attention(q, k_cache, v_cache, kv_lens=None, sm_scale: float | None = None,
-                     memory: Memory | None = None, *, block_n: int = 32) -> np.ndarray:
+                     memory: Memory | None = None, *, block_n: int = 32, flops: dict | None = None) -> np.ndarray:
     """Attention of a few query tokens against a KV cache: FlashAttention-2 with one row block.
 
     One program per (sequence b, KV head g) loads the q_len tokens of the G = H_q / H_kv query heads
@@ -385,6 +464,9 @@ def decode_attention(q, k_cache, v_cache, kv_lens=None, sm_scale: float | None =
     once and o written once. Steps: ``"kv head (b, g): load Q"``, one ``"kv head (b, g), j=..."`` per
     key block, ``"kv head (b, g): write O"``. With ``memory=None`` the run gets a Memory the size of a
     program's working set (:func:`flashcourse.formulas.fa2_sram_elements` with B_r = G q_len).
+
+    ``flops``, a dict, collects the non-matmul FLOPs by kind, counted as FlashAttention-2's
+    (:func:`flashcourse.formulas.decode_nonmatmul_flops` ``("decode", ...)``).
 
     Example:
         >>> from flashcourse.memory import Memory
@@ -413,10 +495,10 @@ def decode_attention(q, k_cache, v_cache, kv_lens=None, sm_scale: float | None =
             heads, who = slice(g * G, (g + 1) * G), f"kv head ({b}, {g})"
             mem.step(f"{who}: load Q")
             state = _fa2_state(mem, G * q_len, d)
-            state = _sweep(mem, b, g, heads, slice(0, lens[b]), lens[b], tau, block_n, _fa2_fold, state,
-                           label=lambda j: f"{who}, j={j}")
+            state = _sweep(mem, b, g, heads, slice(0, lens[b]), lens[b], tau, block_n, _fa2_fold(flops), state,
+                           label=lambda j: f"{who}, j={j}", flops=flops)
             mem.step(f"{who}: write O")
-            O_i, _ = fa2_finish(*state)
+            O_i, _ = fa2_finish(*state, flops=flops)
             mem.free("O_i", "l_i", "m_i")
             _store_rows(mem, "O", b, heads, slice(0, q_len), O_i, q_len)
     return mem.read_hbm("O")
@@ -424,7 +506,7 @@ def decode_attention(q, k_cache, v_cache, kv_lens=None, sm_scale: float | None =
 
 # -- Flash-Decoding --------------------------------------------------------------------------------------
 
-def _split_kv(mem, b, g, heads: slice, s, keys: slice, kv_len, tau, block_n, who):
+def _split_kv(mem, b, g, heads: slice, s, keys: slice, kv_len, tau, block_n, who, flops=None):
     """One split-KV program: chunk ``keys`` of sequence b for query heads ``heads``; writes O_s, lse_s."""
     q_len, d = mem.hbm["Q"].shape[2:]
     n = heads.stop - heads.start
@@ -434,21 +516,24 @@ def _split_kv(mem, b, g, heads: slice, s, keys: slice, kv_len, tau, block_n, who
         _store_rows(mem, "O_s", b, heads, rows, np.zeros((n * q_len, d)), q_len)
         _store_rows(mem, "lse_s", b, heads, rows, np.full(n * q_len, -np.inf), q_len)
         return
-    state = _sweep(mem, b, g, heads, keys, kv_len, tau, block_n, _fa2_fold, _fa2_state(mem, n * q_len, d))
-    O_i, L_i = fa2_finish(*state)                             # o_s normalised within the chunk, lse_s
+    state = _sweep(mem, b, g, heads, keys, kv_len, tau, block_n, _fa2_fold(flops), _fa2_state(mem, n * q_len, d),
+                   flops=flops)
+    O_i, L_i = fa2_finish(*state, flops=flops)                # o_s normalised within the chunk, lse_s
     mem.free("O_i")
     _store_rows(mem, "O_s", b, heads, rows, O_i, q_len)
     mem.free("l_i", "m_i")
     _store_rows(mem, "lse_s", b, heads, rows, L_i, q_len)
 
 
-def _combine(mem, b, h, S, combine, label):
-    """The combine program of (sequence b, query head h): reads S partials, writes O[b, h]."""
+def _combine(mem, b, h, S, combine, label, flops=None):
+    """The combine program of (sequence b, query head h): reads S partials, writes O[b, h].
+
+    ``flops`` is counted by the default combine only (another ``combine=`` is not counted)."""
     q_len, d = mem.hbm["Q"].shape[2:]
     mem.step(label)
     lse_s = mem.load("lse_s", (b, h), into="lse_s").reshape(S, q_len)          # (S, q_len)
     O_s = mem.load("O_s", (b, h), into="O_s").reshape(S, q_len, d)             # (S, q_len, d)
-    out = combine(O_s, lse_s)
+    out = combine(O_s, lse_s, flops=flops) if combine is combine_partials else combine(O_s, lse_s)
     o = out[0] if isinstance(out, tuple) else out                              # (q_len, d)
     mem.free("lse_s", "O_s")
     mem.store("O", (b, h), o)
@@ -456,7 +541,7 @@ def _combine(mem, b, h, S, combine, label):
 
 def flash_decoding(q, k_cache, v_cache, kv_lens=None, num_splits: int | None = None,
                    sm_scale: float | None = None, memory: Memory | None = None, return_partials: bool = False,
-                   combine=None, *, block_n: int = 32):
+                   combine=None, *, block_n: int = 32, flops: dict | None = None):
     """Flash-Decoding: split each sequence's KV into chunks, attend to each in parallel, combine.
 
     **Split-KV kernel.** One program per (sequence b, KV head g, chunk s) — B H_kv S programs in
@@ -470,6 +555,11 @@ def flash_decoding(q, k_cache, v_cache, kv_lens=None, num_splits: int | None = N
     ``o = sum_s e^{lse_s - lse} o_s`` with ``lse = log sum_s e^{lse_s}`` (:func:`combine_partials`;
     ``combine=`` swaps in another function of ``(o_s (S, q_len, d), lse_s (S, q_len))`` returning o or
     (o, lse)). The whole combine is one rescale per partial: the synchronisation unified max removes.
+
+    ``flops``, a dict, collects the non-matmul FLOPs by kind
+    (:func:`flashcourse.formulas.decode_nonmatmul_flops` ``("flash_decoding", ...)``): each chunk counts
+    as FlashAttention-2, rescales of ``O_i`` and ``l_i`` by ``e^{m_old - m_new}`` in every block included,
+    and the combine rescales every partial once more (``combine=`` other than the default is not counted).
 
     ``num_splits``: S; default :func:`num_splits_for` ``(B, H_kv, max(kv_lens))`` on an H100's 132
     SMs. Returns O (B, H_q, q_len, d), or with ``return_partials=True`` ``(O, o_s, lse_s)`` with
@@ -510,10 +600,10 @@ def flash_decoding(q, k_cache, v_cache, kv_lens=None, num_splits: int | None = N
         for g in range(H_kv):
             for s, keys in enumerate(split_chunks(lens[b], S)):
                 _split_kv(mem, b, g, slice(g * G, (g + 1) * G), s, keys, lens[b], tau, block_n,
-                          f"kv head ({b}, {g})")
+                          f"kv head ({b}, {g})", flops)
     for b in range(B):                                        # kernel 2: combine, B x H_q programs
         for h in range(H_q):
-            _combine(mem, b, h, S, combine, f"head ({b}, {h}): combine {S} partials")
+            _combine(mem, b, h, S, combine, f"head ({b}, {h}): combine {S} partials", flops)
     O = mem.read_hbm("O")
     if not return_partials:
         return O
@@ -548,29 +638,34 @@ def _bounds(fn, bounds):
 
 def unified_max_decoding(q, k_cache, v_cache, phi, bounds=DEFAULT_BOUNDS, kv_lens=None, num_splits: int | None = None,
                          sm_scale: float | None = None, memory: Memory | None = None,
-                         return_stats: bool = False, *, block_n: int = 32, detect=None):
+                         return_stats: bool = False, *, block_n: int = 32, detect=None, flops: dict | None = None):
     """FlashDecoding++'s asynchronous softmax with a unified max ``phi``, and its synchronised fallback.
 
-    The split-KV programs of :func:`flash_decoding`, except that no chunk keeps a running max: all use
-    the same ``phi`` and accumulate ``N_s = sum_j e^{x_j - phi} v_j`` and ``l_s = sum_j e^{x_j - phi}``
-    (:func:`unified_update`). Since every partial is taken against the same phi, the combine just adds
-    them, ``o = sum_s N_s / sum_s l_s`` (:func:`unified_combine`): exact in exact arithmetic for any
-    phi. In floating point ``e^{x - phi}`` overflows when ``x - phi`` is too large and vanishes when
-    it is too small, so each program checks every score (:func:`out_of_range`) and writes a flag with
-    its partials. A (sequence, query head) whose flag any chunk raised is left by the combine and
-    recomputed with Flash-Decoding (the same S chunks, its KV head read again), so the result is
-    always exact.
+    The split-KV programs of :func:`flash_decoding`, except that no chunk rescales by a running max:
+    all use the same ``phi`` and accumulate ``N_s = sum_j e^{x_j - phi} v_j`` and
+    ``l_s = sum_j e^{x_j - phi}`` (:func:`unified_update`). Since every partial is taken against the
+    same phi, the combine just adds them, ``o = sum_s N_s / sum_s l_s`` (:func:`unified_combine`): exact
+    in exact arithmetic for any phi. In floating point ``e^{x - phi}`` overflows when ``x - phi`` is too
+    large and loses its digits when it is too small, so each program also keeps its chunk's largest
+    score ``m_i`` (a max per block, no rescale) and, at the end of the chunk, applies the fallback rule
+    (:func:`needs_fallback`: ``m_i - phi`` outside ``[a, b]``, see the module docstring) and writes the
+    flag with its partials. A (sequence, query head) whose flag any chunk raised is left by the combine
+    and recomputed with Flash-Decoding (the same S chunks, its KV head read again), so the result is
+    always exact. The Triton kernel decides per chunk with the same rule.
 
     ``phi``: in units of the softmax input ``x = sm_scale q . k``; one number for every head or one
     per query head, (H_q,) (each head's logits have their own statistics). ``bounds``: ``(a, b)``,
-    the safe range of ``x - phi``; default :data:`DEFAULT_BOUNDS` = :func:`safe_bounds` ``()``, where
-    float32 exponentials and sums over up to 2^20 keys neither overflow nor lose their precision.
-    ``detect``: the check, default :func:`out_of_range`, a function of ``(S_ij, phi_rows, bounds)``
-    returning a boolean per row. Other arguments as :func:`flash_decoding`.
+    the safe range of ``x - phi``; default :data:`DEFAULT_BOUNDS`, where float32 exponentials and sums
+    over up to 2^31 keys of fp16 values neither overflow nor lose their digits on a GPU. ``detect``: the rule,
+    default :func:`needs_fallback`, a function of ``(m_i, phi_rows, bounds)`` (the chunk's largest score
+    per row, -inf for a row that saw no key; phi per row) returning a boolean per row. ``flops``, a
+    dict, collects the non-matmul FLOPs by kind (:func:`flashcourse.formulas.decode_nonmatmul_flops`
+    ``("unified_max", ...)``): no rescale anywhere, except in the Flash-Decoding of fallen-back heads.
+    Other arguments as :func:`flash_decoding`.
 
     Returns O, or ``(O, stats)`` with ``return_stats=True``: ``stats["fallback"]`` (B, H_q) booleans,
-    the heads recomputed; ``stats["fallbacks"]`` how many; ``stats["num_splits"]``, ``stats["phi"]``
-    (H_q,) and ``stats["bounds"]``.
+    the heads recomputed; ``stats["fallbacks"]`` how many; ``stats["chunk_flags"]`` (B, H_q, S), the
+    chunks that raised the flag; ``stats["num_splits"]``, ``stats["phi"]`` (H_q,) and ``stats["bounds"]``.
 
     **Traffic** (:func:`flashcourse.formulas.unified_max_traffic` with the returned fallback): K, V
     once, q per non-empty chunk, ``N_s`` (d), ``l_s`` and ``flag_s`` per partial row written and read,
@@ -585,11 +680,13 @@ def unified_max_decoding(q, k_cache, v_cache, phi, bounds=DEFAULT_BOUNDS, kv_len
         >>> from flashcourse import formulas
         >>> rng = np.random.default_rng(0)
         >>> q, k, v = rng.normal(size=(2, 4, 1, 16)), rng.normal(size=(2, 2, 50, 16)), rng.normal(size=(2, 2, 50, 16))
-        >>> q[1, 3, 0] = 300 * k[1, 1, 7]                  # one huge score: x - phi far above b
+        >>> k[1, 1, 20] = 20 * q[1, 3, 0]                  # query head 3 meets one huge score (x ~ 80 > b)
         >>> mem = Memory()
         >>> o, stats = unified_max_decoding(q, k, v, phi=0.0, num_splits=3, memory=mem, return_stats=True)
         >>> np.allclose(o, decode_attention(q, k, v)), stats["fallbacks"], np.argwhere(stats["fallback"]).tolist()
         (True, 1, [[1, 3]])
+        >>> stats["chunk_flags"][1, 3].tolist()            # key 20 lies in the second chunk, keys 17:34
+        [False, True, False]
         >>> mem.totals("elements") == formulas.unified_max_traffic(2, 4, 2, 50, 16, 3, fallback=stats["fallback"])
         True
         >>> [s for s in mem.step_labels if "fallback" in s][-1]
@@ -603,13 +700,19 @@ def unified_max_decoding(q, k_cache, v_cache, phi, bounds=DEFAULT_BOUNDS, kv_len
     phi = _phi(fn, phi, H_q)
     bounds = _bounds(fn, DEFAULT_BOUNDS if bounds is None else bounds)
     S = _splits(fn, num_splits, B, H_kv, lens)
-    detect = out_of_range if detect is None else detect
+    detect = needs_fallback if detect is None else detect
     rows = S * q_len
     mem, block_n = _setup(fn, memory, q, k, v, block_n,
                           partials=(("N_s", rows), ("l_s", rows), ("flag_s", rows), ("O_s", rows), ("lse_s", rows)),
                           combine_elements=rows * (d + 2))
     mem.hbm["O_s"][...] = 0.0                                 # only fallen-back heads use these
     mem.hbm["lse_s"][...] = -np.inf
+
+    def fold(state, S_ij, V_j):                               # no rescale: the max is only watched
+        N_i, l_i, m_i = state
+        N_i, l_i = unified_update(N_i, l_i, S_ij, V_j, phi_rows, flops=flops)
+        _count(flops, max=S_ij.size + m_i.size)
+        return N_i, l_i, np.maximum(m_i, S_ij.max(axis=1))
 
     for b in range(B):                                        # kernel 1: asynchronous split-KV
         for g in range(H_kv):
@@ -619,18 +722,16 @@ def unified_max_decoding(q, k_cache, v_cache, phi, bounds=DEFAULT_BOUNDS, kv_len
                 part = slice(s * q_len, (s + 1) * q_len)
                 mem.step(f"kv head ({b}, {g}), split {s}: " +
                          (f"keys {keys.start}:{keys.stop}" if keys.stop > keys.start else "empty"))
-                N_i, l_i, flag = np.zeros((G * q_len, d)), np.zeros(G * q_len), np.zeros(G * q_len, dtype=bool)
+                N_i, l_i, m_i = np.zeros((G * q_len, d)), np.zeros(G * q_len), np.full(G * q_len, -np.inf)
+                flag = np.zeros(G * q_len, dtype=bool)
                 if keys.stop > keys.start:
-                    mem.keep("N_i", N_i)
-                    mem.keep("l_i", l_i)
-
-                    def fold(state, S_ij, V_j):
-                        N_i, l_i, flag = state
-                        return (*unified_update(N_i, l_i, S_ij, V_j, phi_rows),
-                                flag | np.asarray(detect(S_ij, phi_rows, bounds), dtype=bool))
-
-                    N_i, l_i, flag = _sweep(mem, b, g, heads, keys, lens[b], tau, block_n, fold, (N_i, l_i, flag))
-                    mem.free("N_i")
+                    for slot, value in (("N_i", N_i), ("l_i", l_i), ("m_i", m_i)):
+                        mem.keep(slot, value)
+                    N_i, l_i, m_i = _sweep(mem, b, g, heads, keys, lens[b], tau, block_n, fold, (N_i, l_i, m_i),
+                                           flops=flops)
+                    flag = np.broadcast_to(np.asarray(detect(m_i, phi_rows, bounds), dtype=bool), flag.shape)
+                    _count(flops, add=m_i.size, max=2 * m_i.size)          # m_i - phi, two comparisons
+                    mem.free("N_i", "m_i")
                 _store_rows(mem, "N_s", b, heads, part, N_i, q_len)
                 mem.free("l_i")
                 _store_rows(mem, "l_s", b, heads, part, l_i, q_len)
@@ -647,16 +748,18 @@ def unified_max_decoding(q, k_cache, v_cache, phi, bounds=DEFAULT_BOUNDS, kv_len
             N_s = mem.load("N_s", (b, h), into="N_s").reshape(S, q_len, d)
             mem.free("flag_s", "l_s", "N_s")
             if not fallback[b, h]:
-                mem.store("O", (b, h), unified_combine(N_s, l_s))
+                mem.store("O", (b, h), unified_combine(N_s, l_s, flops=flops))
 
     for b, h in np.argwhere(fallback):                        # kernel 3: Flash-Decoding for the flagged heads
         b, h = int(b), int(h)
         for s, keys in enumerate(split_chunks(lens[b], S)):
-            _split_kv(mem, b, h // G, slice(h, h + 1), s, keys, lens[b], tau, block_n, f"head ({b}, {h}) fallback")
-        _combine(mem, b, h, S, combine_partials, f"head ({b}, {h}) fallback: combine {S} partials")
+            _split_kv(mem, b, h // G, slice(h, h + 1), s, keys, lens[b], tau, block_n, f"head ({b}, {h}) fallback",
+                      flops)
+        _combine(mem, b, h, S, combine_partials, f"head ({b}, {h}) fallback: combine {S} partials", flops)
 
     O = mem.read_hbm("O")
     if not return_stats:
         return O
-    return O, {"fallback": fallback, "fallbacks": int(fallback.sum()), "num_splits": S, "phi": phi,
-               "bounds": bounds}
+    chunk_flags = mem.read_hbm("flag_s").reshape(B, H_q, S, q_len).astype(bool).any(axis=-1)
+    return O, {"fallback": fallback, "fallbacks": int(fallback.sum()), "chunk_flags": chunk_flags,
+               "num_splits": S, "phi": phi, "bounds": bounds}

@@ -63,12 +63,13 @@ def row_max_plot(stats=None, phis=None, bounds=S.FP16_BOUNDS, layer: int | None 
                  title: str | None = None, rule: str = "max"):
     """The distribution of each row's max score, with candidate φ and φ's safe window.
 
-    A row is handled without the fallback when its max lies in ``[φ + a, φ + b]`` (shaded for each
+    A row is handled without the fallback when its max lies in ``[φ + a, φ + b]`` (the course's rule,
+    :func:`~flashcourse.reference.decode.needs_fallback`, on a whole row; shaded for each
     φ of ``phis``; default: the φ that :func:`~flashcourse.scores.choose_phi` picks with a 1% target,
     or the best φ when none meets it). ``layer`` picks one layer of the shipped statistics; by
     default all rows of all layers. ``stats`` may also be a :func:`~flashcourse.scores.summarize`
-    dict. With ``rule="any"`` the rows' minima are drawn too, and a row also falls back when its min
-    is below ``φ + a`` (see :mod:`flashcourse.scores`).
+    dict. With ``rule="any"`` (FlashDecoding++'s literal check, for comparison) the rows' minima are
+    drawn too, and a row also falls back when its min is below ``φ + a`` (see :mod:`flashcourse.scores`).
 
     Example:
         >>> fig = row_max_plot(phis=[2.0, 10.0])
@@ -118,7 +119,8 @@ def fallback_curve(stats=None, bounds=S.FP16_BOUNDS, chosen: float | None = None
     2-D array of scores. Draws the overflow side, the underflow side and their sum; with
     ``per_layer`` (shipped statistics only) each layer's total too, thin. ``chosen`` marks a φ
     (default: :func:`~flashcourse.scores.choose_phi` with a 1% target, or the best φ). ``rule`` is
-    :func:`~flashcourse.scores.fallback_rate`'s: ``"any"`` makes the underflow side any score below
+    :func:`~flashcourse.scores.fallback_rate`'s: ``"max"``, the course's rule (default); ``"any"``, for
+    comparison, makes the underflow side any score below
     ``φ + a`` (drawn from the row minima; the total is then the sum of the two sides, an upper bound).
 
     Example:

@@ -112,6 +112,8 @@ class _Timeline:
         used = list(dict.fromkeys(e.tensor for e in mem.events))
         self.tensors = [t for t in _ORDER if t in used] + [t for t in used if t not in _ORDER]
         self.shapes = {t: self._shape2d(mem.hbm[t].shape) for t in self.tensors}
+        q_lead = tuple(first_q.shape[:self.lead]) if self.lead else ()
+        self.heads = {t: self._head_in(tuple(mem.hbm[t].shape[:self.lead]), q_lead) for t in self.tensors}
         self.by_step = [[] for _ in range(n_steps)]
         self.index_by_step = [[] for _ in range(n_steps)]
         for k, e in enumerate(mem.events):
@@ -168,13 +170,24 @@ class _Timeline:
                     peak = max(peak, sum(v[2] for v in slots.values()) + e.bytes)
             self.sram[s] = peak
 
+    def _head_in(self, lead_shape, q_lead):
+        """``self.head`` as an index of a tensor whose leading dims are ``lead_shape``.
+
+        Where a tensor has fewer entries than Q along a leading dim, and they divide Q's, each of its
+        entries serves a group of Q's: grouped-query attention's K and V have H_kv = H_q / G heads,
+        and query head h reads KV head h // G (MQA: H_kv = 1, every query head reads head 0).
+        """
+        return tuple(h // (nq // nt) if 0 < nt < nq and nq % nt == 0 else h
+                     for h, nq, nt in zip(self.head, q_lead, lead_shape))
+
     def _shape2d(self, shape):
         shape = tuple(shape[self.lead:])
         return (shape[0], 1) if len(shape) == 1 else shape[-2:] if len(shape) >= 2 else (1, 1)
 
     def _box2d(self, e_or_tile, tensor=None):
         tile = e_or_tile.tile if tensor is None else e_or_tile
-        for (a, b), h in zip(tile[:self.lead], self.head):
+        head = self.heads.get(e_or_tile.tensor if tensor is None else tensor, self.head)
+        for (a, b), h in zip(tile[:self.lead], head):
             if not a <= h < b:
                 return None
         box = tuple(tile[self.lead:])
@@ -228,8 +241,9 @@ def _timeline(mem: Memory, head=None) -> _Timeline:
 def frame_state(mem: Memory, step: int, *, head=None) -> FrameState:
     """The state of every tile at ``step`` (a ``mem.step`` number), derived from the log alone.
 
-    ``head`` picks one (batch, head) of a 4-D run (default: the first). See the module docstring
-    for the residency rule.
+    ``head`` picks one (batch, head) of a 4-D run (default: the first): a (batch, query head) when K
+    and V have fewer heads than Q (grouped-query attention), whose K and V tiles are those of its KV
+    head, ``h // (H_q / H_kv)``. See the module docstring for the residency rule.
 
     Example:
         >>> import numpy as np

@@ -169,6 +169,23 @@ CELLS = [
     Python and launches against a few µs of memory traffic). With 32 heads, FA2 already runs 32
     programs, so splitting gains about 3× at batch 1; with 8 KV heads the gap is far larger.
     """, "fragment", name="bench-notes"),
+    md("""
+    **How the L2 is flushed changes the answer.** `triton.testing.do_bench` empties the L2 before
+    each call by *writing* 256 MB, so every line the kernel brings in first writes a dirty line back:
+    up to 50 MB of extra HBM traffic, ~16 µs, charged to whoever runs next. The course also times
+    with a *read* flush (`flashcourse bench decode --flush read`), which leaves clean lines that are
+    dropped for free -- the state a decode step finds after the projections before it.
+    """, "subslide", name="flush-md"),
+    code("""
+    # NBVAL_IGNORE_OUTPUT
+    read = bench.shipped("decode", flush="read")
+    print(f"{'H_kv':>4s} {'L':>7s} {'write flush':>12s} {'read flush':>11s}   (flash_decode, B = 1, TB/s)")
+    for r in h100.select(impl="kernels.flash_decode"):
+        p = r.params
+        if p["B"] == 1 and p["L"] >= 16384:
+            rr = read.get(impl="kernels.flash_decode", workload=r.workload)
+            print(f"{p['H_kv']:4d} {p['L']:7d} {r.TBps:12.2f} {rr.TBps:11.2f}")
+    """, "fragment", name="flush"),
 
     md("""
     ## What we learned

@@ -15,8 +15,8 @@ CELLS = [
     rescaled before they can be added — a synchronisation through the combine. FlashDecoding++
     observes that attention scores of a given model live in a narrow, predictable range. Subtract one
     fixed value $\\varphi$ chosen in advance instead of each chunk's maximum, and the partials simply
-    add. If a score ever falls outside the safe range, detect it and recompute that head the
-    synchronised way — so the answer is always exact.
+    add. If a chunk's largest score ever falls outside the safe range, detect it and recompute that
+    head the synchronised way — so the answer is always exact.
 
     *Sources: Hong et al., "FlashDecoding++: Faster Large Language Model Inference on GPUs" (2023), §3.*
     """, "slide", name="title"),
@@ -29,27 +29,44 @@ CELLS = [
     $$\\mathrm{softmax}(x)_i = \\frac{e^{x_i - \\varphi}}{\\sum_j e^{x_j - \\varphi}} \\quad \\text{for any } \\varphi.$$
 
     The maximum is just the one choice that can never overflow. Any other $\\varphi$ is fine as long
-    as every $e^{x - \\varphi}$ and their sums stay representable: $x - \\varphi \\le b$ (no overflow)
-    and not all of a head's scores below $a$ (no underflow to $0/0$). With $\\varphi$ fixed, chunk $s$
+    as every $e^{x - \\varphi}$ and their sums stay representable. With $\\varphi$ fixed, chunk $s$
     computes $N_s = \\sum_{j \\in s} e^{x_j - \\varphi} v_j$ and $\\ell_s = \\sum_{j \\in s} e^{x_j - \\varphi}$,
     and the result is $o = \\sum_s N_s / \\sum_s \\ell_s$: no per-chunk maximum, no rescale.
+
+    When is it not fine? One rule for the whole course (the reference, the kernel and the statistics
+    below all use `flashcourse.reference.decode.needs_fallback`): a chunk falls back exactly when its
+    **largest** score leaves the window,
+
+    $$\\max_j x_j - \\varphi > b \\quad\\text{or}\\quad \\max_j x_j - \\varphi < a.$$
+
+    Above $b$ the exponentials or their sums overflow. Below $a$ the sum is so small that the terms
+    under float32's smallest normal number, which a GPU flushes to zero, could add up to more than
+    float32's rounding of it. Inside the window they cannot, because $\\ell_s \\ge e^{\\max x - \\varphi}$: a
+    single score far below the maximum is harmless. (FlashDecoding++ states the check for *every*
+    score; that version is stricter for no gain.) `safe_bounds` derives $a$ and $b$ from the format,
+    the number of keys and the largest $|v|$:
     """, "slide", name="why"),
     code("""
     # NBVAL_CHECK_OUTPUT
     import numpy as np
-    from flashcourse.reference.decode import safe_bounds
-    for name, dtype, keys, v in [("fp32, 2^20 keys, |v| <= 2^10", np.float32, 2**20, 2**10),
-                                 ("fp16, one term", np.float16, 1, 1)]:
-        a, b = safe_bounds(dtype, max_keys=keys, max_abs_v=v)
-        print(f"{name:30s} safe x - phi in [{a:7.2f}, {b:6.2f}]")
+    from flashcourse.kernels import decode as kernel_decode
+    from flashcourse.reference.decode import DEFAULT_BOUNDS, safe_bounds
+    for name, dtype, keys, v, ftz in [("fp32, 2^31 keys, |v| <= 65504, GPU", np.float32, 2**31, 65504.0, True),
+                                      ("the same, subnormals kept", np.float32, 2**31, 65504.0, False),
+                                      ("fp32, one term", np.float32, 1, 1, False),
+                                      ("fp16, one term", np.float16, 1, 1, False)]:
+        a, b = safe_bounds(dtype, max_keys=keys, max_abs_v=v, flush_to_zero=ftz)
+        print(f"{name:36s} safe max(x) - phi in [{a:7.2f}, {b:6.2f}]")
+    print("the default of the reference and of the kernel:", DEFAULT_BOUNDS == kernel_decode.DEFAULT_BOUNDS
+          == safe_bounds(np.float32, 2**31, 65504.0, flush_to_zero=True))
     """, "fragment", name="bounds"),
 
     md("""
     ## Exact, with the fallback
 
-    The reference computes the unified partials, flags any head whose scores leave the window, and
-    recomputes those heads with Flash-Decoding. Plant one enormous score in one head and watch it
-    fall back — and the result stay exact.
+    The reference computes the unified partials, flags any chunk whose largest score leaves the
+    window, and recomputes the heads with a flagged chunk with Flash-Decoding. Plant one enormous
+    score in one head and watch it fall back — and the result stay exact.
     """, "slide", name="exact-md"),
     code("""
     # NBVAL_CHECK_OUTPUT
@@ -66,6 +83,40 @@ CELLS = [
     """, "fragment", name="exact"),
 
     md("""
+    ## What it saves: the rescales
+
+    Both references take `flops=`, a dict that counts the non-matmul FLOPs by kind. Both multiply
+    every score by $1/\\sqrt{d}$; beyond that, Flash-Decoding multiplies $O_i$ and $\\ell_i$ by
+    $e^{m_{old} - m_{new}}$ after every block of keys, and every partial by its weight in the
+    combine. With a unified $\\varphi$ there is no such multiplication — except in the heads that
+    fall back, which are recomputed Flash-Decoding's way.
+    """, "slide", name="flops-md"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    from flashcourse import formulas
+    from flashcourse.reference import flash_decoding
+    k_ok = k.copy()
+    k_ok[0, 1, 100] = k[0, 1, 99]                                   # without the huge score
+    fd, um, um_fb = {}, {}, {}
+    flash_decoding(q, k_ok, v, num_splits=4, flops=fd)
+    unified_max_decoding(q, k_ok, v, phi=0.0, num_splits=4, flops=um)
+    _, st = unified_max_decoding(q, k, v, phi=0.0, num_splits=4, flops=um_fb, return_stats=True)
+    print(f"{'':24s}{'Flash-Decoding':>15s}{'unified max':>13s}{'  with 1 fallback':>18s}")
+    for kind in formulas.FLOP_KINDS:
+        print(f"{kind:24s}{fd.get(kind, 0):15,d}{um.get(kind, 0):13,d}{um_fb.get(kind, 0):18,d}")
+    scaling = B * H_q * L                                           # q . k / sqrt(d): one per score
+    print(f"{'rescale multiplications':24s}{fd['mul'] - scaling:15,d}{um['mul'] - scaling:13,d}"
+          f"{um_fb['mul'] - scaling:18,d}")
+    print("counted = formulas.decode_nonmatmul_flops:", um_fb == {kind: n for kind, n in formulas.decode_nonmatmul_flops(
+        "unified_max", B, H_q, H_kv, L, d, num_splits=4, fallback=st["fallback"], by_kind=True).items() if n})
+    """, "subslide", name="flops"),
+    md("""
+    The unified max keeps a running maximum too (the `max` row), but only to check the rule at the
+    end of each chunk: it never multiplies by it. Its rescales are those of the fallen-back head's
+    recomputation.
+    """, "fragment", name="flops-notes"),
+
+    md("""
     ## Choosing φ from real attention scores
 
     Where do real scores live? The course ships the pre-softmax scores $q \\cdot k / \\sqrt{d}$ of
@@ -80,8 +131,9 @@ CELLS = [
     viz.score_histograms(stats)
     """, "subslide", name="histograms"),
     md("""
-    What matters for $\\varphi$ is each row's **maximum**: it must not exceed $\\varphi + b$. Here are
-    the row maxima with fp16's window around a few candidate $\\varphi$:
+    What matters for $\\varphi$ is each row's **maximum** (the rule above, with a whole row as one
+    chunk): it must lie in $[\\varphi + a, \\varphi + b]$. Here are the row maxima with fp16's window
+    (one term, `scores.FP16_BOUNDS`) around a few candidate $\\varphi$:
     """, "subslide", name="rowmax-md"),
     code("""
     viz.row_max_plot(stats, phis=[0.0, 4.0, 12.0])
@@ -90,7 +142,8 @@ CELLS = [
     ## Too small, too large
 
     Sweep $\\varphi$ and count the rows that would need the fallback: too small and the large scores
-    overflow ($x - \\varphi > b$); too large and whole rows underflow. In between there is a window —
+    overflow ($\\max x - \\varphi > b$); too large and whole rows underflow ($\\max x - \\varphi < a$).
+    In between there is a window —
     for MiniLM in fp16 it is wide, except for one head of layer 0 whose row maxima range from 14 to
     43, wider than fp16's whole window: that head would always fall back.
     """, "slide", name="curve-md"),
@@ -104,8 +157,9 @@ CELLS = [
     ## The kernel, and what it buys
 
     `flashcourse.kernels.unified_max_decode` adds each split's partials into one fp32 workspace with
-    atomics, and the last program to finish a head divides — no combine kernel. A chunk whose scores
-    leave the window is recomputed Flash-Decoding style in the same program. A program serves a
+    atomics, and the last program to finish a head divides — no combine kernel. A chunk whose largest
+    score leaves the window (the same rule, the same `DEFAULT_BOUNDS`) is recomputed Flash-Decoding
+    style in the same program. A program serves a
     whole group of query heads (GQA), so one wild score sends its whole group back.
     """, "slide", name="kernel-md"),
     code("""
@@ -140,12 +194,15 @@ CELLS = [
         print(f"{p['H_kv']:4d} {p['L']:7d} {1e3 * r.ms:11.1f}us {1e3 * u.ms:7.1f}us {r.ms / u.ms:6.2f} {1e3 * f.ms:11.1f}us")
     """, "fragment", name="bench"),
     md("""
-    An honest result: the course's unified kernel does **not** beat its Flash-Decoding kernel on the
-    H100 (0.88–0.98×; the paper reports about 1.1× for decode attention; the one "win", GQA at 1k,
-    is launch overhead: Flash-Decoding's two launches against one). The combine it removes is
-    one small launch, and at short contexts both are dominated by launch overhead; the accurate
-    fp32 product it needs costs about as much as the rescales it saves. A fallback on one head in
-    eight costs 1.2–1.8×, because the whole launch waits for the recomputed chunks.
+    What the H100 shows. With one $\\varphi$ the kernel also needs no combine launch: the chunks add
+    their sums atomically and the last one divides. At batch 1 and short contexts, where a step is
+    a few tens of microseconds, that and the missing rescales make it **1.04–1.13× faster** than
+    Flash-Decoding (the paper reports about 1.1× for decode attention); at long contexts both stream
+    the cache at the copy ceiling and tie. The trick that made it pay: $p = e^{x - \\varphi}$ can be
+    far from 1, so it is kept in fp32 range but *rounded to TF32* once, and the same rounded $p$ goes
+    into the sum $\\ell$ and into the $PV$ product -- one TF32 pass is then exact, where an
+    fp32-accurate three-pass product cost ~10%. A fallback on one head in eight costs 1.2–1.8×,
+    because the whole launch waits for the recomputed chunks.
     """, "fragment", name="bench-notes"),
 
     md("""
@@ -153,8 +210,10 @@ CELLS = [
 
     * Softmax is shift-invariant; the maximum is only the safest shift. A fixed $\\varphi$ lets
       partial results add with no rescale and no synchronisation.
-    * Safety becomes a *detection* problem: flag any head whose scores leave $[\\varphi + a, \\varphi + b]$
-      and recompute it — exactness is never given up.
+    * Safety becomes a *detection* problem: flag any chunk whose largest score leaves
+      $[\\varphi + a, \\varphi + b]$ and recompute its head — exactness is never given up.
+    * What it removes is every multiplication by $e^{m_{old} - m_{new}}$, in the chunks and in the
+      combine.
     * $\\varphi$ comes from the model's statistics; most heads sit in a narrow range, a few do not.
 
     **Exercise:** `exercises/05_unified_max.ipynb` — the overflow detection and the add-up.

@@ -22,8 +22,8 @@ CELLS = [
     FlashDecoding++ removes it: every chunk subtracts the **same** number $\\phi$, fixed in advance from
     the statistics of the model's logits, and the partials simply add up. The price is a risk:
     $e^{x - \\phi}$ overflows when a logit lies far above $\\phi$, and loses its digits when every logit
-    lies far below. So each chunk also *checks* its logits, and a head with a chunk out of range is
-    recomputed the synchronised way. You write one chunk's partials and that check.
+    lies far below. So each chunk also *checks* its largest logit, and a head with a chunk out of range
+    is recomputed the synchronised way. You write one chunk's partials and that check.
 
     The check cell runs your function on heads you can see and on hidden random ones — including
     adversarial logits that overflow even float64 — and prints one line ending in ✓ when everything
@@ -56,9 +56,14 @@ CELLS = [
     measured that over 99.99 % of Llama2-7B's softmax inputs lie in $[-16.8, 6.5]$, so a $\phi$ near the
     top of that range rarely fails — but a model such as OPT-6.7B has a wider spread, and then it does.
 
-    Return `(acc, l, overflow)`, where `overflow` is `True` when **any** $x_i - \phi$ lies outside
-    $[a, b]$ (a single flag for the chunk: `bool(...)` or `np.any(...)`). When it is `True` the
-    partials are thrown away, so they may be anything, `inf` included.
+    Return `(acc, l, overflow)`, where `overflow` is `True` when the chunk's **largest** $x_i - \phi$
+    lies outside $[a, b]$ (a single flag for the chunk: `bool(...)`). Only the largest one matters:
+    above $b$ it is the one that overflows first; below $a$ it means every term has lost its digits.
+    A single $x_i - \phi$ below $a$ next to a safe largest one is harmless — $\ell$ is at least the
+    largest term, and the tiny one is off by less than float32's rounding of $\ell$ — so flagging it
+    would only cost a needless recompute. (FlashDecoding++ states the check for *any* $x_i - \phi$;
+    the course's rule, `flashcourse.reference.decode.needs_fallback`, is this one.) When `overflow` is
+    `True` the partials are thrown away, so they may be anything, `inf` included.
     """, "slide", name="partials-intro"),
 
     code("""
@@ -66,7 +71,7 @@ CELLS = [
         \"\"\"One chunk with the unified maximum phi: x (n,), V (n, d) -> (acc (d,), l, overflow).\"\"\"
         ### BEGIN SOLUTION
         t = x - phi
-        overflow = bool(np.any((t < a) | (t > b)))            # some e^(x - phi) out of the safe window
+        overflow = bool(t.max() > b or t.max() < a)           # the largest x - phi out of the safe window
         e = np.exp(t)
         acc, l = e @ V, e.sum()
         ### END SOLUTION
@@ -133,8 +138,9 @@ CELLS = [
     ```
 
     The grader puts the original check cell back before it runs your notebook top to bottom. The
-    lecture's kernel does the same on the GPU: each program checks its chunk's logits against the
-    window with two comparisons per key, raises a flag for its head, and a second pass recomputes only
-    the flagged heads — so the common case pays for no synchronisation at all.
+    lecture's kernel does the same on the GPU: each program keeps its chunk's largest logit (one
+    maximum per key, no rescale), compares it with the window once at the end, and recomputes its
+    chunk the synchronised way only when it is out — so the common case pays for no synchronisation
+    at all.
     """, "slide", name="done"),
 ]

@@ -1,0 +1,429 @@
+"""The flat GEMM kernels (chapter 6: flat_gemm, gemv and the linear dispatcher) against float64.
+
+The error rule. Both kernels accumulate in float32 and round y to float16 once, so their error
+against float64 is that final rounding (at most half an ulp of y) plus float32 terms of order
+K * 2^-24 * sum|x_k w_kn| -- a hundred times smaller for these sizes. PyTorch's own float16 matmul
+does the same, so the bar is the course's (tests/error_rule.py): the kernel's largest error is
+at most twice torch's on the same inputs, plus 1e-3. A split-K sum adds its partials in another
+order, which moves some outputs by an ulp: inside the factor of two.
+
+Inputs are drawn fresh every run (``FLASHCOURSE_SEED=<seed>`` replays a failure). Under the
+interpreter the shapes are small (K, N up to a few hundred, ragged against the tiles); on a GPU
+the ``gpu`` tests run Llama-2-7B's shapes, bfloat16 and repeated calls
+(``python -m pytest -o addopts= tests/test_kernels_gemm.py``).
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from error_rule import assert_within_error_rule
+
+from flashcourse import backend  # decides the backend before anything imports triton
+from flashcourse.kernels import aot, flat_gemm, gemm_config, gemv, linear, linear_plan
+
+G = importlib.import_module("flashcourse.kernels.gemm")
+
+GPU = backend.DEVICE == "cuda"
+DEVICES = [pytest.param("cpu", id="interp"), pytest.param("cuda", marks=pytest.mark.gpu, id="cuda")]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    if request.param != backend.DEVICE:
+        pytest.skip(f"this process runs kernels on {backend.DEVICE}")
+    return request.param
+
+
+# ---------------------------------------------------------------------------------------------
+# The comparison
+
+def inputs(M, K, N, gen, device, layout="kn", dtype=torch.float16):
+    """x (M, K) and W in ``layout``, plus W as (K, N) for the references."""
+    x = torch.randn((M, K), generator=gen).to(dtype).to(device)
+    w_kn = torch.randn((K, N), generator=gen).to(dtype).to(device)
+    w = w_kn if layout == "kn" else w_kn.T.contiguous()
+    return x, w, w_kn
+
+
+def assert_gemm_close(y, x, w_kn, what=""):
+    """Raise AssertionError unless y (M, N) is within the error rule of x @ W in float64."""
+    where = f" ({what})" if what else ""
+    M, N = x.shape[0], w_kn.shape[1]
+    assert isinstance(y, torch.Tensor), f"result is a {type(y).__name__}{where}"
+    assert tuple(y.shape) == (M, N) and y.dtype == x.dtype and y.device == x.device, \
+        f"{tuple(y.shape)} {y.dtype} on {y.device}, expected {(M, N)} {x.dtype}{where}"
+    ref = (x.double() @ w_kn.double()).cpu().numpy()
+    torch_got = torch.matmul(x, w_kn).double().cpu().numpy()
+    return assert_within_error_rule(y.detach().double().cpu().numpy(), ref, torch_got, where)
+
+
+# (M, K, N, w_layout, split_k): ragged K and N (not multiples of any block), one row, sixteen rows,
+# a split with empty shares (more shares than blocks of K), K smaller than a block
+CPU_CASES = [(1, 100, 70, "kn", None), (3, 100, 70, "nk", 2), (16, 64, 48, "kn", 1), (7, 257, 33, "nk", 3),
+             (16, 100, 70, "nk", 4), (5, 40, 130, "kn", 16), (2, 9, 17, "kn", None)]
+GPU_CASES = [(1, 4096, 11008, "kn", None), (8, 11008, 4096, "nk", None), (16, 4096, 12288, "kn", None),
+             (3, 4097, 515, "nk", 7), (13, 1000, 3000, "kn", 1), (2, 40, 130, "nk", 16)]
+CASES = GPU_CASES if GPU else CPU_CASES
+
+
+def case_id(c):
+    return f"M{c[0]}-K{c[1]}-N{c[2]}-{c[3]}-S{c[4]}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Correctness
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_flat_gemm_against_float64(device, case, gen):
+    M, K, N, layout, S = case
+    x, w, w_kn = inputs(M, K, N, gen, device, layout)
+    assert_gemm_close(flat_gemm(x, w, w_layout=layout, split_k=S), x, w_kn, case_id(case))
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_gemv_against_float64(device, case, gen):
+    M, K, N, layout, S = case
+    M = min(M, G.GEMV_MAX_M)
+    x, w, w_kn = inputs(M, K, N, gen, device, layout)
+    assert_gemm_close(gemv(x, w, w_layout=layout, split_k=S), x, w_kn, case_id(case))
+
+
+def test_every_row_count(device, gen):
+    """M from 1 to 16 for flat_gemm (1 to 8 for gemv), with and without split-K, both layouts."""
+    K, N = (70, 40) if not GPU else (2000, 3000)
+    for M in range(1, G.FLAT_MAX_M + 1):
+        layout = "kn" if M % 2 else "nk"
+        x, w, w_kn = inputs(M, K, N, gen, device, layout)
+        for split in (1, 3):
+            assert_gemm_close(flat_gemm(x, w, w_layout=layout, split_k=split), x, w_kn, f"M={M} split={split}")
+            if M <= G.GEMV_MAX_M:
+                assert_gemm_close(gemv(x, w, w_layout=layout, split_k=split), x, w_kn, f"gemv M={M} split={split}")
+
+
+def test_weights_are_read_through_their_strides(device, gen):
+    """A transposed view, a column slice with a stride, and a non-contiguous x: no copy needed."""
+    M, K, N = 4, 96, 50
+    x, _, w_kn = inputs(M, K, N, gen, device)
+    big = torch.randn((K, 2 * N), generator=gen).half().to(device)
+    views = {"(N, K) seen as (K, N)": (w_kn.T.contiguous().T, "kn"),
+             "(K, N) seen as (N, K)": (w_kn.T, "nk"),
+             "every other column": (big[:, ::2], "kn")}
+    for what, (w, layout) in views.items():
+        want = w if layout == "kn" else w.T
+        assert not w.is_contiguous()
+        for fn in (flat_gemm, gemv):
+            assert_gemm_close(fn(x, w, w_layout=layout, split_k=2), x, want, f"{fn.__name__}: {what}")
+    xs = torch.randn((K, M), generator=gen).half().to(device).T                     # x with stride (1, M)
+    assert_gemm_close(flat_gemm(xs, w_kn), xs, w_kn, "x transposed")
+    assert_gemm_close(linear(xs, w_kn, w_layout="kn"), xs, w_kn, "linear, x transposed")
+
+
+def test_split_k_is_deterministic_and_leaves_the_counters_at_zero(device, gen):
+    x, w, w_kn = inputs(5, 300, 90, gen, device)
+    first = flat_gemm(x, w, split_k=4)
+    for _ in range(3):
+        assert torch.equal(flat_gemm(x, w, split_k=4), first)      # partials summed in split order
+        assert torch.equal(gemv(x, w, split_k=5), gemv(x, w, split_k=5))
+    assert_gemm_close(first, x, w_kn, "split 4")
+    counters = G._WORKSPACE[str(x.device)][1]
+    assert int(counters.abs().sum()) == 0                            # ready for the next call
+    # more shares than blocks of K: the empty ones add zeros
+    x, w, w_kn = inputs(2, 20, 30, gen, device)
+    assert_gemm_close(flat_gemm(x, w, split_k=8), x, w_kn, "empty splits")
+
+
+def test_tiles_stages_and_warps_of_your_own(device, gen):
+    x, w, w_kn = inputs(6, 130, 70, gen, device, "nk")
+    for kw in ({"block_n": 16, "block_k": 16}, {"block_n": 64, "block_k": 32, "num_stages": 2},
+               {"block_k": 64, "num_warps": 2}, {"num_stages": 3, "split_k": 2}):
+        assert_gemm_close(flat_gemm(x, w, w_layout="nk", **kw), x, w_kn, str(kw))
+        assert_gemm_close(gemv(x, w, w_layout="nk", **kw), x, w_kn, "gemv " + str(kw))
+    assert_gemm_close(gemv(x[:1], w, w_layout="nk", block_n=8, block_k=4), x[:1], w_kn, "gemv tiny tiles")
+
+
+def test_zero_columns_and_zero_depth(device):
+    dev = backend.DEVICE
+    x = torch.ones((2, 8), dtype=torch.float16, device=dev)
+    assert flat_gemm(x, torch.ones((8, 0), dtype=torch.float16, device=dev)).shape == (2, 0)
+    y = flat_gemm(torch.ones((2, 0), dtype=torch.float16, device=dev), torch.ones((0, 5), dtype=torch.float16, device=dev))
+    assert y.shape == (2, 5) and not y.any()
+
+
+@pytest.mark.gpu
+def test_bfloat16_on_the_gpu(device, gen):
+    from flashcourse.kernels._validate import supports_bf16
+    if not supports_bf16():
+        pytest.skip("bfloat16 needs sm_80 or newer")
+    for M, K, N in ((1, 4096, 11008), (16, 11008, 4096), (5, 1000, 3001)):
+        x, w, w_kn = inputs(M, K, N, gen, device, "nk", dtype=torch.bfloat16)
+        assert_gemm_close(flat_gemm(x, w, w_layout="nk"), x, w_kn, f"bf16 M={M}")
+        assert_gemm_close(linear(x, w), x, w_kn, f"bf16 linear M={M}")
+
+
+@pytest.mark.gpu
+def test_repeated_calls_and_changing_shapes_keep_the_workspace_clean(device, gen):
+    for i in range(24):
+        M, K, N = 1 + i % 16, 512 + 333 * i, 4096 - 97 * i
+        x, w, w_kn = inputs(M, K, N, gen, device, "kn" if i % 2 else "nk")
+        layout = "kn" if i % 2 else "nk"
+        assert_gemm_close(flat_gemm(x, w, w_layout=layout, split_k=1 + i % 6), x, w_kn, f"call {i}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The dispatcher
+
+def _thresholds(gemv_max_m, flat_max_m, shapes=()):
+    return {"format": "flashcourse-linear-thresholds/1", "measured": True, "provenance": {}, "rule": "",
+            "targets": {"sm_90": {"default": {"gemv_max_m": gemv_max_m, "flat_gemm_max_m": flat_max_m},
+                                  "shapes": list(shapes)}}}
+
+
+def test_linear_picks_each_path_by_the_thresholds(device, gen, monkeypatch):
+    monkeypatch.setattr(G, "_thresholds_file", lambda: _thresholds(2, 9, [
+        {"K": 64, "N": 40, "gemv_max_m": 4, "flat_gemm_max_m": 12}]))
+    K, N = 50, 30
+    for M, want in ((1, "gemv"), (2, "gemv"), (3, "flat_gemm"), (9, "flat_gemm"), (10, "torch.matmul"),
+                    (16, "torch.matmul"), (17, "torch.matmul")):
+        x, w, w_kn = inputs(M, K, N, gen, device, "nk")
+        y, plan = linear(x, w, explain=True)
+        assert plan.kernel == want, (M, plan)
+        assert (plan.config is None) == (want == "torch.matmul")
+        assert "default thresholds" in plan.reason or M > 16, plan.reason
+        assert_gemm_close(y, x, w_kn, f"linear M={M} -> {want}")
+    # the measured (K, N) has thresholds of its own
+    assert [linear_plan(M, 40, 64).kernel for M in (4, 5, 12, 13)] == ["gemv", "flat_gemm", "flat_gemm", "torch.matmul"]
+    plan = linear_plan(12, 40, 64)
+    assert "thresholds for (K, N) = (64, 40)" in plan.reason and plan.thresholds == {"gemv_max_m": 4, "flat_gemm_max_m": 12}
+
+
+def test_linear_takes_leading_dims_and_one_vector(device, gen):
+    x3 = torch.randn((2, 3, 24), generator=gen).half().to(device)
+    w = torch.randn((20, 24), generator=gen).half().to(device)                    # (N, K)
+    y = linear(x3, w)
+    assert y.shape == (2, 3, 20)
+    assert_gemm_close(y.reshape(6, 20), x3.reshape(6, 24), w.T, "leading dims")
+    y1, plan = linear(x3[0, 0], w, explain=True)                                   # (K,) -> (N,)
+    assert y1.shape == (20,) and plan.M == 1
+    assert_gemm_close(y1[None], x3[0, 0][None], w.T, "one vector")
+    big = torch.randn((5, 4, 24), generator=gen).half().to(device)                 # M = 20 > 16
+    y, plan = linear(big, w.T, w_layout="kn", explain=True)
+    assert plan.kernel == "torch.matmul" and "M = 20 > 16" in plan.reason
+    assert_gemm_close(y.reshape(20, 20), big.reshape(20, 24), w.T, "M = 20")
+
+
+def test_linear_plan_explains_itself(monkeypatch):
+    monkeypatch.setattr(G, "_thresholds_file", lambda: {**_thresholds(1, 16), "measured": False})
+    plan = linear_plan(1, 4096, 4096, cc=(9, 0))
+    assert plan.kernel == "gemv" and plan.config.kernel == "gemv"
+    assert str(plan).startswith("linear: M=1 K=4096 N=4096 -> gemv: M = 1 <= gemv_max_m = 1")
+    assert "provisional" in plan.reason
+    plan = linear_plan(8, 4096, 4096, cc=(8, 0))                                    # no sm_80 entry
+    assert plan.kernel == "flat_gemm" and "measured on an H100; none measured for sm_80" in plan.reason
+    plan = linear_plan(8, 4096, 4096, cc=None)
+    assert "no GPU here" in plan.reason
+    assert linear_plan(0, 10, 10).kernel == "torch.matmul"
+    assert "32-bit" in linear_plan(4, 2**16, 2**15).reason
+
+
+def test_shipped_thresholds_file():
+    data = json.loads(G.THRESHOLDS_FILE.read_text())
+    assert data["format"] == "flashcourse-linear-thresholds/1"
+    assert isinstance(data["measured"], bool)
+    assert {"gpu", "torch", "triton", "date", "command"} <= set(data["provenance"])
+    if data["measured"]:
+        assert data["provenance"]["gpu"].startswith("NVIDIA H100")
+    sm90 = data["targets"]["sm_90"]
+    entries = [sm90["default"]] + sm90["shapes"]
+    assert {(e["K"], e["N"]) for e in sm90["shapes"]} >= {(4096, 4096), (4096, 11008), (11008, 4096), (4096, 12288)}
+    for e in entries:
+        assert 0 <= e["gemv_max_m"] <= e["flat_gemm_max_m"] <= G.FLAT_MAX_M, e
+        assert e["gemv_max_m"] <= G.GEMV_MAX_M, e
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors a student may meet
+
+def test_errors_speak_to_the_student():
+    dev = backend.DEVICE
+    z = lambda *s, dtype=torch.float16, device=dev: torch.zeros(*s, dtype=dtype, device=device)
+    x, w = z(4, 100), z(100, 70)
+    flat_gemm(x, w), gemv(x, w), linear(x, w.T)                                           # fine
+    for name, fn in (("flat_gemm", flat_gemm), ("gemv", gemv)):
+        with pytest.raises(ValueError, match=rf"^{name}: x is \(2, 3, 100\); expected 2 dimensions \(M, K\)"):
+            fn(z(2, 3, 100), w)
+        with pytest.raises(ValueError, match=rf"^{name}: x is \(4, 100\) but w is \(70, 100\), read as \(K, N\) "
+                                             r"with w_layout='kn'; expected w.shape\[0\] == 100, the K of x "
+                                             r"\(w fits w_layout='nk'\)"):
+            fn(x, z(70, 100))
+        with pytest.raises(ValueError, match=r"x is \(4, 100\) but w is \(100, 70\), read as \(N, K\) with "
+                                             r"w_layout='nk'; expected w.shape\[1\] == 100"):
+            fn(x, w, w_layout="nk")
+        with pytest.raises(ValueError, match=r"x is \(4, 100\) but w is \(99, 70\).*expected w.shape\[0\] == 100, the K of x$"):
+            fn(x, z(99, 70))
+        with pytest.raises(ValueError, match=r"w is \(100, 70, 1\); expected 2 dimensions, \(K, N\)"):
+            fn(x, z(100, 70, 1))
+        with pytest.raises(ValueError, match=r"w_layout is 'NK'; expected 'kn' \(w is \(K, N\): y = x @ w\) or 'nk'"):
+            fn(x, w, w_layout="NK")
+        with pytest.raises(ValueError, match=r"x has dtype torch.float16 but w has dtype torch.float32; expected the same dtype"):
+            fn(x, z(100, 70, dtype=torch.float32))
+        with pytest.raises(TypeError, match=r"x has dtype torch.float32; expected float16 or bfloat16"):
+            fn(z(4, 100, dtype=torch.float32), z(100, 70, dtype=torch.float32))
+        with pytest.raises(TypeError, match=r"x is a list; expected a torch.Tensor"):
+            fn([[1.0]], w)
+        with pytest.raises(ValueError, match=r"x is on meta; expected"):
+            fn(z(4, 100, device="meta"), z(100, 70, device="meta"))
+        with pytest.raises(ValueError, match=r"block_n is 48; expected a power of two"):
+            fn(x, w, block_n=48)
+        with pytest.raises(ValueError, match=r"split_k is 0; expected a whole number from 1 to 64 \(shares of K\)"):
+            fn(x, w, split_k=0)
+        with pytest.raises(ValueError, match=r"num_stages is 2.0; expected a whole number from 1 to 8"):
+            fn(x, w, num_stages=2.0)
+        with pytest.raises(ValueError, match=r"x is \(0, 100\): M = 0 rows"):
+            fn(z(0, 100), w)
+    with pytest.raises(ValueError, match=r"^flat_gemm: x is \(17, 100\): M = 17 rows, but flat_gemm takes 1 to 16 "
+                                         r"rows; use linear\(x, w\), which picks torch.matmul for more, or torch.matmul"):
+        flat_gemm(z(17, 100), w)
+    with pytest.raises(ValueError, match=r"^gemv: x is \(9, 100\): M = 9 rows, but gemv takes 1 to 8 rows"):
+        gemv(z(9, 100), w)
+    with pytest.raises(ValueError, match=r"block_k is 8; expected a power of two from 16 to 1024"):
+        flat_gemm(x, w, block_k=8)
+    # linear: x of any leading dims; w (N, K) by default
+    with pytest.raises(ValueError, match=r"^linear: x is \(2, 3, 100\) but w is \(100, 70\), read as \(N, K\) with "
+                                         r"w_layout='nk'; expected w.shape\[1\] == 100, the K of x \(w fits w_layout='kn'\)"):
+        linear(z(2, 3, 100), w)
+    with pytest.raises(ValueError, match=r"^linear: x is 0-dimensional"):
+        linear(torch.tensor(1.0, dtype=torch.float16, device=dev), w)
+    with pytest.raises(ValueError, match=r"^linear: w_layout is 'kN'"):
+        linear(x, w, w_layout="kN")
+    if not GPU:
+        with pytest.raises(TypeError, match=r"bfloat16, which Triton's interpreter"):
+            flat_gemm(z(4, 100, dtype=torch.bfloat16), z(100, 70, dtype=torch.bfloat16))
+    else:
+        with pytest.raises(ValueError, match=r"x is on cpu; expected a CUDA tensor"):
+            flat_gemm(z(4, 100, device="cpu"), z(100, 70, device="cpu"))
+        with pytest.raises(ValueError, match=r"w is on cpu; expected a CUDA tensor"):
+            flat_gemm(x, z(100, 70, device="cpu"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Configs: one table per compute capability, the same that the AOT check compiles
+
+def test_configs_per_compute_capability():
+    for cc in aot.TARGETS:
+        for kernel in ("flat_gemm", "gemv"):
+            registered = {(tuple(sorted((k, v) for k, v in launch.constexprs.items() if not k.startswith("stride"))),
+                           launch.num_warps, launch.num_stages) for launch in aot.configs_of(kernel, cc)}
+            assert registered
+            for K, N, _, split in G.AOT_CASES:
+                for M in ((1, 2, 4, 8) if kernel == "gemv" else (1, 16)):
+                    cfg = gemm_config(M, N, K, torch.float16, cc, kernel=kernel)
+                    if split:
+                        cfg = G.replace(cfg, split_k=split)
+                    launch = cfg.launch(N, K)
+                    assert (tuple(sorted(launch.constexprs.items())), launch.num_warps, launch.num_stages) in registered
+            for M in range(1, (G.GEMV_MAX_M if kernel == "gemv" else G.FLAT_MAX_M) + 1):
+                cfg = gemm_config(M, 11008, 4096, torch.float16, cc, kernel=kernel)
+                assert cfg.block_m == (16 if kernel == "flat_gemm" else int(2 ** np.ceil(np.log2(M))))
+                assert cfg.split_k >= 1 and cfg.split_k & (cfg.split_k - 1) == 0
+                assert cfg.programs(11008) <= 16 * G.NOMINAL_SMS[G._table_key(cc)]
+    assert {"flat_gemm", "gemv"} <= set(aot.registered())
+    # the split fills the GPU: N / B_N tiles times split_k programs, no share under 4 blocks of K
+    assert G.split_k_for(64, 4096, 128, sms=132, programs_per_sm=1.9) == 4
+    assert G.split_k_for(4, 256, 64, sms=132, programs_per_sm=2) == 1
+    assert G.split_k_for(1, 1 << 20, 128, sms=132, programs_per_sm=2) == G.MAX_SPLIT_K
+
+
+# ---------------------------------------------------------------------------------------------
+# The comparison rejects wrong results
+
+def test_the_comparison_rejects_the_wrong_layout_and_a_lost_partial(device, gen, monkeypatch):
+    x, w, w_kn = inputs(4, 64, 64, gen, device)
+    assert_gemm_close(flat_gemm(x, w), x, w_kn)
+    with pytest.raises(AssertionError, match="max error"):         # square W read the other way round
+        assert_gemm_close(flat_gemm(x, w, w_layout="nk"), x, w_kn)
+
+    real = G._launch
+
+    def last_share_only(x_, w_, K, N, swk, swn, cfg):           # a split-K that loses all but one share
+        lo = K - K // cfg.split_k
+        return real(x_[:, lo:], w_[lo:], K - lo, N, swk, swn, G.replace(cfg, split_k=1))
+    monkeypatch.setattr(G, "_launch", last_share_only)
+    with pytest.raises(AssertionError, match="max error"):
+        assert_gemm_close(flat_gemm(x, w, split_k=4), x, w_kn)
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmark suite (no GPU needed for its shapes and cases)
+
+def test_gemm_suite_shapes():
+    from flashcourse.bench import get_suite
+    ws = get_suite("gemm").workloads()
+    assert len(ws) == 4 * 7
+    for w in ws:
+        p = w.params
+        assert (p["K"], p["N"]) in {(4096, 4096), (4096, 11008), (11008, 4096), (4096, 12288)}
+        assert p["dtype"] == "float16" and w.label == f"K={p['K']} N={p['N']} M={p['M']}"
+    assert {w.params["M"] for w in get_suite("gemm").workloads(quick=True)} == {1, 2, 4, 8, 16}
+
+
+def test_gemm_suite_cases_on_small_shapes():
+    from flashcourse.bench import get_suite
+    from flashcourse.bench.gemm import IMPLS
+    for M in (3, 20):
+        (w,) = get_suite("gemm").workloads(shapes=((40, 24),), Ms=(M,))
+        cases = {c.impl: c for c in w.setup()}
+        assert list(cases) == IMPLS
+        for c in cases.values():
+            assert c.bytes == (40 * 24 + M * 40 + M * 24) * 2 and c.flops == 2 * M * 40 * 24
+            if c.skip is None:
+                assert c.check(c.fn()) is None, (M, c.impl)
+        assert (cases["kernels.flat_gemm"].skip is None) == (M <= 16)
+        assert cases["kernels.linear"].extra["picked"] == linear_plan(M, 24, 40).kernel
+        assert cases["torch.matmul padded to 64 rows"].extra["useful_fraction"] == M / 64
+
+
+# ---------------------------------------------------------------------------------------------
+# The H100 results shipped with the course (flashcourse/bench/results/h100/gemm.json, timed with
+# do_bench, and .../read-flush/gemm.json, timed with the L2 flushed by reading), claim by claim
+
+def _shipped(flush):
+    from flashcourse.bench import shipped
+    try:
+        return shipped("gemm", flush=flush) if flush == "read" else shipped("gemm")
+    except (FileNotFoundError, TypeError) as e:
+        pytest.skip(f"no shipped gemm results ({flush} flush): {e}")
+
+
+def check_shipped_gemm(read, write):
+    """The claims the chapter makes from the H100's numbers; raises AssertionError on the first false one."""
+    from flashcourse.bench.gemm import table
+    for r in (read, write):
+        assert r.gpu.startswith("NVIDIA H100"), r.gpu
+        assert not [x for x in r.records if x.error], [x for x in r.records if x.error]
+    rows = {(x["K"], x["N"], x["M"]): x for x in table(read)}
+    assert len(rows) == 28
+    for (K, N, M), x in rows.items():
+        us = lambda impl, x=x: x[f"{impl} us"] or math.inf                  # a skipped case: inf
+        cublas, flat = us("torch.matmul (cuBLAS)"), us("kernels.flat_gemm")
+        best = min(cublas, flat, us("kernels.gemv"))
+        if M <= 16:
+            assert flat <= 1.04 * cublas, (K, N, M, flat, cublas)            # cuBLAS: at most ~3% faster
+            if 11008 in (K, N):                                             # >= 80% of the 3.02 TB/s copy
+                assert x["kernels.flat_gemm TBps"] >= 0.8 * 3.02, (K, N, M, x["kernels.flat_gemm TBps"])
+        assert us("kernels.linear") <= 1.05 * best, (K, N, M)              # the dispatcher's pick
+        nk_best = min(us("F.linear (cuBLAS, nn.Linear layout)"), us("kernels.flat_gemm (nn.Linear layout)"))
+        assert us("kernels.linear (nn.Linear layout)") <= 1.06 * nk_best, (K, N, M)
+        if M < 64:                     # padding x to 64 rows costs cuBLAS no time: W's bytes do
+            assert us("torch.matmul padded to 64 rows") <= 1.08 * cublas, (K, N, M)
+    for (K, N, M), x in {(y["K"], y["N"], y["M"]): y for y in table(write)}.items():
+        if M <= 16:                    # do_bench's dirty L2 costs every kernel the same write-back
+            assert x["kernels.flat_gemm us"] <= 1.08 * x["torch.matmul (cuBLAS) us"], (K, N, M)
+
+
+def test_shipped_h100_results():
+    check_shipped_gemm(_shipped("read"), _shipped("write"))
