@@ -2,6 +2,8 @@
 
 * ``@pytest.mark.gpu`` tests are skipped unless the kernels run on a CUDA GPU
   (``flashcourse.backend.DEVICE == "cuda"``; ``FLASHCOURSE_BACKEND=cpu`` on a GPU machine skips them too).
+* the ``device`` fixture runs a kernel test once per backend, "cpu" (the interpreter) and "cuda"
+  (marked ``gpu``); a process has one backend, so the other one's case is skipped.
 * the ``seed`` fixture draws a new seed for every test run; a failing test prints it, and
   ``FLASHCOURSE_SEED=<seed> python -m pytest ...`` replays it. ``gen`` is a torch.Generator on
   the CPU seeded with it.
@@ -27,6 +29,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+#: The two backends a kernel test is written for.
+DEVICES = [pytest.param("cpu", id="interp"), pytest.param("cuda", marks=pytest.mark.gpu, id="cuda")]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    """The device kernels run on in this process, once per backend (the other one is skipped)."""
+    if request.param != backend.DEVICE:
+        pytest.skip(f"this process runs kernels on {backend.DEVICE}")
+    return request.param
 
 
 @pytest.fixture

@@ -36,15 +36,7 @@ FA2 = importlib.import_module("flashcourse.kernels.fa2")   # the modules (the pa
 FA1 = importlib.import_module("flashcourse.kernels.fa1")
 
 GPU = backend.DEVICE == "cuda"
-DEVICES = [pytest.param("cpu", id="interp"), pytest.param("cuda", marks=pytest.mark.gpu, id="cuda")]
 KERNELS = {"fa2": fa2_forward, "fa1": fa1_forward}
-
-
-@pytest.fixture(params=DEVICES)
-def device(request):
-    if request.param != backend.DEVICE:
-        pytest.skip(f"this process runs kernels on {backend.DEVICE}")
-    return request.param
 
 
 # ---------------------------------------------------------------------------------------------

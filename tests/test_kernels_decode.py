@@ -27,14 +27,6 @@ from error_rule import assert_within_error_rule  # noqa: E402
 DEC = importlib.import_module("flashcourse.kernels.decode")
 
 GPU = backend.DEVICE == "cuda"
-DEVICES = [pytest.param("cpu", id="interp"), pytest.param("cuda", marks=pytest.mark.gpu, id="cuda")]
-
-
-@pytest.fixture(params=DEVICES)
-def device(request):
-    if request.param != backend.DEVICE:
-        pytest.skip(f"this process runs kernels on {backend.DEVICE}")
-    return request.param
 
 
 # ---------------------------------------------------------------------------------------------
@@ -344,8 +336,10 @@ def test_decode_suite_cases_on_small_shapes(gen):
 def test_shipped_h100_results():
     """What the H100 measurement (flashcourse/bench/results/h100/decode.json) shows, claim by claim.
 
-    Short caches are dominated by the host's launch time (~0.1 ms a call on the measuring machine),
-    so the claims below are about L >= 4k except where said.
+    These are do_bench times: its L2 flush writes 256 MB, and short caches are dominated by the
+    host's launch time (~0.1 ms a call on the measuring machine), which do_bench's flush only
+    partly hides -- a few short-cache records are host noise (e.g. B = 8, 8 KV heads, 1k keys). So
+    the claims here are about L >= 16k; the read-flush results below make the short-cache ones.
     """
     from flashcourse.bench import shipped
     from flashcourse.bench.decode import table
@@ -357,16 +351,14 @@ def test_shipped_h100_results():
     sdpa = ("sdpa (flash)", "sdpa (cudnn)", "sdpa (efficient)", "sdpa (math)")
     for (H_kv, B, L), x in rows.items():
         us = lambda impl: x[f"{impl} us"] or math.inf            # noqa: E731  (skipped: inf)
+        if L < 16384:
+            continue
         flash = us("kernels.flash_decode")
         best = min(us(s) for s in sdpa)
         if L >= 65536 and (B > 1 or H_kv == 32):
             assert x["kernels.flash_decode TBps"] >= 0.85 * 3.02, (H_kv, B, L)   # >= 85% of the copy ceiling
-        if L >= 4096:       # SDPA's best backend (cuDNN, mostly): within 2% at B = 1; at B = 32 with
-            # 32 KV heads (one split) flash_decode measured up to 6% behind, where unified max is not
-            assert flash <= (1.02 if B == 1 else 1.07) * best, (H_kv, B, L, flash, best)
-        if B == 1 and L <= 4096:  # unified max's one launch and no rescale: faster than flash_decode
-            assert flash >= 1.03 * us("kernels.unified_max_decode"), (H_kv, B, L)
-        assert us("kernels.unified_max_decode (fallback 1/8)") > us("kernels.unified_max_decode")
+        assert flash <= (1.02 if B == 1 else 1.03) * best, (H_kv, B, L, flash, best)   # SDPA's best backend
+        assert us("kernels.unified_max_decode (fallback 1/8)") > 1.1 * us("kernels.unified_max_decode")
     # one sequence, 32 heads: split-KV against FA2 with one query token (32 programs)
     for L in (65536, 131072):
         x = rows[32, 1, L]
@@ -386,8 +378,16 @@ def test_shipped_h100_results_with_a_read_flush():
     rows = {(x["H_kv"], x["B"], x["L"]): x for x in table(r)}
     dirty = {(x["H_kv"], x["B"], x["L"]): x for x in table(w)}
     assert len(rows) == 30 and not [x for x in r.records if x.error]
+    sdpa = ("sdpa (flash)", "sdpa (cudnn)", "sdpa (efficient)", "sdpa (math)")
     for (H_kv, B, L), x in rows.items():
+        us = lambda impl: x[f"{impl} us"] or math.inf            # noqa: E731  (skipped: inf)
+        flash = us("kernels.flash_decode")
         if L >= (16384 if H_kv == 32 else 65536):            # >= 85% of the copy ceiling at B = 1 too
             assert x["kernels.flash_decode TBps"] >= 0.85 * 3.02, (H_kv, B, L)
-        if B == 1 and L <= 65536:                             # the flush's write-back, gone
-            assert x["kernels.flash_decode us"] < dirty[H_kv, B, L]["kernels.flash_decode us"], (H_kv, L)
+        if B == 1:
+            assert flash < dirty[H_kv, B, L]["kernels.flash_decode us"], (H_kv, L)   # no write-back
+            # level with SDPA's best backend (cuDNN) at every length: within the 4% that repeated
+            # runs of the same kernels differ by, and not slower at all up to 4k keys
+            assert flash <= (1.0 if L <= 4096 else 1.04) * min(us(s) for s in sdpa), (H_kv, L)
+        if B == 1 and L <= 4096:  # unified max's one launch and no rescale: faster than flash_decode
+            assert flash >= 1.03 * us("kernels.unified_max_decode"), (H_kv, L)

@@ -29,14 +29,6 @@ from flashcourse.kernels import aot, flat_gemm, gemm_config, gemv, linear, linea
 G = importlib.import_module("flashcourse.kernels.gemm")
 
 GPU = backend.DEVICE == "cuda"
-DEVICES = [pytest.param("cpu", id="interp"), pytest.param("cuda", marks=pytest.mark.gpu, id="cuda")]
-
-
-@pytest.fixture(params=DEVICES)
-def device(request):
-    if request.param != backend.DEVICE:
-        pytest.skip(f"this process runs kernels on {backend.DEVICE}")
-    return request.param
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,16 +25,8 @@ S = importlib.import_module("flashcourse.kernels.softmax")  # the module (the pa
 
 GPU = backend.DEVICE == "cuda"
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if supports_bf16() else [])
-# The same correctness tests on the interpreter (CPU) and, with the `gpu` mark, on CUDA: a process
-# has one backend, so the other one's cases are skipped.
-DEVICES = [pytest.param("cpu", id="interp"), pytest.param("cuda", marks=pytest.mark.gpu, id="cuda")]
-
-
-@pytest.fixture(params=DEVICES)
-def device(request):
-    if request.param != backend.DEVICE:
-        pytest.skip(f"this process runs kernels on {backend.DEVICE}")
-    return request.param
+# The same correctness tests on the interpreter (CPU) and, with the `gpu` mark, on CUDA (the
+# ``device`` fixture of conftest.py).
 
 
 def size(gpu, cpu):

@@ -67,9 +67,13 @@ class Case:
     names: tuple = ("x",)
     extra: dict = field(default_factory=dict)
 
-    def describe(self) -> str:
+    def where(self) -> str:
+        """Which case this is: shown or hidden, its number, its kind, and the seed of a hidden one."""
         seed = f", seed {self.seed}" if self.hidden and self.seed is not None else ""
-        where = f"{'hidden' if self.hidden else 'shown'} case {self.number} of {self.of} ({self.kind}{seed})"
+        return f"{'hidden' if self.hidden else 'shown'} case {self.number} of {self.of} ({self.kind}{seed})"
+
+    def describe(self) -> str:
+        where = self.where()
         args = ", ".join(f"{n} = {_show(v)}" for n, v in zip(self.names, self.inputs))
         return f"{where}, {args}"
 

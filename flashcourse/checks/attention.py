@@ -70,8 +70,7 @@ class _AttnCase(Case):
         self.what = what
 
     def describe(self) -> str:
-        seed = f", seed {self.seed}" if self.hidden and self.seed is not None else ""
-        where = f"{'hidden' if self.hidden else 'shown'} case {self.number} of {self.of} ({self.kind}{seed})"
+        where = self.where()
         e = self.extra
         sizes = f"N_q = {e['N_q']}, N_k = {e['N_k']}, d = {e['d']}"
         blocks = ", ".join(f"{b} = {e[b]}" for b in ("B_r", "B_c", "BLOCK_M", "BLOCK_N", "B*H") if b in e)

@@ -116,8 +116,7 @@ class _DecodeCase(Case):
         super().__init__(kind, inputs, number, of, hidden, seed, names, extra or {})
 
     def describe(self) -> str:
-        seed = f", seed {self.seed}" if self.hidden and self.seed is not None else ""
-        where = f"{'hidden' if self.hidden else 'shown'} case {self.number} of {self.of} ({self.kind}{seed})"
+        where = self.where()
         e = self.extra
         parts = [f"{k} = {e[k]}" for k in ("B", "H_q", "H_kv", "d", "L", "kv_lens", "num_splits", "chunk",
                                             "BLOCK_N", "row stride") if k in e]
@@ -611,8 +610,7 @@ def _um_flag(name, got, case):
 
 class _UMCase(Case):
     def describe(self) -> str:
-        seed = f", seed {self.seed}" if self.hidden and self.seed is not None else ""
-        where = f"{'hidden' if self.hidden else 'shown'} case {self.number} of {self.of} ({self.kind}{seed})"
+        where = self.where()
         x, V, phi, a, b = self.inputs
         e = self.extra
         t = x.astype(np.float64) - phi

@@ -82,8 +82,7 @@ _BN_KIND_HINTS = {
 
 class _BNCase(Case):
     def describe(self) -> str:
-        seed = f", seed {self.seed}" if self.hidden and self.seed is not None else ""
-        where = f"{'hidden' if self.hidden else 'shown'} case {self.number} of {self.of} ({self.kind}{seed})"
+        where = self.where()
         M, K, N, sms, cands = self.inputs
         return f"{where}: M = {M}, K = {K}, N = {N}, num_sms = {sms}, candidates = {tuple(cands)}"
 
@@ -242,8 +241,7 @@ class _GemmCase(Case):
     """A flat GEMM launch: sizes, W's layout, the blocks, the row strides of the buffers."""
 
     def describe(self) -> str:
-        seed = f", seed {self.seed}" if self.hidden and self.seed is not None else ""
-        where = f"{'hidden' if self.hidden else 'shown'} case {self.number} of {self.of} ({self.kind}{seed})"
+        where = self.where()
         e = self.extra
         lay = "W as (K, N)" if e["layout"] == "kn" else "W as (N, K), nn.Linear's layout"
         return (f"{where}: M = {e['M']}, K = {e['K']}, N = {e['N']}, {lay}, BLOCK_N = {e['BLOCK_N']}, "

@@ -107,6 +107,22 @@ def _k_range(K, pid_k, SPLIT_K, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
+def _tile(X, W, K, stride_xm, stride_wk, stride_wn, SPLIT_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+          BLOCK_K: tl.constexpr):
+    # program (pid_n, pid_k): its rows and columns of y, its share [lo, hi) of K, and the pointers
+    # to the first (B_M, B_K) tile of x and (B_K, B_N) tile of W
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    lo, hi = _k_range(K, pid_k, SPLIT_K, BLOCK_K)
+    x_ptrs = X + rows[:, None] * stride_xm + (lo + ks)[None, :]
+    w_ptrs = W + (lo + ks)[:, None] * stride_wk + cols[None, :] * stride_wn
+    return pid_n, pid_k, rows, cols, ks, lo, hi, x_ptrs, w_ptrs
+
+
+@triton.jit
 def _load_tiles(x_ptrs, w_ptrs, k, hi, ks, in_m, in_n, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
                 W_POLICY: tl.constexpr):
     # x: (B_M, B_K) rows past M are zeros; w: (B_K, B_N), masked only where K or N is ragged
@@ -149,14 +165,8 @@ def _flat_gemm_kernel(X, W, Y, PART, COUNT, M, N, K, stride_xm, stride_wk, strid
                       EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, REDUCE: tl.constexpr,
                       W_POLICY: tl.constexpr):
     # y[:M, cols] (+)= x[:M, lo:hi] @ W[lo:hi, cols], the M rows padded to B_M = 16 for tl.dot
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    rows = tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    ks = tl.arange(0, BLOCK_K)
-    lo, hi = _k_range(K, pid_k, SPLIT_K, BLOCK_K)
-    x_ptrs = X + rows[:, None] * stride_xm + (lo + ks)[None, :]                       # (B_M, B_K)
-    w_ptrs = W + (lo + ks)[:, None] * stride_wk + cols[None, :] * stride_wn           # (B_K, B_N)
+    pid_n, pid_k, rows, cols, ks, lo, hi, x_ptrs, w_ptrs = _tile(X, W, K, stride_xm, stride_wk, stride_wn,
+                                                                 SPLIT_K, BLOCK_M, BLOCK_N, BLOCK_K)
     in_m = rows < M
     in_n = cols < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -174,14 +184,8 @@ def _gemv_kernel(X, W, Y, PART, COUNT, M, N, K, stride_xm, stride_wk, stride_wn,
                  EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, REDUCE: tl.constexpr,
                  W_POLICY: tl.constexpr):
     # the same tile without tensor cores: multiply and add elementwise, sum over k at the end
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    rows = tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    ks = tl.arange(0, BLOCK_K)
-    lo, hi = _k_range(K, pid_k, SPLIT_K, BLOCK_K)
-    x_ptrs = X + rows[:, None] * stride_xm + (lo + ks)[None, :]                       # (B_M, B_K)
-    w_ptrs = W + (lo + ks)[:, None] * stride_wk + cols[None, :] * stride_wn           # (B_K, B_N)
+    pid_n, pid_k, rows, cols, ks, lo, hi, x_ptrs, w_ptrs = _tile(X, W, K, stride_xm, stride_wk, stride_wn,
+                                                                 SPLIT_K, BLOCK_M, BLOCK_N, BLOCK_K)
     in_m = rows < M
     in_n = cols < N
     acc = tl.zeros((BLOCK_M, BLOCK_K, BLOCK_N), dtype=tl.float32)
