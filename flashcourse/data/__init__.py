@@ -1,1 +1,7 @@
-"""Data shipped with the course: the MiniLM-L6 attention-score statistics (``minilm_scores.json``)."""
+"""Data shipped with the course.
+
+* ``minilm_scores.json``: MiniLM-L6's attention-score statistics (chapter 5, :mod:`flashcourse.scores`);
+* ``linear_thresholds.json``: the (M, N, K) thresholds with which ``flashcourse.kernels.linear``
+  picks gemv, flat GEMM or torch.matmul, measured on an H100 by ``tools/gpu_gemm.py --thresholds``
+  (chapter 6).
+"""
