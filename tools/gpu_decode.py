@@ -22,11 +22,12 @@ import importlib
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from gpu_common import run_pytest  # noqa: E402  (tools/, the script's own folder)
 
 import flashcourse  # noqa: E402,F401  (first: decides the backend before triton is imported)
 from flashcourse import backend  # noqa: E402
@@ -79,19 +80,7 @@ def sdpa_best(q, k, v):
 
 
 def run_tests(timeout: float) -> dict:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider",
-           "--durations=5", "tests/test_kernels_decode.py"]
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        text = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        print(text[-3000:], "\nTESTS TIMED OUT", flush=True)
-        return {"command": " ".join(cmd[1:]), "returncode": "timeout", "seconds": timeout}
-    tail = (proc.stdout + proc.stderr).strip().splitlines()
-    print("\n".join(tail[-40:]), flush=True)
-    return {"command": " ".join(cmd[1:]), "returncode": proc.returncode, "summary": tail[-1] if tail else "",
-            "tail": tail[-40:], "seconds": round(time.perf_counter() - t0, 1)}
+    return run_pytest(["tests/test_kernels_decode.py"], timeout, extra=("--durations=5",), keep=40)
 
 
 def main() -> int:

@@ -32,11 +32,12 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from gpu_common import run_pytest  # noqa: E402  (tools/, the script's own folder)
 
 import flashcourse  # noqa: I001,F401  (first: decides the backend before triton is imported)
 from flashcourse import backend
@@ -83,11 +84,8 @@ def make_timer(smoke: bool, warmup: int, rep: int):
                 ts.append((time.perf_counter() - t0) * 1e3)
             return statistics.median(ts)
         return timer
-    from triton.testing import do_bench
-
-    def timer(fn):
-        return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
-    return timer
+    from flashcourse.bench.harness import do_bench_timer
+    return do_bench_timer(warmup, rep)
 
 
 def make_read_flush_timer(smoke: bool, warmup: int, rep: int):
@@ -97,26 +95,8 @@ def make_read_flush_timer(smoke: bool, warmup: int, rep: int):
     up to 50 MB on an H100, ~16 us.)"""
     if smoke:
         return make_timer(True, 0, 0)
-    try:
-        from flashcourse.bench.harness import read_flush_timer
-        return read_flush_timer(warmup, rep)
-    except ImportError:
-        pass
-    flush = torch.empty(64 * 2**20, dtype=torch.float32, device="cuda").normal_()    # 256 MB
-
-    def timer(fn, reps=60):
-        fn()
-        torch.cuda.synchronize()
-        start = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        end = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        for i in range(reps):
-            flush.sum()
-            start[i].record()
-            fn()
-            end[i].record()
-        torch.cuda.synchronize()
-        return statistics.median(a.elapsed_time(b) for a, b in zip(start, end))
-    return timer
+    from flashcourse.bench.harness import read_flush_timer
+    return read_flush_timer(warmup, rep)
 
 
 def weights(K, N, device, gen, dtype=torch.float16):
@@ -481,19 +461,7 @@ def format_thresholds(data: dict) -> str:
 
 
 def run_tests(timeout: float) -> dict:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider",
-           "--durations=5", "tests/test_kernels_gemm.py"]
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired as e:
-        text = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        print(text[-3000:], "\nTESTS TIMED OUT", flush=True)
-        return {"command": " ".join(cmd[1:]), "returncode": "timeout", "seconds": timeout}
-    tail = (proc.stdout + proc.stderr).strip().splitlines()
-    print("\n".join(tail[-30:]), flush=True)
-    return {"command": " ".join(cmd[1:]), "returncode": proc.returncode, "summary": tail[-1] if tail else "",
-            "tail": tail[-30:], "seconds": round(time.perf_counter() - t0, 1)}
+    return run_pytest(["tests/test_kernels_gemm.py"], timeout, extra=("--durations=5",))
 
 
 if __name__ == "__main__":

@@ -25,11 +25,12 @@ import importlib
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from gpu_common import run_pytest  # noqa: E402  (tools/, the script's own folder)
 
 import flashcourse  # noqa: E402  (first: decides the backend before triton is imported)
 from flashcourse import backend  # noqa: E402
@@ -72,20 +73,7 @@ def forward_run(x, BLOCK, num_warps):
 
 
 def run_tests(timeout: float) -> dict:
-    # -o addopts=: the project's addopts name nbval, which a bare GPU machine may not have
-    cmd = [sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider", "--durations=10",
-           "tests/test_kernels_softmax.py", "tests/test_aot.py"]
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        text = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        print(text[-3000:], "\nTESTS TIMED OUT", flush=True)
-        return {"command": " ".join(cmd[1:]), "returncode": "timeout", "seconds": timeout}
-    tail = (proc.stdout + proc.stderr).strip().splitlines()
-    print("\n".join(tail[-25:]), flush=True)
-    return {"command": " ".join(cmd[1:]), "returncode": proc.returncode, "summary": tail[-1] if tail else "",
-            "seconds": round(time.perf_counter() - t0, 1)}
+    return run_pytest(["tests/test_kernels_softmax.py", "tests/test_aot.py"], timeout, extra=("--durations=10",), keep=25)
 
 
 def bench(fn) -> tuple[float, float, float]:

@@ -170,25 +170,39 @@ def _chunk_bounds(KV_LENS, b, s, L, S, HAS_LENS: tl.constexpr, BLOCK_N: tl.const
 
 
 @triton.jit
-def _decode_split(Q, K, V, KV_LENS, O_PART, LSE_PART, qk_scale, L, H_kv, G, S,
-                  stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
-                  USE_DOT: tl.constexpr, HAS_LENS: tl.constexpr):
-    # grid: (S splits, B * H_kv). One program: one chunk of one KV head, its G query heads.
+def _program(Q, K, V, KV_LENS, L, H_kv, G, S, stride_qb, stride_qh, stride_kb, stride_kh, stride_kn,
+             stride_vb, stride_vh, stride_vn, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+             BLOCK_G: tl.constexpr, HAS_LENS: tl.constexpr):
+    # Program (s, b * H_kv + hk) of a split-KV grid: its split s, its query heads hk*G + g (rows of
+    # the (B H_q) outputs), the group's q (B_G, d), pointers to the first key block of its KV head,
+    # and its keys [lo, hi) (unmasked up to full) of the valid length n.
     s = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H_kv).to(tl.int64)
     hk = (bh % H_kv).to(tl.int64)
-    g = tl.arange(0, BLOCK_G)                     # (B_G,) query heads hk*G + g of the group
+    g = tl.arange(0, BLOCK_G)
     cols = tl.arange(0, BLOCK_N)
     dims = tl.arange(0, HEAD_DIM)
     in_g = g < G
     heads = hk * G + g
+    rows = b * H_kv * G + heads                                                     # (B_G,)
     q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + dims[None, :],
                 mask=in_g[:, None], other=0.0)                                     # (B_G, d)
     K_ptrs = K + b * stride_kb + hk * stride_kh + cols[:, None] * stride_kn + dims[None, :]
     V_ptrs = V + b * stride_vb + hk * stride_vh + cols[:, None] * stride_vn + dims[None, :]
     n, lo, hi, full = _chunk_bounds(KV_LENS, b, s, L, S, HAS_LENS, BLOCK_N)
+    return s, bh, rows, in_g, dims, cols, q, K_ptrs, V_ptrs, n, lo, hi, full
+
+
+@triton.jit
+def _decode_split(Q, K, V, KV_LENS, O_PART, LSE_PART, qk_scale, L, H_kv, G, S,
+                  stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
+                  USE_DOT: tl.constexpr, HAS_LENS: tl.constexpr):
+    # grid: (S splits, B * H_kv). One program: one chunk of one KV head, its G query heads.
+    s, bh, rows, in_g, dims, cols, q, K_ptrs, V_ptrs, n, lo, hi, full = _program(
+        Q, K, V, KV_LENS, L, H_kv, G, S, stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb,
+        stride_vh, stride_vn, HEAD_DIM, BLOCK_N, BLOCK_G, HAS_LENS)
 
     m_i = tl.full([BLOCK_G], -float("inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
@@ -200,7 +214,6 @@ def _decode_split(Q, K, V, KV_LENS, O_PART, LSE_PART, qk_scale, L, H_kv, G, S,
 
     # partial output, normalised, and its log-sum-exp (log2 units; -inf for an empty split)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    rows = b * H_kv * G + heads                                                     # (B_G,)
     tl.store(O_PART + (rows[:, None] * S + s) * HEAD_DIM + dims[None, :], acc / l_safe[:, None],
              mask=in_g[:, None])
     tl.store(LSE_PART + rows * S + s, m_i + tl.math.log2(l_i), mask=in_g)
@@ -237,21 +250,9 @@ def _unified_max_decode(Q, K, V, KV_LENS, O, ACC, LSUM, COUNT, O_PART, LSE_PART,
                         BLOCK_G: tl.constexpr, USE_DOT: tl.constexpr, HAS_LENS: tl.constexpr):
     # grid: (S splits, B * H_kv), as _decode_split. ACC, LSUM, COUNT are a zeroed workspace that
     # the last program of each head leaves zeroed again.
-    s = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // H_kv).to(tl.int64)
-    hk = (bh % H_kv).to(tl.int64)
-    g = tl.arange(0, BLOCK_G)
-    cols = tl.arange(0, BLOCK_N)
-    dims = tl.arange(0, HEAD_DIM)
-    in_g = g < G
-    heads = hk * G + g
-    rows = b * H_kv * G + heads                                                     # (B_G,)
-    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + dims[None, :],
-                mask=in_g[:, None], other=0.0)
-    K_ptrs = K + b * stride_kb + hk * stride_kh + cols[:, None] * stride_kn + dims[None, :]
-    V_ptrs = V + b * stride_vb + hk * stride_vh + cols[:, None] * stride_vn + dims[None, :]
-    n, lo, hi, full = _chunk_bounds(KV_LENS, b, s, L, S, HAS_LENS, BLOCK_N)
+    s, bh, rows, in_g, dims, cols, q, K_ptrs, V_ptrs, n, lo, hi, full = _program(
+        Q, K, V, KV_LENS, L, H_kv, G, S, stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb,
+        stride_vh, stride_vn, HEAD_DIM, BLOCK_N, BLOCK_G, HAS_LENS)
 
     m_i = tl.full([BLOCK_G], -float("inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)

@@ -1,0 +1,31 @@
+"""What the GPU tuning scripts (tools/gpu_*.py) share: running the kernel tests on the GPU.
+
+    >>> r = run_pytest(["tests/test_nothing_here.py"], timeout=60, quiet=True)
+    >>> r["returncode"] != 0 and r["command"].startswith("-m pytest")
+    True
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+
+def run_pytest(files, timeout: float, extra=(), keep: int = 30, quiet: bool = False) -> dict:
+    """Run pytest on ``files`` in a subprocess (``-o addopts=``: the project's addopts name nbval,
+    which a bare GPU machine may not have); print and return the last ``keep`` lines of its output,
+    its return code ("timeout" if it ran past ``timeout`` seconds) and how long it took."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider", *extra, *files]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as e:
+        text = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        if not quiet:
+            print(text[-3000:], "\nTESTS TIMED OUT", flush=True)
+        return {"command": " ".join(cmd[1:]), "returncode": "timeout", "seconds": timeout}
+    tail = (proc.stdout + proc.stderr).strip().splitlines()
+    if not quiet:
+        print("\n".join(tail[-keep:]), flush=True)
+    return {"command": " ".join(cmd[1:]), "returncode": proc.returncode, "summary": tail[-1] if tail else "",
+            "tail": tail[-keep:], "seconds": round(time.perf_counter() - t0, 1)}
