@@ -129,7 +129,7 @@ def test_progress_bar_counts_workloads(toy_suite, capsys):
     assert "bench toy-test" in err and "2/2" in err
 
 
-def test_default_timer_is_do_bench_median_with_the_baseline_settings(monkeypatch):
+def test_do_bench_timer_is_do_bench_median_with_the_baseline_settings(monkeypatch):
     import triton.testing
     seen = {}
 
@@ -142,6 +142,36 @@ def test_default_timer_is_do_bench_median_with_the_baseline_settings(monkeypatch
     assert seen == {"warmup": 25, "rep": 100, "return_mode": "median"}
     assert timer.settings == {"timer": "triton.testing.do_bench", "warmup_ms": 25, "rep_ms": 100,
                               "return_mode": "median"}
+
+
+def test_flush_timer_settings_and_a_wrong_flush():
+    for flush in bench.harness.FLUSHES:
+        t = bench.flush_timer(flush)
+        assert t.settings == {"timer": "do_bench's method, host kept ahead", "flush": f"{flush} 256 MiB",
+                              "warmup_ms": 25, "rep_ms": 100, "return_mode": "median"}
+    assert bench.read_flush_timer(5, 20).settings["flush"] == "read 256 MiB"
+    with pytest.raises(ValueError, match="flush_timer: flush is 'dirty'; expected 'write'"):
+        bench.flush_timer("dirty")
+
+
+@pytest.mark.gpu
+def test_flush_timer_times_the_gpu_not_the_hosts_launch():
+    """400 us of Python before a one-element kernel: do_bench times the GPU's wait, flush_timer does not."""
+    import time
+
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    x = torch.zeros(1, device="cuda")
+
+    def slow_host():
+        t = time.perf_counter()
+        while time.perf_counter() - t < 4e-4:
+            pass
+        x.add_(1)
+    assert bench.do_bench_timer(5, 20)(slow_host) > 0.2          # the flush is ~0.1 ms: the rest is waiting
+    for flush in bench.harness.FLUSHES:
+        assert bench.flush_timer(flush, 5, 20)(slow_host) < 0.05, flush
 
 
 # -- provenance and JSON ------------------------------------------------------------------------

@@ -15,9 +15,12 @@
    ``flashcourse/data/linear_thresholds.json``: copy it there. (Fold the sweep's winners into
    ``gemm.py``'s tables first: the thresholds are measured with the configs the code picks.)
 4. ``--overhead``: the host's time per call of each entry point (launches queued, not waited for).
+   ``--layer``: a decode step's linear layers as a CUDA graph (4 Llama-2-7B decoder layers, their
+   five projections each; no flush, no Python launches): time per layer, cuBLAS against the course.
 5. ``--tests``: ``pytest`` on tests/test_kernels_gemm.py (the gpu tests run).
 
-Times are ``triton.testing.do_bench`` medians (L2 flushed before each call). Everything goes to
+Times are medians of do_bench's method with the host kept ahead (``flashcourse.bench.flush_timer``:
+the L2 flushed before each call, the GPU's time alone). Everything goes to
 ``$OUT/gemm_tune.json`` (or ``--out DIR``) as it goes, so a run cut short keeps its data.
 ``--smoke`` runs every step on tiny shapes in Triton's interpreter (no GPU; the timings mean
 nothing): it checks that this script works.
@@ -73,7 +76,11 @@ def now():
     return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
 
 
-def make_timer(smoke: bool, warmup: int, rep: int):
+def make_timer(smoke: bool, warmup: int, rep: int, flush: str = "write"):
+    """flashcourse.bench.flush_timer: do_bench's method, the GPU's time alone. ``flush="read"``: the
+    L2 flushed by reading, so it holds only clean lines and the time is the kernel's own traffic.
+    (do_bench clears the L2 by writing zeros, which leaves it full of dirty lines that every kernel
+    then pays to write back: up to 50 MB on an H100, ~16 us.) ``smoke``: host wall time."""
     if smoke:
         def timer(fn):
             fn()
@@ -84,19 +91,8 @@ def make_timer(smoke: bool, warmup: int, rep: int):
                 ts.append((time.perf_counter() - t0) * 1e3)
             return statistics.median(ts)
         return timer
-    from flashcourse.bench.harness import do_bench_timer
-    return do_bench_timer(warmup, rep)
-
-
-def make_read_flush_timer(smoke: bool, warmup: int, rep: int):
-    """do_bench's method with a read-only L2 flush (flashcourse.bench.harness.read_flush_timer): the
-    L2 holds only clean lines, so the time is the kernel's own traffic. (do_bench clears the L2 by
-    writing zeros, which leaves it full of dirty lines that every kernel then pays to write back:
-    up to 50 MB on an H100, ~16 us.)"""
-    if smoke:
-        return make_timer(True, 0, 0)
-    from flashcourse.bench.harness import read_flush_timer
-    return read_flush_timer(warmup, rep)
+    from flashcourse.bench.harness import flush_timer
+    return flush_timer(flush, warmup, rep)
 
 
 def weights(K, N, device, gen, dtype=torch.float16):
@@ -133,7 +129,7 @@ def gb(K, N, M):
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    for flag in ("check", "sweep", "thresholds", "overhead", "tests", "smoke", "wide"):
+    for flag in ("check", "sweep", "thresholds", "overhead", "layer", "tests", "smoke", "wide"):
         p.add_argument(f"--{flag}", action="store_true")
     p.add_argument("--budget", type=float, default=200, help="stop sweeping after this many seconds")
     p.add_argument("--total", type=float, default=270, help="give the tests what is left of this many seconds")
@@ -163,12 +159,12 @@ def main() -> int:
         flat_cands = [(32, 32, 4, 1), (16, 16, 4, 1)]
         gemv_cands = {bm: [(32, 32, 4, 1), (16, 16, 4, 1)] for bm in (1, 2, 4, 8)}
     # Two timers: "read" flushes the L2 by reading (the state a decode step finds: clean lines),
-    # "write" is do_bench (the course's baselines; it leaves the L2 full of dirty lines). The
+    # "write" zeroes it as do_bench does (the course's baselines; the L2 full of dirty lines). The
     # sweep ranks by --timer, and reports both for cuBLAS, the best config and the one picked.
-    timers = {"read": make_read_flush_timer(smoke, 10, args.rep), "write": make_timer(smoke, 10, args.rep)}
+    timers = {f: make_timer(smoke, 10, args.rep, f) for f in ("read", "write")}
     timer, other_name = timers[args.timer], ("write" if args.timer == "read" else "read")
     other = timers[other_name]
-    bench_timers = {"read": make_read_flush_timer(smoke, 25, 50), "write": make_timer(smoke, 25, 50)}
+    bench_timers = {f: make_timer(smoke, 25, 50, f) for f in ("read", "write")}
     cc = backend.compute_capability()
     sms = GEMM._num_sms()
     info = {"gpu": backend.gpu_name(), "compute_capability": None if cc is None else f"{cc[0]}.{cc[1]}",
@@ -176,7 +172,7 @@ def main() -> int:
             "python": platform.python_version(), "date": now(), "command": " ".join(["python"] + sys.argv)}
     print(json.dumps(info), flush=True)
     out = {"provenance": info, "check": [], "sweep": [], "best": [], "thresholds": None, "overhead": [],
-           "tests": None}
+           "layer": [], "tests": None}
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "gemm_tune.json")
 
@@ -334,7 +330,7 @@ def main() -> int:
             "format": "flashcourse-linear-thresholds/1",
             "measured": not smoke,
             "provenance": {"note": ("measured by tools/gpu_gemm.py --thresholds: medians of do_bench's method "
-                                    "(warmup 25 ms, rep 50 ms) with the L2 flushed by READING 256 MB before each "
+                                    "with the host kept ahead (flashcourse.bench.flush_timer; warmup 25 ms, rep 50 ms) with the L2 flushed by READING 256 MB before each "
                                     "call ('read', the state a decode step finds; the thresholds come from these) "
                                     "and by do_bench's own zeroing ('write', whose dirty L2 favours gemv's "
                                     "evict-first loads: its thresholds are under 'do_bench'); x @ W in float16, W "
@@ -356,6 +352,10 @@ def main() -> int:
         save()
 
     # -- host time per call: what the Python entry points cost before the GPU sees a kernel --------
+    if args.layer:
+        out["layer"] = decoder_layers(device, gen, smoke)
+        save()
+
     if args.overhead:
         K, N = shapes[0]
         w_kn, w_nk = weights(K, N, device, gen)
@@ -393,6 +393,76 @@ def main() -> int:
     print(f"wrote {path} ({out['seconds']} s)")
     ok = all(r.get("ok", True) for r in out["check"])
     return 0 if ok and (out["tests"] is None or out["tests"]["returncode"] == 0) else 1
+
+
+#: One Llama-2-7B decoder layer's projections, (name, K, N): q, k, v fused; o; gate, up; down.
+LAYER = [("qkv", 4096, 12288), ("o", 4096, 4096), ("gate", 4096, 11008), ("up", 4096, 11008),
+         ("down", 11008, 4096)]
+
+
+def decoder_layers(device, gen, smoke: bool, layers: int = 4, Ms=(1, 2, 4, 8, 16), reps: int = 20) -> list:
+    """A decode step's linear layers as a CUDA graph: ``layers`` Llama-2-7B decoder layers (405 MB of
+    fp16 weights each, eight times the H100's L2), their five projections one after another, for
+    cuBLAS (``x @ W``, ``F.linear``) and the course (``flat_gemm``, ``linear``). No flush and no
+    Python launches: each GEMM finds the L2 full of the clean lines of the weights before it, as in
+    a real decode step, and the graph replays the launches back to back. Returns one row per M:
+    the time per layer and the weight bytes per second of each."""
+    shapes = [("qkv", 64, 96), ("o", 64, 64), ("down", 96, 64)] if smoke else LAYER
+    if smoke:
+        layers, Ms, reps = 2, (1, 3), 2
+    ws = [[(torch.randn((K, N), generator=gen, device=device, dtype=torch.float32) / K ** 0.5).half()
+           for _, K, N in shapes] for _ in range(layers)]
+    ws_nk = [[w.T.contiguous() for w in layer] for layer in ws]
+    weight_bytes = sum(K * N * 2 for _, K, N in shapes)
+    F = torch.nn.functional
+    impls = {"torch.matmul (cuBLAS)": lambda x, w, w_nk: x @ w,
+             "F.linear (cuBLAS, nn.Linear layout)": lambda x, w, w_nk: F.linear(x, w_nk),
+             "kernels.flat_gemm": lambda x, w, w_nk: GEMM.flat_gemm(x, w),
+             "kernels.linear (nn.Linear layout)": lambda x, w, w_nk: GEMM.linear(x, w_nk)}
+    rows = []
+    for M in Ms:
+        xs = {K: torch.randn((M, K), generator=gen, device=device, dtype=torch.float32).half()
+              for K in {K for _, K, _ in shapes}}
+        row = {"M": M, "layers": layers, "weight_MB_per_layer": weight_bytes / 1e6}
+
+        def step(impl):
+            for layer, layer_nk in zip(ws, ws_nk):
+                for (_, K, _), w, w_nk in zip(shapes, layer, layer_nk):
+                    impl(xs[K], w, w_nk)
+        for name, impl in impls.items():
+            ref = [impls["torch.matmul (cuBLAS)"](xs[K], w, None).float() for (_, K, _), w in zip(shapes, ws[0])]
+            got = [impl(xs[K], w, w_nk).float() for (_, K, _), w, w_nk in zip(shapes, ws[0], ws_nk[0])]
+            err = max((g - r).abs().max().item() for g, r in zip(got, ref))
+            if smoke:
+                t0 = time.perf_counter()
+                step(impl)
+                ms = (time.perf_counter() - t0) * 1e3
+            else:
+                step(impl)                                        # compiles, allocates workspaces
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    step(impl)
+                graph.replay()
+                torch.cuda.synchronize()
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                for _ in range(reps):
+                    graph.replay()
+                b.record()
+                torch.cuda.synchronize()
+                ms = a.elapsed_time(b) / reps
+                del graph
+            us = ms * 1e3 / layers
+            row[name] = {"us_per_layer": round(us, 2), "TBps": round(weight_bytes / (us * 1e-6) / 1e12, 3),
+                         "max_err_vs_cuBLAS": err}
+        base = row["torch.matmul (cuBLAS)"]["us_per_layer"]
+        row["speedup flat_gemm"] = round(base / row["kernels.flat_gemm"]["us_per_layer"], 3)
+        row["speedup linear vs F.linear"] = round(row["F.linear (cuBLAS, nn.Linear layout)"]["us_per_layer"] /
+                                                  row["kernels.linear (nn.Linear layout)"]["us_per_layer"], 3)
+        print("layer:", json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
 
 
 def thresholds_from(timings: dict) -> tuple[int, int]:

@@ -16,7 +16,7 @@ Example:
     True
 """
 from .harness import (DO_BENCH, Case, GPURequired, Record, Result, Workload, default_out,
-                      do_bench_timer, get_suite, provenance, read_flush_timer, require_gpu, run,
+                      do_bench_timer, flush_timer, get_suite, provenance, read_flush_timer, require_gpu, run,
                       shipped, shipped_suites, suite, registered, unregister)
 from . import suites as _suites  # noqa: F401  (registers the course's suites)
 from . import attention as _attention  # noqa: F401  (chapters 2-3: registers the "attention" suite)
@@ -24,4 +24,4 @@ from . import decode as _decode  # noqa: F401  (chapters 4-5: registers the "dec
 
 __all__ = ["run", "shipped", "shipped_suites", "suite", "registered", "get_suite", "unregister", "Result",
            "Record", "Case", "Workload", "GPURequired", "provenance", "require_gpu",
-           "do_bench_timer", "read_flush_timer", "default_out", "DO_BENCH"]
+           "do_bench_timer", "flush_timer", "read_flush_timer", "default_out", "DO_BENCH"]

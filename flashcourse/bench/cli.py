@@ -36,10 +36,11 @@ def add_arguments(parser) -> None:
                         help="do_bench warm-up time in ms (default %(default)s)")
     parser.add_argument("--rep", type=int, default=harness.DO_BENCH["rep"],
                         help="do_bench timing time in ms (default %(default)s)")
-    parser.add_argument("--flush", choices=("write", "read"), default="write",
+    parser.add_argument("--flush", choices=harness.FLUSHES, default="write",
                         help="how the L2 is flushed before each timed call: 'write' (do_bench's "
                              "memset, the baselines' method; default) or 'read' (a read-only flush "
-                             "that leaves clean lines: no write-back charged to the kernel)")
+                             "that leaves clean lines: no write-back charged to the kernel). Both "
+                             "keep the host's launches ahead of the GPU (bench.flush_timer)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -76,7 +77,7 @@ def run(args) -> int:
     command = "flashcourse bench " + shlex.join(sys.argv[2:] if _called_as_bench() else [args.suite])
     out = args.out or harness.default_out(args.suite)
     options = {"quick": True} if args.quick else {}
-    timer = harness.read_flush_timer(args.warmup, args.rep) if args.flush == "read" else None
+    timer = harness.flush_timer(args.flush, args.warmup, args.rep)
     result = harness.run(args.suite, out=out, progress=not args.no_progress, command=command,
                          timer=timer, warmup=args.warmup, rep=args.rep, **options)
     print(result.table())

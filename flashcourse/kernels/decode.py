@@ -15,6 +15,9 @@ combines them:
 
     lse = log sum_s exp(lse_s),     o = sum_s exp(lse_s - lse) o_s
 
+With ``S = 1`` (a batch large enough to fill the GPU with one program per head) there is nothing to
+combine: the split kernel writes o itself, and no second kernel is launched.
+
 ``unified_max_decode`` is FlashDecoding++'s asynchronous softmax: every chunk uses ONE shared
 offset ``phi`` instead of its own running max, so it accumulates ``sum e^(x - phi) v`` and
 ``sum e^(x - phi)`` without any rescaling, and partials simply add -- here with atomic adds into a
@@ -195,11 +198,12 @@ def _program(Q, K, V, KV_LENS, L, H_kv, G, S, stride_qb, stride_qh, stride_kb, s
 
 
 @triton.jit
-def _decode_split(Q, K, V, KV_LENS, O_PART, LSE_PART, qk_scale, L, H_kv, G, S,
+def _decode_split(Q, K, V, KV_LENS, O, O_PART, LSE_PART, qk_scale, L, H_kv, G, S,
                   stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                   HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
-                  USE_DOT: tl.constexpr, HAS_LENS: tl.constexpr):
+                  USE_DOT: tl.constexpr, HAS_LENS: tl.constexpr, DIRECT: tl.constexpr):
     # grid: (S splits, B * H_kv). One program: one chunk of one KV head, its G query heads.
+    # DIRECT (S = 1): the one chunk is the whole sequence, so its output is final: store it in O.
     s, bh, rows, in_g, dims, cols, q, K_ptrs, V_ptrs, n, lo, hi, full = _program(
         Q, K, V, KV_LENS, L, H_kv, G, S, stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb,
         stride_vh, stride_vn, HEAD_DIM, BLOCK_N, BLOCK_G, HAS_LENS)
@@ -214,9 +218,13 @@ def _decode_split(Q, K, V, KV_LENS, O_PART, LSE_PART, qk_scale, L, H_kv, G, S,
 
     # partial output, normalised, and its log-sum-exp (log2 units; -inf for an empty split)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    tl.store(O_PART + (rows[:, None] * S + s) * HEAD_DIM + dims[None, :], acc / l_safe[:, None],
-             mask=in_g[:, None])
-    tl.store(LSE_PART + rows * S + s, m_i + tl.math.log2(l_i), mask=in_g)
+    if DIRECT:
+        tl.store(O + rows[:, None] * HEAD_DIM + dims[None, :], (acc / l_safe[:, None]).to(O.dtype.element_ty),
+                 mask=in_g[:, None])
+    else:
+        tl.store(O_PART + (rows[:, None] * S + s) * HEAD_DIM + dims[None, :], acc / l_safe[:, None],
+                 mask=in_g[:, None])
+        tl.store(LSE_PART + rows * S + s, m_i + tl.math.log2(l_i), mask=in_g)
 
 
 @triton.jit
@@ -516,16 +524,18 @@ def _strides(q3, k, v):
 
 
 def _launch_flash(q3, k, v, lens, sm_scale, S, launch: aot.Launch, comb: aot.Launch):
-    """Run both kernels with the given launches on checked inputs (tests and tuning call this)."""
+    """Run the split kernel and, with more than one split, the combine, with the given launches
+    on checked inputs (tests and tuning call this). With one split the split kernel writes o."""
     B, H_q, d = q3.shape
     H_kv, L = k.shape[1], k.shape[2]
     o_part, lse_part = _scratch(q3.device, B * H_q * S, d)     # (B H_q, S, d) and (B H_q, S)
     o = torch.empty((B, H_q, d), dtype=q3.dtype, device=q3.device)
     with _quiet():
-        _decode_split[(S, B * H_kv)](q3, k, v, lens, o_part, lse_part, sm_scale * LOG2E, L, H_kv,
+        _decode_split[(S, B * H_kv)](q3, k, v, lens, o, o_part, lse_part, sm_scale * LOG2E, L, H_kv,
                                      H_q // H_kv, S, *_strides(q3, k, v), HAS_LENS=lens is not None,
-                                     **launch.constexprs, **launch.options())
-        _decode_combine[(B * H_q,)](o_part, lse_part, o, S, **comb.constexprs, **comb.options())
+                                     DIRECT=S == 1, **launch.constexprs, **launch.options())
+        if S > 1:
+            _decode_combine[(B * H_q,)](o_part, lse_part, o, S, **comb.constexprs, **comb.options())
     return o
 
 
@@ -672,10 +682,10 @@ def unified_max_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
         >>> o, st = unified_max_decode(q, k, v, phi=0.0, num_splits=4, return_stats=True)
         >>> st["fallback_heads"], st["chunks"]
         (0, 8)
-        >>> o, st = unified_max_decode(q * 100, k, v, phi=0.0, num_splits=4, return_stats=True)
-        >>> st["fallback_heads"], st["fallback_chunks"]      # scores of several hundred: recomputed
+        >>> o, st = unified_max_decode(q.abs() * 100, k.abs(), v, phi=0.0, num_splits=4, return_stats=True)
+        >>> st["fallback_heads"], st["fallback_chunks"]      # every score ~500: every chunk recomputed
         (2, 8)
-        >>> ref = flash_decode(q * 100, k, v)                 # fp16 outputs of up to ~4: an ulp is 4e-3
+        >>> ref = flash_decode(q.abs() * 100, k.abs(), v)              # fp16 outputs of up to ~4: an ulp is 4e-3
         >>> (o.float() - ref.float()).abs().max().item() < 1e-2
         True
     """
@@ -704,8 +714,10 @@ def _aot_split(kernel):
         for d in HEAD_DIMS:
             for group in (1, 4):
                 launch = decode_config(d, group, torch.float16, cc, kernel=kernel)
-                yield aot.Launch({**launch.constexprs, "HAS_LENS": True}, launch.num_warps,
-                                 launch.num_stages, launch.signature, launch.kernel, launch.note)
+                for direct in ((False, True) if kernel == "decode_split" else (None,)):
+                    extra = {"HAS_LENS": True} if direct is None else {"HAS_LENS": True, "DIRECT": direct}
+                    yield aot.Launch({**launch.constexprs, **extra}, launch.num_warps, launch.num_stages,
+                                     launch.signature, launch.kernel, launch.note)
     return configs
 
 
@@ -719,8 +731,8 @@ _COMMON = {"Q": "*fp16", "K": "*fp16", "V": "*fp16", "KV_LENS": "*i32",
            "HEAD_DIM": "constexpr", "BLOCK_N": "constexpr", "BLOCK_G": "constexpr",
            "USE_DOT": "constexpr", "HAS_LENS": "constexpr"}
 aot.register("decode_split", _decode_split, configs=_aot_split("decode_split"), signature={
-    **_COMMON, "O_PART": "*fp32", "LSE_PART": "*fp32", "qk_scale": "fp32", "L": "i32", "H_kv": "i32",
-    "G": "i32", "S": "i32"})
+    **_COMMON, "O": "*fp16", "O_PART": "*fp32", "LSE_PART": "*fp32", "qk_scale": "fp32", "L": "i32",
+    "H_kv": "i32", "G": "i32", "S": "i32", "DIRECT": "constexpr"})
 aot.register("decode_combine", _decode_combine, configs=_aot_combine, signature={
     "O_PART": "*fp32", "LSE_PART": "*fp32", "O": "*fp16", "S": "i32", "HEAD_DIM": "constexpr",
     "BLOCK_S": "constexpr"})

@@ -28,11 +28,13 @@ deep pipelines in fewer programs beat more programs: flat_gemm splits only when 
 about half the SMs; gemv, which has no shared-memory pipeline, splits to ~2 programs per SM.)
 
 What an H100 showed (tools/gpu_gemm.py, ``flashcourse bench gemm``; L2 flushed by reading before
-each call): flat_gemm streams Llama-2-7B's 4096 x 11008 weights at 2.6 TB/s, 87% of the 3.02 TB/s
-copy ceiling, 2-7% ahead of cuBLAS, level with it at 4096 x 4096, for every M from 1 to 16 --
-padding one row to 16 costs nothing when the time is W's bytes. gemv was never faster, so linear
-picks flat_gemm up to M = 16 there. (With do_bench's own flush, which leaves the L2 full of dirty
-lines, every kernel pays ~10 us of write-back and all of them land within a few % of each other.)
+each call): flat_gemm streams Llama-2-7B's 4096 x 11008 weights at 2.6 TB/s, 85-88% of the 3.02
+TB/s copy ceiling, and is 2-7% ahead of cuBLAS on every shape and every M from 1 to 16 (geometric
+mean 1.045x for M <= 8) -- padding one row to 16 costs nothing when the time is W's bytes. Four
+decoder layers' projections replayed as a CUDA graph (no flush at all): 143-148 us a layer against
+cuBLAS's 149-153 us, 1.03-1.05x. gemv was never faster, so linear picks flat_gemm up to M = 16.
+(With do_bench's own flush, which leaves the L2 full of dirty lines, every kernel pays ~10 us of
+write-back and all of them land within a few % of each other.)
 
 W is read with ``eviction_policy="evict_first"``: each weight is used once per step, so its lines
 should be the first the L2 drops, not the activations or whatever else it holds. (Triton 3.6
@@ -244,33 +246,37 @@ class GemmConfig:
 
 _PTR = {torch.float16: "*fp16", torch.bfloat16: "*bf16"}
 
-# Per compute capability and kernel, rows of (smallest N, block_n, block_k, num_warps, num_stages,
-# programs per SM): the first row whose N fits is used, and split-K adds shares of K until the
+# Per compute capability and kernel, rows of (smallest N, largest K or None, block_n, block_k,
+# num_warps, num_stages, programs per SM): the first row whose N and K fit is used, and split-K adds shares of K until the
 # programs reach programs-per-SM x SMs. gemv has rows per B_M (its accumulator is B_M x B_K x B_N
 # floats, so the tile shrinks as M grows).
 #
 # sm_90 was tuned on an H100 (tools/gpu_gemm.py): these are memory-bound loops, and what keeps the
-# weights streaming is bytes in flight -- a W tile of 16 or 32 KB (64 x 128 or 128 x 128 halves)
-# and 4 pipeline stages (3 tiles loading while one is multiplied), in about one program per SM:
-# 128 x 128 tiles with no split from N = 8192 on (86 programs at N = 11008), 64 x 128 tiles with
-# K split in two at N = 4096 (128 programs). More, smaller programs were slower; so was W as
-# (N, K) with 64 x 256 tiles. gemv, without the tensor cores' shared-memory pipeline, wants ~2
-# programs per SM. sm_80 keeps sm_90's tiles; sm_89 (99 KB of shared memory) has 3 stages; sm_75
-# (64 KB, no asynchronous copies: nothing to pipeline) gets occupancy instead -- a few programs
-# per SM. All checked by the AOT compile (tests/test_aot.py).
+# weights streaming is bytes in flight -- a W tile of 16 or 32 KB and 4 pipeline stages (3 tiles
+# loading while one is multiplied), in about one program per SM, each walking a long stretch of K:
+# B_N = 128, B_K = 128 with no split from N = 8192 on (86 programs at N = 11008); B_N = 32,
+# B_K = 256 below, which at N = 4096 is 128 programs and no split at all (no partials to add:
+# 16.2-16.4 us against 16.6-16.9 us for B_N = 64, B_K = 128 split in two, at every M from 1 to 16,
+# either layout of W) -- up to K = 8192: at K = 11008 with W as (N, K) the narrow tile took
+# 37.3-40.4 us against 36.6-36.9 us for B_N = 64, B_K = 128 (W as (K, N): 34.7-35.0 either way).
+# More, smaller programs were slower; so was W as (N, K) with 64 x 256 tiles. gemv, without the
+# tensor cores' shared-memory pipeline, wants ~2 programs per SM. sm_80 keeps sm_90's tiles;
+# sm_89 (99 KB of shared memory) has 3 stages; sm_75 (64 KB, no asynchronous copies: nothing to
+# pipeline) gets occupancy instead -- a few programs per SM. All checked by the AOT compile
+# (tests/test_aot.py).
 _FLAT = {
-    None:   [(0, 32, 32, 4, 1, 1.0)],                                  # the interpreter: small tiles
-    (7, 5): [(0, 64, 128, 4, 1, 2.0)],
-    (8, 0): [(8192, 128, 128, 4, 4, 0.45), (0, 64, 128, 4, 4, 0.9)],
-    (8, 9): [(8192, 128, 128, 4, 3, 0.45), (0, 64, 128, 4, 3, 0.9)],
-    (9, 0): [(8192, 128, 128, 4, 4, 0.45), (0, 64, 128, 4, 4, 0.9)],
+    None:   [(0, None, 32, 32, 4, 1, 1.0)],                            # the interpreter: small tiles
+    (7, 5): [(0, None, 64, 128, 4, 1, 2.0)],
+    (8, 0): [(8192, None, 128, 128, 4, 4, 0.45), (0, 8192, 32, 256, 4, 4, 0.9), (0, None, 64, 128, 4, 4, 0.9)],
+    (8, 9): [(8192, None, 128, 128, 4, 3, 0.45), (0, 8192, 32, 256, 4, 3, 0.9), (0, None, 64, 128, 4, 3, 0.9)],
+    (9, 0): [(8192, None, 128, 128, 4, 4, 0.45), (0, 8192, 32, 256, 4, 4, 0.9), (0, None, 64, 128, 4, 4, 0.9)],
 }
-_GEMV_GPU = {1: [(0, 64, 128, 4, 2, 1.9)], 2: [(0, 64, 64, 4, 2, 1.9)], 4: [(0, 64, 32, 4, 1, 1.9)],
-             8: [(0, 32, 32, 4, 1, 1.9)]}
+_GEMV_GPU = {1: [(0, None, 64, 128, 4, 2, 1.9)], 2: [(0, None, 64, 64, 4, 2, 1.9)],
+             4: [(0, None, 64, 32, 4, 1, 1.9)], 8: [(0, None, 32, 32, 4, 1, 1.9)]}
 _GEMV = {
-    None:   {1: [(0, 32, 32, 4, 1, 1.0)], 2: [(0, 32, 32, 4, 1, 1.0)], 4: [(0, 32, 16, 4, 1, 1.0)],
-             8: [(0, 32, 16, 4, 1, 1.0)]},
-    (7, 5): {bm: [(0, bn, bk, w, 1, per_sm)] for bm, [(_, bn, bk, w, _, per_sm)] in _GEMV_GPU.items()},
+    None:   {1: [(0, None, 32, 32, 4, 1, 1.0)], 2: [(0, None, 32, 32, 4, 1, 1.0)],
+             4: [(0, None, 32, 16, 4, 1, 1.0)], 8: [(0, None, 32, 16, 4, 1, 1.0)]},
+    (7, 5): {bm: [(0, None, bn, bk, w, 1, per_sm)] for bm, [(_, _, bn, bk, w, _, per_sm)] in _GEMV_GPU.items()},
     (8, 0): _GEMV_GPU,
     (8, 9): _GEMV_GPU,
     (9, 0): _GEMV_GPU,
@@ -295,9 +301,9 @@ def _table_key(cc):
     return (7, 5)
 
 
-def _row(key, kernel, block_m, N):
+def _row(key, kernel, block_m, N, K):
     rows = _FLAT[key] if kernel == "flat_gemm" else _GEMV[key][block_m]
-    return next(r for r in rows if N >= r[0])
+    return next(r[2:] for r in rows if N >= r[0] and (r[1] is None or K <= r[1]))
 
 
 def split_k_for(n_tiles: int, K: int, block_k: int, sms: int, programs_per_sm: float) -> int:
@@ -328,15 +334,20 @@ def gemm_config(M: int, N: int, K: int, dtype=torch.float16, cc="current", kerne
 
     Tiles, warps and pipeline depth come from a small table per compute capability (by N);
     ``split_k`` from :func:`split_k_for` with the GPU's SM count (``sms``; default: this GPU's, or
-    the target's reference GPU when ``cc`` is given). On an H100, flat_gemm takes 128 x 128 tiles
-    of W from N = 8192 on (no split), 64 x 128 below (split to ~1 program per SM), 4 stages; gemv
-    takes 64 x 128 tiles and splits K until there are about two programs per SM.
+    the target's reference GPU when ``cc`` is given). On an H100, flat_gemm takes tiles of W of
+    B_K = 128 by B_N = 128 from N = 8192 on (no split), B_K = 256 by B_N = 32 below (B_K = 128 by
+    B_N = 64 when K > 8192; split to ~1 program per SM), 4 stages; gemv takes B_K = 128 by B_N = 64 and splits K until there are about
+    two programs per SM.
 
     Example:
         >>> str(gemm_config(8, 4096, 4096, cc=(9, 0)))
-        'flat_gemm: B_M=16 B_N=64 B_K=128 split_k=2 warps=4 stages=4'
+        'flat_gemm: B_M=16 B_N=32 B_K=256 split_k=1 warps=4 stages=4'
+        >>> str(gemm_config(8, 1024, 4096, cc=(9, 0)))         # 32 column tiles: K split in 4
+        'flat_gemm: B_M=16 B_N=32 B_K=256 split_k=4 warps=4 stages=4'
         >>> str(gemm_config(8, 11008, 4096, cc=(9, 0)))
         'flat_gemm: B_M=16 B_N=128 B_K=128 split_k=1 warps=4 stages=4'
+        >>> str(gemm_config(8, 4096, 11008, cc=(9, 0)))       # MLP down: long K, 64 columns a tile
+        'flat_gemm: B_M=16 B_N=64 B_K=128 split_k=2 warps=4 stages=4'
         >>> str(gemm_config(1, 4096, 4096, cc=(9, 0), kernel="gemv"))
         'gemv: B_M=1 B_N=64 B_K=128 split_k=4 warps=4 stages=2'
     """
@@ -358,7 +369,7 @@ def _gemm_config(M, N, K, key, kernel, sms):
         block_m = triton.next_power_of_2(max(1, min(M, GEMV_MAX_M)))
     else:
         raise ValueError(f"gemm_config: kernel is {kernel!r}; expected 'flat_gemm' or 'gemv'")
-    _, block_n, block_k, warps, stages, per_sm = _row(key, kernel, block_m, N)
+    block_n, block_k, warps, stages, per_sm = _row(key, kernel, block_m, N, K)
     split = split_k_for(math.ceil(N / block_n), K, block_k, sms, per_sm)
     return GemmConfig(kernel, block_m, block_n, block_k, split, warps, stages)
 
@@ -545,7 +556,7 @@ def _check(fn, kernel, max_m, x, w, w_layout, block_n, block_k, split_k, num_sta
     cfg = replace(cfg, **tile, **opts)
     if split_k is None and tile:          # a tile of your own: the split that suits it
         split_k = split_k_for(math.ceil(N / cfg.block_n), K, cfg.block_k, _num_sms(),
-                              _row(_table_key(_cc()), kernel, cfg.block_m, N)[5])
+                              _row(_table_key(_cc()), kernel, cfg.block_m, N, K)[4])
     if split_k is not None:
         cfg = replace(cfg, split_k=split_k)
     return K, N, stride_wk, stride_wn, cfg
@@ -762,9 +773,10 @@ def linear(x: torch.Tensor, w: torch.Tensor, *, w_layout: str = "nk", explain: b
 # Ahead-of-time check: the launches the entry points pick for the course's shapes, on every target,
 # with W in each layout (a unit stride is a compile-time 1 in a real launch, as here).
 
-#: What the AOT check compiles per M: (K, N, w_layout, split_k or None for the picked one) -- a
-#: Llama-2-7B shape in each layout, and a ragged one (K, N not multiples of the tiles) split in two.
-AOT_CASES = ((4096, 4096, "kn", None), (4096, 11008, "nk", None), (100, 70, "kn", 2))
+#: What the AOT check compiles per M: (K, N, w_layout, split_k or None for the picked one) --
+#: Llama-2-7B shapes (each row of the tables) in each layout, and a ragged one (K, N not multiples of
+#: the tiles) split in two.
+AOT_CASES = ((4096, 4096, "kn", None), (4096, 11008, "nk", None), (11008, 4096, "nk", None), (100, 70, "kn", 2))
 
 
 def _aot_configs(kernel):

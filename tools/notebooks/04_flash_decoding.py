@@ -166,8 +166,10 @@ CELLS = [
     """, "subslide", name="bench"),
     md("""
     At long contexts the split kernel streams the cache at close to the copy ceiling, level with
-    cuDNN. At short contexts every kernel here is dominated by launch overhead (tens of µs of
-    Python and launches against a few µs of memory traffic). With 32 heads, FA2 already runs 32
+    cuDNN. At short contexts every kernel here is dominated by fixed costs: starting the programs,
+    ramping up the memory traffic, and for a split kernel the combine launch (the timer keeps the
+    host's Python launches out of the measurement; in a real decode loop they count too, which is
+    why servers replay a decode step as a CUDA graph). With 32 heads, FA2 already runs 32
     programs, so splitting gains about 3× at batch 1; with 8 KV heads the gap is far larger.
     """, "fragment", name="bench-notes"),
     md("""
@@ -179,7 +181,7 @@ CELLS = [
     """, "subslide", name="flush-md"),
     code("""
     # NBVAL_IGNORE_OUTPUT
-    write = bench.shipped("decode")          # do_bench as is: the L2 flushed by writing
+    write = bench.shipped("decode")          # the L2 flushed by writing, as do_bench does
     print(f"{'H_kv':>4s} {'L':>7s} {'write flush':>12s} {'read flush':>11s}   (flash_decode, B = 1, TB/s)")
     for r in write.select(impl="kernels.flash_decode"):
         p = r.params
@@ -201,7 +203,8 @@ CELLS = [
     per-chunk loop.
     """, "slide", name="summary"),
     md("""
-    Instructor notes: about 35 minutes. Ask what the combine is when S = 1 (the identity), and why a
+    Instructor notes: about 35 minutes. Ask what the combine is when S = 1 (the identity: flash_decode then skips the
+    combine kernel and the split kernel writes o), and why a
     chunk with no keys must get lse = −∞ rather than 0.
     """, "notes", name="notes"),
 ]
