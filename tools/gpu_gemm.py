@@ -14,7 +14,11 @@
    linear least over M = 1..16. Writes ``$OUT/linear_thresholds.json`` in the format of
    ``flashcourse/data/linear_thresholds.json``: copy it there. (Fold the sweep's winners into
    ``gemm.py``'s tables first: the thresholds are measured with the configs the code picks.)
-4. ``--overhead``: the host's time per call of each entry point (launches queued, not waited for).
+4. ``--floor``: W read once and nothing else (``read_once``, several launches, with and without the
+   ``evict_first`` hint), under both flushes, beside cuBLAS and flat_gemm at M = 1: cuBLAS's time
+   over the floor is the largest speed-up any kernel reading W could have. Also which PTX loads
+   this Triton compiles for flat_gemm's W (does the hint survive the software pipeline?).
+   ``--overhead``: the host's time per call of each entry point (launches queued, not waited for).
    ``--layer``: a decode step's linear layers as a CUDA graph (4 Llama-2-7B decoder layers, their
    five projections each; no flush, no Python launches): time per layer, cuBLAS against the course.
 5. ``--tests``: ``pytest`` on tests/test_kernels_gemm.py (the gpu tests run).
@@ -129,7 +133,7 @@ def gb(K, N, M):
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    for flag in ("check", "sweep", "thresholds", "overhead", "layer", "tests", "smoke", "wide"):
+    for flag in ("check", "sweep", "thresholds", "floor", "overhead", "layer", "tests", "smoke", "wide"):
         p.add_argument(f"--{flag}", action="store_true")
     p.add_argument("--budget", type=float, default=200, help="stop sweeping after this many seconds")
     p.add_argument("--total", type=float, default=270, help="give the tests what is left of this many seconds")
@@ -171,8 +175,8 @@ def main() -> int:
             "sms": sms, "torch": torch.__version__, "triton": triton.__version__,
             "python": platform.python_version(), "date": now(), "command": " ".join(["python"] + sys.argv)}
     print(json.dumps(info), flush=True)
-    out = {"provenance": info, "check": [], "sweep": [], "best": [], "thresholds": None, "overhead": [],
-           "layer": [], "tests": None}
+    out = {"provenance": info, "check": [], "sweep": [], "best": [], "thresholds": None, "floor": None,
+           "overhead": [], "layer": [], "tests": None}
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "gemm_tune.json")
 
@@ -351,6 +355,11 @@ def main() -> int:
         print(f"wrote {tpath}", flush=True)
         save()
 
+    # -- the floor: W read once, nothing else --------------------------------------------------
+    if args.floor:
+        out["floor"] = floor(shapes, device, gen, bench_timers, smoke)
+        save()
+
     # -- host time per call: what the Python entry points cost before the GPU sees a kernel --------
     if args.layer:
         out["layer"] = decoder_layers(device, gen, smoke)
@@ -393,6 +402,69 @@ def main() -> int:
     print(f"wrote {path} ({out['seconds']} s)")
     ok = all(r.get("ok", True) for r in out["check"])
     return 0 if ok and (out["tests"] is None or out["tests"]["returncode"] == 0) else 1
+
+
+#: read_once launches the floor step tries: (elements a step, steps a program, warps).
+READ_LAUNCHES = [(4096, 8, 8), (8192, 4, 8), (8192, 16, 16), (16384, 4, 16), (4096, 4, 4), (2048, 32, 4)]
+
+
+def w_copy_ptx(M, N, K, device) -> dict:
+    """How the compiled flat_gemm loads W on this GPU and Triton: counts of the PTX instructions."""
+    import re
+    from collections import Counter
+    x = torch.zeros((M, K), device=device, dtype=torch.float16)
+    w = torch.zeros((K, N), device=device, dtype=torch.float16)
+    cfg = GEMM.gemm_config(M, N, K, kernel="flat_gemm")
+    y = torch.empty((M, N), device=device, dtype=torch.float16)
+    part, count = GEMM._workspace(x.device, cfg.split_k * M * N, -(-N // cfg.block_n))
+    compiled = GEMM._flat_gemm_kernel[(-(-N // cfg.block_n), cfg.split_k)](
+        x, w, y, part, count, M, N, K, x.stride(0), w.stride(0), w.stride(1), cfg.split_k,
+        **GEMM._launch_kwargs(cfg, N, K, x.dtype))
+    ptx = getattr(compiled, "asm", {}).get("ptx", "")
+    found = Counter(re.findall(r"(cp\.async\.c[ag]\.shared\.global[.:\w]*|createpolicy[.:\w]*|ld\.global[.:\w]*)", ptx))
+    return {"config": str(cfg), "instructions": dict(found)}
+
+
+def floor(shapes, device, gen, timers, smoke: bool) -> dict:
+    """W read once (``read_once``) under both flushes, with and without the eviction hint, beside
+    cuBLAS and flat_gemm at M = 1: cuBLAS over the floor is the largest speed-up any kernel could
+    have. Also how this Triton compiles flat_gemm's W loads (whether the hint survives)."""
+    result = {"w_copies": w_copy_ptx(1, *(shapes[0][::-1]), device) if device == "cuda" else None, "shapes": []}
+    if result["w_copies"]:
+        print("flat_gemm's loads in PTX:", json.dumps(result["w_copies"]), flush=True)
+    launches = READ_LAUNCHES[:2] if smoke else READ_LAUNCHES
+    saved = dict(GEMM.READ_ONCE)
+    for K, N in shapes:
+        w_kn, _ = weights(K, N, device, gen)
+        x = torch.randn((1, K), generator=gen, device=device, dtype=torch.float32).half()
+        row = {"K": K, "N": N, "bytes": 2 * K * N, "read_once": []}
+        try:
+            for block, steps, warps in launches:
+                GEMM.READ_ONCE["gpu"] = (block, steps, warps)
+                for policy in ("evict_first", ""):
+                    r = {"block": block, "steps": steps, "warps": warps, "policy": policy or "none"}
+                    for flush, t in timers.items():
+                        r[f"{flush}_us"] = t(lambda w=w_kn, p=policy: GEMM.read_once(w, eviction_policy=p)) * 1e3
+                    row["read_once"].append(r)
+        finally:
+            GEMM.READ_ONCE.update(saved)
+        for flush, t in timers.items():
+            row[f"cublas {flush}_us"] = t(lambda: x @ w_kn) * 1e3
+            row[f"flat_gemm {flush}_us"] = t(lambda: GEMM.flat_gemm(x, w_kn)) * 1e3
+            for policy in ("evict_first", "none"):
+                best = min(r[f"{flush}_us"] for r in row["read_once"] if r["policy"] == policy)
+                row[f"floor {flush} {policy}_us"] = best
+            row[f"shipped read_once {flush}_us"] = t(lambda: GEMM.read_once(w_kn)) * 1e3
+            row[f"largest speed-up over cuBLAS, {flush} flush"] = row[f"cublas {flush}_us"] / row[f"floor {flush} evict_first_us"]
+        result["shapes"].append(row)
+        print(f"K={K:5d} N={N:5d} us read/write flush: W read once {row['floor read evict_first_us']:.1f}/"
+              f"{row['floor write evict_first_us']:.1f} (no hint {row['floor read none_us']:.1f}/"
+              f"{row['floor write none_us']:.1f}), flat_gemm {row['flat_gemm read_us']:.1f}/"
+              f"{row['flat_gemm write_us']:.1f}, cuBLAS {row['cublas read_us']:.1f}/{row['cublas write_us']:.1f}: "
+              f"no kernel beats cuBLAS by more than {row['largest speed-up over cuBLAS, read flush']:.2f}x/"
+              f"{row['largest speed-up over cuBLAS, write flush']:.2f}x", flush=True)
+        del w_kn
+    return result
 
 
 #: One Llama-2-7B decoder layer's projections, (name, K, N): q, k, v fused; o; gate, up; down.

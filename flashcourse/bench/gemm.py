@@ -15,7 +15,11 @@ Suite ``gemm``: float16, Llama-2-7B's weights (K, N) in {(4096, 4096) the attent
   ``F.linear (cuBLAS, nn.Linear layout)``: ``F.linear(x, W)`` with W (N, K);
 * ``torch.matmul padded to 64 rows``: cuBLAS on x padded with zeros to 64 rows (the padding done
   before timing) -- what a library that tiles M by 64 computes; ``extra`` records the fraction of
-  its rows that are useful.
+  its rows that are useful;
+* ``W read once (the floor)``: ``kernels.read_once(W)``, W's bytes read and added up, nothing
+  else -- no kernel that reads W runs faster, so cuBLAS's time over this one is the largest
+  speed-up any kernel could have (its bytes are W's alone; it is timed at every M, though it does
+  not depend on M).
 
 Bytes: W, x and y once, ``(K N + M K + M N) x 2``; TB/s compare with the copy ceiling (3.02 TB/s on
 an H100). FLOPs: ``2 M N K``, the useful ones (the padded case is credited with the same). Every
@@ -32,14 +36,15 @@ from __future__ import annotations
 from .. import backend
 from .harness import Case, Workload, suite
 
-__all__ = ["IMPLS", "LLAMA2_7B", "gemm", "table"]
+__all__ = ["FLOOR", "IMPLS", "LLAMA2_7B", "gemm", "table"]
 
 #: Llama-2-7B's linear layers as (K, N): x (M, K) @ W (K, N).
 LLAMA2_7B = ((4096, 4096), (4096, 11008), (11008, 4096), (4096, 12288))
 #: The implementations the suite times, in order.
 IMPLS = ["kernels.flat_gemm", "kernels.flat_gemm (nn.Linear layout)", "kernels.gemv", "kernels.linear",
          "kernels.linear (nn.Linear layout)", "torch.matmul (cuBLAS)", "F.linear (cuBLAS, nn.Linear layout)",
-         "torch.matmul padded to 64 rows"]
+         "torch.matmul padded to 64 rows", "W read once (the floor)"]
+FLOOR = "W read once (the floor)"
 PAD = 64
 
 
@@ -94,6 +99,7 @@ def _cases(M, K, N, device, seed):
         "torch.matmul (cuBLAS)": lambda: torch.matmul(x, w_kn),
         "F.linear (cuBLAS, nn.Linear layout)": lambda: F.linear(x, w_nk),
         "torch.matmul padded to 64 rows": lambda: torch.matmul(x_pad, w_kn),
+        FLOOR: lambda: G.read_once(w_kn),
     }
     skips, extra = {}, {}
     for impl in ("kernels.flat_gemm", "kernels.flat_gemm (nn.Linear layout)"):
@@ -114,11 +120,39 @@ def _cases(M, K, N, device, seed):
 
     cases = []
     for impl in IMPLS:
-        kind = "course" if impl.startswith("kernels.") else "baseline"
+        kind = "course" if impl.startswith("kernels.") or impl == FLOOR else "baseline"
         skip = skips.get(impl)
-        cases.append(Case(impl, fn=None if skip else fns[impl], flops=flops, bytes=nbytes, kind=kind,
-                          skip=skip, check=check, extra=extra.get(impl, {}), inputs=(x, w_kn)))
+        floor = impl == FLOOR
+        cases.append(Case(impl, fn=None if skip else fns[impl], flops=None if floor else flops,
+                          bytes=K * N * 2 if floor else nbytes, kind=kind, skip=skip,
+                          check=_floor_check(w_kn) if floor else check, extra=extra.get(impl, {}),
+                          inputs=(x, w_kn)))
     return cases
+
+
+def _floor_check(w):
+    """read_once's partial sums against float64 sums of the same runs of W: a run skipped or read
+    twice shows in its own partial, which the sum of all of them might hide."""
+    import torch
+
+    from .. import backend
+    from ..kernels import gemm as G
+
+    def check(parts):
+        block, steps, _ = G.READ_ONCE["interpreter" if backend.INTERPRET else "gpu"]
+        run = block * steps
+        flat = w.reshape(-1).double()
+        n_runs = -(-flat.numel() // run)
+        padded = torch.zeros(n_runs * run, dtype=torch.float64, device=flat.device)
+        padded[:flat.numel()] = flat
+        ref = padded.view(n_runs, run).sum(1)
+        scale = padded.abs().view(n_runs, run).sum(1)
+        if not isinstance(parts, torch.Tensor) or parts.shape != ref.shape:
+            return f"expected {n_runs} partial sums, got {getattr(parts, 'shape', type(parts).__name__)}"
+        bad = ((parts.double() - ref).abs() > 1e-5 * scale + 1e-3).nonzero().flatten()
+        return None if bad.numel() == 0 else (f"{bad.numel()} of {n_runs} partial sums are wrong (first: run "
+                                              f"{bad[0].item()}: {parts[bad[0]].item():.6g} vs {ref[bad[0]].item():.6g})")
+    return check
 
 
 def table(result) -> list[dict]:

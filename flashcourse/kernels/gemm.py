@@ -28,17 +28,27 @@ deep pipelines in fewer programs beat more programs: flat_gemm splits only when 
 about half the SMs; gemv, which has no shared-memory pipeline, splits to ~2 programs per SM.)
 
 What an H100 showed (tools/gpu_gemm.py, ``flashcourse bench gemm``; L2 flushed by reading before
-each call): flat_gemm streams Llama-2-7B's 4096 x 11008 weights at 2.6 TB/s, 85-88% of the 3.02
-TB/s copy ceiling, and is 2-7% ahead of cuBLAS on every shape and every M from 1 to 16 (geometric
-mean 1.045x for M <= 8) -- padding one row to 16 costs nothing when the time is W's bytes. Four
+each call): flat_gemm streams Llama-2-7B's 4096 x 11008 weights at 2.6 TB/s, 85-87% of the 3.02
+TB/s copy ceiling, and is 1-9% ahead of cuBLAS on every shape and every M from 1 to 16 (geometric
+mean 1.035x for M <= 8) -- padding one row to 16 costs nothing when the time is W's bytes. Four
 decoder layers' projections replayed as a CUDA graph (no flush at all): 143-148 us a layer against
 cuBLAS's 149-153 us, 1.03-1.05x. gemv was never faster, so linear picks flat_gemm up to M = 16.
-(With do_bench's own flush, which leaves the L2 full of dirty lines, every kernel pays ~10 us of
-write-back and all of them land within a few % of each other.)
+
+The floor. :func:`read_once` reads W and does nothing else; no kernel that must read W is faster.
+flat_gemm takes 1.01-1.05x its time, cuBLAS 1.04-1.13x: the largest speed-up over cuBLAS any
+kernel could have is 1.07x (geometric mean, M <= 8), far from the 1.25x of FlashDecoding++'s
+GPUs. With do_bench's own flush, which leaves the L2 full of dirty lines, every kernel pays
+write-back as it brings W in: cuBLAS takes 1.11-1.23x the floor's time (1.18x in geometric mean,
+still short of 1.25x), and flat_gemm lands between 8% behind and 6% ahead of cuBLAS.
 
 W is read with ``eviction_policy="evict_first"``: each weight is used once per step, so its lines
-should be the first the L2 drops, not the activations or whatever else it holds. (Triton 3.6
-ignores the hint on the pipelined copies of flat_gemm; gemv's plain loads take it.)
+should be the first the L2 drops, not the activations or whatever else it holds -- nor dirty lines
+that would have to be written back first: with the hint the floor pays 2-6 us less after
+do_bench's flush. Triton 3.6 drops the hint on the software pipeline's copies (its PTX has plain
+``cp.async.cg``; Triton 3.9 adds ``L2::cache_hint``), so on it only gemv and read_once, whose loads
+are plain, keep it. A register double buffer (plain loads, one tile ahead, ``num_stages=1``)
+keeps the hint and beats the pipeline by 7-12% after a write flush, but loses 2-9% after a read
+flush -- the state a decode step finds -- so flat_gemm keeps the pipeline.
 
 The weight's layout: ``w_layout="kn"`` means ``w`` is (K, N) and ``y = x @ w`` (torch.matmul's
 convention); ``"nk"`` means ``w`` is (N, K), nn.Linear's ``weight``, and ``y = x @ w.T``
@@ -76,10 +86,10 @@ import triton.language as tl
 
 from .. import backend
 from . import aot
-from ._validate import _expect_dot_operands, expect_tensor
+from ._validate import FLOAT_DTYPES, _expect_dot_operands, expect_dtype, expect_on_backend, expect_tensor
 
 __all__ = ["DOT_MIN", "FLAT_MAX_M", "GEMV_MAX_M", "W_LAYOUTS", "GemmConfig", "LinearPlan", "flat_gemm",
-           "gemm_config", "gemv", "linear", "linear_plan", "linear_thresholds", "split_k_for"]
+           "gemm_config", "gemv", "linear", "linear_plan", "linear_thresholds", "read_once", "split_k_for"]
 
 #: The weight layouts: (K, N) as in ``x @ w``, or (N, K) as nn.Linear stores it.
 W_LAYOUTS = ("kn", "nk")
@@ -618,6 +628,68 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, w_layout: str = "kn", block_n: int
 
 
 # --------------------------------------------------------------------------------------------------
+# The floor: reading W and nothing else
+
+@triton.jit
+def _read_once_kernel(T, OUT, n, BLOCK: tl.constexpr, STEPS: tl.constexpr, POLICY: tl.constexpr):
+    # program p adds up elements [p * BLOCK * STEPS, (p + 1) * BLOCK * STEPS) of T, BLOCK at a step
+    pid = tl.program_id(0)
+    base = pid.to(tl.int64) * (BLOCK * STEPS)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for i in range(STEPS):
+        offs = base + i * BLOCK + tl.arange(0, BLOCK)
+        acc += tl.load(T + offs, mask=offs < n, other=0.0, eviction_policy=POLICY).to(tl.float32)
+    tl.store(OUT + pid, tl.sum(acc, 0))
+
+
+#: read_once's launch: (elements a step, steps a program, warps). On an H100, (4096, 8, 8) read
+#: Llama-2-7B's weights at 2.7 TB/s after a read flush, the best of the 8 launches tried
+#: (exp. in the chapter-6 note); the interpreter takes small blocks.
+READ_ONCE = {"gpu": (4096, 8, 8), "interpreter": (256, 4, 4)}
+
+
+def read_once(t: torch.Tensor, *, eviction_policy: str = "evict_first") -> torch.Tensor:
+    """Read every element of ``t`` once and do nothing else: the floor under any kernel that must read it.
+
+    A flat GEMM's time is the time to read W. This kernel reads W's bytes in the same way -- long
+    contiguous runs, ``eviction_policy`` on the loads as in :func:`flat_gemm` (``""`` for none) --
+    and only adds them up, so no kernel that reads W from HBM can run faster than it: its time is
+    the floor under flat_gemm and cuBLAS alike, and cuBLAS's time over it the largest speed-up any
+    kernel could have (``flashcourse bench gemm`` times it as ``W read once (the floor)``).
+
+    ``t``: a contiguous float16, bfloat16 or float32 tensor of any shape on the kernels' device.
+    Returns float32 partial sums, one per program; they add up to ``t``'s sum.
+
+    Example:
+        >>> import torch
+        >>> from flashcourse.backend import DEVICE
+        >>> w = torch.randn(300, 70, device=DEVICE).half()
+        >>> parts = read_once(w)
+        >>> abs(parts.sum().item() - w.double().sum().item()) < 1e-2
+        True
+    """
+    fn = "read_once"
+    expect_tensor(fn, "t", t)
+    expect_dtype(fn, "t", t, FLOAT_DTYPES)
+    expect_on_backend(fn, "t", t)
+    if not t.is_contiguous():
+        raise ValueError(f"{fn}: t of shape {_shape(t)} is not contiguous (strides {t.stride()}); "
+                         "expected a contiguous tensor, whose bytes lie in one run (use t.contiguous())")
+    if eviction_policy not in ("evict_first", "evict_last", ""):
+        raise ValueError(f"{fn}: eviction_policy is {eviction_policy!r}; expected 'evict_first', "
+                         "'evict_last' or '' (none)")
+    block, steps, warps = READ_ONCE["interpreter" if backend.INTERPRET else "gpu"]
+    n = t.numel()
+    grid = max(1, -(-n // (block * steps)))
+    out = torch.empty(grid, dtype=torch.float32, device=t.device)
+    if n == 0:
+        return out.zero_()
+    _read_once_kernel[(grid,)](t, out, n, BLOCK=block, STEPS=steps, POLICY=eviction_policy, num_warps=warps,
+                               num_stages=3)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
 # The heuristic dataflow: which of the three runs a given shape
 
 @dataclass(frozen=True)
@@ -797,3 +869,8 @@ _SIG = {"X": "*fp16", "W": "*fp16", "Y": "*fp16", "PART": "*fp32", "COUNT": "*i3
         "EVEN_N": "constexpr", "REDUCE": "constexpr", "W_POLICY": "constexpr"}
 aot.register("flat_gemm", _flat_gemm_kernel, signature=_SIG, configs=_aot_configs("flat_gemm"))
 aot.register("gemv", _gemv_kernel, signature=_SIG, configs=_aot_configs("gemv"))
+aot.register("read_once", _read_once_kernel,
+             signature={"T": "*fp16", "OUT": "*fp32", "n": "i32", "BLOCK": "constexpr", "STEPS": "constexpr",
+                        "POLICY": "constexpr"},
+             configs=lambda cc: [aot.Launch({"BLOCK": READ_ONCE["gpu"][0], "STEPS": READ_ONCE["gpu"][1],
+                                             "POLICY": "evict_first"}, READ_ONCE["gpu"][2], 3)])

@@ -302,7 +302,8 @@ CELLS = [
         except FileNotFoundError:
             h100, how = bench.shipped("gemm"), "do_bench's write flush"
         impls = {"kernels.linear": "linear", "kernels.flat_gemm": "flat_gemm", "kernels.gemv": "gemv",
-                 "torch.matmul (cuBLAS)": "cuBLAS", "torch.matmul padded to 64 rows": "cuBLAS, pad 64"}
+                 "torch.matmul (cuBLAS)": "cuBLAS", "torch.matmul padded to 64 rows": "cuBLAS, pad 64",
+                 "W read once (the floor)": "W read once"}
         print(f"H100, {how}, TB/s:")
         print(f"{'K x N':>12s} {'M':>3s} " + " ".join(f"{label:>14s}" for label in impls.values()))
         for r in h100.select(impl="torch.matmul (cuBLAS)"):
@@ -319,18 +320,34 @@ CELLS = [
               "on a GPU, `flashcourse bench gemm` measures them on yours.")
     """, "subslide", name="bench"),
     md("""
-    What the table says. On the three large shapes `flat_gemm` streams W at 2.57–2.68 TB/s, 85–88%
+    What the table says. On the three large shapes `flat_gemm` streams W at 2.56–2.65 TB/s, 85–87%
     of the copy ceiling; on 4096 × 4096 (32 MB, a few microseconds of launch and ramp on ~16 µs)
-    2.04 TB/s. It is ahead of cuBLAS on every shape and every M from 1 to 16, by 2–7% (16% at
-    M = 16 on 4096 × 4096, where cuBLAS changes kernel): 1.045× in geometric mean for M ≤ 8. The
-    same holds without any flush, in what a decode step really runs: four Llama-2-7B decoder
-    layers' five projections replayed as one CUDA graph took 143–148 µs a layer against cuBLAS's
-    149–153 µs (1.03–1.05×, `tools/gpu_gemm.py --layer`). That is all the room there is: cuBLAS
-    pads M to 64, but the padded work runs on tensor cores that are idle anyway, so the speed-ups
-    FlashDecoding++ reports over cuBLAS on the GPUs of its day do not carry over to an H100 with
-    today's cuBLAS. `gemv` (no tensor cores) never wins here, so `linear` always picks `flat_gemm`
-    up to M = 16.
+    2.04–2.07 TB/s. It is ahead of cuBLAS on every shape and every M from 1 to 16, by 1–9%:
+    1.035× in geometric mean for M ≤ 8. The same holds without any flush, in what a decode step
+    really runs: four Llama-2-7B decoder layers' five projections replayed as one CUDA graph took
+    143–148 µs a layer against cuBLAS's 149–153 µs (1.03–1.05×, `tools/gpu_gemm.py --layer`).
+    `gemv` (no tensor cores) never wins here, so `linear` always picks `flat_gemm` up to M = 16.
     """, "fragment", name="bench-notes"),
+    md("""
+    ### The floor: how much faster could any kernel be?
+
+    The last column is `read_once(W)`: a kernel that reads W's bytes and only adds them up. No
+    kernel that must read W from HBM can beat it, so cuBLAS's time over the floor's is the largest
+    speed-up *any* flat GEMM could have. On the H100, after a read flush, `flat_gemm` takes
+    1.01–1.05× the floor's time and cuBLAS 1.04–1.13×: the most any kernel could gain over cuBLAS
+    is 1.07× (geometric mean, M ≤ 8). cuBLAS pads M to 64, but the padded rows are multiplied by
+    tensor cores that would be idle anyway. The speed-ups FlashDecoding++ reports over cuBLAS were
+    measured on older GPUs and an older cuBLAS; on this one there is no room for them.
+
+    After do_bench's *write* flush the L2 is full of dirty lines, and every line of W brought in
+    first writes one back: cuBLAS takes 1.11–1.23× the floor's time (still under 1.25× in
+    geometric mean: 1.18×). The floor's loads ask for `eviction_policy="evict_first"`, which keeps
+    W's lines from pushing out the dirty ones, worth 2–6 µs here. `flat_gemm` asks too, but Triton
+    3.6 drops the hint on the software pipeline's asynchronous copies, so it pays the full
+    write-back and lands between 8% behind and 6% ahead of cuBLAS. (A double buffer in registers
+    keeps the hint: 7–12% faster after a write flush, 2–9% slower after a read flush —
+    `tools/gpu_gemm_prefetch.py`.)
+    """, "subslide", name="floor-notes"),
     md("""
     On your own GPU (a Colab T4, L4, A100...), the same comparison for the MLP's up projection, timed
     with the read-only flush. Without a GPU there is nothing to time: the interpreter runs the kernels
@@ -341,10 +358,13 @@ CELLS = [
     if backend.INTERPRET:
         print("No GPU here: nothing to measure (the interpreter checks correctness, not speed).")
     else:
+        from flashcourse.kernels import read_once
         timer = bench.read_flush_timer()
         K, N = 4096, 11008
         w = torch.randn(K, N, device=backend.DEVICE).half()
-        print(f"{backend.gpu_name()}, K = {K}, N = {N}, TB/s (read-only flush):")
+        floor = timer(lambda: read_once(w))
+        print(f"{backend.gpu_name()}, K = {K}, N = {N}, TB/s (read-only flush); W read once, the floor: "
+              f"{2 * K * N / (floor * 1e-3) / 1e12:.2f} TB/s")
         print("   M     linear  flat_gemm     cuBLAS  cuBLAS, M padded to 64")
         for M in (1, 4, 8, 16):
             x = torch.randn(M, K, device=backend.DEVICE).half()
@@ -367,6 +387,8 @@ CELLS = [
     * $B_N$ trades the compute/memory ratio $\\frac{2MK}{K + MK/B_N + M}$ against the $N / B_N$ programs
       that keep the SMs busy: parallelism-bound for a small $N$, memory-bound for a large one.
     * Double buffering (`num_stages` in Triton) keeps loads in flight while tiles are multiplied.
+    * A memory-bound kernel has a floor: the time to read its bytes once. Measure it (`read_once`)
+      before chasing a speed-up: on an H100 `flat_gemm` is within 5% of it, and cuBLAS within 13%.
 
     **Exercise:** `exercises/06_flat_gemm.ipynb` — choosing $B_N$, and the flat GEMM kernel's K loop.
     """, "slide", name="summary"),
