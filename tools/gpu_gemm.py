@@ -62,7 +62,7 @@ COPY_TBPS = 3.02        # H100 device-to-device copy, bytes read + written (shar
 # The sweep's candidates: (block_n, block_k, num_warps, num_stages). Memory-bound kernels want
 # many bytes in flight per SM: large tiles of W, several pipeline stages, enough programs.
 FLAT = [(64, 256, 4, 4), (128, 128, 4, 4), (128, 64, 4, 5), (64, 128, 4, 4), (64, 256, 4, 3), (128, 128, 4, 3),
-        (32, 256, 4, 4), (128, 256, 8, 3)]
+        (32, 256, 4, 4), (128, 256, 8, 3), (32, 512, 4, 3), (16, 512, 4, 4), (32, 512, 8, 3)]
 FLAT_WIDE = [(bn, bk, w, s) for bn in (32, 64, 128) for bk in (64, 128, 256) for w in (4,)
              for s in (2, 3, 4, 5)] + [(64, 128, 8, 4), (64, 256, 8, 3), (128, 128, 8, 3)]
 GEMV = {1: [(64, 128, 4, 2), (128, 64, 4, 2), (256, 32, 4, 3), (128, 32, 4, 1), (128, 64, 8, 1), (64, 64, 4, 2)],

@@ -269,7 +269,10 @@ _PTR = {torch.float16: "*fp16", torch.bfloat16: "*bf16"}
 # 16.2-16.4 us against 16.6-16.9 us for B_N = 64, B_K = 128 split in two, at every M from 1 to 16,
 # either layout of W) -- up to K = 8192: at K = 11008 with W as (N, K) the narrow tile took
 # 37.3-40.4 us against 36.6-36.9 us for B_N = 64, B_K = 128 (W as (K, N): 34.7-35.0 either way).
-# More, smaller programs were slower; so was W as (N, K) with 64 x 256 tiles. gemv, without the
+# More, smaller programs were slower; so was W as (N, K) with 64 x 256 tiles. With W as (N, K)
+# flat_gemm is 2-5% slower, but a sweep in that layout (tools/results/gemm_sweep_nk_h100.json:
+# 11 tiles, splits 1-32) found these tiles the best or within 2% of it -- the best (N, K) tile
+# is itself 1-4% behind (K, N) -- so the tables do not depend on the layout. gemv, without the
 # tensor cores' shared-memory pipeline, wants ~2 programs per SM. sm_80 keeps sm_90's tiles;
 # sm_89 (99 KB of shared memory) has 3 stages; sm_75 (64 KB, no asynchronous copies: nothing to
 # pipeline) gets occupancy instead -- a few programs per SM. All checked by the AOT compile
