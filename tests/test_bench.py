@@ -407,7 +407,7 @@ def test_shipped_memory_results_are_an_h100_measurement():
     for key in ("torch", "triton", "python", "date", "command"):
         assert p[key]
     assert r.settings["warmup_ms"] == 25 and r.settings["rep_ms"] == 100
-    assert r.settings["return_mode"] == "median" and r.settings["timer"] == "triton.testing.do_bench"
+    assert bench.flush_timer("write").settings.items() <= r.settings.items()  # the course timer, do_bench flush
     assert all(rec.ok for rec in r.records)
     c = r.ceilings()
     # what the course's baselines measured on an H100: copy ~3.0 TB/s, fp16 ~700, bf16 ~740 TFLOP/s

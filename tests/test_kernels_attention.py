@@ -350,10 +350,10 @@ def test_attention_suite_shapes_and_flops():
 
 
 def test_shipped_h100_results_meet_the_course_claims():
-    from flashcourse.bench import shipped
+    from flashcourse.bench import flush_timer, shipped
     from flashcourse.bench.attention import table
     r = shipped("attention")
-    assert r.gpu.startswith("NVIDIA H100") and r.settings["timer"] == "triton.testing.do_bench"
+    assert r.gpu.startswith("NVIDIA H100") and flush_timer("write").settings.items() <= r.settings.items()
     assert not [x for x in r.records if x.error], [x for x in r.records if x.error]
     rows = {(x["d"], x["N"], x["causal"]): x for x in table(r)}
     assert len(rows) == 24

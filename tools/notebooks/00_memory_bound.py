@@ -255,7 +255,8 @@ CELLS = [
       read *and* written;
     * **compute**: multiply two random 8192 × 8192 matrices, $2 \cdot 8192^3$ FLOPs.
 
-    Each is timed with `triton.testing.do_bench` (median of many runs, caches flushed in between).
+    Each is timed with the course's timer, `bench.flush_timer`: `triton.testing.do_bench`'s method
+    (median of many runs, the L2 cache flushed in between), counting the GPU's time alone.
     On a GPU the next cell measures yours (it takes 10–30 seconds); without one it shows the H100's.
     The same measurement from a shell: `flashcourse bench memory`.
     """, "slide", name="measure-md"),
