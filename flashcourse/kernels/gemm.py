@@ -34,7 +34,7 @@ mean 1.035x for M <= 8) -- padding one row to 16 costs nothing when the time is 
 decoder layers' projections replayed as a CUDA graph (no flush at all): 143-148 us a layer against
 cuBLAS's 149-153 us, 1.03-1.05x. gemv was never faster, so linear picks flat_gemm up to M = 16.
 
-The floor. :func:`read_once` reads W and does nothing else; no kernel that must read W is faster.
+The floor. :func:`read_once` reads W and does nothing else: a kernel that must read W is not faster.
 flat_gemm takes 1.01-1.05x its time, cuBLAS 1.04-1.13x: the largest speed-up over cuBLAS any
 kernel could have is 1.07x (geometric mean, M <= 8), far from the 1.25x of FlashDecoding++'s
 GPUs. With do_bench's own flush, which leaves the L2 full of dirty lines, every kernel pays
@@ -645,20 +645,22 @@ def _read_once_kernel(T, OUT, n, BLOCK: tl.constexpr, STEPS: tl.constexpr, POLIC
     tl.store(OUT + pid, tl.sum(acc, 0))
 
 
-#: read_once's launch: (elements a step, steps a program, warps). On an H100, (4096, 8, 8) read
-#: Llama-2-7B's weights at 2.7 TB/s after a read flush, the best of the 8 launches tried
-#: (exp. in the chapter-6 note); the interpreter takes small blocks.
+#: read_once's launch: (elements a step, steps a program, warps). On an H100, (4096, 8, 8) reads
+#: Llama-2-7B's weights at 2.7 TB/s after a read flush, within 0.6% of the best of the 6 launches
+#: ``tools/gpu_gemm.py --floor`` tries on every shape, with either flush
+#: (tools/results/gemm_floor_h100.json); the interpreter takes small blocks.
 READ_ONCE = {"gpu": (4096, 8, 8), "interpreter": (256, 4, 4)}
 
 
 def read_once(t: torch.Tensor, *, eviction_policy: str = "evict_first") -> torch.Tensor:
     """Read every element of ``t`` once and do nothing else: the floor under any kernel that must read it.
 
-    A flat GEMM's time is the time to read W. This kernel reads W's bytes in the same way -- long
-    contiguous runs, ``eviction_policy`` on the loads as in :func:`flat_gemm` (``""`` for none) --
-    and only adds them up, so no kernel that reads W from HBM can run faster than it: its time is
-    the floor under flat_gemm and cuBLAS alike, and cuBLAS's time over it the largest speed-up any
-    kernel could have (``flashcourse bench gemm`` times it as ``W read once (the floor)``).
+    A flat GEMM's time is the time to read W. This kernel reads W's bytes -- in long contiguous
+    runs, with ``eviction_policy`` on the loads as :func:`flat_gemm` asks (``""`` for none) -- and
+    only adds them up. Its time is a measured floor, not a proven one (a better read might gain a
+    percent or two): the floor under flat_gemm and cuBLAS alike, and cuBLAS's time over it the
+    largest speed-up a kernel that reads W could have (``flashcourse bench gemm`` times it as
+    ``W read once (the floor)``).
 
     ``t``: a contiguous float16, bfloat16 or float32 tensor of any shape on the kernels' device.
     Returns float32 partial sums, one per program; they add up to ``t``'s sum.

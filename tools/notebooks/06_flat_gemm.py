@@ -331,9 +331,9 @@ CELLS = [
     md("""
     ### The floor: how much faster could any kernel be?
 
-    The last column is `read_once(W)`: a kernel that reads W's bytes and only adds them up. No
-    kernel that must read W from HBM can beat it, so cuBLAS's time over the floor's is the largest
-    speed-up *any* flat GEMM could have. On the H100, after a read flush, `flat_gemm` takes
+    The last column is `read_once(W)`: a kernel that reads W's bytes and only adds them up. A
+    kernel that must read W from HBM cannot do better (a finer-tuned read might gain a percent or
+    two), so cuBLAS's time over the floor's is the largest speed-up *any* flat GEMM could have. On the H100, after a read flush, `flat_gemm` takes
     1.01–1.05× the floor's time and cuBLAS 1.04–1.13×: the most any kernel could gain over cuBLAS
     is 1.07× (geometric mean, M ≤ 8). cuBLAS pads M to 64, but the padded rows are multiplied by
     tensor cores that would be idle anyway. The speed-ups FlashDecoding++ reports over cuBLAS were
