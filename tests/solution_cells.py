@@ -61,6 +61,17 @@ def fails(check, fn, *expected: str, exc=AssertionError) -> str:
     return msg
 
 
+def fails_on_a_hidden_case(check, fn, *expected: str) -> str:
+    """``check(fn)`` fails on a hidden case; its message names the seed and the call that replays
+    it (``check.NAME(NAME, seed=...)``), and that call fails with the same message. Returns it."""
+    msg = fails(check, fn, "hidden case", *expected)
+    seed = int(re.search(r"seed (\d+)", msg).group(1))
+    name = check.__name__
+    assert f"check.{name}({name}, seed={seed})" in msg
+    assert fails(lambda f: check(f, seed=seed), fn) == msg
+    return msg
+
+
 def passes_with_one_line(check, fn, attr: str, capsys) -> None:
     """``check(fn)`` prints one success line naming ``attr``, the same with another seed, nothing else."""
     check(fn)

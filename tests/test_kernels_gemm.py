@@ -352,11 +352,6 @@ def test_the_comparison_rejects_the_wrong_layout_and_a_lost_partial(device, gen,
 # ---------------------------------------------------------------------------------------------
 # The floor: read_once reads every element once (its partial sums, run by run, against float64)
 
-def _runs(t):
-    block, steps, _ = G.READ_ONCE["interpreter" if backend.INTERPRET else "gpu"]
-    return block * steps
-
-
 @pytest.mark.parametrize("shape,dtype", [((4096, 11008), torch.float16), ((4097, 515), torch.bfloat16),
                                          ((1000, 3), torch.float32)] if GPU else
                          [((100, 70), torch.float16), ((3, 1025), torch.bfloat16), ((1,), torch.float32),
@@ -365,7 +360,7 @@ def test_read_once_reads_every_element_once(device, gen, shape, dtype):
     from flashcourse.bench.gemm import _floor_check
     t = torch.randn(shape, generator=gen).to(dtype).to(device)
     parts = read_once(t)
-    assert parts.dtype == torch.float32 and parts.shape == (-(-t.numel() // _runs(t)),)
+    assert parts.dtype == torch.float32 and parts.shape == (-(-t.numel() // G.read_once_run()),)
     assert _floor_check(t)(parts) is None
     assert abs(parts.double().sum().item() - t.double().sum().item()) <= 1e-5 * t.double().abs().sum().item() + 1e-3
     assert _floor_check(t)(read_once(t, eviction_policy="")) is None
@@ -374,7 +369,7 @@ def test_read_once_reads_every_element_once(device, gen, shape, dtype):
 
 def test_the_floor_check_rejects_a_run_skipped_or_read_twice(device, gen):
     from flashcourse.bench.gemm import _floor_check
-    t = torch.randn(5 * _runs(None) + 17, generator=gen).half().to(device)
+    t = torch.randn(5 * G.read_once_run() + 17, generator=gen).half().to(device)
     parts = read_once(t)
     check = _floor_check(t)
     assert check(parts) is None

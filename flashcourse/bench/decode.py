@@ -175,10 +175,4 @@ def table(result) -> list[dict]:
         >>> r["kernels.flash_decode TBps"] > 2.5
         True
     """
-    rows = {}
-    for r in result.records:
-        key = (r.params.get("H_kv"), r.params.get("B"), r.params.get("L"))
-        row = rows.setdefault(key, {"H_kv": key[0], "B": key[1], "L": key[2]})
-        row[f"{r.impl} us"] = None if r.ms is None else r.ms * 1e3
-        row[f"{r.impl} TBps"] = r.TBps
-    return list(rows.values())
+    return result.rows("H_kv", "B", "L")

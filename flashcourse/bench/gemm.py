@@ -135,12 +135,10 @@ def _floor_check(w):
     twice shows in its own partial, which the sum of all of them might hide."""
     import torch
 
-    from .. import backend
     from ..kernels import gemm as G
 
     def check(parts):
-        block, steps, _ = G.READ_ONCE["interpreter" if backend.INTERPRET else "gpu"]
-        run = block * steps
+        run = G.read_once_run()
         flat = w.reshape(-1).double()
         n_runs = -(-flat.numel() // run)
         padded = torch.zeros(n_runs * run, dtype=torch.float64, device=flat.device)
@@ -165,10 +163,4 @@ def table(result) -> list[dict]:
         >>> table(r)[0]["kernels.flat_gemm us"], table(r)[0]["kernels.flat_gemm TBps"]
         (2.0, 0.5)
     """
-    rows = {}
-    for r in result.records:
-        key = (r.params.get("K"), r.params.get("N"), r.params.get("M"))
-        row = rows.setdefault(key, {"K": key[0], "N": key[1], "M": key[2]})
-        row[f"{r.impl} us"] = None if r.ms is None else r.ms * 1e3
-        row[f"{r.impl} TBps"] = r.TBps
-    return list(rows.values())
+    return result.rows("K", "N", "M")

@@ -268,6 +268,23 @@ class Result:
                               f"implementations: {self.impls()}")
         return found[0]
 
+    def rows(self, *keys: str) -> list[dict]:
+        """One row per value of the params ``keys``: each implementation's time (``"IMPL us"``, None
+        when it was not measured) and bandwidth (``"IMPL TBps"``), in the order first met.
+
+        Example:
+            >>> r = Result("toy", {}, {}, [Record("n=1", "a", "course", {"n": 1}, 0.002, 10**6, 10**6)])
+            >>> r.rows("n")
+            [{'n': 1, 'a us': 2.0, 'a TBps': 0.5}]
+        """
+        rows: dict = {}
+        for r in self.records:
+            key = tuple(r.params.get(k) for k in keys)
+            row = rows.setdefault(key, dict(zip(keys, key)))
+            row[f"{r.impl} us"] = None if r.ms is None else r.ms * 1e3
+            row[f"{r.impl} TBps"] = r.TBps
+        return list(rows.values())
+
     def ceilings(self) -> dict[str, float]:
         """The best bandwidth (TB/s) and matmul rates (TFLOP/s, by dtype) of the run.
 

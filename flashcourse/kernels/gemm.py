@@ -89,7 +89,8 @@ from . import aot
 from ._validate import FLOAT_DTYPES, _expect_dot_operands, expect_dtype, expect_on_backend, expect_tensor
 
 __all__ = ["DOT_MIN", "FLAT_MAX_M", "GEMV_MAX_M", "W_LAYOUTS", "GemmConfig", "LinearPlan", "flat_gemm",
-           "gemm_config", "gemv", "linear", "linear_plan", "linear_thresholds", "read_once", "split_k_for"]
+           "gemm_config", "gemv", "linear", "linear_plan", "linear_thresholds", "read_once", "read_once_run",
+           "split_k_for"]
 
 #: The weight layouts: (K, N) as in ``x @ w``, or (N, K) as nn.Linear stores it.
 W_LAYOUTS = ("kn", "nk")
@@ -652,6 +653,17 @@ def _read_once_kernel(T, OUT, n, BLOCK: tl.constexpr, STEPS: tl.constexpr, POLIC
 READ_ONCE = {"gpu": (4096, 8, 8), "interpreter": (256, 4, 4)}
 
 
+def read_once_run() -> int:
+    """How many consecutive elements each of :func:`read_once`'s partial sums covers, here.
+
+    Example:
+        >>> read_once_run() in (4096 * 8, 256 * 4)
+        True
+    """
+    block, steps, _ = READ_ONCE["interpreter" if backend.INTERPRET else "gpu"]
+    return block * steps
+
+
 def read_once(t: torch.Tensor, *, eviction_policy: str = "evict_first") -> torch.Tensor:
     """Read every element of ``t`` once and do nothing else: the floor under any kernel that must read it.
 
@@ -685,7 +697,7 @@ def read_once(t: torch.Tensor, *, eviction_policy: str = "evict_first") -> torch
                          "'evict_last' or '' (none)")
     block, steps, warps = READ_ONCE["interpreter" if backend.INTERPRET else "gpu"]
     n = t.numel()
-    grid = max(1, -(-n // (block * steps)))
+    grid = max(1, -(-n // read_once_run()))
     out = torch.empty(grid, dtype=torch.float32, device=t.device)
     if n == 0:
         return out.zero_()
