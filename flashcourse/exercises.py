@@ -263,7 +263,7 @@ def build(solutions: Path, exercises: Path, checks_json: Path) -> list[Path]:
 
     Example:
         >>> build(*default_paths())                     # doctest: +SKIP
-        [PosixPath('.../exercises/01_softmax.ipynb')]
+        [PosixPath('.../exercises/01_online_softmax.ipynb')]
     """
     changed = []
     for path, data in _outputs(Path(solutions), Path(exercises), Path(checks_json)).items():

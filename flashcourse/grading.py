@@ -16,9 +16,9 @@ from an installed package too.
 
 Example:
     >>> from flashcourse.grading import grade
-    >>> report = grade("exercises/01_softmax.ipynb")      # doctest: +SKIP
+    >>> report = grade("exercises/01_online_softmax.ipynb")      # doctest: +SKIP
     >>> print(report.format())                            # doctest: +SKIP
-    grading exercises/01_softmax.ipynb (exercise 01_softmax, 3 checks)
+    grading exercises/01_online_softmax.ipynb (exercise 01_online_softmax, 3 checks)
       online_softmax  not implemented  online_softmax is not implemented yet: ...
 """
 from __future__ import annotations
@@ -90,7 +90,7 @@ class CheckResult:
     """The outcome of one cell: a check (``name`` is the check, e.g. "online_softmax") or another cell.
 
     Example:
-        >>> CheckResult("merge", "01-softmax-check-merge", "passed").line()
+        >>> CheckResult("merge", "01-online-softmax-check-merge", "passed").line()
         '  merge            passed'
     """
     name: str
@@ -111,7 +111,7 @@ class GradeReport:
     """What ``grade`` found: one :class:`CheckResult` per check, the other cells that failed, and notes.
 
     Example:
-        >>> r = GradeReport("nb.ipynb", "01_softmax", [CheckResult("merge", "c", "passed")])
+        >>> r = GradeReport("nb.ipynb", "01_online_softmax", [CheckResult("merge", "c", "passed")])
         >>> r.passed, r.format().splitlines()[-1]
         (True, 'the 1 check passed ✓')
     """
@@ -148,10 +148,10 @@ class GradeReport:
 
 
 def load_canonical(checks_json: Path | str | None = None) -> dict:
-    """The canonical check cells, by exercise name (``{"01_softmax": [{"id": ..., ...}, ...]}``).
+    """The canonical check cells, by exercise name (``{"01_online_softmax": [{"id": ..., ...}, ...]}``).
 
     Example:
-        >>> "01_softmax" in load_canonical()
+        >>> "01_online_softmax" in load_canonical()
         True
     """
     path = Path(checks_json) if checks_json else CHECKS_JSON
@@ -166,8 +166,8 @@ def identify(nb, path: Path | str, canonical: dict, exercise: str | None = None)
 
     Example:
         >>> nb = nbformat.v4.new_notebook()
-        >>> identify(nb, "homework/01_softmax.ipynb", {"01_softmax": []})
-        '01_softmax'
+        >>> identify(nb, "homework/01_online_softmax.ipynb", {"01_online_softmax": []})
+        '01_online_softmax'
     """
     names = sorted(canonical)
     if exercise is not None:
@@ -264,8 +264,18 @@ def _env() -> dict:
     return env
 
 
-def _message(r: dict) -> tuple[str, str]:
-    """(status, message for the student) of a failed cell."""
+def failure_message(r: dict) -> tuple[str, str]:
+    """``(status, message for the student)`` of a failed cell, from the record ``r`` the grading plugin
+    wrote for it (``ename`` and ``evalue`` of the exception it raised, else pytest's ``longrepr`` and
+    what the cell printed): a check's own message when it raised, an explanation when its printed line
+    differs from the expected one, timed out, or the kernel died (``not run``).
+
+    Example:
+        >>> failure_message({"ename": "AssertionError", "evalue": "merge: wrong value on shown case 1 of 6"})
+        ('failed', 'merge: wrong value on shown case 1 of 6')
+        >>> failure_message({"ename": "NameError", "evalue": "name 'merge' is not defined"})
+        ('failed', "NameError: name 'merge' is not defined")
+    """
     ename, evalue = r.get("ename"), (r.get("evalue") or "").strip()
     if ename == "NotImplementedError":
         return NOT_IMPLEMENTED, evalue or "this cell raises NotImplementedError: write your code under `# YOUR CODE HERE`"
@@ -296,7 +306,7 @@ def grade(notebook: Path | str, *, checks_json: Path | str | None = None, exerci
     ``timeout`` is the limit for one cell, in seconds.
 
     Example:
-        >>> report = grade("exercises/01_softmax.ipynb")                       # doctest: +SKIP
+        >>> report = grade("exercises/01_online_softmax.ipynb")                       # doctest: +SKIP
         >>> report.passed, [c.status for c in report.checks]                   # doctest: +SKIP
         (False, ['not implemented', 'not implemented', 'not implemented'])
     """
@@ -353,9 +363,9 @@ def grade(notebook: Path | str, *, checks_json: Path | str | None = None, exerci
             elif r["outcome"] == "passed":
                 report.checks.append(CheckResult(check_ids[cid], cid, PASSED))
             else:
-                report.checks.append(CheckResult(check_ids[cid], cid, *_message(r)))
+                report.checks.append(CheckResult(check_ids[cid], cid, *failure_message(r)))
         elif r is not None and r["outcome"] == "failed":
-            status, msg = _message(r)
+            status, msg = failure_message(r)
             first = next((l for l in cell.source.splitlines() if l.strip() and not l.startswith("#")), "")
             report.other_failures.append(CheckResult(f"cell {num + 1}", cid, status,
                                                      f"({first.strip()[:60]} ...)\n{msg}"))
@@ -369,10 +379,10 @@ def add_arguments(parser) -> None:
         >>> import argparse
         >>> p = argparse.ArgumentParser()
         >>> add_arguments(p)
-        >>> p.parse_args(["exercises/01_softmax.ipynb", "--timeout", "60"]).timeout
+        >>> p.parse_args(["exercises/01_online_softmax.ipynb", "--timeout", "60"]).timeout
         60
     """
-    parser.add_argument("notebook", type=Path, help="the exercise notebook to grade, e.g. exercises/01_softmax.ipynb")
+    parser.add_argument("notebook", type=Path, help="the exercise notebook to grade, e.g. exercises/01_online_softmax.ipynb")
     parser.add_argument("--exercise", default=None,
                         help="which exercise it is (default: from its metadata, file name or cell ids)")
     parser.add_argument("--checks-json", type=Path, default=None,

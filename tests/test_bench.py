@@ -59,7 +59,7 @@ def toy_suite():
 
 # -- the registry -------------------------------------------------------------------------------
 def test_course_suites_are_registered_and_unknown_ones_are_named():
-    assert {"memory", "softmax"} <= set(bench.registered())
+    assert {"roofline", "online"} <= set(bench.registered())
     with pytest.raises(KeyError, match="no benchmark suite 'nope'; known suites: .*memory.*softmax"):
         bench.get_suite("nope")
 
@@ -204,7 +204,7 @@ def test_result_json_round_trip(toy_suite, tmp_path):
 
 
 def test_a_course_suite_reads_back_equal(tmp_path):
-    r = bench.run("memory", timer=FakeTimer(), progress=False, device=DEV, copy_bytes=[4096], matmul_n=16)
+    r = bench.run("roofline", timer=FakeTimer(), progress=False, device=DEV, copy_bytes=[4096], matmul_n=16)
     assert r.settings["options"]["dtypes"] == ["float16", "bfloat16"]
     assert Result.load(r.save(tmp_path / "m.json")) == r
 
@@ -233,12 +233,12 @@ def test_table_lists_every_record():
 
 def test_default_out_names_suite_and_gpu(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert bench.default_out("memory", "NVIDIA GeForce RTX 4090") == tmp_path / "bench-memory-nvidia-geforce-rtx-4090.json"
+    assert bench.default_out("roofline", "NVIDIA GeForce RTX 4090") == tmp_path / "bench-roofline-nvidia-geforce-rtx-4090.json"
 
 
 # -- the course's suites: accounting on small sizes -----------------------------------------------
 def test_memory_suite_counts_copy_bytes_and_matmul_flops_on_random_data():
-    r = bench.run("memory", timer=FakeTimer(ms=1.0), progress=False, device=DEV,
+    r = bench.run("roofline", timer=FakeTimer(ms=1.0), progress=False, device=DEV,
                   copy_bytes=[2**16, 2**18], matmul_n=64)
     copies = r.select(op="copy")
     assert [c.params["buffer_bytes"] for c in copies] == [2**16, 2**18]
@@ -256,7 +256,7 @@ def test_memory_suite_counts_copy_bytes_and_matmul_flops_on_random_data():
 
 
 def test_memory_suite_data_is_random_not_zeros():
-    w = bench.get_suite("memory").workloads(device=DEV, copy_bytes=[2**12], matmul_n=32)
+    w = bench.get_suite("roofline").workloads(device=DEV, copy_bytes=[2**12], matmul_n=32)
     for workload in w:
         for case in workload.setup():
             for t in case.inputs[:1]:
@@ -265,24 +265,24 @@ def test_memory_suite_data_is_random_not_zeros():
 
 
 def test_memory_suite_default_sizes_match_the_baselines():
-    w = bench.get_suite("memory").workloads()
+    w = bench.get_suite("roofline").workloads()
     sizes = [x.params["buffer_bytes"] for x in w if x.params["op"] == "copy"]
     assert sizes[-1] == 2 * 2**30 and sizes[0] == 2**20                    # 2 GiB, like the baselines
     assert [(x.params["dtype"], x.params["N"]) for x in w if x.params["op"] == "matmul"] == \
         [("float16", 8192), ("bfloat16", 8192)]
-    quick = bench.get_suite("memory").workloads(quick=True)
+    quick = bench.get_suite("roofline").workloads(quick=True)
     assert max(x.params.get("buffer_bytes", 0) for x in quick) == 256 * 2**20
 
 
 def test_matmul_check_rejects_a_wrong_product():
-    (case,) = bench.get_suite("memory").workloads(device=DEV, copy_bytes=[], matmul_n=32,
+    (case,) = bench.get_suite("roofline").workloads(device=DEV, copy_bytes=[], matmul_n=32,
                                                   dtypes=("float16",))[0].setup()
     assert case.check(case.fn()) is None
     assert "relative error" in case.check(case.fn() * 1.1)
 
 
 def test_softmax_suite_sizes_and_bytes():
-    ws = bench.get_suite("softmax").workloads()
+    ws = bench.get_suite("online").workloads()
     assert [w.params["cols"] for w in ws] == [1024, 2048, 4096, 8192, 16384, 32768]
     for w in ws:
         nbytes = w.params["rows"] * w.params["cols"] * 2
@@ -291,7 +291,7 @@ def test_softmax_suite_sizes_and_bytes():
 
 def test_softmax_suite_accounting_and_baseline(monkeypatch):
     # Small sizes on the CPU; the course kernels may or may not exist yet: both are fine.
-    r = bench.run("softmax", timer=FakeTimer(ms=1.0), progress=False, device=DEV,
+    r = bench.run("online", timer=FakeTimer(ms=1.0), progress=False, device=DEV,
                   cols=(64, 96), bytes_per_call=64 * 96 * 2)
     for cols in (64, 96):
         rows = math.ceil(64 * 96 * 2 / (cols * 2))
@@ -328,8 +328,8 @@ def test_softmax_suite_finds_the_kernels_two_pass_path(monkeypatch):
                                  safe_softmax_3pass=lambda x: torch.softmax(x, -1))
     real = importlib.import_module
     monkeypatch.setattr(importlib, "import_module",
-                        lambda name, *a: fake if name == "flashcourse.kernels.softmax" else real(name, *a))
-    r = bench.run("softmax", timer=FakeTimer(), progress=False, device=DEV, cols=(64, 200), bytes_per_call=4096)
+                        lambda name, *a: fake if name == "flashcourse.kernels.online" else real(name, *a))
+    r = bench.run("online", timer=FakeTimer(), progress=False, device=DEV, cols=(64, 200), bytes_per_call=4096)
     assert r.impls() == ["kernels.softmax", "kernels.softmax (online, two passes)",
                          "kernels.safe_softmax_3pass", "torch.softmax"]
     assert all(rec.ok for rec in r.records)
@@ -344,17 +344,17 @@ def test_softmax_suite_skips_a_missing_kernel_plainly(monkeypatch):
     real = importlib.import_module
 
     def no_kernels(name, *a, **k):
-        if name == "flashcourse.kernels.softmax":
+        if name == "flashcourse.kernels.online":
             raise ModuleNotFoundError("No module named 'flashcourse.kernels.softmax'")
         return real(name, *a, **k)
     monkeypatch.setattr(importlib, "import_module", no_kernels)
-    r = bench.run("softmax", timer=FakeTimer(), progress=False, device=DEV, cols=(32,), bytes_per_call=256)
+    r = bench.run("online", timer=FakeTimer(), progress=False, device=DEV, cols=(32,), bytes_per_call=256)
     assert r.get("kernels.softmax").skipped.startswith("flashcourse.kernels.softmax cannot be imported")
     assert r.get("torch.softmax").ok
 
 
 def test_softmax_check_rejects_wrong_outputs():
-    w = bench.get_suite("softmax").workloads(device=DEV, cols=(64,), bytes_per_call=64 * 8 * 2)[0]
+    w = bench.get_suite("online").workloads(device=DEV, cols=(64,), bytes_per_call=64 * 8 * 2)[0]
     cases = w.setup()
     baseline = cases[-1]
     check = cases[0].check
@@ -371,14 +371,14 @@ needs_cpu = pytest.mark.skipif(backend.DEVICE == "cuda", reason="checks the refu
 @needs_cpu
 def test_api_refuses_without_a_gpu():
     with pytest.raises(bench.GPURequired, match=r"^flashcourse.bench.run\('softmax'\) needs a CUDA GPU"):
-        bench.run("softmax")
+        bench.run("online")
 
 
 @needs_cpu
 def test_cli_refuses_in_one_line_with_a_nonzero_status(capsys, tmp_path):
     p = argparse.ArgumentParser()
     bench_cli.add_arguments(p)
-    status = bench_cli.run(p.parse_args(["memory", "--out", str(tmp_path / "x.json")]))
+    status = bench_cli.run(p.parse_args(["roofline", "--out", str(tmp_path / "x.json")]))
     out, err = capsys.readouterr()
     assert status == bench_cli.NEEDS_GPU != 0
     assert out == "" and err.count("\n") == 1
@@ -392,7 +392,7 @@ def test_cli_lists_suites_and_prints_shipped_results(capsys):
     assert bench_cli.run(p.parse_args(["--list"])) == 0
     out = capsys.readouterr().out
     assert "\nmemory " in "\n" + out and "\nsoftmax " in out
-    assert bench_cli.run(p.parse_args(["memory", "--shipped"])) == 0
+    assert bench_cli.run(p.parse_args(["roofline", "--shipped"])) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0] == "memory on NVIDIA H100 80GB HBM3"
     assert bench_cli.run(p.parse_args(["nope"])) == 1
@@ -401,7 +401,7 @@ def test_cli_lists_suites_and_prints_shipped_results(capsys):
 
 # -- shipped results -------------------------------------------------------------------------------
 def test_shipped_memory_results_are_an_h100_measurement():
-    r = bench.shipped("memory")
+    r = bench.shipped("roofline")
     p = r.provenance
     assert p["gpu"].startswith("NVIDIA H100") and p["compute_capability"] == "9.0"
     for key in ("torch", "triton", "python", "date", "command"):
@@ -421,12 +421,12 @@ def test_shipped_memory_results_are_an_h100_measurement():
 def test_shipped_says_what_is_there():
     with pytest.raises(FileNotFoundError, match="no shipped results for suite 'nope' on 'h100'; shipped on 'h100': .*memory"):
         bench.shipped("nope")
-    assert "memory" in bench.shipped_suites()
+    assert "roofline" in bench.shipped_suites()
 
 
 def test_shipped_flush_variants():
     with pytest.raises(ValueError, match="shipped: flush must be 'write' or 'read', got 'dirty'"):
-        bench.shipped("memory", flush="dirty")
-    with pytest.raises(FileNotFoundError, match="no shipped results for suite 'memory'"):
-        bench.shipped("memory", flush="read")          # only the streaming suites were timed both ways
+        bench.shipped("roofline", flush="dirty")
+    with pytest.raises(FileNotFoundError, match="no shipped results for suite 'roofline'"):
+        bench.shipped("roofline", flush="read")          # only the streaming suites were timed both ways
     assert "read-flush" not in bench.shipped_suites()

@@ -45,7 +45,7 @@ def test_hidden_cases_cover_what_the_exercises_promise():
     def recorder(seen):
         def fn(Q, K, V, B_r, B_c, causal, sm_scale):
             seen.append((Q.shape[0], K.shape[0], Q.shape[1], B_r, B_c, causal, float(np.abs(Q).max())))
-            return attention_checks._attention64(Q, K, V, causal, sm_scale)
+            return attention_checks.attention64(Q, K, V, causal, sm_scale)
         return fn
     a, b, c = [], [], []
     checks.fa2_attention(recorder(a), seed=1)
@@ -95,7 +95,7 @@ def test_fa1_step_runs_the_step_inside_the_loops():
     """A step right on every single-step case can still be wrong in the loop: here, one that only
     goes wrong when called with more rows than the shown steps have."""
     def bad_on_tall_tiles(Q_i, K_j, V_j, O_i, l_i, m_i, mask, sm_scale):
-        O, l, m = attention_checks._fa1_step64(Q_i, K_j, V_j, O_i, l_i, m_i, mask, sm_scale)
+        O, l, m = attention_checks.fa1_step64(Q_i, K_j, V_j, O_i, l_i, m_i, mask, sm_scale)
         return (O * 1.01 if len(Q_i) > 2 and np.isfinite(m_i).all() else O), l, m
     msg = fails(checks.fa1_step, bad_on_tall_tiles, "FA1's loops around your step over", "first wrong element: O[")
     assert "N_q = " in msg and "B_r = " in msg
@@ -148,7 +148,7 @@ def test_fa2_attention_not_implemented_and_a_hidden_case_replays_with_its_seed(t
     assert fails(checks.fa2_attention, stub, exc=NotImplementedError).startswith("fa2_attention is not implemented yet")
 
     def wrong_at_d64(Q, K, V, B_r, B_c, causal, sm_scale):
-        O = attention_checks._attention64(Q, K, V, causal, sm_scale)
+        O = attention_checks.attention64(Q, K, V, causal, sm_scale)
         return O + (1e-3 if Q.shape[1] == 64 else 0.0)
     fails_on_a_hidden_case(checks.fa2_attention, wrong_at_d64, "d = 64")
 
@@ -203,12 +203,12 @@ def test_fa2_kernel_tolerance_is_well_above_the_solution_error(tmp_path, monkeyp
     """The allowed error (2 B from the error analysis) against what the solution kernel really makes."""
     kernel = load(tmp_path, FA2, "fa2-kernel", "fa2_kernel")
     ratios = []
-    compare = attention_checks._compare
+    compare = attention_checks.compare
 
     def record(name, what, got, expected, case, rtol, atol, *rest):
         ratios.append(float(np.abs(np.asarray(got) - expected).max()) / atol)
         return compare(name, what, got, expected, case, rtol, atol, *rest)
-    monkeypatch.setattr(attention_checks, "_compare", record)
+    monkeypatch.setattr(attention_checks, "compare", record)
     for seed in (1, 2):
         checks.fa2_kernel(kernel, seed=seed)
     assert len(ratios) == 24 and max(ratios) < 0.4, ratios   # the solution stays under 0.8 B

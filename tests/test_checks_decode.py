@@ -19,7 +19,7 @@ from flashcourse.checks import decode as decode_checks
 from flashcourse.grading import grade
 from solution_cells import ROOT, SUCCESS, completed, fails, fails_on_a_hidden_case, passes_with_one_line, load, solution_source  # noqa: F401
 
-FD, UM = "04_flash_decoding", "05_unified_max"
+FD, UM = "04_flash_decode", "05_unified_max_decode"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -46,8 +46,8 @@ def test_the_float64_references_agree_with_each_other():
     rng = np.random.default_rng(0)
     q, k, v = rng.normal(size=(2, 4, 8)), rng.normal(size=(2, 2, 30, 8)), rng.normal(size=(2, 2, 30, 8))
     k[1, :, 7:] = np.nan                    # past kv_len: never read
-    o_s, lse_s = decode_checks._partials64(q, k, v, [30, 7], 0.3, chunk=8, num_splits=5)
-    o, lse = decode_checks._decode64(q, k, v, [30, 7], 0.3)
+    o_s, lse_s = decode_checks.partials64(q, k, v, [30, 7], 0.3, chunk=8, num_splits=5)
+    o, lse = decode_checks.decode64(q, k, v, [30, 7], 0.3)
     assert np.isneginf(lse_s[4]).all() and np.isneginf(lse_s[1:, 1]).all() and (o_s[1:, 1] == 0).all()
     w = np.exp(lse_s - lse)
     assert np.allclose((w[..., None] * o_s).sum(0), o) and np.allclose(np.logaddexp.reduce(lse_s, axis=0), lse)
@@ -77,11 +77,11 @@ def test_hidden_cases_cover_what_the_exercises_promise():
     assert any(np.isneginf(lse).any() and not np.isneginf(lse).all(axis=(1, 2)).any() for _, lse in hidden)
     assert max(np.nanmax(np.where(np.isfinite(lse), lse, np.nan)) for _, lse in hidden) > 710   # e^lse overflows
     assert len({s[0] for s, _ in hidden}) >= 3 and max(h for h, _ in heads) >= 4      # split counts, heads
-    lens = decode_checks._problem(np.random.default_rng(0), "kv_len of 1")[3]
+    lens = decode_checks.decode_problem(np.random.default_rng(0), "kv_len of 1")[3]
     assert (lens == 1).any() and _combine_kinds_cover("kv_len of 1", "MQA", "MHA", "GQA", "huge logits")
     # the kernel's hidden problems: GQA, MQA and MHA, a kv_len of 1, empty splits, chunks off the block grid
     rng = np.random.default_rng(3)
-    probs = [(kind, decode_checks._kernel_problem(rng, kind)) for kind in decode_checks._SPLIT_KINDS]
+    probs = [(kind, decode_checks.split_kv_problem(rng, kind)) for kind in decode_checks.SPLIT_KV_KINDS]
     groups = {q.shape[1] // k.shape[1] for _, (q, k, *_rest) in probs}
     assert 1 in groups and len(groups) >= 2
     assert any(k.shape[1] == 1 for _, (q, k, *_r) in probs)
@@ -91,7 +91,7 @@ def test_hidden_cases_cover_what_the_exercises_promise():
 
 
 def _combine_kinds_cover(*kinds):
-    return all(any(k in kind for kind in decode_checks._COMBINE_KINDS) for k in kinds)
+    return all(any(k in kind for kind in decode_checks.LSE_COMBINE_KINDS) for k in kinds)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,7 +190,7 @@ def test_split_kv_kernel_tolerance_is_well_above_the_solution_error(tmp_path, mo
     """The allowed error (2x the first-order bound) against what the solution kernel really makes."""
     kernel = load(tmp_path, FD, "split-kv-kernel", "split_kv_kernel")
     ratios = []
-    compare = decode_checks._compare
+    compare = decode_checks.compare
 
     def record(name, what, got, expected, case, rtol, atol, *rest):
         got, exp = np.asarray(got, dtype=np.float64), np.asarray(expected, dtype=np.float64)
@@ -198,7 +198,7 @@ def test_split_kv_kernel_tolerance_is_well_above_the_solution_error(tmp_path, mo
         err = np.abs(got[finite] - exp[finite]) / (atol + rtol * np.abs(exp[finite]))
         ratios.append(float(err.max()) if err.size else 0.0)
         return compare(name, what, got, expected, case, rtol, atol, *rest)
-    monkeypatch.setattr(decode_checks, "_compare", record)
+    monkeypatch.setattr(decode_checks, "compare", record)
     checks.split_kv_kernel(kernel, seed=1)
     assert len(ratios) == 24 and max(ratios) < 0.5, ratios
 
@@ -245,7 +245,7 @@ def test_a_detection_that_never_fires_gives_inf_or_nan_on_the_adversarial_logits
     rng = np.random.default_rng(0)
     for kind in ("adversarial: a score beyond e^709 (x - phi > 720)",
                  "adversarial: every score underflows (x - phi < -750)"):
-        x, V, phi, chunk = decode_checks._um_head(rng, kind)
+        x, V, phi, chunk = decode_checks.unified_max_head(rng, kind)
         # the driver computes logits q . k / sqrt(d): q = e_0 * sqrt(d), k_i = x_i e_0 gives logits x
         d = V.shape[1]
         q = np.zeros((1, d), dtype=np.float32)

@@ -43,11 +43,11 @@ def test_the_checks_are_exported_where_the_notebooks_look_for_them():
 def test_the_checks_rule_is_the_courses_choose_block_n():
     """The check's own statement of the rule agrees with flashcourse.reference.gemm.choose_block_n."""
     rng = np.random.default_rng(0)
-    for kind in gemm_checks._BN_KINDS * 20:
-        M, K, N, sms, cands = gemm_checks._bn_problem(rng, kind)
-        assert gemm_checks._choice(M, K, N, sms, cands) == reference_choose_block_n(M, K, N, sms, cands)
-    for _, args in gemm_checks._bn_shown():
-        assert gemm_checks._choice(*args) == reference_choose_block_n(*args)
+    for kind in gemm_checks.CHOOSE_BLOCK_N_KINDS * 20:
+        M, K, N, sms, cands = gemm_checks.choose_block_n_problem(rng, kind)
+        assert gemm_checks.expected_block_n(M, K, N, sms, cands) == reference_choose_block_n(M, K, N, sms, cands)
+    for _, args in gemm_checks.choose_block_n_shown():
+        assert gemm_checks.expected_block_n(*args) == reference_choose_block_n(*args)
 
 
 def test_hidden_cases_cover_what_the_exercises_promise():
@@ -55,7 +55,7 @@ def test_hidden_cases_cover_what_the_exercises_promise():
 
     def recorder(M, K, N, num_sms, candidates):
         seen.append((M, K, N, num_sms, tuple(candidates)))
-        return gemm_checks._choice(M, K, N, num_sms, candidates)
+        return gemm_checks.expected_block_n(M, K, N, num_sms, candidates)
     checks.choose_block_n(recorder, seed=1)
     first = list(seen)
     seen.clear()
@@ -73,7 +73,7 @@ def test_hidden_cases_cover_what_the_exercises_promise():
     assert len({c for *_, c in hidden}) >= 2
     # the kernel's hidden problems: M of 1 and 16, ragged K and N, both layouts, N < BLOCK_N, K < BLOCK_K
     rng = np.random.default_rng(3)
-    probs = [gemm_checks._gemm_problem(rng, kind) for kind in gemm_checks._GEMM_KINDS]
+    probs = [gemm_checks.flat_gemm_problem(rng, kind) for kind in gemm_checks.FLAT_GEMM_KINDS]
     assert {1, 16} <= {M for M, *_ in probs}
     assert any(K % bk for M, K, N, lay, bn, bk in probs) and any(N % bn for M, K, N, lay, bn, bk in probs)
     assert "nk" in {lay for M, K, N, lay, bn, bk in probs}
@@ -122,13 +122,13 @@ def test_choose_block_n_not_implemented_bad_returns_and_a_hidden_case_replays(tm
     fails(checks.choose_block_n, 3, "expects your function")
 
     def wrong_on_t4(M, K, N, num_sms, candidates):
-        return min(candidates) if num_sms == 40 and N > 4000 else gemm_checks._choice(M, K, N, num_sms, candidates)
+        return min(candidates) if num_sms == 40 and N > 4000 else gemm_checks.expected_block_n(M, K, N, num_sms, candidates)
     fails(checks.choose_block_n, wrong_on_t4, "shown case 5 of 8 (T4: 40 SMs)")
 
-    shown = {args[:4] for _, args in gemm_checks._bn_shown()}
+    shown = {args[:4] for _, args in gemm_checks.choose_block_n_shown()}
 
     def wrong_when_hidden(M, K, N, num_sms, candidates):          # right on the shown cases only
-        right = gemm_checks._choice(M, K, N, num_sms, candidates)
+        right = gemm_checks.expected_block_n(M, K, N, num_sms, candidates)
         if (M, K, N, num_sms) in shown:
             return right
         return max(candidates) if right == min(candidates) else min(candidates)
@@ -207,13 +207,13 @@ def test_flat_gemm_kernel_tolerance_is_well_above_the_solution_error(tmp_path, m
     """The allowed error (2x the first-order bound) against what the solution kernel really makes."""
     kernel = load(tmp_path, FG, "flat-gemm-kernel", "flat_gemm_kernel")
     ratios = []
-    compare = gemm_checks._compare
+    compare = gemm_checks.compare
 
     def record(name, what, got, expected, case, rtol, atol, *rest):
         got, exp = np.asarray(got, dtype=np.float64), np.asarray(expected, dtype=np.float64)
         ratios.append(float((np.abs(got - exp) / (atol + rtol * np.abs(exp))).max()))
         return compare(name, what, got, expected, case, rtol, atol, *rest)
-    monkeypatch.setattr(gemm_checks, "_compare", record)
+    monkeypatch.setattr(gemm_checks, "compare", record)
     checks.flat_gemm_kernel(kernel, seed=1)
     assert len(ratios) == 12 and max(ratios) < 0.6, ratios
 

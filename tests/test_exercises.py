@@ -10,7 +10,7 @@ from flashcourse import cli, exercises
 from flashcourse.exercises import strip_solutions
 
 ROOT = Path(__file__).resolve().parents[1]
-NAME = "01_softmax"
+NAME = "01_online_softmax"
 
 
 def test_strip_keeps_the_indentation_of_the_region():
@@ -149,4 +149,4 @@ def test_build_refuses_a_solution_whose_check_was_not_run(repo_copy, capsys):
     nbformat.write(sol, sol_path)
     assert cli.main(["exercises", "build", "--root", str(repo_copy)]) == 2
     err = capsys.readouterr().err
-    assert "check cell 01-softmax-check-merge has no output: execute the solution notebook first" in err
+    assert "check cell 01-online-softmax-check-merge has no output: execute the solution notebook first" in err

@@ -27,7 +27,7 @@ from flashcourse import grading
 from flashcourse.grading import CheckResult, GradeReport, grade, identify, restore_checks
 
 ROOT = Path(__file__).resolve().parents[1]
-NAME = "01_softmax"
+NAME = "01_online_softmax"
 EXERCISE = ROOT / "exercises" / f"{NAME}.ipynb"
 SOLUTION = ROOT / "solutions" / f"{NAME}.ipynb"
 SUCCESS_LINE = "online_softmax: 40 cases passed (8 shown, 32 hidden) ✓"
@@ -114,7 +114,7 @@ def test_grade_reports_not_implemented_even_when_the_checks_were_edited(runs):
         assert re.search(rf"^  {name}\s+not implemented\n\s+{name} (is not implemented yet|wrote nothing)", out, re.M), out
     assert "3 of 3 checks not passed" in out
     assert "check-online-softmax (online_softmax) was edited" in out
-    assert "check-merge (merge) was deleted: re-inserted after cell 01-softmax-blocked-demo" in out
+    assert "check-merge (merge) was deleted: re-inserted after cell 01-online-softmax-blocked-demo" in out
     assert "check-softmax-kernel (softmax_kernel) was edited" in out
 
 
@@ -164,9 +164,9 @@ def test_deleted_checks_are_reinserted_after_their_cell_or_the_previous_check():
     fixed, notes = restore_checks(nb, canonical)
     ids = [c.id for c in fixed.cells]
     # its own preceding cell (the demo) is gone too: after the nearest one still there
-    assert ids.index("01-softmax-check-online-softmax") == ids.index("01-softmax-online-demo-text") + 1
-    assert ids.index("01-softmax-check-merge") == ids.index("01-softmax-blocked-demo") + 1
-    assert ids.index("01-softmax-check-softmax-kernel") == ids.index("01-softmax-kernel-demo") + 1
+    assert ids.index("01-online-softmax-check-online-softmax") == ids.index("01-online-softmax-online-demo-text") + 1
+    assert ids.index("01-online-softmax-check-merge") == ids.index("01-online-softmax-blocked-demo") + 1
+    assert ids.index("01-online-softmax-check-softmax-kernel") == ids.index("01-online-softmax-kernel-demo") + 1
     assert "re-inserted after the previous check" not in " ".join(notes)
 
 
@@ -208,15 +208,15 @@ def test_the_report_reads_per_check():
 
 
 def test_messages_for_the_student_from_each_kind_of_failure():
-    assert grading._message({"ename": "NotImplementedError", "evalue": ""})[0] == "not implemented"
-    assert grading._message({"ename": "AssertionError", "evalue": "merge: wrong"}) == ("failed", "merge: wrong")
-    assert grading._message({"ename": "NameError", "evalue": "name 'merge' is not defined"}) == \
+    assert grading.failure_message({"ename": "NotImplementedError", "evalue": ""})[0] == "not implemented"
+    assert grading.failure_message({"ename": "AssertionError", "evalue": "merge: wrong"}) == ("failed", "merge: wrong")
+    assert grading.failure_message({"ename": "NameError", "evalue": "name 'merge' is not defined"}) == \
         ("failed", "NameError: name 'merge' is not defined")
-    status, msg = grading._message({"longrepr": "Cell outputs differ", "stdout": "debug 1\nmerge: ... ✓"})
+    status, msg = grading.failure_message({"longrepr": "Cell outputs differ", "stdout": "debug 1\nmerge: ... ✓"})
     assert status == "failed" and "debug 1" in msg and "check cell" in msg
-    status, msg = grading._message({"longrepr": "Cell outputs differ", "stdout": "\n".join(map(str, range(100)))})
+    status, msg = grading.failure_message({"longrepr": "Cell outputs differ", "stdout": "\n".join(map(str, range(100)))})
     assert "(94 more lines)" in msg and len(msg.splitlines()) < 12
-    assert grading._message({"longrepr": "pytest plugin exception: Kernel dead on test start"})[0] == "not run"
+    assert grading.failure_message({"longrepr": "pytest plugin exception: Kernel dead on test start"})[0] == "not run"
 
 
 def test_canonical_checks_ship_with_the_package():

@@ -12,7 +12,6 @@ the comparison does catch a kernel that forgets to rescale O by alpha, or masks 
 """
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import inspect
 import math
@@ -32,8 +31,7 @@ from flashcourse.kernels._validate import supports_bf16  # noqa: E402
 from flashcourse.reference.attention import attention_float64, causal_mask  # noqa: E402
 from error_rule import assert_within_error_rule  # noqa: E402
 
-FA2 = importlib.import_module("flashcourse.kernels.fa2")   # the modules (the package exports functions)
-FA1 = importlib.import_module("flashcourse.kernels.fa1")
+from flashcourse.kernels import attention as FA  # noqa: E402  (the module: FA1 and FA2)
 
 GPU = backend.DEVICE == "cuda"
 KERNELS = {"fa2": fa2_forward, "fa1": fa1_forward}
@@ -243,7 +241,7 @@ def test_errors_speak_to_the_student(name):
 
 def test_configs_per_compute_capability():
     for cc in aot.TARGETS:
-        for d in FA2.HEAD_DIMS:
+        for d in FA.HEAD_DIMS:
             for causal in (False, True):
                 launch = fa2_config(d, torch.float16, cc, causal)
                 assert launch.kernel == "fa2_fwd" and launch.constexprs["HEAD_DIM"] == d
@@ -253,7 +251,7 @@ def test_configs_per_compute_capability():
         for name, config in (("fa2_fwd", fa2_config), ("fa1_fwd", fa1_config)):
             keys = {(tuple((k, v) for k, v in sorted(l.constexprs.items()) if k not in ("CAUSAL", "STORE_LSE")),
                      l.num_warps, l.num_stages) for l in aot.configs_of(name, cc)}
-            for d in FA2.HEAD_DIMS:
+            for d in FA.HEAD_DIMS:
                 for dtype in [torch.float16] + ([torch.bfloat16] if cc >= (8, 0) else []):
                     args = (d, dtype, cc) + ((True,) if name == "fa2_fwd" else ())
                     launch = config(*args)
@@ -266,7 +264,7 @@ def test_causal_block_skipping_launches_fewer_key_blocks(device, gen, monkeypatc
     if GPU:
         pytest.skip("counts the inner loop's trips, which only the interpreter can watch")
     calls = []
-    inner = FA2._fa2_inner
+    inner = FA._fa2_inner
 
     def spy(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, rows, cols, lo, hi, *rest):
         masked = rest[3]
@@ -287,11 +285,11 @@ def test_causal_block_skipping_launches_fewer_key_blocks(device, gen, monkeypatc
 
 def _wrong_inner(tmp_path, old, new, name):
     """FA2's inner loop with one line changed, compiled as a Triton function from a file."""
-    src = textwrap.dedent(inspect.getsource(FA2._fa2_inner.fn))
+    src = textwrap.dedent(inspect.getsource(FA._fa2_inner.fn))
     assert old in src, old
     path = tmp_path / f"{name}.py"
     path.write_text("import triton\nimport triton.language as tl\n"
-                    "from flashcourse.kernels.fa2 import _causal_visible\n\n" + src.replace(old, new))
+                    "from flashcourse.kernels.attention import _causal_visible\n\n" + src.replace(old, new))
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -314,7 +312,7 @@ def test_the_comparison_rejects_a_wrong_kernel(device, bug, gen, monkeypatch, tm
         monkeypatch.setattr(FA2, "_fa2_inner", _wrong_inner(
             tmp_path, "acc = acc * alpha[:, None]", "acc = acc", "fa2_no_alpha"))
     else:
-        monkeypatch.setattr(FA2, "_causal_visible", _upper_triangle)
+        monkeypatch.setattr(FA, "_causal_visible", _upper_triangle)
     with pytest.raises(AssertionError, match="max error"):
         assert_attention_close(fa2_forward(q, k, v, causal=causal), q, k, v, causal)
 

@@ -11,7 +11,6 @@ comparison catches a combine that averages the partials and a fallback that neve
 """
 from __future__ import annotations
 
-import importlib
 import math
 
 import numpy as np
@@ -24,7 +23,7 @@ from flashcourse import backend  # first: it decides the backend before triton i
 from flashcourse.kernels import aot, decode_config, flash_decode, unified_max_decode  # noqa: E402
 from error_rule import assert_within_error_rule  # noqa: E402
 
-DEC = importlib.import_module("flashcourse.kernels.decode")
+from flashcourse.kernels import decode as DEC  # noqa: E402
 
 GPU = backend.DEVICE == "cuda"
 
@@ -277,7 +276,7 @@ def test_configs_per_compute_capability():
         for kernel in ("decode_split", "unified_max_decode"):
             keys = {(tuple(sorted((k, v) for k, v in l.constexprs.items() if k not in ("HAS_LENS", "DIRECT"))), l.num_warps, l.num_stages)
                     for l in aot.configs_of(kernel, cc)}
-            for d in DEC.HEAD_DIMS:
+            for d in DEC.DECODE_HEAD_DIMS:
                 for group in (1, 2, 4, 8):
                     launch = decode_config(d, group, torch.float16, cc, kernel=kernel)
                     assert launch.constexprs["BLOCK_G"] >= max(16, group)

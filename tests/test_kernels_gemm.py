@@ -14,7 +14,6 @@ the ``gpu`` tests run Llama-2-7B's shapes, bfloat16 and repeated calls
 """
 from __future__ import annotations
 
-import importlib
 import json
 import math
 
@@ -26,7 +25,7 @@ from error_rule import assert_within_error_rule
 from flashcourse import backend  # decides the backend before anything imports triton
 from flashcourse.kernels import aot, flat_gemm, gemm_config, gemv, linear, linear_plan, read_once
 
-G = importlib.import_module("flashcourse.kernels.gemm")
+from flashcourse.kernels import gemm as G  # noqa: E402
 
 GPU = backend.DEVICE == "cuda"
 

@@ -63,3 +63,27 @@ def test_doctor_warns_about_t4_and_bf16():
     t4 = " ".join(warnings_for((7, 5)))
     assert "64 KB" in t4 and "tensor cores" in t4 and "bf16" in t4
     assert not any("bf16" in w for w in warnings_for((9, 0)))
+
+
+@pytest.mark.parametrize("source", nbtools.sources(), ids=lambda p: p.name)
+def test_committed_notebook_is_what_its_source_writes(source):
+    assert nbtools.stale(source) is None, "rebuild it: python tools/nbtools.py " + str(source.relative_to(ROOT))
+
+
+def test_the_source_check_finds_an_edited_notebook(tmp_path, monkeypatch):
+    source = nbtools.sources()[0]
+    nb, path = nbtools.notebook(source)
+    copy = tmp_path / path.name
+    committed = json.loads(path.read_text())
+    committed["cells"][3]["source"] = "edited by hand"
+    copy.write_text(json.dumps(committed))
+    monkeypatch.setattr(nbtools, "notebook", lambda s: (nb, copy))
+    assert "differs from what" in nbtools.stale(source)
+
+
+def test_every_generated_notebook_says_so():
+    for source in nbtools.sources():
+        _, path = nbtools.notebook(source)
+        nb = json.loads(path.read_text())
+        assert nb["metadata"]["flashcourse"]["generated_from"] == str(source.relative_to(ROOT))
+        assert f"# Generated from {source.relative_to(ROOT)}" in "".join(nb["cells"][1]["source"])

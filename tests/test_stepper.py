@@ -3,7 +3,7 @@
 Residency comes from ``mem.slot_events`` (every load, keep and free of an SRAM slot, logged by the
 Memory itself). The log used by most tests is built by hand (an FA1-shaped loop: K_j/V_j outer,
 Q_i/O_i/l_i/m_i read and O_i/l_i/m_i written every inner step), so every expected tile is known. Where the course's
-references exist (standard attention always; FA1 and FA2 once flashcourse.reference.flash lands),
+references exist (standard attention, FA1 and FA2),
 the same invariants are checked on their logs. Each check is also run on a wrong input to show it
 fires.
 """
@@ -386,10 +386,8 @@ def test_static_mode_is_chosen_by_the_environment(monkeypatch):
 
 # -- the course's references -----------------------------------------------------------------------------
 def _flash():
-    if importlib.util.find_spec("flashcourse.reference.flash") is None:
-        pytest.skip("flashcourse.reference.flash is not written yet")
-    import flashcourse.reference.flash as flash
-    return flash
+    from flashcourse.reference import attention
+    return attention
 
 
 def check_log_invariants(mem):

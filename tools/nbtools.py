@@ -2,7 +2,7 @@
 
 Each notebook has a source in ``tools/notebooks/NN_name.py`` that defines ``PATH`` (where the
 notebook goes, relative to the repository root) and ``CELLS``, a list built with :func:`md` and
-:func:`code`. ``python tools/nbtools.py tools/notebooks/01_softmax.py`` writes the notebook with
+:func:`code`. ``python tools/nbtools.py tools/notebooks/01_online_softmax.py`` writes the notebook with
 nbformat and executes it on a fresh kernel with nbclient (seeded, so the outputs are the same each
 run); ``--all`` does every source. Cell ids are derived from each cell's ``name`` (or its position),
 so they stay stable between builds: grading finds check cells by id.
@@ -50,6 +50,31 @@ def code(src: str, slide: str = "-", *, tags=(), name: str | None = None):
     return nbformat.v4.new_code_cell(textwrap.dedent(src).strip(), metadata=_meta(slide, tags, name))
 
 
+def check(name: str, arg: str | None = None, slide: str = "fragment", *, cell: str | None = None):
+    """The check cell of an exercise: ``check.NAME(ARG)``, its output compared by nbval.
+
+    ``arg`` is the student's function or kernel it checks (default: the same name as the check);
+    the cell is named ``check-NAME`` (dashes), unless ``cell`` names it.
+    """
+    return code(f"""
+        # NBVAL_CHECK_OUTPUT
+        check.{name}({arg or name})
+        """, slide, tags=("check",), name=cell or "check-" + name.replace("_", "-"))
+
+
+def done(text: str, exercise: str = "{exercise}"):
+    """The closing cell of an exercise notebook: how to grade it, then ``text`` (what comes next).
+
+    ``{exercise}`` is filled in by :func:`build` with the exercise notebook's path.
+    """
+    import textwrap
+    return md("## Done?\n\nWhen the checks print ✓, save the notebook and grade it:\n\n"
+              f"```bash\nflashcourse grade {exercise}\n```\n\n"
+              "The grader puts the original check cells back before it runs your notebook top to bottom, "
+              "so what counts is your code, not the check cells' text. " + textwrap.dedent(text).strip(),
+              "slide", name="done")
+
+
 def repo_url() -> str:
     """The repository URL, kept in one place: pyproject's ``project.urls.Repository``."""
     import tomllib
@@ -62,11 +87,13 @@ def colab_url(notebook: str) -> str:
     return f"https://colab.research.google.com/github/{repo_url().split('github.com/', 1)[1]}/blob/main/{notebook}"
 
 
-def setup_cell():
+def setup_cell(source: str = ""):
     """The first code cell of every notebook: on Colab, install the course package without touching
-    torch, triton, ipywidgets or ipykernel (upgrading an imported package there needs a restart)."""
+    torch, triton, ipywidgets or ipykernel (upgrading an imported package there needs a restart).
+    Its first line says that the notebook is generated, and from which source."""
     return code(f"""
         # NBVAL_IGNORE_OUTPUT
+        # Generated from {source} by tools/nbtools.py: edit the source, not this notebook.
         import sys
         if "google.colab" in sys.modules:  # on Colab: the course package only; Colab's torch/triton stay
             %pip install -q --no-deps "flashcourse @ git+{repo_url()}.git"
@@ -82,26 +109,60 @@ def load_source(path: Path):
     return module
 
 
-def build(source: Path, execute: bool = True, timeout: int = 600) -> Path:
-    """Write (and run) the notebook described by ``source``; returns its path."""
+def chapter_of(source: Path):
+    """The chapter a source belongs to, and whether it is its solutions' source.
+
+    ``tools/notebooks/NN_name.py`` is the lecture of the chapter named ``NN_name`` in
+    :data:`flashcourse.chapters.CHAPTERS`; ``NN_name_solutions.py`` its exercises with solutions.
+    """
+    from flashcourse.chapters import CHAPTERS
+    stem = Path(source).stem
+    solutions = stem.endswith("_solutions")
+    name = stem.removesuffix("_solutions")
+    for c in CHAPTERS:
+        if c.name == name and (c.checks or not solutions):
+            return c, solutions
+    raise ValueError(f"{source}: no chapter of flashcourse.chapters is named {name!r}; the notebook "
+                     f"sources are {[c.name for c in CHAPTERS]} (+ '_solutions' for exercises)")
+
+
+def notebook(source: Path):
+    """The notebook ``source`` writes (cells and metadata, not executed) and its path."""
+    chap, solutions = chapter_of(source)
     mod = load_source(source)
+    path = chap.solution if solutions else chap.notebook
+    title = (f"# Exercises {chap.number} — {chap.title}" if solutions
+             else f"# Chapter {chap.number} — {chap.title}")
     nb = nbformat.v4.new_notebook()
     nb.metadata.update({
         "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
         "language_info": {"name": "python"},
         "rise": {"scroll": True, "enable_chalkboard": False},
     })
-    stem = re.sub(r"[^a-z0-9]+", "-", Path(mod.PATH).stem.lower())
-    cells = list(mod.CELLS)
-    # every notebook opens with its title, then the Colab set-up cell
-    cells.insert(1 if cells and cells[0].cell_type == "markdown" else 0, setup_cell())
+    nb.metadata["flashcourse"] = {"chapter": chap.number, "generated_from": Path(source).resolve().relative_to(ROOT).as_posix()}
+    stem = re.sub(r"[^a-z0-9]+", "-", Path(path).stem.lower())
+    cells = [nbformat.from_dict(c) for c in mod.CELLS]
+    # every notebook opens with its title (from the chapter table), then the Colab set-up cell
+    if cells and cells[0].cell_type == "markdown":
+        cells[0].source = f"{title}\n\n{cells[0].source}"
+    else:
+        cells.insert(0, md(title, "slide", name="title"))
+    cells.insert(1, setup_cell(nb.metadata["flashcourse"]["generated_from"]))
+    for cell in cells:
+        if cell.cell_type == "markdown" and "{exercise}" in cell.source:
+            cell.source = cell.source.replace("{exercise}", chap.exercise)
     for i, cell in enumerate(cells):
         cell["id"] = f"{stem}-{cell.metadata.get('name') or i}"
         nb.cells.append(cell)
     ids = [c["id"] for c in nb.cells]
     if len(set(ids)) != len(ids):
         raise ValueError(f"{source}: duplicate cell names")
-    out = ROOT / mod.PATH
+    return nb, ROOT / path
+
+
+def build(source: Path, execute: bool = True, timeout: int = 600) -> Path:
+    """Write (and run) the notebook described by ``source``; returns its path."""
+    nb, out = notebook(source)
     out.parent.mkdir(parents=True, exist_ok=True)
     if execute:
         from nbclient import NotebookClient
@@ -114,43 +175,103 @@ def build(source: Path, execute: bool = True, timeout: int = 600) -> Path:
     return out
 
 
-README_BEGIN, README_END = "<!-- colab:begin (tools/nbtools.py --readme) -->", "<!-- colab:end -->"
+def cells_of(nb) -> list[dict]:
+    """What the notebook-source check compares: each cell's id, type, source and metadata."""
+    return [{"id": c.get("id"), "cell_type": c["cell_type"], "source": "".join(c["source"]),
+             "metadata": dict(c.get("metadata", {}))} for c in nb["cells"]]
+
+
+def stale(source: Path) -> str | None:
+    """Why the committed notebook of ``source`` differs from what the source writes (None if it
+    does not). Outputs are not compared: they come from running it (``--all``)."""
+    nb, path = notebook(source)
+    rel = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    if not path.exists():
+        return f"{rel} is missing"
+    committed = nbformat.read(path, as_version=4)
+    if committed.metadata.get("flashcourse") != nb.metadata.get("flashcourse"):
+        return f"{rel}: its metadata does not name {source.name} as its source"
+    want, got = cells_of(nb), cells_of(committed)
+    if len(want) != len(got):
+        return f"{rel} has {len(got)} cells, its source writes {len(want)}"
+    for w, g in zip(want, got):
+        if w != g:
+            return f"{rel}: cell {g['id']} differs from what {source.name} writes (cell {w['id']})"
+    return None
+
+
+def sources() -> list[Path]:
+    """Every notebook source, in chapter order: a chapter's lecture, then its solutions."""
+    from flashcourse.chapters import CHAPTERS
+    out = []
+    for c in CHAPTERS:
+        out += [ROOT / s for s in (c.source, c.solution_source) if s]
+    return out
+
+
+README_BLOCKS = {"colab": "<!-- colab:begin (tools/nbtools.py --readme) -->",
+                 "course-map": "<!-- course-map:begin (tools/nbtools.py --readme) -->"}
 
 
 def colab_table() -> str:
-    """The README's table of "Open in Colab" badges, one per notebook in notebooks/ and exercises/."""
+    """The README's table of "Open in Colab" badges, one per notebook and exercise of the chapter table."""
+    from flashcourse.chapters import CHAPTERS
     badge = "https://colab.research.google.com/assets/colab-badge.svg"
     rows = ["| notebook | open |", "| --- | --- |"]
-    for folder in ("notebooks", "exercises"):
-        for nb in sorted((ROOT / folder).glob("*.ipynb")):
-            rel = f"{folder}/{nb.name}"
-            rows.append(f"| [`{rel}`]({rel}) | [![Open In Colab]({badge})]({colab_url(rel)}) |")
+    paths = [c.notebook for c in CHAPTERS] + [c.exercise for c in CHAPTERS if c.exercise]
+    for rel in paths:
+        rows.append(f"| [`{rel}`]({rel}) | [![Open In Colab]({badge})]({colab_url(rel)}) |")
+    return "\n".join(rows)
+
+
+def course_map() -> str:
+    """The README's course map: one row per chapter of :data:`flashcourse.chapters.CHAPTERS`."""
+    from flashcourse.chapters import CHAPTERS
+    rows = ["| # | chapter | stem | notebook | exercise | kernels | bench suite |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for c in CHAPTERS:
+        ex = f"[`{c.exercise}`]({c.exercise})" if c.exercise else "—"
+        kernels = ", ".join(f"`kernels.{k}`" for k in c.kernels) or "—"
+        rows.append(f"| {c.number} | {c.title} | `{c.stem}` | [`{c.notebook}`]({c.notebook}) | {ex} | {kernels} | "
+                    f"{f'`{c.bench}`' if c.bench else '—'} |")
     return "\n".join(rows)
 
 
 def readme_with_badges(text: str) -> str:
-    """``text`` (the README) with the block between the colab markers regenerated."""
-    head, rest = text.split(README_BEGIN, 1)
-    _, tail = rest.split(README_END, 1)
-    return f"{head}{README_BEGIN}\n{colab_table()}\n{README_END}{tail}"
+    """``text`` (the README) with the generated blocks (course map, Colab badges) regenerated."""
+    for key, begin in README_BLOCKS.items():
+        end = f"<!-- {key}:end -->"
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        body = colab_table() if key == "colab" else course_map()
+        text = f"{head}{begin}\n{body}\n{end}{tail}"
+    return text
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("sources", nargs="*", type=Path)
-    ap.add_argument("--all", action="store_true", help="every source in tools/notebooks/")
+    ap.add_argument("--all", action="store_true", help="every source of the chapter table, in order")
     ap.add_argument("--no-execute", action="store_true")
-    ap.add_argument("--readme", action="store_true", help="regenerate README.md's Colab badges")
+    ap.add_argument("--readme", action="store_true", help="regenerate README.md's course map and Colab badges")
+    ap.add_argument("--check", action="store_true",
+                    help="fail when a committed notebook's cells differ from what its source writes")
     args = ap.parse_args(argv)
+    if args.check:
+        problems = [p for p in map(stale, sources()) if p]
+        for p in problems:
+            print(p, file=sys.stderr)
+        print(f"{len(sources()) - len(problems)} of {len(sources())} notebooks match their sources")
+        return 1 if problems else 0
     if args.readme:
         readme = ROOT / "README.md"
         readme.write_text(readme_with_badges(readme.read_text()))
         print("updated README.md")
         return
-    sources = sorted((ROOT / "tools" / "notebooks").glob("*.py")) if args.all else args.sources
-    if not sources:
+    todo = sources() if args.all else args.sources
+    if not todo:
         ap.error("name a source or pass --all")
-    for src in sources:
+    for src in todo:
         print("built", build(src, execute=not args.no_execute).relative_to(ROOT), flush=True)
 
 

@@ -5,22 +5,22 @@
 measured on an H100 that ship with the course, so a student without a GPU still sees real figures.
 ``flashcourse bench SUITE`` does the same from the shell and writes JSON with its provenance.
 
-Suites register themselves with ``@suite("name")`` (see :mod:`flashcourse.bench.suites`).
+Suites register themselves with ``@suite("name")`` (one module per chapter, found through :mod:`flashcourse.chapters`).
 
 Example:
     >>> import flashcourse.bench as bench
-    >>> {'memory', 'softmax', 'attention'} <= set(bench.registered())
+    >>> {'roofline', 'online', 'attention'} <= set(bench.registered())
     True
-    >>> h100 = bench.shipped("memory")
+    >>> h100 = bench.shipped("roofline")
     >>> round(h100.ceilings()["TBps"], 1) > 2.0
     True
 """
+from .. import chapters
 from .harness import (DO_BENCH, Case, GPURequired, Record, Result, Workload, default_out,
                       do_bench_timer, flush_timer, get_suite, provenance, read_flush_timer, require_gpu, run,
                       shipped, shipped_suites, suite, registered, unregister)
-from . import suites as _suites  # noqa: F401  (registers the course's suites)
-from . import attention as _attention  # noqa: F401  (chapters 2-3: registers the "attention" suite)
-from . import decode as _decode  # noqa: F401  (chapters 4-5: registers the "decode" suite)
+
+chapters.import_layer(__name__)   # each chapter's module registers its suite (see flashcourse.chapters)
 
 __all__ = ["run", "shipped", "shipped_suites", "suite", "registered", "get_suite", "unregister", "Result",
            "Record", "Case", "Workload", "GPURequired", "provenance", "require_gpu",

@@ -73,7 +73,7 @@ def _peak(fn, torch):
 _WARM = []
 
 
-def _warm_up(torch, ms: float = 300.0):
+def warm_up(torch, ms: float = 300.0):
     """Keep the GPU busy for a moment once per process: its first timings run at a lower clock."""
     if _WARM:
         return
@@ -93,7 +93,7 @@ def _cases(B, H, N, d, causal, fa1, naive, device, seed):
 
     from ..kernels import fa1_forward, fa2_forward
 
-    _warm_up(torch)
+    warm_up(torch)
 
     g = torch.Generator(device=device).manual_seed(seed)
     q, k, v = (torch.randn((B, H, N, d), generator=g, device=device, dtype=torch.float16) for _ in range(3))

@@ -7,9 +7,9 @@ line and exits with status 2.
 Example:
     >>> import argparse
     >>> p = argparse.ArgumentParser(prog="flashcourse bench"); add_arguments(p)
-    >>> args = p.parse_args(["softmax", "--quick", "--out", "s.json"])
+    >>> args = p.parse_args(["online", "--quick", "--out", "s.json"])
     >>> args.suite, args.quick, args.out
-    ('softmax', True, 's.json')
+    ('online', True, 's.json')
 """
 from __future__ import annotations
 

@@ -70,10 +70,10 @@ def _cases(B, H_q, H_kv, L, d, device, seed):
 
     from ..kernels import decode as dec
     from ..kernels import fa2_forward
-    from .attention import _warm_up
+    from .attention import warm_up
 
     if device == "cuda":
-        _warm_up(torch)
+        warm_up(torch)
     g = torch.Generator(device=device).manual_seed(seed)
     q = torch.randn((B, H_q, d), generator=g, device=device, dtype=torch.float16)
     k = torch.randn((B, H_kv, L, d), generator=g, device=device, dtype=torch.float16)

@@ -1,6 +1,6 @@
 """The benchmark harness: suites of workloads, timed with ``triton.testing.do_bench``, saved as JSON.
 
-A *suite* (``"memory"``, ``"softmax"``, ...) is a function registered with :func:`suite` that returns
+A *suite* (``"roofline"``, ``"online"``, ...) is a function registered with :func:`suite` that returns
 a list of :class:`Workload`. A workload is one problem size; its ``setup()`` allocates the inputs
 and returns the :class:`Case` objects to time on them: the course's kernels (``kind="course"``)
 beside what a user would pick instead (``kind="baseline"``: ``torch.softmax``, cuBLAS through
@@ -539,9 +539,9 @@ def require_gpu(what: str = "flashcourse bench", suite: str | None = None) -> No
 
     Example:
         >>> try:
-        ...     require_gpu("flashcourse bench softmax", "softmax")
+        ...     require_gpu("flashcourse bench online", "online")
         ... except GPURequired as e:             # only without a GPU
-        ...     assert str(e).startswith("flashcourse bench softmax needs a CUDA GPU")
+        ...     assert str(e).startswith("flashcourse bench online needs a CUDA GPU")
     """
     if backend.DEVICE == "cuda":
         return
@@ -619,9 +619,9 @@ def run(name: str, *, out=None, timer=None, progress: bool = True, command: str 
     Example:
         >>> import flashcourse.bench as bench
         >>> try:
-        ...     result = bench.run("memory", quick=True, progress=False)
+        ...     result = bench.run("roofline", quick=True, progress=False)
         ... except bench.GPURequired:                # no GPU here:
-        ...     result = bench.shipped("memory")     # the H100's numbers instead
+        ...     result = bench.shipped("roofline")     # the H100's numbers instead
         >>> sorted(result.ceilings())
         ['TBps', 'bfloat16 TFLOPs', 'float16 TFLOPs']
     """
@@ -668,8 +668,8 @@ def default_out(name: str, gpu: str | None = None) -> Path:
     """Where ``flashcourse bench`` writes by default: ``bench-<suite>-<gpu>.json`` in the current folder.
 
     Example:
-        >>> default_out("softmax", "NVIDIA H100 80GB HBM3").name
-        'bench-softmax-nvidia-h100-80gb-hbm3.json'
+        >>> default_out("online", "NVIDIA H100 80GB HBM3").name
+        'bench-online-nvidia-h100-80gb-hbm3.json'
     """
     slug = re.sub(r"[^a-z0-9]+", "-", (gpu or backend.gpu_name() or "cpu").lower()).strip("-")
     return Path.cwd() / f"bench-{name}-{slug}.json"
@@ -680,7 +680,7 @@ def shipped_suites(gpu: str = "h100") -> list[str]:
     """Names of the suites whose results on ``gpu`` ship with the course.
 
     Example:
-        >>> "memory" in shipped_suites("h100")
+        >>> "roofline" in shipped_suites("h100")
         True
     """
     folder = RESULTS / gpu
@@ -699,7 +699,7 @@ def shipped(name: str, gpu: str = "h100", flush: str = "write") -> Result:
     ``flush="read"``: with :func:`read_flush_timer`, for the suites that were (``decode``, ``gemm``).
 
     Example:
-        >>> r = shipped("memory")
+        >>> r = shipped("roofline")
         >>> r.gpu
         'NVIDIA H100 80GB HBM3'
     """

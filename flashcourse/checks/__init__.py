@@ -19,7 +19,7 @@ nothing) is reported as not implemented yet.
 
 The checks, by chapter:
 
-* :mod:`.softmax` (chapter 1): :func:`online_softmax`, :func:`merge`, :func:`softmax_kernel`;
+* :mod:`.online` (chapter 1): :func:`online_softmax`, :func:`merge`, :func:`softmax_kernel`;
 * :mod:`.attention` (chapters 2 and 3): :func:`fa1_step` (FlashAttention-1's inner step, run
   inside FA1's loops), :func:`fa2_attention` (FlashAttention-2's deferred rescale, in NumPy) and
   :func:`fa2_kernel` (the inner loop of the FA2 Triton kernel);
@@ -30,11 +30,15 @@ The checks, by chapter:
   compute/memory ratio and the SM count, in Python) and :func:`flat_gemm_kernel` (the K loop of the
   flat GEMM Triton kernel).
 
-Adding a check for a later chapter: a module here with a function ``NAME(fn, seed=None)`` that
-builds its shown cases (fixed) and hidden cases (drawn from ``np.random.default_rng(_seed(seed))``)
-as :class:`Case` objects, calls the student's code through ``_call``, compares each result with a
-float64 reference through ``_compare`` (tolerances justified in a comment), and ends with
-``_passed``, which prints the one line (all three in :mod:`._common`); then re-export it here.
+Adding a check for a later chapter: a module ``STEM.py`` here (the chapter's stem, see
+:mod:`flashcourse.chapters`) with a function ``NAME(fn, seed=None)`` that refuses a non-function
+(``require_callable``, or ``require_kernel`` for a Triton kernel), builds its shown cases (fixed)
+and hidden cases (drawn from ``np.random.default_rng(seed_of(seed))``) as :class:`Case` objects,
+calls the student's code through ``call``, compares each result with a float64 reference through
+``compare`` (tolerances justified in a comment), and ends with ``passed``, which prints the one
+line (all of them in :mod:`.cases`); ``NAME`` goes in the module's ``__all__``, which is re-exported
+here, and in the chapter's ``checks`` in :data:`flashcourse.chapters.CHAPTERS`. What the tests need
+besides (float64 references, case generators) is public in the module but stays out of ``__all__``.
 
 Example:
     >>> import numpy as np
@@ -42,12 +46,7 @@ Example:
     >>> checks.online_softmax(lambda x: np.exp(x - x.max()) / np.exp(x - x.max()).sum())
     online_softmax: 40 cases passed (8 shown, 32 hidden) ✓
 """
-from ._common import (ATOL_F32, ATOL_F64, RTOL_F32, RTOL_F64, _POISON, Case, _call, _compare,  # noqa: F401
-                      _passed, _seed, _softmax64)
-from .attention import fa1_step, fa2_attention, fa2_kernel
-from .decode import lse_combine, split_kv_kernel, unified_max_partials
-from .gemm import choose_block_n, flat_gemm_kernel
-from .softmax import merge, online_softmax, softmax_kernel
+from .. import chapters
+from .cases import Case
 
-__all__ = ["online_softmax", "merge", "softmax_kernel", "fa1_step", "fa2_attention", "fa2_kernel",
-           "lse_combine", "split_kv_kernel", "unified_max_partials", "choose_block_n", "flat_gemm_kernel", "Case"]
+__all__ = ["Case"] + chapters.export(__name__, globals())   # one module per chapter: see flashcourse.chapters

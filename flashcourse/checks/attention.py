@@ -19,15 +19,13 @@ Example:
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import math
-import warnings
 
 import numpy as np
 
 from ..reference.attention import attention_float64
-from ._common import Case, _as_array, _call, _callable, _compare, _not_implemented, _passed, _seed, _summary
+from .cases import (ATTENTION_DTYPE_NOTE, LOG2E, U16, U32, Case, as_array, call, compare, join_lines, launch, passed,
+                    poisoned, require_callable, require_kernel, seed_of, value_summary)
 
 __all__ = ["fa1_step", "fa2_attention", "fa2_kernel"]
 
@@ -52,14 +50,10 @@ RTOL_ATTN_F64, ATOL_ATTN_F64 = 1e-9, 1e-9
 # analysis is first order. Measured under the interpreter over 25 seeds, the solution's error is at
 # most 0.35 B (median 0.1 B, i.e. ~1e-4 to 1e-3); a kernel that forgets a rescale, skips the ragged
 # mask or masks the wrong keys is off by 0.05 or more (tests/test_checks_attention.py).
-_U16, _U32 = 2.0 ** -11, 2.0 ** -24
-_LOG2E = 1.4426950408889634
 
 # The fp16 bit pattern the kernel check poisons O with: a NaN that no arithmetic produces
 # (computed fp16 NaNs are 0x7e00 or 0xfe00), so "never written" and "wrote nan" differ.
 _POISON16 = 0x7DAD
-
-_FLOATS = "attention outputs are real numbers, so it must be a float array"
 
 
 class _AttnCase(Case):
@@ -75,7 +69,7 @@ class _AttnCase(Case):
         sizes = f"N_q = {e['N_q']}, N_k = {e['N_k']}, d = {e['d']}"
         blocks = ", ".join(f"{b} = {e[b]}" for b in ("B_r", "B_c", "BLOCK_M", "BLOCK_N", "B*H") if b in e)
         scale = f"sm_scale = {e['sm_scale']:.6g}"
-        vals = _summary(np.concatenate([np.ravel(np.asarray(t, dtype=np.float64)) for t in self.inputs[:3]]))
+        vals = value_summary(np.concatenate([np.ravel(np.asarray(t, dtype=np.float64)) for t in self.inputs[:3]]))
         what = f"{self.what} " if self.what else ""
         return (f"{where}: {what}{sizes}, {blocks}, {'causal' if e['causal'] else 'not causal'}, {scale}; "
                 f"Q, K, V {vals}")
@@ -96,7 +90,18 @@ def _stats64(q, k, causal: bool, scale: float):
     return m, np.exp(s - safe[:, None]).sum(axis=1)
 
 
-def _attention64(q, k, v, causal: bool, scale: float) -> np.ndarray:
+def attention64(q, k, v, causal: bool, scale: float) -> np.ndarray:
+    """Float64 attention of one head, the reference of this module's checks: ``q`` (N_q, d) against ``k``,
+    ``v`` (N_k, d), causal masking aligned bottom-right (query r sees keys c <= r + N_k - N_q), 0 for a
+    row that sees no key; :func:`~flashcourse.reference.attention.attention_float64` on (N, d) arrays.
+
+    Example:
+        >>> attention64(np.zeros((4, 2)), np.zeros((3, 2)), np.arange(6.0).reshape(3, 2), True, 1.0)
+        array([[0., 0.],
+               [0., 1.],
+               [1., 2.],
+               [2., 3.]])
+    """
     return attention_float64(q[None, None], k[None, None], v[None, None], causal=causal, sm_scale=scale)[0, 0]
 
 
@@ -146,15 +151,19 @@ def _kind_hint(kind: str) -> str:
     return next((h for k, h in _KIND_HINTS.items() if k in kind), "")
 
 
-def _join(*parts: str) -> str:
-    return "\n  ".join(p for p in parts if p)
-
-
 # ---------------------------------------------------------------------------------------------
 # Chapter 2: FlashAttention-1's inner step (Algorithm 1, lines 9-12), run inside FA1's loops.
 
-def _fa1_step64(Q_i, K_j, V_j, O_i, l_i, m_i, mask, scale):
-    """The float64 inner step of FlashAttention-1: (O_i, l_i, m_i) after one more tile (K_j, V_j)."""
+def fa1_step64(Q_i, K_j, V_j, O_i, l_i, m_i, mask, scale):
+    """The float64 inner step of FlashAttention-1, the reference of :func:`fa1_step`: the new ``(O_i, l_i,
+    m_i)`` of the queries ``Q_i`` after one more tile ``(K_j, V_j)``, from the running output (normalised),
+    normaliser and maximum; ``mask`` is False where a query may not see a key.
+
+    Example:
+        >>> start = np.zeros((1, 2)), np.zeros(1), np.full(1, -np.inf)       # (O_i, l_i, m_i) before any key
+        >>> fa1_step64(np.zeros((1, 2)), np.zeros((2, 2)), np.eye(2), *start, np.ones((1, 2), bool), 1.0)
+        (array([[0.5, 0.5]]), array([2.]), array([0.]))
+    """
     with np.errstate(all="ignore"):
         S = np.where(mask, Q_i @ K_j.T * scale, -np.inf)
         m_t = S.max(axis=1)
@@ -183,7 +192,7 @@ def _fa1_got(name, got, B_r, d, case):
         raise AssertionError(f"{name} must return the three new values (O_i, l_i, m_i); it returned {what} "
                              f"on {case.describe()}")
     shapes = ((B_r, d), (B_r,), (B_r,))
-    return [_as_array(name, w, g, s, case, _FLOATS).astype(np.float64) for w, g, s in zip(("O_i", "l_i", "m_i"), got, shapes)]
+    return [as_array(name, w, g, s, case, ATTENTION_DTYPE_NOTE).astype(np.float64) for w, g, s in zip(("O_i", "l_i", "m_i"), got, shapes)]
 
 
 def _fa1_loop(name, fn, case: Case):
@@ -199,7 +208,7 @@ def _fa1_loop(name, fn, case: Case):
             mask = vis[i:i + B_r, j:j + B_c]
             if not mask.any():  # causal: a tile entirely above the diagonal is skipped, as in the notebook
                 continue
-            got = _call(name, fn, (q[i:i + B_r], k[j:j + B_c], v[j:j + B_c], O[i:i + B_r], l[i:i + B_r],
+            got = call(name, fn, (q[i:i + B_r], k[j:j + B_c], v[j:j + B_c], O[i:i + B_r], l[i:i + B_r],
                                    m[i:i + B_r], mask, scale), case)
             O[i:i + B_r], l[i:i + B_r], m[i:i + B_r] = _fa1_got(name, got, len(mask), d, case)
     return O, l, m
@@ -219,7 +228,7 @@ def _fa1_step_case(rng, kind: str, number: int, of: int, seed: int, hidden: bool
         O_i, l_i, m_i = np.zeros((B_r, d)), np.zeros(B_r), np.full(B_r, -np.inf)
     else:
         first = rng.random((B_r, B_c)) < 0.8
-        O_i, l_i, m_i = _fa1_step64(Q_i, K_0, V_0, np.zeros((B_r, d)), np.zeros(B_r), np.full(B_r, -np.inf),
+        O_i, l_i, m_i = fa1_step64(Q_i, K_0, V_0, np.zeros((B_r, d)), np.zeros(B_r), np.full(B_r, -np.inf),
                                     first, scale)
     mask = np.ones((B_r, B_c), dtype=bool)
     if "mask" in kind:
@@ -262,8 +271,8 @@ def fa1_step(fn, seed: int | None = None) -> None:
         ...
     """
     name = "fa1_step"
-    _callable(name, fn, "check.fa1_step(fa1_step)")
-    seed = _seed(seed)
+    require_callable(name, fn, "check.fa1_step(fa1_step)")
+    seed = seed_of(seed)
     rng = np.random.default_rng(seed)
     g = np.random.default_rng(2)
     names = ("Q_i", "K_j", "V_j", "O_i", "l_i", "m_i", "mask", "sm_scale")
@@ -273,7 +282,7 @@ def fa1_step(fn, seed: int | None = None) -> None:
     K_j, V_j = g.normal(size=(3, 4)).round(2), g.normal(size=(3, 4)).round(2)
     ones = np.ones((2, 3), dtype=bool)
     start = (np.zeros((2, 4)), np.zeros(2), np.full(2, -np.inf))
-    after_0 = _fa1_step64(Q_i, K_0, V_0, *start, ones, 0.5)
+    after_0 = fa1_step64(Q_i, K_0, V_0, *start, ones, 0.5)
     row_masked = np.array([[True, True, False], [False, False, False]])
     shown_steps = [
         ("one step, from the start (m_i = -inf, l_i = 0, O_i = 0)", (Q_i, K_j, V_j, *start, ones, 0.5)),
@@ -312,22 +321,22 @@ def fa1_step(fn, seed: int | None = None) -> None:
             q, k, v = case.inputs
             got = _fa1_loop(name, fn, case)
             m, l = _stats64(q, k, case.extra["causal"], case.extra["sm_scale"])
-            expected = (_attention64(q, k, v, case.extra["causal"], case.extra["sm_scale"]), l, m)
+            expected = (attention64(q, k, v, case.extra["causal"], case.extra["sm_scale"]), l, m)
             atol_o = ATOL_ATTN_F64 * max(1.0, np.abs(v).max())
             for what, w in (("m", 2), ("l", 1), ("O", 0)):  # the maximum first: its error explains the others
-                hint = _join(_kind_hint(case.kind), _FA1_HINTS[f"{what}_i"], again)
-                _compare(name, what, got[w], expected[w], case, RTOL_ATTN_F64,
-                         atol_o if what == "O" else ATOL_ATTN_F64, hint, _FLOATS)
+                hint = join_lines(_kind_hint(case.kind), _FA1_HINTS[f"{what}_i"], again)
+                compare(name, what, got[w], expected[w], case, RTOL_ATTN_F64,
+                         atol_o if what == "O" else ATOL_ATTN_F64, hint, ATTENTION_DTYPE_NOTE)
             continue
         Q_i, K_j, V_j, O_i, l_i, m_i, mask, scale = case.inputs
-        got = _fa1_got(name, _call(name, fn, case.inputs, case), len(Q_i), Q_i.shape[1], case)
-        expected = _fa1_step64(*case.inputs)
+        got = _fa1_got(name, call(name, fn, case.inputs, case), len(Q_i), Q_i.shape[1], case)
+        expected = fa1_step64(*case.inputs)
         atol_o = ATOL_ATTN_F64 * max(1.0, np.abs(V_j).max(), np.abs(O_i).max())
         for what, w in (("m_i", 2), ("l_i", 1), ("O_i", 0)):
-            hint = _join(_kind_hint(case.kind), _FA1_HINTS[what], again)
-            _compare(name, f"new {what}", got[w], expected[w], case, RTOL_ATTN_F64,
-                     atol_o if what == "O_i" else ATOL_ATTN_F64, hint, _FLOATS)
-    _passed(name, n_shown, n_hidden)
+            hint = join_lines(_kind_hint(case.kind), _FA1_HINTS[what], again)
+            compare(name, f"new {what}", got[w], expected[w], case, RTOL_ATTN_F64,
+                     atol_o if what == "O_i" else ATOL_ATTN_F64, hint, ATTENTION_DTYPE_NOTE)
+    passed(name, n_shown, n_hidden)
 
 
 def _loop_inputs(g, n_q, n_k, d, causal):
@@ -362,8 +371,8 @@ def fa2_attention(fn, seed: int | None = None) -> None:
         fa2_attention: 27 cases passed (7 shown, 20 hidden) ✓
     """
     name = "fa2_attention"
-    _callable(name, fn, "check.fa2_attention(fa2_attention)")
-    seed = _seed(seed)
+    require_callable(name, fn, "check.fa2_attention(fa2_attention)")
+    seed = seed_of(seed)
     rng = np.random.default_rng(seed)
     g = np.random.default_rng(3)
     inc = _loop_inputs(g, 8, 8, 4, False)
@@ -395,13 +404,13 @@ def fa2_attention(fn, seed: int | None = None) -> None:
     for case in cases:
         q, k, v = case.inputs
         e = case.extra
-        got = _call(name, fn, (q, k, v, e["B_r"], e["B_c"], e["causal"], e["sm_scale"]), case)
-        expected = _attention64(q, k, v, e["causal"], e["sm_scale"])
-        hint = _join(_kind_hint(case.kind), _FA2_HINT,
+        got = call(name, fn, (q, k, v, e["B_r"], e["B_c"], e["causal"], e["sm_scale"]), case)
+        expected = attention64(q, k, v, e["causal"], e["sm_scale"])
+        hint = join_lines(_kind_hint(case.kind), _FA2_HINT,
                      f"check.fa2_attention(fa2_attention, seed={seed}) draws this hidden case again." if case.hidden else "")
-        _compare(name, "O", got, expected, case, RTOL_ATTN_F64, ATOL_ATTN_F64 * max(1.0, np.abs(v).max()),
-                 hint, _FLOATS)
-    _passed(name, len(shown), n_hidden)
+        compare(name, "O", got, expected, case, RTOL_ATTN_F64, ATOL_ATTN_F64 * max(1.0, np.abs(v).max()),
+                 hint, ATTENTION_DTYPE_NOTE)
+    passed(name, len(shown), n_hidden)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -417,9 +426,9 @@ _KERNEL_HINTS = {
 
 def _kernel_atol(q, k, v, scale: float) -> float:
     """2 B, with B the error bound of a correct fp16 kernel (see the comment on the tolerances above)."""
-    a = max(float((np.abs(q[h]) @ np.abs(k[h]).T).max()) for h in range(len(q))) * scale * _LOG2E
-    dt = (q.shape[-1] + 5) * _U32 * a
-    return 2.0 * float(np.abs(v).max()) * (2 * _U16 + 2 * math.log(2) * dt + (k.shape[1] + 8) * _U32)
+    a = max(float((np.abs(q[h]) @ np.abs(k[h]).T).max()) for h in range(len(q))) * scale * LOG2E
+    dt = (q.shape[-1] + 5) * U32 * a
+    return 2.0 * float(np.abs(v).max()) * (2 * U16 + 2 * math.log(2) * dt + (k.shape[1] + 8) * U32)
 
 
 _KERNEL_KINDS = ["ragged: N_q != N_k, neither a multiple of the block", "causal, N_q < N_k: aligned bottom-right",
@@ -447,10 +456,8 @@ def fa2_kernel(kernel, seed: int | None = None) -> None:
         fa2_kernel: 12 cases passed (4 shown, 8 hidden) ✓
     """
     name = "fa2_kernel"
-    if not hasattr(kernel, "__getitem__") or not callable(getattr(kernel, "run", None)):
-        raise AssertionError("check.fa2_kernel expects the @triton.jit function itself, e.g. "
-                             f"check.fa2_kernel(fa2_kernel), not a launcher; got {kernel!r}")
-    seed = _seed(seed)
+    require_kernel(name, kernel)
+    seed = seed_of(seed)
     rng = np.random.default_rng(seed)
     g = np.random.default_rng(4)
 
@@ -492,7 +499,7 @@ def fa2_kernel(kernel, seed: int | None = None) -> None:
                                           sm_scale=1.0 / math.sqrt(q.shape[2]))))
     for i, case in enumerate(cases):
         _check_fa2_kernel_case(name, kernel, case, first=i == 0, pad=int(rng.integers(1, 9)), seed=seed)
-    _passed(name, len(shown), n_hidden)
+    passed(name, len(shown), n_hidden)
 
 
 def _check_fa2_kernel_case(name: str, kernel, case: _AttnCase, first: bool, pad: int, seed: int) -> None:
@@ -518,21 +525,12 @@ def _check_fa2_kernel_case(name: str, kernel, case: _AttnCase, first: bool, pad:
     q_rows = -(-n_q // bm) * bm + bm
     kv_rows = -(-n_k // bn) * bn + bn
     qb, kb, vb = buffer(q, q_rows), buffer(k, kv_rows), buffer(v, kv_rows)
-    ob = torch.empty((bh, q_rows, d + pad), dtype=torch.float16)
-    ob.view(torch.int16).fill_(_POISON16)
-    ob = ob.to(backend.DEVICE)
+    ob = poisoned((bh, q_rows, d + pad), _POISON16, half=True).to(backend.DEVICE)
     q_t, k_t, v_t, o_t = qb[:, :n_q, :d], kb[:, :n_k, :d], vb[:, :n_k, :d], ob[:, :n_q, :d]
     grid = (-(-n_q // bm), bh)
-    try:
-        with np.errstate(all="ignore"), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            kernel[grid](q_t, k_t, v_t, o_t, scale, q_t.stride(0), q_t.stride(1), k_t.stride(0), k_t.stride(1),
-                         v_t.stride(0), v_t.stride(1), o_t.stride(0), o_t.stride(1), n_q, n_k,
-                         HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal)
-    except NotImplementedError:
-        raise NotImplementedError(_not_implemented(name)) from None
-    except Exception as ex:
-        raise AssertionError(f"{name} failed to run: {type(ex).__name__}: {ex}\n  on {case.describe()}") from ex
+    launch(name, kernel, grid, (q_t, k_t, v_t, o_t, scale, q_t.stride(0), q_t.stride(1), k_t.stride(0), k_t.stride(1),
+                                v_t.stride(0), v_t.stride(1), o_t.stride(0), o_t.stride(1), n_q, n_k),
+           dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal), case)
     bits = ob.cpu().view(torch.int16).numpy().astype(np.int64) & 0xFFFF
     out = ob.cpu().float().numpy().astype(np.float64)
     untouched = bits[:, :n_q, :d] == _POISON16
@@ -553,8 +551,8 @@ def _check_fa2_kernel_case(name: str, kernel, case: _AttnCase, first: bool, pad:
         b, r, c = (int(t) for t in np.argwhere(stray)[0])
         raise AssertionError(f"{name} wrote past the end of O (O[{b}, {r}, {c}], but O has N_q = {n_q} rows) on "
                              f"{case.describe()}\n  hint: mask the store with rows[:, None] < N_q.")
-    expected = np.stack([_attention64(q[h], k[h], v[h], causal, scale) for h in range(bh)])
+    expected = np.stack([attention64(q[h], k[h], v[h], causal, scale) for h in range(bh)])
     kind_hint = next((h for key, h in _KERNEL_HINTS.items() if key in case.kind), "") or _kind_hint(case.kind)
-    hint = _join(kind_hint, _FA2_HINT.replace("e^(", "2^(").replace("S_ij", "qk"),
+    hint = join_lines(kind_hint, _FA2_HINT.replace("e^(", "2^(").replace("S_ij", "qk"),
                  f"check.fa2_kernel(fa2_kernel, seed={seed}) draws this hidden case again." if case.hidden else "")
-    _compare(name, "O", out[:, :n_q, :d], expected, case, 0.0, _kernel_atol(q, k, v, scale), hint, _FLOATS)
+    compare(name, "O", out[:, :n_q, :d], expected, case, 0.0, _kernel_atol(q, k, v, scale), hint, ATTENTION_DTYPE_NOTE)

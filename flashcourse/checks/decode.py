@@ -8,7 +8,7 @@ Decoding has one query token per sequence and head: ``q`` is (B, H_q, d), the KV
 is split along L into chunks of ``chunk`` keys: split s covers keys ``s * chunk <= c < min((s + 1) *
 chunk, kv_len)``, possibly none (an *empty split*: its lse is -inf and its output 0).
 
-The float64 references live here (:func:`_decode64`, :func:`_partials64`), so that these checks do
+The float64 references live here (:func:`decode64`, :func:`partials64`), so that these checks do
 not depend on the course's own decode references or kernels; only the fallback rule, which is the
 exercise's specification, comes from :mod:`flashcourse.reference.decode`.
 
@@ -25,19 +25,15 @@ Example:
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import math
-import warnings
 
 import numpy as np
 
 from ..reference.decode import needs_fallback
-from ._common import Case, _call, _callable, _compare, _fmt, _not_implemented, _passed, _seed
+from .cases import (ATTENTION_DTYPE_NOTE, LOG2E, POISON_F32, U32, Case, call, compare, fmt, join_lines, launch,
+                    passed, poisoned, require_callable, require_kernel, seed_of)
 
 __all__ = ["lse_combine", "split_kv_kernel", "unified_max_partials"]
-
-_FLOATS = "attention outputs are real numbers, so it must be a float array"
 
 # ---------------------------------------------------------------------------------------------
 # Float64 references: decode attention with GQA and valid lengths, and its per-split partials.
@@ -69,14 +65,16 @@ def _softmax_out(s, v):
     return o, lse
 
 
-def _decode64(q, k, v, kv_lens, scale):
-    """Float64 decode attention: (o (B, H_q, d), lse (B, H_q)) of one query token per head.
+def decode64(q, k, v, kv_lens, scale):
+    """Float64 decode attention, the reference of :func:`lse_combine`: ``(o (B, H_q, d), lse (B, H_q))`` of
+    ``q`` (B, H_q, d) against caches ``k``, ``v`` (B, H_kv, L, d) with ``kv_lens[b]`` valid keys (the
+    keys past it, even NaN ones, weigh nothing); ``lse`` is each head's natural log-sum-exp.
 
     Example:
         >>> rng = np.random.default_rng(0)
         >>> q, k, v = rng.normal(size=(1, 2, 4)), rng.normal(size=(1, 1, 5, 4)), rng.normal(size=(1, 1, 5, 4))
-        >>> o, lse = _decode64(q, k, v, [3], 0.5)
-        >>> bool(np.allclose(o, _decode64(q, k[:, :, :3], v[:, :, :3], [3], 0.5)[0])), o.shape, lse.shape
+        >>> o, lse = decode64(q, k, v, [3], 0.5)
+        >>> bool(np.allclose(o, decode64(q, k[:, :, :3], v[:, :, :3], [3], 0.5)[0])), o.shape, lse.shape
         (True, (1, 2, 4), (1, 2))
     """
     s = _scores64(q, k, kv_lens, scale)
@@ -85,13 +83,15 @@ def _decode64(q, k, v, kv_lens, scale):
     return _softmax_out(s, vv)
 
 
-def _partials64(q, k, v, kv_lens, scale, chunk, num_splits):
-    """Float64 partials of each split: (o_s (S, B, H_q, d), each normalised over its chunk, lse_s (S, B, H_q)).
+def partials64(q, k, v, kv_lens, scale, chunk, num_splits):
+    """Float64 partials of ``num_splits`` splits of ``chunk`` keys, the reference of :func:`split_kv_kernel`:
+    ``(o_s (S, B, H_q, d), lse_s (S, B, H_q))``, each o_s normalised over its chunk, (0, -inf) for an
+    empty split; the other arguments as for :func:`decode64`.
 
     Example:
         >>> rng = np.random.default_rng(0)
         >>> q, k, v = rng.normal(size=(1, 1, 4)), rng.normal(size=(1, 1, 5, 4)), rng.normal(size=(1, 1, 5, 4))
-        >>> o_s, lse_s = _partials64(q, k, v, [5], 0.5, chunk=2, num_splits=4)
+        >>> o_s, lse_s = partials64(q, k, v, [5], 0.5, chunk=2, num_splits=4)
         >>> o_s.shape, bool(np.isneginf(lse_s[3]).all()), float(np.abs(o_s[3]).max())
         ((4, 1, 1, 4), True, 0.0)
     """
@@ -125,13 +125,16 @@ class _DecodeCase(Case):
         return f"{where}: " + ", ".join(parts)
 
 
-def _join(*parts: str) -> str:
-    return "\n  ".join(p for p in parts if p)
+def decode_problem(rng, kind: str, d_choices=(16, 32, 64), l_max: int = 300, small: bool = False):
+    """A random decode problem of a ``kind`` of :data:`LSE_COMBINE_KINDS` (or :data:`SPLIT_KV_KINDS`):
+    ``(q, k, v, kv_lens, num_splits, chunk)``, float64, as :func:`partials64` takes them. ``small``: at
+    most 2 sequences and 8 query heads (the kernel check runs in Triton's interpreter).
 
-
-def _problem(rng, kind: str, d_choices=(16, 32, 64), l_max: int = 300, small: bool = False):
-    """A random decode problem of the given kind: (q, k, v, kv_lens, num_splits, chunk), float64.
-    ``small``: at most 2 sequences and 8 query heads (the kernel check runs in Triton's interpreter)."""
+    Example:
+        >>> q, k, v, kv_lens, num_splits, chunk = decode_problem(np.random.default_rng(0), "MQA (one KV head)")
+        >>> k.shape[1], q.shape[1] > 1, num_splits * chunk >= k.shape[2] == int(max(kv_lens))
+        (1, True, True)
+    """
     B = int(rng.integers(1, 3 if small else 4))
     H_kv = int(rng.choice([1, 2] if small else [1, 2, 4]))
     group = int(rng.choice([1, 2, 4]))
@@ -222,24 +225,25 @@ def _combine_shown():
             vv = v[:, :, :8]
             parts = [_softmax_out(s[..., :1], vv[:, :, :1]), _softmax_out(s[..., 1:], vv[:, :, 1:])]
             o_s, lse_s = np.stack([p[0] for p in parts]), np.stack([p[1] for p in parts])
-            o, lse = _decode64(q, k, v, [8], 1.0)
+            o, lse = decode64(q, k, v, [8], 1.0)
             out.append((kind, o_s[:, 0, 0], lse_s[:, 0, 0], o[0, 0], lse[0, 0], 1.0))
             continue
         if kind.startswith("batched"):
             qb, kb, vb = g.normal(size=(2, 4, 8)), g.normal(size=(2, 2, 20, 8)), g.normal(size=(2, 2, 20, 8))
-            o_s, lse_s = _partials64(qb, kb, vb, [20, 7], 0.35, 5, 4)
-            o, lse = _decode64(qb, kb, vb, [20, 7], 0.35)
+            o_s, lse_s = partials64(qb, kb, vb, [20, 7], 0.35, 5, 4)
+            o, lse = decode64(qb, kb, vb, [20, 7], 0.35)
             out.append((kind, o_s, lse_s, o, lse, float(np.abs(vb).max())))
             continue
         qq, kk, vv, lens, S, chunk, scale = prob
-        o_s, lse_s = _partials64(qq, kk, vv, lens, scale, chunk, S)
-        o, lse = _decode64(qq, kk, vv, lens, scale)
+        o_s, lse_s = partials64(qq, kk, vv, lens, scale, chunk, S)
+        o, lse = decode64(qq, kk, vv, lens, scale)
         out.append((kind, o_s[:, 0, 0], lse_s[:, 0, 0], o[0, 0], lse[0, 0], float(np.abs(vv).max())))
     return out
 
 
-_COMBINE_KINDS = ["GQA", "MQA (one KV head)", "MHA", "kv_len of 1", "more splits than chunks: empty splits",
-                  "kv_len not a multiple of the chunk", "large logits (q x 30)", "huge logits (q x 300)"]
+#: What the hidden cases of :func:`lse_combine` stress, in turn (the ``kind`` of :func:`decode_problem`).
+LSE_COMBINE_KINDS = ["GQA", "MQA (one KV head)", "MHA", "kv_len of 1", "more splits than chunks: empty splits",
+                     "kv_len not a multiple of the chunk", "large logits (q x 30)", "huge logits (q x 300)"]
 
 
 def lse_combine(fn, seed: int | None = None) -> None:
@@ -264,8 +268,8 @@ def lse_combine(fn, seed: int | None = None) -> None:
         lse_combine: 26 cases passed (6 shown, 20 hidden) ✓
     """
     name = "lse_combine"
-    _callable(name, fn, "check.lse_combine(lse_combine)")
-    seed = _seed(seed)
+    require_callable(name, fn, "check.lse_combine(lse_combine)")
+    seed = seed_of(seed)
     rng = np.random.default_rng(seed)
     shown = _combine_shown()
     cases = []
@@ -274,26 +278,26 @@ def lse_combine(fn, seed: int | None = None) -> None:
         cases.append((c, o, lse, vmax))
     n_hidden = 20
     for i in range(n_hidden):
-        kind = _COMBINE_KINDS[i % len(_COMBINE_KINDS)]
-        q, k, v, kv_lens, S, chunk = _problem(rng, kind)
+        kind = LSE_COMBINE_KINDS[i % len(LSE_COMBINE_KINDS)]
+        q, k, v, kv_lens, S, chunk = decode_problem(rng, kind)
         scale = 1.0 / math.sqrt(q.shape[2])
-        o_s, lse_s = _partials64(q, k, v, kv_lens, scale, chunk, S)
-        o, lse = _decode64(q, k, v, kv_lens, scale)
+        o_s, lse_s = partials64(q, k, v, kv_lens, scale, chunk, S)
+        o, lse = decode64(q, k, v, kv_lens, scale)
         c = _DecodeCase(kind, (o_s, lse_s), i + 1, n_hidden, hidden=True, seed=seed, names=("o_s", "lse_s"),
                         extra=_sizes(q, k, kv_lens, S, chunk, scale))
         cases.append((c, o, lse, float(np.abs(v).max())))
     replay = f"check.lse_combine(lse_combine, seed={seed}) draws this hidden case again."
     for case, o, lse, vmax in cases:
-        got = _call(name, fn, case.inputs, case)
+        got = call(name, fn, case.inputs, case)
         if not isinstance(got, (tuple, list)) or len(got) != 2:
             what = f"{len(got)} values" if isinstance(got, (tuple, list)) else f"a {type(got).__name__}"
             raise AssertionError(f"{name} must return the two values (o, lse); it returned {what} on "
                                  f"{case.describe()}")
         kind_hint = next((h for key, h in _COMBINE_KIND_HINTS.items() if key in case.kind), "")
-        hint = _join(kind_hint, _COMBINE_HINT, replay if case.hidden else "")
-        _compare(name, "lse", got[1], lse, case, RTOL_DEC64, ATOL_DEC64, hint, _FLOATS)
-        _compare(name, "o", got[0], o, case, RTOL_DEC64, ATOL_DEC64 * max(1.0, vmax), hint, _FLOATS)
-    _passed(name, len(shown), n_hidden)
+        hint = join_lines(kind_hint, _COMBINE_HINT, replay if case.hidden else "")
+        compare(name, "lse", got[1], lse, case, RTOL_DEC64, ATOL_DEC64, hint, ATTENTION_DTYPE_NOTE)
+        compare(name, "o", got[0], o, case, RTOL_DEC64, ATOL_DEC64 * max(1.0, vmax), hint, ATTENTION_DTYPE_NOTE)
+    passed(name, len(shown), n_hidden)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,11 +314,6 @@ def lse_combine(fn, seed: int | None = None) -> None:
 # inside the margin. A kernel that forgets a rescale, reads keys past kv_len or past its chunk, or
 # writes nan for an empty split is off by 0.01 or more (tests/test_checks_decode.py); the solution's
 # error is measured there as a fraction of the allowance.
-_U32 = 2.0 ** -24
-_LOG2E = 1.4426950408889634
-
-# The fp32 bit pattern the check poisons the outputs with (see _common._POISON).
-_POISON32 = 0x7FC0DEAD
 
 _KERNEL_HINT = ("per block of keys: qk = (q . K_j) * qk_scale, -inf where a key is not in this chunk (cols >= hi); "
                 "m_new = max(m_i, max(qk)), alpha = 2^(m_i - m_new), p = 2^(qk - m_new), l_i = alpha l_i + sum(p), "
@@ -337,21 +336,30 @@ _KERNEL_KIND_HINTS = {
 def _kernel_tols(q, k, chunk):
     """(atol for o_s / max|V|, atol for lse_s without its |lse| term), the 2x bounds above."""
     kk = np.repeat(np.abs(k), _heads_kv(q, k), axis=1)
-    a = float(np.einsum("bhd,bhnd->bhn", np.abs(q), kk).max()) / math.sqrt(q.shape[2]) * _LOG2E
-    dt = (q.shape[2] + 5) * _U32 * a
-    o_tol = 2.0 * (2 * math.log(2) * dt + (chunk + 8) * _U32)
-    lse_tol = 2.0 * (math.log(2) * dt + (chunk + 8) * _U32)
+    a = float(np.einsum("bhd,bhnd->bhn", np.abs(q), kk).max()) / math.sqrt(q.shape[2]) * LOG2E
+    dt = (q.shape[2] + 5) * U32 * a
+    o_tol = 2.0 * (2 * math.log(2) * dt + (chunk + 8) * U32)
+    lse_tol = 2.0 * (math.log(2) * dt + (chunk + 8) * U32)
     return o_tol, lse_tol
 
 
-_SPLIT_KINDS = ["GQA, ragged kv_lens", "MQA (one KV head)", "MHA, kv_len of 1", "more splits than chunks: empty splits",
-                "chunk not a multiple of BLOCK_N", "large logits (q x 30)", "the maximum moves in every block",
-                "GQA, kv_len not a multiple of the chunk"]
+#: What the 8 hidden cases of :func:`split_kv_kernel` stress, one each (the ``kind`` of :func:`split_kv_problem`).
+SPLIT_KV_KINDS = ["GQA, ragged kv_lens", "MQA (one KV head)", "MHA, kv_len of 1", "more splits than chunks: empty splits",
+                  "chunk not a multiple of BLOCK_N", "large logits (q x 30)", "the maximum moves in every block",
+                  "GQA, kv_len not a multiple of the chunk"]
 
 
-def _kernel_problem(rng, kind):
+def split_kv_problem(rng, kind):
+    """A random problem of a ``kind`` of :data:`SPLIT_KV_KINDS` for :func:`split_kv_kernel`: ``(q, k, v,
+    kv_lens, num_splits, chunk, BLOCK_N)``, float64, small enough for Triton's interpreter.
+
+    Example:
+        >>> q, k, *_, S, chunk, BLOCK_N = split_kv_problem(np.random.default_rng(0), "chunk not a multiple of BLOCK_N")
+        >>> BLOCK_N in (16, 32), chunk % BLOCK_N != 0, S == -(-k.shape[2] // chunk)
+        (True, True, True)
+    """
     BLOCK_N = int(rng.choice([16, 32]))
-    q, k, v, kv_lens, _, _ = _problem(rng, kind, d_choices=(16, 32, 64), l_max=100, small=True)
+    q, k, v, kv_lens, _, _ = decode_problem(rng, kind, d_choices=(16, 32, 64), l_max=100, small=True)
     L = k.shape[2]
     blocks = int(rng.integers(1, 4))
     chunk = BLOCK_N * blocks
@@ -387,10 +395,8 @@ def split_kv_kernel(kernel, seed: int | None = None) -> None:
         split_kv_kernel: 12 cases passed (4 shown, 8 hidden) ✓
     """
     name = "split_kv_kernel"
-    if not hasattr(kernel, "__getitem__") or not callable(getattr(kernel, "run", None)):
-        raise AssertionError("check.split_kv_kernel expects the @triton.jit function itself, e.g. "
-                             f"check.split_kv_kernel(split_kv_kernel), not a launcher; got {kernel!r}")
-    seed = _seed(seed)
+    require_kernel(name, kernel)
+    seed = seed_of(seed)
     rng = np.random.default_rng(seed)
     g = np.random.default_rng(44)
 
@@ -407,8 +413,8 @@ def split_kv_kernel(kernel, seed: int | None = None) -> None:
     ]
     n_shown, n_hidden = len(raw), 8
     for i in range(n_hidden):
-        kind = _SPLIT_KINDS[i]
-        raw.append((kind, _kernel_problem(rng, kind), True))
+        kind = SPLIT_KV_KINDS[i]
+        raw.append((kind, split_kv_problem(rng, kind), True))
     for i, (kind, (q, k, v, kv_lens, S, chunk, BLOCK_N), hidden) in enumerate(raw):
         q, k, v = (np.asarray(t, dtype=np.float16).astype(np.float64) for t in (q, k, v))
         number, of = (i - n_shown + 1, n_hidden) if hidden else (i + 1, n_shown)
@@ -417,14 +423,7 @@ def split_kv_kernel(kernel, seed: int | None = None) -> None:
         case = _DecodeCase(kind, (q, k, v, kv_lens), number, of, hidden=hidden, seed=seed if hidden else None,
                            extra=extra, names=("q", "k", "v", "kv_lens"))
         _check_split_case(name, kernel, case, first=i == 0, pad=int(rng.integers(1, 9)), seed=seed)
-    _passed(name, n_shown, n_hidden)
-
-
-def _poisoned(shape):
-    import torch
-    t = torch.empty(shape, dtype=torch.float32)
-    t.view(torch.int32).fill_(_POISON32)
-    return t
+    passed(name, n_shown, n_hidden)
 
 
 def _check_split_case(name: str, kernel, case: _DecodeCase, first: bool, pad: int, seed: int) -> None:
@@ -451,28 +450,19 @@ def _check_split_case(name: str, kernel, case: _DecodeCase, first: bool, pad: in
         return buf
 
     kb, vb = cache(k), cache(v)
-    ob = _poisoned((S + 1, B, H_q, d + pad))
-    lb = _poisoned((S + 1, B, H_q + pad))
+    ob = poisoned((S + 1, B, H_q, d + pad))
+    lb = poisoned((S + 1, B, H_q + pad))
     dev = backend.DEVICE
     qb, kb, vb, ob, lb = (t.to(dev) for t in (qb, kb, vb, ob, lb))
     lens = torch.tensor(np.asarray(kv_lens), dtype=torch.int32).to(dev)
     q_t, k_t, v_t, o_t, l_t = qb[..., :d], kb[:, :, :L, :d], vb[:, :, :L, :d], ob[:S, ..., :d], lb[:S, :, :H_q]
-    try:
-        with np.errstate(all="ignore"), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            kernel[(S, B * H_q)](q_t, k_t, v_t, o_t, l_t, lens, scale,
-                                 q_t.stride(0), q_t.stride(1), k_t.stride(0), k_t.stride(1), k_t.stride(2),
-                                 v_t.stride(0), v_t.stride(1), v_t.stride(2),
-                                 o_t.stride(0), o_t.stride(1), o_t.stride(2), l_t.stride(0), l_t.stride(1),
-                                 H_q, H_q // H_kv, chunk, HEAD_DIM=d, BLOCK_N=BLOCK_N)
-    except NotImplementedError:
-        raise NotImplementedError(_not_implemented(name)) from None
-    except Exception as ex:
-        raise AssertionError(f"{name} failed to run: {type(ex).__name__}: {ex}\n  on {case.describe()}") from ex
+    strides = (*q_t.stride()[:2], *k_t.stride()[:3], *v_t.stride()[:3], *o_t.stride()[:3], *l_t.stride()[:2])
+    launch(name, kernel, (S, B * H_q), (q_t, k_t, v_t, o_t, l_t, lens, scale, *strides, H_q, H_q // H_kv, chunk),
+           dict(HEAD_DIM=d, BLOCK_N=BLOCK_N), case)
     o_bits = ob.cpu().view(torch.int32).numpy()
     l_bits = lb.cpu().view(torch.int32).numpy()
-    o_un = o_bits[:S, ..., :d] == _POISON32
-    l_un = l_bits[:S, :, :H_q] == _POISON32
+    o_un = o_bits[:S, ..., :d] == POISON_F32
+    l_un = l_bits[:S, :, :H_q] == POISON_F32
     if o_un.all() and l_un.all():
         if first:
             raise NotImplementedError(f"{name} wrote nothing to O_part or LSE_part: not implemented yet? Write the "
@@ -490,7 +480,7 @@ def _check_split_case(name: str, kernel, case: _DecodeCase, first: bool, pad: in
     l_out = np.ones(l_bits.shape, dtype=bool)
     l_out[:S, :, :H_q] = False
     for what, bits, outside in (("O_part", o_bits, o_out), ("LSE_part", l_bits, l_out)):
-        stray = outside & (bits != _POISON32)
+        stray = outside & (bits != POISON_F32)
         if stray.any():
             idx = [int(t) for t in np.argwhere(stray)[0]]
             raise AssertionError(f"{name} wrote past the end of {what} ({what}[{', '.join(map(str, idx))}]) on "
@@ -499,17 +489,17 @@ def _check_split_case(name: str, kernel, case: _DecodeCase, first: bool, pad: in
                                  f"b * stride_lb + h.")
     o_got = ob.cpu().numpy().astype(np.float64)[:S, ..., :d]
     l_got = lb.cpu().numpy().astype(np.float64)[:S, :, :H_q]
-    o_s, lse_s = _partials64(q, k, v, kv_lens, scale, chunk, S)
+    o_s, lse_s = partials64(q, k, v, kv_lens, scale, chunk, S)
     o_tol, lse_tol = _kernel_tols(q, k, chunk)
     kind_hint = next((h for key, h in _KERNEL_KIND_HINTS.items() if key in case.kind), "")
     if np.isneginf(lse_s).any() and "empty" not in case.kind:
-        kind_hint = _join(kind_hint, _KERNEL_KIND_HINTS["empty"])
-    hint = _join(kind_hint, _KERNEL_HINT,
+        kind_hint = join_lines(kind_hint, _KERNEL_KIND_HINTS["empty"])
+    hint = join_lines(kind_hint, _KERNEL_HINT,
                  f"check.split_kv_kernel(split_kv_kernel, seed={seed}) draws this hidden case again."
                  if case.hidden else "")
     # lse first: its error explains the output's; rtol 4 u32 covers the |lse_s| term of the bound
-    _compare(name, "LSE_part", l_got, lse_s, case, 4 * _U32, lse_tol, hint, _FLOATS)
-    _compare(name, "O_part", o_got, o_s, case, 0.0, o_tol * max(1.0, float(np.abs(v).max())), hint, _FLOATS)
+    compare(name, "LSE_part", l_got, lse_s, case, 4 * U32, lse_tol, hint, ATTENTION_DTYPE_NOTE)
+    compare(name, "O_part", o_got, o_s, case, 0.0, o_tol * max(1.0, float(np.abs(v).max())), hint, ATTENTION_DTYPE_NOTE)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -536,8 +526,16 @@ _UM_HINT = ("t = x - phi; only the chunk's largest t decides: the chunk is safe 
             "The partials are acc = sum_i e^(t_i) V_i and l = sum_i e^(t_i), with no maximum of their own.")
 
 
-def _um_head(rng, kind: str, g_scale: float = 3.0):
-    """(x (n,) float32, V (n, d) float32, phi, chunk) of one head, of the given kind."""
+def unified_max_head(rng, kind: str, g_scale: float = 3.0):
+    """A random head of a hidden ``kind`` of :func:`unified_max_partials`: ``(x (n,) float32, V (n, d)
+    float32, phi, chunk)``; every ``x - phi`` lies 0.01 or more from the bounds -60 and 60, so that the
+    overflow flag expected of each chunk is exact.
+
+    Example:
+        >>> x, V, phi, chunk = unified_max_head(np.random.default_rng(0), "one score above b")
+        >>> x.dtype, V.shape[0] == len(x), chunk in (16, 32, 64), bool((x - phi).max() > 60)
+        (dtype('float32'), True, True, True)
+    """
     n = 1 if "kv_len of 1" in kind else int(rng.integers(2, 301))
     d = int(rng.choice([8, 16, 32, 64]))
     chunk = int(rng.choice([16, 32, 64]))
@@ -616,10 +614,10 @@ class _UMCase(Case):
         t = x.astype(np.float64) - phi
         part = f", chunk {e['chunk_no']} (scores {e['lo']}..{e['hi'] - 1} of {e['n']})" if "chunk_no" in e else ""
         if x.size <= 8:
-            xs = "[" + ", ".join(_fmt(t_) for t_ in x) + "]"
+            xs = "[" + ", ".join(fmt(t_) for t_ in x) + "]"
         else:
             xs = f"{x.size} scores"
-        return (f"{where}{part}: x = {xs}, phi = {_fmt(phi)}, [a, b] = [{_fmt(a)}, {_fmt(b)}], V of shape {V.shape}; "
+        return (f"{where}{part}: x = {xs}, phi = {fmt(phi)}, [a, b] = [{fmt(a)}, {fmt(b)}], V of shape {V.shape}; "
                 f"x - phi in [{t.min():.4g}, {t.max():.4g}]")
 
 
@@ -655,8 +653,8 @@ def unified_max_partials(fn, seed: int | None = None) -> None:
         ...
     """
     name = "unified_max_partials"
-    _callable(name, fn, "check.unified_max_partials(unified_max_partials)")
-    seed = _seed(seed)
+    require_callable(name, fn, "check.unified_max_partials(unified_max_partials)")
+    seed = seed_of(seed)
     rng = np.random.default_rng(seed)
     g = np.random.default_rng(45)
     V6 = g.normal(size=(6, 4)).round(2).astype(np.float32)
@@ -675,21 +673,21 @@ def unified_max_partials(fn, seed: int | None = None) -> None:
     n_hidden = 18
     for i in range(n_hidden):
         kind = _UM_KINDS[i % len(_UM_KINDS)]
-        x, V, phi, chunk = _um_head(rng, kind)
+        x, V, phi, chunk = unified_max_head(rng, kind)
         heads.append((kind, x, V, phi, chunk, i + 1, n_hidden, True))
     replay = f"check.unified_max_partials(unified_max_partials, seed={seed}) draws this hidden case again."
     for kind, x, V, phi, chunk, number, of, hidden in heads:
         n = len(x)
         acc_sum, l_sum, any_flag = np.zeros(V.shape[1]), 0.0, False
         kind_hint = next((h for key, h in _UM_KIND_HINTS.items() if key in kind), "")
-        hint = _join(kind_hint, _UM_HINT, replay if hidden else "")
+        hint = join_lines(kind_hint, _UM_HINT, replay if hidden else "")
         for c, lo in enumerate(range(0, n, chunk)):
             hi = min(n, lo + chunk)
             xc, Vc = x[lo:hi], V[lo:hi]
             extra = dict(chunk_no=c + 1, lo=lo, hi=hi, n=n) if n > chunk else {}
             case = _UMCase(kind, (xc, Vc, phi, _A, _B), number, of, hidden, seed if hidden else None,
                            ("x", "V", "phi", "a", "b"), extra)
-            got = _call(name, fn, (xc, Vc, phi, _A, _B), case)
+            got = call(name, fn, (xc, Vc, phi, _A, _B), case)
             if not isinstance(got, (tuple, list)) or len(got) != 3:
                 what = f"{len(got)} values" if isinstance(got, (tuple, list)) else f"a {type(got).__name__}"
                 raise AssertionError(f"{name} must return the three values (acc, l, overflow); it returned {what} "
@@ -714,9 +712,9 @@ def unified_max_partials(fn, seed: int | None = None) -> None:
             if expected:
                 continue
             e = np.exp(t)
-            _compare(name, "l", got[1], np.array(e.sum()), case, RTOL_UM, 0.0, hint, _FLOATS)
-            _compare(name, "acc", got[0], e @ Vc.astype(np.float64), case, 0.0,
-                     ATOL_UM * float((e @ np.abs(Vc.astype(np.float64))).max()), hint, _FLOATS)
+            compare(name, "l", got[1], np.array(e.sum()), case, RTOL_UM, 0.0, hint, ATTENTION_DTYPE_NOTE)
+            compare(name, "acc", got[0], e @ Vc.astype(np.float64), case, 0.0,
+                     ATOL_UM * float((e @ np.abs(Vc.astype(np.float64))).max()), hint, ATTENTION_DTYPE_NOTE)
             acc_sum += np.asarray(got[0], dtype=np.float64)
             l_sum += float(np.asarray(got[1], dtype=np.float64))
         x64 = x.astype(np.float64)
@@ -725,6 +723,6 @@ def unified_max_partials(fn, seed: int | None = None) -> None:
         o = expected_o if any_flag else acc_sum / l_sum    # flagged: the synchronised recomputation (exact)
         case = _UMCase(kind, (x, V, phi, _A, _B), number, of, hidden, seed if hidden else None,
                        ("x", "V", "phi", "a", "b"), {})
-        _compare(name, "O (the head's output, partials added up)", o, expected_o, case, 0.0,
-                 ATOL_UM * max(1.0, float(np.abs(V).max())), hint, _FLOATS)
-    _passed(name, len(shown), n_hidden)
+        compare(name, "O (the head's output, partials added up)", o, expected_o, case, 0.0,
+                 ATOL_UM * max(1.0, float(np.abs(V).max())), hint, ATTENTION_DTYPE_NOTE)
+    passed(name, len(shown), n_hidden)

@@ -7,7 +7,7 @@ a *flat* GEMM. One program computes B_N columns of y, walking K in tiles of B_K.
 * :func:`choose_block_n` checks ``fn(M, K, N, num_sms, candidates) -> B_N``: among the candidates
   whose ``ceil(N / B_N)`` programs fill the ``num_sms`` SMs, the one with the highest compute/memory
   ratio ``2 M K / (K + M K / B_N + M)`` (the largest); if none fills them, the smallest (the most
-  programs). The rule is written out here (:func:`_choice`), so this check does not depend on the
+  programs). The rule is written out here (:func:`expected_block_n`), so this check does not depend on the
   course's own :func:`flashcourse.reference.gemm.choose_block_n` (tests/test_checks_gemm.py shows
   they agree).
 * :func:`flat_gemm_kernel` launches the student's ``@triton.jit`` kernel itself and compares y with
@@ -23,20 +23,12 @@ Example:
 """
 from __future__ import annotations
 
-import contextlib
-import io
-import math
-import warnings
-
 import numpy as np
 
-from ._common import Case, _call, _callable, _compare, _not_implemented, _passed, _seed
+from .cases import (U16, U32, Case, call, compare, join_lines, launch, passed, poisoned, require_callable,
+                    require_kernel, seed_of)
 
 __all__ = ["choose_block_n", "flat_gemm_kernel"]
-
-
-def _join(*parts: str) -> str:
-    return "\n  ".join(p for p in parts if p)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -48,11 +40,14 @@ def _ratio(M: int, K: int, block_n: int) -> float:
     return 2 * M * K / (K + M * K / block_n + M)
 
 
-def _choice(M: int, K: int, N: int, num_sms: int, candidates) -> int:
-    """The rule the exercise asks for (the specification, in NumPy-free Python).
+def expected_block_n(M: int, K: int, N: int, num_sms: int, candidates) -> int:
+    """The B_N that :func:`choose_block_n` expects: the rule the exercise asks for, written out here as
+    its specification (in NumPy-free Python). Among the ``candidates`` whose ``ceil(N / B_N)``
+    programs fill the ``num_sms`` SMs, the one with the highest compute/memory ratio
+    ``2 M K / (K + M K / B_N + M)``; if none fills them, the smallest candidate.
 
     Example:
-        >>> _choice(4, 4096, 4096, 132, (16, 32, 64)), _choice(4, 4096, 4096, 40, (16, 32, 64))
+        >>> expected_block_n(4, 4096, 4096, 132, (16, 32, 64)), expected_block_n(4, 4096, 4096, 40, (16, 32, 64))
         (16, 64)
     """
     filling = [b for b in candidates if -(-N // b) >= num_sms]
@@ -87,7 +82,15 @@ class _BNCase(Case):
         return f"{where}: M = {M}, K = {K}, N = {N}, num_sms = {sms}, candidates = {tuple(cands)}"
 
 
-def _bn_shown():
+def choose_block_n_shown():
+    """The shown cases of :func:`choose_block_n`, fixed: a list of ``(kind, (M, K, N, num_sms,
+    candidates))``, from memory-bound to parallelism-bound, on the SM counts of an H100, an A100 and a
+    T4, with N / B_N exactly the SM count, a ragged N, and another set of candidates.
+
+    Example:
+        >>> [(kind, expected_block_n(*args)) for kind, args in choose_block_n_shown()][:2]
+        [('memory-bound: a large N', 256), ('parallelism-bound: a small N', 16)]
+    """
     c = DEFAULT_CANDIDATES
     return [
         ("memory-bound: a large N", (4, 4096, 65536, 132, c)),
@@ -101,12 +104,22 @@ def _bn_shown():
     ]
 
 
-_BN_KINDS = ["memory-bound: a large N", "parallelism-bound: a small N", "N / B_N exactly the number of SMs",
-             "ragged N: just past a multiple of the SMs", "other candidates", "a T4's 40 SMs",
-             "an A100's 108 SMs", "N between the extremes"]
+#: What the hidden cases of :func:`choose_block_n` stress, in turn (the ``kind`` of :func:`choose_block_n_problem`).
+CHOOSE_BLOCK_N_KINDS = ["memory-bound: a large N", "parallelism-bound: a small N", "N / B_N exactly the number of SMs",
+                        "ragged N: just past a multiple of the SMs", "other candidates", "a T4's 40 SMs",
+                        "an A100's 108 SMs", "N between the extremes"]
 
 
-def _bn_problem(rng, kind: str):
+def choose_block_n_problem(rng, kind: str):
+    """A random hidden case of :func:`choose_block_n` of the given ``kind`` (one of
+    :data:`CHOOSE_BLOCK_N_KINDS`): ``(M, K, N, num_sms, candidates)``, with M from 1 to 16, K one of
+    the hidden sizes of common models, 40, 108 or 132 SMs, and N drawn so that the kind holds.
+
+    Example:
+        >>> M, K, N, num_sms, candidates = choose_block_n_problem(np.random.default_rng(0), "parallelism-bound")
+        >>> 1 <= M <= 16, -(-N // min(candidates)) < num_sms, expected_block_n(M, K, N, num_sms, candidates)
+        (True, True, 16)
+    """
     M = int(rng.integers(1, 17))
     K = int(rng.choice([1024, 2048, 4096, 5120, 8192, 11008, 13824]))
     sms = int(rng.choice([40, 108, 132]))
@@ -165,19 +178,19 @@ def choose_block_n(fn, seed: int | None = None) -> None:
         choose_block_n: 32 cases passed (8 shown, 24 hidden) ✓
     """
     name = "choose_block_n"
-    _callable(name, fn, "check.choose_block_n(choose_block_n)")
-    seed = _seed(seed)
+    require_callable(name, fn, "check.choose_block_n(choose_block_n)")
+    seed = seed_of(seed)
     rng = np.random.default_rng(seed)
-    shown = _bn_shown()
+    shown = choose_block_n_shown()
     n_hidden = 24
     cases = [_BNCase(kind, args, i + 1, len(shown)) for i, (kind, args) in enumerate(shown)]
     for i in range(n_hidden):
-        kind = _BN_KINDS[i % len(_BN_KINDS)]
-        cases.append(_BNCase(kind, _bn_problem(rng, kind), i + 1, n_hidden, hidden=True, seed=seed))
+        kind = CHOOSE_BLOCK_N_KINDS[i % len(CHOOSE_BLOCK_N_KINDS)]
+        cases.append(_BNCase(kind, choose_block_n_problem(rng, kind), i + 1, n_hidden, hidden=True, seed=seed))
     replay = f"check.choose_block_n(choose_block_n, seed={seed}) draws this hidden case again."
     for case in cases:
         M, K, N, sms, cands = case.inputs
-        got = _call(name, fn, case.inputs, case)
+        got = call(name, fn, case.inputs, case)
         if got is None:
             raise AssertionError(f"{name} returned None on {case.describe()}: did you forget `return`?")
         if isinstance(got, (bool, np.bool_)) or not isinstance(got, (int, np.integer)):
@@ -186,13 +199,13 @@ def choose_block_n(fn, seed: int | None = None) -> None:
         if int(got) not in cands:
             raise AssertionError(f"{name} returned {int(got)} on {case.describe()}, which is not one of the "
                                  f"candidates {tuple(cands)}")
-        expected = _choice(M, K, N, sms, cands)
+        expected = expected_block_n(M, K, N, sms, cands)
         if int(got) != expected:
             kind_hint = next((h for key, h in _BN_KIND_HINTS.items() if key in case.kind), "")
-            raise AssertionError(_join(f"{name}: wrong B_N on {case.describe()}",
+            raise AssertionError(join_lines(f"{name}: wrong B_N on {case.describe()}",
                                        f"got {int(got)}, expected {expected}: {_bn_why(M, K, N, sms, cands)}",
-                                       f"hint: {_join(kind_hint, _BN_HINT, replay if case.hidden else '')}"))
-    _passed(name, len(shown), n_hidden)
+                                       f"hint: {join_lines(kind_hint, _BN_HINT, replay if case.hidden else '')}"))
+    passed(name, len(shown), n_hidden)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,8 +224,6 @@ def choose_block_n(fn, seed: int | None = None) -> None:
 # and measured, by half the allowance at most (tests/test_checks_gemm.py). A kernel that drops a K tile,
 # overwrites acc, or reads a wrong element of W is off by O(1); one that reads past K without a mask
 # reads NaN (the check pads every tensor with NaN).
-_U32 = 2.0 ** -24
-_U16 = 2.0 ** -11
 BLOCK_M = 16
 # fp16 bit pattern the check fills y with first: a NaN no arithmetic produces (computed fp16 NaNs are
 # 0x7E00 / 0xFE00), so "never written" and "wrote nan" differ.
@@ -248,14 +259,23 @@ class _GemmCase(Case):
                 f"BLOCK_K = {e['BLOCK_K']}, grid = (ceil(N / BLOCK_N),) = ({-(-e['N'] // e['BLOCK_N'])},)")
 
 
-_GEMM_KINDS = ["M = 16: every row of the tile is real", "M = 1 (a GEMV)", "ragged K", "ragged N",
-               "nn.Linear's layout (N, K), ragged", "N smaller than BLOCK_N", "many column tiles",
-               "K smaller than BLOCK_K"]
+#: What the 8 hidden cases of :func:`flat_gemm_kernel` stress, one each (the ``kind`` of :func:`flat_gemm_problem`).
+FLAT_GEMM_KINDS = ["M = 16: every row of the tile is real", "M = 1 (a GEMV)", "ragged K", "ragged N",
+                   "nn.Linear's layout (N, K), ragged", "N smaller than BLOCK_N", "many column tiles",
+                   "K smaller than BLOCK_K"]
 
 
-def _gemm_problem(rng, kind: str):
-    """(M, K, N, layout, BLOCK_N, BLOCK_K) of a hidden case; at most ~100 loop iterations in all (the
-    interpreter runs each in a few ms)."""
+def flat_gemm_problem(rng, kind: str):
+    """The sizes of a hidden case of :func:`flat_gemm_kernel` of the given ``kind`` (one of
+    :data:`FLAT_GEMM_KINDS`): ``(M, K, N, layout, BLOCK_N, BLOCK_K)``, ``layout`` "kn" for W stored
+    (K, N) or "nk" for nn.Linear's (N, K); at most ~100 loop iterations in all (the interpreter runs
+    each in a few ms).
+
+    Example:
+        >>> M, K, N, layout, BLOCK_N, BLOCK_K = flat_gemm_problem(np.random.default_rng(0), "K smaller than BLOCK_K")
+        >>> 1 <= M <= 16, K < BLOCK_K, layout in ("kn", "nk")
+        (True, True, True)
+    """
     M = int(rng.integers(1, 17))
     BN, BK = int(rng.choice([16, 32, 64])), int(rng.choice([16, 32, 64]))
     K = BK * int(rng.integers(1, 4))
@@ -308,10 +328,8 @@ def flat_gemm_kernel(kernel, seed: int | None = None) -> None:
         flat_gemm_kernel: 12 cases passed (4 shown, 8 hidden) ✓
     """
     name = "flat_gemm_kernel"
-    if not hasattr(kernel, "__getitem__") or not callable(getattr(kernel, "run", None)):
-        raise AssertionError("check.flat_gemm_kernel expects the @triton.jit function itself, e.g. "
-                             f"check.flat_gemm_kernel(flat_gemm_kernel), not a launcher; got {kernel!r}")
-    seed = _seed(seed)
+    require_kernel(name, kernel)
+    seed = seed_of(seed)
     rng = np.random.default_rng(seed)
     raw = [
         ("several K tiles, W as (K, N)", (4, 96, 64, "kn", 32, 32), False),
@@ -321,8 +339,8 @@ def flat_gemm_kernel(kernel, seed: int | None = None) -> None:
     ]
     n_shown, n_hidden = len(raw), 8
     for i in range(n_hidden):
-        kind = _GEMM_KINDS[i]
-        raw.append((kind, _gemm_problem(rng, kind), True))
+        kind = FLAT_GEMM_KINDS[i]
+        raw.append((kind, flat_gemm_problem(rng, kind), True))
     g = np.random.default_rng(46)
     for i, (kind, (M, K, N, layout, BN, BK), hidden) in enumerate(raw):
         r = rng if hidden else g
@@ -333,7 +351,7 @@ def flat_gemm_kernel(kernel, seed: int | None = None) -> None:
         case = _GemmCase(kind, (x, w), number, of, hidden, seed if hidden else None, ("x", "w"),
                          dict(M=M, K=K, N=N, layout=layout, BLOCK_N=BN, BLOCK_K=BK))
         _check_gemm_case(name, kernel, case, first=i == 0, pads=pads, seed=seed)
-    _passed(name, n_shown, n_hidden)
+    passed(name, n_shown, n_hidden)
 
 
 class _ReadWatch:
@@ -397,13 +415,6 @@ class _ReadWatch:
             self.first = "an address outside the x and W tensors"
 
 
-def _poisoned16(shape):
-    import torch
-    t = torch.empty(shape, dtype=torch.float16)
-    t.view(torch.int16).fill_(_POISON16)
-    return t
-
-
 def _check_gemm_case(name: str, kernel, case: _GemmCase, first: bool, pads, seed: int) -> None:
     import torch
 
@@ -425,7 +436,7 @@ def _check_gemm_case(name: str, kernel, case: _GemmCase, first: bool, pads, seed
         wb = torch.full((N + BN + 1, K + BK + pads[1]), float("nan"), dtype=torch.float16)
         wb[:N, :K] = torch.from_numpy(w.T.astype(np.float16))
         stride_wk, stride_wn = 1, wb.stride(0)
-    yb = _poisoned16((M + 1, N + BN + pads[2]))
+    yb = poisoned((M + 1, N + BN + pads[2]), _POISON16, half=True)
     dev = backend.DEVICE
     xb, wb, yb = (t.to(dev) for t in (xb, wb, yb))
 
@@ -453,22 +464,15 @@ def _check_gemm_case(name: str, kernel, case: _GemmCase, first: bool, pads, seed
     regions = [region("x", xb, (ii * sx + kk).ravel(), x_at),
                region("W", wb, (kw * stride_wk + nw * stride_wn).ravel(), w_at)]
     grid = (-(-N // BN),)
-    try:
-        with np.errstate(all="ignore"), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
-                _ReadWatch(regions) as watch:
-            warnings.simplefilter("ignore")
-            kernel[grid](xb, wb, yb, M, N, K, sx, stride_wk, stride_wn, yb.stride(0),
-                         BLOCK_M=BLOCK_M, BLOCK_N=BN, BLOCK_K=BK)
-    except NotImplementedError:
-        raise NotImplementedError(_not_implemented(name)) from None
-    except Exception as ex:
-        raise AssertionError(f"{name} failed to run: {type(ex).__name__}: {ex}\n  on {case.describe()}") from ex
+    with _ReadWatch(regions) as watch:
+        launch(name, kernel, grid, (xb, wb, yb, M, N, K, sx, stride_wk, stride_wn, yb.stride(0)),
+               dict(BLOCK_M=BLOCK_M, BLOCK_N=BN, BLOCK_K=BK), case)
     kind_hint = next((h for key, h in _KERNEL_KIND_HINTS.items() if key in case.kind), "")
     replay = f"check.flat_gemm_kernel(flat_gemm_kernel, seed={seed}) draws this hidden case again." \
         if case.hidden else ""
-    hint = _join(kind_hint, _KERNEL_HINT, replay)
+    hint = join_lines(kind_hint, _KERNEL_HINT, replay)
     if watch.first is not None:
-        raise AssertionError(_join(f"{name} read {watch.first}, outside the data, on {case.describe()}",
+        raise AssertionError(join_lines(f"{name} read {watch.first}, outside the data, on {case.describe()}",
                                    "hint: every load needs a mask: rows < M for x's rows, k + ks < K for x's "
                                    "columns and W's rows, cols < N for W's columns (other=0.0).",
                                    f"hint: {hint}"))
@@ -494,6 +498,6 @@ def _check_gemm_case(name: str, kernel, case: _GemmCase, first: bool, pads, seed
             raise NotImplementedError(msg)
         raise AssertionError(f"{msg}\n  on {case.describe()}")
     S = np.abs(x) @ np.abs(w)
-    atol = 2 * K * _U32 * float(S.max()) + 2.0 ** -24
-    _compare(name, "y", got, expected, case, 2 * _U16, atol, hint,
+    atol = 2 * K * U32 * float(S.max()) + 2.0 ** -24
+    compare(name, "y", got, expected, case, 2 * U16, atol, hint,
              "y is a matrix product of real numbers, so it must be a float array")

@@ -14,13 +14,7 @@ Example:
             [0.2500, 0.2500, 0.2500, 0.2500]])
 """
 from .. import backend  # noqa: F401  (decides the backend before triton is imported)
-from . import aot  # noqa: F401
-from .softmax import MAX_FUSED, safe_softmax_3pass, softmax, softmax_config
-from .fa1 import fa1_config, fa1_forward
-from .fa2 import fa2_config, fa2_forward
-from .decode import combine_config, decode_config, flash_decode, unified_max_decode
-from .gemm import flat_gemm, gemm_config, gemv, linear, linear_plan, read_once
+from .. import chapters
+from . import aot
 
-__all__ = ["softmax", "safe_softmax_3pass", "softmax_config", "MAX_FUSED", "fa1_forward", "fa1_config",
-           "fa2_forward", "fa2_config", "flash_decode", "unified_max_decode", "decode_config",
-           "combine_config", "flat_gemm", "gemv", "linear", "linear_plan", "gemm_config", "read_once", "aot"]
+__all__ = ["aot"] + chapters.export(__name__, globals())   # one module per chapter: see flashcourse.chapters

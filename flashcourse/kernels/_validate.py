@@ -22,7 +22,7 @@ from .. import backend
 
 __all__ = ["FLOAT_DTYPES", "dtype_names", "expect_tensor", "expect_dtype", "expect_on_backend",
            "expect_ndim", "expect_same", "expect_float_tensor", "supports_bf16", "ATTENTION_DTYPES",
-           "expect_qkv", "expect_sm_scale", "expect_decode", "expect_num_splits"]
+           "expect_qkv", "expect_dot_operands", "expect_sm_scale", "expect_decode", "expect_num_splits"]
 
 #: The floating dtypes the course's kernels accept (bfloat16 only where the GPU has it).
 FLOAT_DTYPES = (torch.float16, torch.float32, torch.bfloat16)
@@ -166,7 +166,7 @@ def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()
 
 
-def _expect_dot_operands(fn: str, dtypes, **tensors) -> None:
+def expect_dot_operands(fn: str, dtypes, **tensors) -> None:
     """Operands of a ``tl.dot``: one dtype among ``dtypes`` (no bf16 in the interpreter), all on the
     backend's device. The first tensor names the dtype in errors."""
     (first, x0), = list(tensors.items())[:1]
@@ -218,7 +218,7 @@ def expect_qkv(fn: str, q, k, v, head_dims=(16, 32, 64, 128), dtypes=ATTENTION_D
     if d not in head_dims:
         raise ValueError(f"{fn}: q is {tuple(q.shape)} but head dim {d} is not one of "
                          + ", ".join(str(h) for h in head_dims))
-    _expect_dot_operands(fn, dtypes, q=q, k=k, v=v)
+    expect_dot_operands(fn, dtypes, q=q, k=k, v=v)
     return _unit_last_stride(q), _unit_last_stride(k), _unit_last_stride(v)
 
 
@@ -298,7 +298,7 @@ def expect_decode(fn: str, q, k_cache, v_cache, kv_lens=None, head_dims=(64, 128
                          + ", ".join(str(h) for h in head_dims))
     if L < 1:
         raise ValueError(f"{fn}: k_cache is {tuple(k_cache.shape)}; expected at least one cached key (L >= 1)")
-    _expect_dot_operands(fn, dtypes, q=q, k_cache=k_cache, v_cache=v_cache)
+    expect_dot_operands(fn, dtypes, q=q, k_cache=k_cache, v_cache=v_cache)
     lens = None
     if kv_lens is not None:
         expect_tensor(fn, "kv_lens", kv_lens)

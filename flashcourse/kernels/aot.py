@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-__all__ = ["Launch", "Result", "TARGETS", "SHARED_LIMIT", "register", "registered", "configs_of",
+__all__ = ["Launch", "Result", "TARGETS", "SHARED_LIMIT", "register", "registered", "kernel_of", "configs_of",
            "compile_launch", "check", "report", "main"]
 
 #: Compute capabilities the course promises to run on, and a GPU of each.
@@ -139,6 +139,16 @@ def unregister(name: str) -> None:
 def registered() -> list[str]:
     """Names of the registered kernels, in registration order."""
     return list(_REGISTRY)
+
+
+def kernel_of(name: str):
+    """The kernel registered as ``name`` (a ``triton.JITFunction``, or what the interpreter makes of one).
+
+    Example:
+        >>> kernel_of("fa2_fwd").__name__
+        '_fa2_fwd'
+    """
+    return _REGISTRY[name].kernel
 
 
 def configs_of(name: str, cc: tuple) -> list[Launch]:

@@ -61,11 +61,11 @@ from ..reference.decode import DEFAULT_BOUNDS
 from ._validate import expect_decode, expect_num_splits, expect_sm_scale
 
 __all__ = ["flash_decode", "unified_max_decode", "decode_config", "combine_config", "num_splits",
-           "HEAD_DIMS", "DEFAULT_BOUNDS"]
+           "DECODE_HEAD_DIMS", "DEFAULT_BOUNDS"]
 
 LOG2E = 1.4426950408889634  # e^t = 2^(t log2 e)
 #: Head dims the decode kernels are compiled for.
-HEAD_DIMS = (64, 128)
+DECODE_HEAD_DIMS = (64, 128)
 #: The safe range of x - phi (natural-log units, x = sm_scale q.k) of unified_max_decode: the
 #: course's one rule and bounds, :data:`flashcourse.reference.decode.DEFAULT_BOUNDS` (float32 sums
 #: of up to 2^31 keys with |v| <= 65504, and a GPU that flushes subnormal e^(x - phi) to zero).
@@ -492,7 +492,7 @@ def _common_case(q, k, v) -> bool:
         return False
     B, H_q, d = q.shape
     B_k, H_kv, L, d_k = k.shape
-    return (B_k == B and d_k == d and d in HEAD_DIMS and L >= 1 and H_kv >= 1 and H_q % H_kv == 0
+    return (B_k == B and d_k == d and d in DECODE_HEAD_DIMS and L >= 1 and H_kv >= 1 and H_q % H_kv == 0
             and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1)
 
 
@@ -503,7 +503,7 @@ def _prepare(fn, q, k_cache, v_cache, kv_lens, num_splits_, sm_scale):
     if kv_lens is None and _common_case(q, k_cache, v_cache):
         q3, k, v, lens = q, k_cache, v_cache, None
     else:
-        q3, k, v, lens = expect_decode(fn, q, k_cache, v_cache, kv_lens, head_dims=HEAD_DIMS)
+        q3, k, v, lens = expect_decode(fn, q, k_cache, v_cache, kv_lens, head_dims=DECODE_HEAD_DIMS)
     if sm_scale is None:
         sm_scale = _DEFAULT_SCALE[q3.shape[-1]]
     else:
@@ -515,7 +515,7 @@ def _prepare(fn, q, k_cache, v_cache, kv_lens, num_splits_, sm_scale):
     return q3, k, v, lens, sm_scale, S
 
 
-_DEFAULT_SCALE = {d: 1.0 / math.sqrt(d) for d in HEAD_DIMS}
+_DEFAULT_SCALE = {d: 1.0 / math.sqrt(d) for d in DECODE_HEAD_DIMS}
 
 
 def _strides(q3, k, v):
@@ -711,7 +711,7 @@ def unified_max_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
 
 def _aot_split(kernel):
     def configs(cc):
-        for d in HEAD_DIMS:
+        for d in DECODE_HEAD_DIMS:
             for group in (1, 4):
                 launch = decode_config(d, group, torch.float16, cc, kernel=kernel)
                 for direct in ((False, True) if kernel == "decode_split" else (None,)):
@@ -722,7 +722,7 @@ def _aot_split(kernel):
 
 
 def _aot_combine(cc):
-    for d in HEAD_DIMS:
+    for d in DECODE_HEAD_DIMS:
         yield combine_config(d, 32, torch.float16, cc)
 
 

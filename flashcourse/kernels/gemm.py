@@ -86,7 +86,7 @@ import triton.language as tl
 
 from .. import backend
 from . import aot
-from ._validate import FLOAT_DTYPES, _expect_dot_operands, expect_dtype, expect_on_backend, expect_tensor
+from ._validate import FLOAT_DTYPES, expect_dot_operands, expect_dtype, expect_on_backend, expect_tensor
 
 __all__ = ["DOT_MIN", "FLAT_MAX_M", "GEMV_MAX_M", "W_LAYOUTS", "GemmConfig", "LinearPlan", "flat_gemm",
            "gemm_config", "gemv", "linear", "linear_plan", "linear_thresholds", "read_once", "read_once_run",
@@ -442,7 +442,7 @@ def _expect_operands(fn, x, w, w_layout, x_dims: str):
         what = "(K, N)" if w_layout == "kn" else "(N, K)"
         raise ValueError(f"{fn}: x is {x_dims} but w is {_shape(w)}, read as {what} with w_layout="
                          f"{w_layout!r}; expected {want}, the K of x{hint}")
-    _expect_dot_operands(fn, DTYPES, x=x, w=w)
+    expect_dot_operands(fn, DTYPES, x=x, w=w)
     if w.numel() >= 2**31:
         raise ValueError(f"{fn}: w has {w.numel()} elements; the kernels index it with 32-bit offsets "
                          "(fewer than 2**31 elements): use torch.matmul")

@@ -17,9 +17,9 @@ Decoding: a few query tokens per sequence (usually one) against a long KV cache.
   (sequence, head) fall back to Flash-Decoding, so the result is always exact.
 
 **The fallback rule** (the one rule of the course: this reference, the statistics of
-:mod:`flashcourse.scores` and the Triton kernel :func:`flashcourse.kernels.unified_max_decode` all
+:mod:`flashcourse.reference.decode_scores` and the Triton kernel :func:`flashcourse.kernels.unified_max_decode` all
 call it or copy it). A program that adds up ``e^{x - phi}`` over a set of scores x (a chunk of a head
-here and in the kernel; a whole row of scores in :mod:`flashcourse.scores`) must be recomputed the
+here and in the kernel; a whole row of scores in :mod:`flashcourse.reference.decode_scores`) must be recomputed the
 synchronised way exactly when the *largest* of those scores leaves the safe window ``[a, b]``:
 
     fallback  <=>  max(x) - phi > b   or   max(x) - phi < a                  (:func:`needs_fallback`)
@@ -77,7 +77,7 @@ import numpy as np
 
 from .. import formulas
 from ..memory import Memory
-from .flash import (FLOAT_BYTES, _check_fits, _count, _finite, _nonzero, _positive_int, fa2_finish, fa2_update,
+from .attention import (FLOAT_BYTES, check_fits, count_flops, finite_or_zero, nonzero, positive_int, fa2_finish, fa2_update,
                     softmax_scale)
 
 __all__ = ["decode_attention", "flash_decoding", "unified_max_decoding", "combine_partials",
@@ -109,7 +109,7 @@ def safe_bounds(dtype=np.float32, max_keys: int = 2 ** 31, max_abs_v: float = 65
     The default is what the course's decode kernel holds: float32 sums of up to 2^31 keys of fp16
     values (|v| <= 65504) on a GPU, :data:`DEFAULT_BOUNDS`, ``[-49.21, 56.15]``. A single fp16 term
     with subnormals kept is the format's plain range, ``[-9.7, 11.09]``
-    (:data:`flashcourse.scores.FP16_BOUNDS`), the narrow window that makes the choice of phi delicate
+    (:data:`flashcourse.reference.decode_scores.FP16_BOUNDS`), the narrow window that makes the choice of phi delicate
     (FlashDecoding++ reports 99.99% of Llama2-7B's softmax inputs within [-16.8, 6.5]).
 
     Example:
@@ -202,13 +202,13 @@ def combine_partials(o_s, lse_s, *, flops: dict | None = None):
         (True, True)
     """
     o_s, lse_s = np.asarray(o_s, dtype=np.float64), np.asarray(lse_s, dtype=np.float64)
-    m = _finite(lse_s.max(axis=0))                            # (...)  for a stable log-sum-exp
+    m = finite_or_zero(lse_s.max(axis=0))                            # (...)  for a stable log-sum-exp
     w = np.exp(lse_s - m)                                     # (S, ...)  0 for empty chunks
     total = w.sum(axis=0)
     with np.errstate(divide="ignore"):
         lse = m + np.log(total)
-    o = (w[..., None] * o_s).sum(axis=0) / _nonzero(total)[..., None]
-    _count(flops, max=lse_s.size, add=2 * lse_s.size + lse.size + o_s.size, exp=lse_s.size, log=lse.size,
+    o = (w[..., None] * o_s).sum(axis=0) / nonzero(total)[..., None]
+    count_flops(flops, max=lse_s.size, add=2 * lse_s.size + lse.size + o_s.size, exp=lse_s.size, log=lse.size,
            mul=o_s.size, div=o.size)
     return o, lse
 
@@ -217,7 +217,7 @@ def unified_update(N_i, l_i, S_ij, V_j, phi, *, flops: dict | None = None):
     """One block of FlashDecoding++'s asynchronous softmax: ``N_i += e^{S_ij - phi} V_j``, ``l_i += rowsum``.
 
     ``phi`` (one per row, or a scalar) is fixed in advance, so nothing is rescaled: compare
-    :func:`~flashcourse.reference.flash.fa2_update`, which tracks a running max ``m_i`` and multiplies
+    :func:`~flashcourse.reference.attention.fa2_update`, which tracks a running max ``m_i`` and multiplies
     ``O_i`` and ``l_i`` by ``e^{m_old - m_new}`` whenever it grows. Shapes: ``N_i`` (r, d), ``l_i`` (r,),
     ``S_ij`` (r, c) scaled and masked (-inf), ``V_j`` (c, d). Returns the new ``(N_i, l_i)``. ``flops``
     as in :func:`combine_partials`.
@@ -236,7 +236,7 @@ def unified_update(N_i, l_i, S_ij, V_j, phi, *, flops: dict | None = None):
     with np.errstate(over="ignore", invalid="ignore"):       # out-of-range rows are flagged, not trusted
         P = np.exp(S_ij - phi[:, None])                       # (r, c)  e^{x - phi}, no max
         N_new, l_new = N_i + P @ V_j, l_i + P.sum(axis=1)
-    _count(flops, add=2 * S_ij.size + l_i.size + N_i.size, exp=S_ij.size)
+    count_flops(flops, add=2 * S_ij.size + l_i.size + N_i.size, exp=S_ij.size)
     return N_new, l_new
 
 
@@ -256,7 +256,7 @@ def unified_combine(N_s, l_s, *, flops: dict | None = None):
     l = l_s.sum(axis=0)
     with np.errstate(over="ignore", invalid="ignore"):
         o = N_s.sum(axis=0) / np.where(l == 0, 1.0, l)[..., None]
-    _count(flops, add=N_s.size + l_s.size, div=o.size)
+    count_flops(flops, add=N_s.size + l_s.size, div=o.size)
     return o
 
 
@@ -294,7 +294,7 @@ def splits_efficiency(B: int, H: int, L: int, num_sms: int = H100_SMS, min_chunk
     """
     for name, value in (("B", B), ("H", H), ("L", L), ("num_sms", num_sms), ("min_chunk", min_chunk),
                         ("max_splits", max_splits)):
-        _positive_int("num_splits_for", name, value)
+        positive_int("num_splits_for", name, value)
     S = np.arange(1, max_splits + 1)
     chunk = -(-L // S)
     eligible = (chunk >= min_chunk) & (S <= num_sms) & (-(-L // chunk) == S)
@@ -374,19 +374,19 @@ def _inputs(fn, q, k_cache, v_cache, kv_lens, sm_scale):
 def _splits(fn, num_splits, B, H_kv, lens):
     if num_splits is None:
         return num_splits_for(B, H_kv, max(lens))
-    return _positive_int(fn, "num_splits", num_splits)
+    return positive_int(fn, "num_splits", num_splits)
 
 
 def _setup(fn, memory, q, k, v, block_n, *, partials=(), combine_elements=0):
     """Place Q, K, V in HBM, allocate O and the partials, and size or check the SRAM."""
     B, H_q, q_len, d = q.shape
     G = H_q // k.shape[1]
-    block_n = _positive_int(fn, "block_n", block_n)
+    block_n = positive_int(fn, "block_n", block_n)
     element_bytes = (memory.dtype_bytes if memory is not None else None) or FLOAT_BYTES
     chunk = formulas.fa2_sram_elements(G * q_len, min(block_n, k.shape[2]), d)
     need = max(chunk, combine_elements) * element_bytes
     mem = memory if memory is not None else Memory(sram_bytes=need)
-    _check_fits(fn, mem, need, f"a program's blocks (Q_i of {G} heads x {q_len} tokens, K_j, V_j of "
+    check_fits(fn, mem, need, f"a program's blocks (Q_i of {G} heads x {q_len} tokens, K_j, V_j of "
                 f"{block_n} keys, O_i, S_ij at d={d}) or the combine's partials",
                 "pass a smaller block_n or fewer splits, or a larger memory")
     for name, t in (("Q", q), ("K", k), ("V", v)):
@@ -421,7 +421,7 @@ def _sweep(mem, b, g, heads: slice, keys: slice, kv_len, tau, block_n, fold, sta
         K_j = mem.load("K", (b, g, C), into="K_j")            # (B_c, d)
         V_j = mem.load("V", (b, g, C), into="V_j")
         S_ij = tau * (Q_i @ K_j.T)                            # (G q_len, B_c)
-        _count(flops, mul=S_ij.size)
+        count_flops(flops, mul=S_ij.size)
         visible = _mask(C, heads.stop - heads.start, q_len, kv_len)
         if visible is not None:
             S_ij = np.where(visible, S_ij, -np.inf)
@@ -457,7 +457,7 @@ def decode_attention(q, k_cache, v_cache, kv_lens=None, sm_scale: float | None =
 
     One program per (sequence b, KV head g) loads the q_len tokens of the G = H_q / H_kv query heads
     that share KV head g (``Q_i``, G q_len rows), streams K and V over the valid ``kv_lens[b]`` keys
-    in blocks of ``block_n`` (:func:`~flashcourse.reference.flash.fa2_update`), and writes O once.
+    in blocks of ``block_n`` (:func:`~flashcourse.reference.attention.fa2_update`), and writes O once.
     Shapes, GQA and masking: see the module docstring. Returns O, (B, H_q, q_len, d) in float64.
 
     **Traffic** (:func:`flashcourse.formulas.decode_traffic`): the valid KV cache read once, q read
@@ -711,7 +711,7 @@ def unified_max_decoding(q, k_cache, v_cache, phi, bounds=DEFAULT_BOUNDS, kv_len
     def fold(state, S_ij, V_j):                               # no rescale: the max is only watched
         N_i, l_i, m_i = state
         N_i, l_i = unified_update(N_i, l_i, S_ij, V_j, phi_rows, flops=flops)
-        _count(flops, max=S_ij.size + m_i.size)
+        count_flops(flops, max=S_ij.size + m_i.size)
         return N_i, l_i, np.maximum(m_i, S_ij.max(axis=1))
 
     for b in range(B):                                        # kernel 1: asynchronous split-KV
@@ -730,7 +730,7 @@ def unified_max_decoding(q, k_cache, v_cache, phi, bounds=DEFAULT_BOUNDS, kv_len
                     N_i, l_i, m_i = _sweep(mem, b, g, heads, keys, lens[b], tau, block_n, fold, (N_i, l_i, m_i),
                                            flops=flops)
                     flag = np.broadcast_to(np.asarray(detect(m_i, phi_rows, bounds), dtype=bool), flag.shape)
-                    _count(flops, add=m_i.size, max=2 * m_i.size)          # m_i - phi, two comparisons
+                    count_flops(flops, add=m_i.size, max=2 * m_i.size)          # m_i - phi, two comparisons
                     mem.free("N_i", "m_i")
                 _store_rows(mem, "N_s", b, heads, part, N_i, q_len)
                 mem.free("l_i")

@@ -2,7 +2,7 @@
 
 Example:
     >>> from flashcourse.bench import shipped
-    >>> fig = memory_plot(shipped("memory"))
+    >>> fig = memory_plot(shipped("roofline"))
     >>> len(fig.axes)
     2
 """
@@ -59,7 +59,7 @@ def bench_plot(result, mine=None, *, x: str = "cols", metric: str = "TBps", op: 
 
     Example:
         >>> from flashcourse.bench import shipped
-        >>> h100 = shipped("memory")
+        >>> h100 = shipped("roofline")
         >>> fig = bench_plot(h100, x="buffer_bytes", op="copy")
         >>> bool(max(fig.axes[0].lines[0].get_ydata()) == h100.ceilings()["TBps"])
         True

@@ -4,7 +4,7 @@ An operation doing F FLOPs while moving B bytes of HBM has arithmetic intensity 
 that moves ``bandwidth`` bytes/s and computes ``peak`` FLOP/s it cannot beat
 ``min(peak, I x bandwidth)``: left of the ridge ``I* = peak / bandwidth`` memory is the limit,
 right of it compute. :class:`Op` holds one operation's counts; :func:`attention_ops` counts
-standard attention's three steps on the counted memory; :func:`roofline` draws it all.
+standard attention's three steps on the counted memory; :func:`roofline_plot` draws it all.
 
 Example:
     >>> op = matmul_op(8192)
@@ -19,11 +19,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import formulas
 from ..memory import Memory
 from ._common import figure_of
 
 __all__ = ["Op", "attainable", "ridge", "matmul_op", "softmax_op", "attention_ops", "step_traffic",
-           "ceilings_of", "roofline"]
+           "ceilings_of", "roofline_plot"]
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,7 @@ def softmax_op(rows: int, cols: int, dtype_bytes: int = 2, name: str | None = No
         >>> softmax_op(4096, 4096).intensity        # 5 FLOPs per 2 + 2 bytes
         1.25
     """
-    from ..bench.suites import softmax_flops
-    return Op(name or "softmax", softmax_flops(rows, cols), 2 * rows * cols * dtype_bytes, achieved)
+    return Op(name or "softmax", formulas.softmax_flops(rows, cols), 2 * rows * cols * dtype_bytes, achieved)
 
 
 def step_traffic(mem: Memory) -> dict[str, int]:
@@ -103,13 +103,12 @@ def attention_ops(N: int, d: int, dtype_bytes: int = 2, memory: Memory | None = 
         >>> [(op.name, round(op.intensity, 1)) for op in attention_ops(N=1024, d=64)]
         [('S = Q K^T', 56.9), ('P = softmax(S)', 1.2), ('O = P V', 56.9), ('standard attention', 30.7), ('fused attention', 522.0)]
     """
-    from ..bench.suites import SOFTMAX_FLOPS_PER_ELEMENT
     if memory is None:
         from .traffic import count_standard_attention
         memory = count_standard_attention(N, d, dtype_bytes)
     traffic = step_traffic(memory)
     mm = 2 * N * N * d
-    flops = {"S = Q K^T": mm, "P = softmax(S)": SOFTMAX_FLOPS_PER_ELEMENT * N * N, "O = P V": mm}
+    flops = {"S = Q K^T": mm, "P = softmax(S)": formulas.SOFTMAX_FLOPS_PER_ELEMENT * N * N, "O = P V": mm}
     missing = set(flops) - set(traffic)
     if missing:
         raise ValueError(f"attention_ops: the memory's log has no step {sorted(missing)}; "
@@ -125,20 +124,20 @@ def ceilings_of(result) -> tuple[float, dict[str, float]]:
 
     Example:
         >>> from flashcourse.bench import shipped
-        >>> bw, peaks = ceilings_of(shipped("memory"))
+        >>> bw, peaks = ceilings_of(shipped("roofline"))
         >>> sorted(peaks)
         ['bf16 matmul', 'fp16 matmul']
     """
     c = result.ceilings()
     if "TBps" not in c:
-        raise ValueError(f"ceilings_of: the {result.suite!r} result has no copy bandwidth; use the 'memory' suite")
+        raise ValueError(f"ceilings_of: the {result.suite!r} result has no copy bandwidth; use the 'roofline' suite")
     short = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
     peaks = {f"{short.get(k.split()[0], k.split()[0])} matmul": v * 1e12
              for k, v in c.items() if k.endswith("TFLOPs")}
     return c["TBps"] * 1e12, peaks
 
 
-def roofline(ops=(), *, bandwidth: float | None = None, peaks: dict | None = None, result=None,
+def roofline_plot(ops=(), *, bandwidth: float | None = None, peaks: dict | None = None, result=None,
              ax=None, title: str | None = None, xlim=(0.1, 1e4)):
     """Draw the roofline: one roof per peak, and a point per :class:`Op` at its intensity.
 
@@ -149,7 +148,7 @@ def roofline(ops=(), *, bandwidth: float | None = None, peaks: dict | None = Non
     of ``peaks``, and ``fig.ridges`` maps each peak's name to its ridge intensity.
 
     Example:
-        >>> fig = roofline([matmul_op(8192)], bandwidth=3e12, peaks={"fp16 matmul": 702e12})
+        >>> fig = roofline_plot([matmul_op(8192)], bandwidth=3e12, peaks={"fp16 matmul": 702e12})
         >>> fig.ridges
         {'fp16 matmul': 234.0}
     """
@@ -157,7 +156,7 @@ def roofline(ops=(), *, bandwidth: float | None = None, peaks: dict | None = Non
         bandwidth, measured = ceilings_of(result)
         peaks = peaks or measured
     if bandwidth is None or not peaks:
-        raise ValueError("roofline: give bandwidth= and peaks=, or result= (e.g. flashcourse.bench.shipped('memory'))")
+        raise ValueError("roofline_plot: give bandwidth= and peaks=, or result= (e.g. flashcourse.bench.shipped('roofline'))")
     fig, ax = figure_of(ax, figsize=(6.4, 4.0))
     x = np.geomspace(xlim[0], xlim[1], 400)
     fig.ridges = {}

@@ -5,12 +5,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from nbtools import code, md  # noqa: E402
 
-PATH = "notebooks/02_flashattention1.ipynb"
-
 CELLS = [
     md("""
-    # Chapter 2 — FlashAttention-1: tiles, and the order of the loops
-
     Chapter 0 showed that standard attention spends most of its time moving $S$ and $P$ — two
     $N \\times N$ matrices — to HBM and back. Chapter 1 gave us a softmax that works one block at a
     time. Put the two together and $S$ and $P$ never need to leave the chip.
@@ -127,7 +123,7 @@ CELLS = [
     # NBVAL_IGNORE_OUTPUT
     from flashcourse import viz
     from flashcourse.viz import show_stepper
-    from flashcourse.viz.flash import count_attention
+    from flashcourse.viz.attention import count_attention
 
     small = count_attention("fa1", N=128, d=16, sram_bytes=4096)
     show_stepper(small)

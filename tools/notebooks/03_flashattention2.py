@@ -5,12 +5,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from nbtools import code, md  # noqa: E402
 
-PATH = "notebooks/03_flashattention2.ipynb"
-
 CELLS = [
     md("""
-    # Chapter 3 — FlashAttention-2: swap the loops, defer the rescale
-
     FlashAttention-1 reaches only 25–40% of a GPU's matmul speed. FlashAttention-2 gets about twice
     that with three changes, and the first two are pure algorithm: put $Q$ in the outer loop, and
     divide by $\\ell$ once at the end. This chapter counts what each change saves and then measures
@@ -87,7 +83,7 @@ CELLS = [
     """, "subslide", name="traffic"),
     code("""
     from flashcourse import viz
-    from flashcourse.viz.flash import count_attention
+    from flashcourse.viz.attention import count_attention
     viz.flash_traffic(Ns=(128, 256, 512), d=64)
     """, "fragment", name="traffic-plot"),
 
@@ -128,8 +124,8 @@ CELLS = [
     ragged $N$ by masks. Here is its inner loop:
     """, "slide", name="kernel-md"),
     code("""
-    import importlib
-    print(inspect.getsource(importlib.import_module("flashcourse.kernels.fa2")._fa2_inner.fn))
+    from flashcourse.kernels import attention
+    print(inspect.getsource(attention._fa2_inner.fn))
     """, "subslide", name="kernel-src"),
     md("""
     Is it right? fp16 attention cannot match float64 exactly; the fair bar is PyTorch's own fp16

@@ -5,12 +5,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from nbtools import code, md  # noqa: E402
 
-PATH = "notebooks/06_flat_gemm.ipynb"
-
 CELLS = [
     md("""
-    # Chapter 6 — Flat GEMM: the linear layers of a decoding step
-
     Attention is only part of a decoding step. Every linear layer — the Q/K/V and output projections,
     the MLP — multiplies the tokens being generated, one row per sequence of the batch, by a weight
     matrix. With a batch of $M$ = 1 to 16 sequences that is an $[M, K] \\times [K, N]$ product with a

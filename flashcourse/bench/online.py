@@ -1,0 +1,96 @@
+"""Chapter 1's benchmark suite ``online``: the course's softmax kernels beside ``torch.softmax``.
+
+A row softmax must read its input once and write its output once: those are the bytes every case
+is charged, so that TB/s compare with the copy ceiling; ``extra`` holds the bytes the algorithm
+itself moves (:func:`flashcourse.formulas.softmax_accesses`). FLOPs are
+:func:`flashcourse.formulas.softmax_flops`.
+
+Example:
+    >>> from flashcourse.bench import get_suite
+    >>> [w.label for w in get_suite("online").workloads(quick=True)][:2]
+    ['cols=1024', 'cols=2048']
+"""
+from __future__ import annotations
+
+import math
+
+from .. import formulas
+from ..kernels import safe_softmax_3pass, softmax, softmax_config
+from .harness import Case, Workload, suite
+from .inputs import MiB, device_or_default, randn, torch_dtype
+
+__all__ = ["online", "KERNELS"]
+
+
+def _passes(cols, dtype):
+    """The passes ``kernels.softmax`` makes over a row of ``cols`` columns: it picks by row width."""
+    return {"softmax_one_pass": "one-pass", "softmax_online": "online"}[softmax_config(cols, dtype).kernel]
+
+
+def _two_pass(x):
+    """``kernels.softmax`` made to take its two-pass online path on rows that would fit one block."""
+    width = 1 << max(0, (x.shape[-1] - 1).bit_length())      # next power of two
+    return softmax(x, block_size=max(16, min(4096, width // 2)))
+
+
+#: What the suite times: (impl name, function, passes over the row: a key of
+#: ``formulas.SOFTMAX_PASSES``, ``"one-pass"``, or a function of (cols, dtype) giving one).
+KERNELS = [("kernels.softmax", softmax, _passes),
+           ("kernels.softmax (online, two passes)", _two_pass, "online"),
+           ("kernels.safe_softmax_3pass", safe_softmax_3pass, "safe")]
+
+
+@suite("online", help="chapter 1: fp16 row softmax over 1k-32k columns, >= 256 MiB per call: the "
+                      "course's kernels beside torch.softmax")
+def online(quick: bool = False, cols=(1024, 2048, 4096, 8192, 16384, 32768),
+           bytes_per_call: int = 256 * MiB, dtype: str = "float16", device=None,
+           seed: int = 0) -> list[Workload]:
+    """Row softmax of a (rows, cols) tensor whose input is at least ``bytes_per_call`` bytes.
+
+    Bytes counted: the input read once and the output written once (2 rows cols x element size),
+    the least any softmax can move, so that TB/s compare with the copy ceiling. ``extra`` holds
+    the bytes the algorithm itself moves (3 reads + 1 write for the safe 3-pass kernel).
+    ``quick`` uses 64 MiB per call.
+    """
+    if quick:
+        bytes_per_call = min(bytes_per_call, 64 * MiB)
+    size = torch_dtype(dtype).itemsize
+    workloads = []
+    for c in cols:
+        rows = math.ceil(bytes_per_call / (c * size))
+        workloads.append(Workload(
+            f"cols={c}", {"op": "softmax", "dtype": dtype, "rows": rows, "cols": c},
+            lambda rows=rows, c=c: _cases(rows, c, dtype, device_or_default(device), seed)))
+    return workloads
+
+
+def _cases(rows, cols, dtype, device, seed):
+    import torch
+    x = randn((rows, cols), torch_dtype(dtype), device, seed)
+    ref = torch.softmax(x, dim=-1)
+    size = x.element_size()
+    flops, nbytes = formulas.softmax_flops(rows, cols), 2 * x.numel() * size
+
+    def check(y):
+        if not isinstance(y, torch.Tensor) or y.shape != x.shape or y.dtype != x.dtype:
+            got = f"{tuple(y.shape)} {y.dtype}" if isinstance(y, torch.Tensor) else type(y).__name__
+            return f"expected a {tuple(x.shape)} {x.dtype} tensor, got {got}"
+        err = (y.float() - ref.float()).abs().max().item()
+        return None if err <= 2e-3 else f"max |y - torch.softmax(x)| = {err:.3g}"
+
+    cases = []
+    for impl, fn, algo in KERNELS:
+        extra = {}
+        if callable(algo):
+            algo = algo(cols, x.dtype)
+        if algo == "one-pass":
+            extra.update(passes="one-pass", algorithm_bytes=nbytes)
+        elif algo is not None:
+            acc = formulas.softmax_accesses(algo, rows, cols)
+            extra.update(passes=algo, algorithm_bytes=(acc["read"] + acc["write"]) * size)
+        cases.append(Case(impl, fn=lambda fn=fn: fn(x), flops=flops,
+                          bytes=nbytes, kind="course", check=check, extra=extra,
+                          inputs=(x,)))
+    cases.append(Case("torch.softmax", fn=lambda: torch.softmax(x, dim=-1), flops=flops, bytes=nbytes,
+                      kind="baseline", inputs=(x,)))
+    return cases

@@ -1,0 +1,180 @@
+"""The course's table of chapters: the one place that says what each chapter is and where it lives.
+
+Every chapter has a *stem*, one short word used for its module in every layer of the package
+(``formulas/STEM.py``, ``reference/STEM.py``, ``kernels/STEM.py``, ``checks/STEM.py``,
+``bench/STEM.py``, ``viz/STEM.py``), its tests (``tests/test_LAYER_STEM.py``), its notebook
+sources (``tools/notebooks/NN_..STEM..py``) and its notebooks, so that ``git ls-files | grep STEM``
+lists the whole chapter. Two chapters that build one algorithm share a stem (FlashAttention-1 and
+-2 are ``attention``; Flash-Decoding and FlashDecoding++'s unified max are ``decode``).
+
+The packages find their chapter modules here (:func:`modules`) instead of keeping import lists; the
+README's course map, the Colab table and the notebooks' header cells are written from it; and the
+tests check every chapter against it (its kernels exported and compiled ahead of time, its bench
+suite with shipped results, its checks with hidden cases).
+
+This module imports nothing from the course: it is the ground under the ground floor.
+
+Example:
+    >>> from flashcourse.chapters import CHAPTERS, chapter
+    >>> [c.stem for c in CHAPTERS]
+    ['roofline', 'online', 'attention', 'attention', 'decode', 'decode', 'gemm']
+    >>> chapter(3).notebook
+    'notebooks/03_flashattention2.ipynb'
+    >>> modules("kernels")
+    ['online', 'attention', 'decode', 'gemm']
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+__all__ = ["Chapter", "CHAPTERS", "LAYERS", "chapter", "stems", "modules", "import_layer", "export"]
+
+#: The layers of the package that hold one module per chapter stem, from the ground up.
+LAYERS = ("formulas", "reference", "kernels", "checks", "bench", "viz")
+
+
+@dataclass(frozen=True)
+class Chapter:
+    """One chapter of the course.
+
+    ``name`` is the notebooks' file name without ``.ipynb`` (``NN_...``, and it contains the stem);
+    ``layers`` are the layers that have a ``STEM.py`` module for it; ``kernels`` the entry points it
+    adds to :mod:`flashcourse.kernels`; ``bench`` its benchmark suite (named by its stem);
+    ``checks`` the functions of :mod:`flashcourse.checks` its exercise notebook calls.
+
+    Example:
+        >>> c = chapter(1)
+        >>> c.stem, c.exercise, c.source
+        ('online', 'exercises/01_online_softmax.ipynb', 'tools/notebooks/01_online_softmax.py')
+    """
+    number: int
+    stem: str
+    title: str
+    name: str
+    layers: tuple[str, ...]
+    kernels: tuple[str, ...] = ()
+    checks: tuple[str, ...] = ()
+    bench: str | None = None
+
+    @property
+    def notebook(self) -> str:
+        """The lecture notebook, relative to the repository root."""
+        return f"notebooks/{self.name}.ipynb"
+
+    @property
+    def exercise(self) -> str | None:
+        """The exercise notebook (generated from :attr:`solution`), or None for a chapter without one."""
+        return f"exercises/{self.name}.ipynb" if self.checks else None
+
+    @property
+    def solution(self) -> str | None:
+        """The exercise notebook with its solutions, or None."""
+        return f"solutions/{self.name}.ipynb" if self.checks else None
+
+    @property
+    def source(self) -> str:
+        """The Python source the lecture notebook is written from."""
+        return f"tools/notebooks/{self.name}.py"
+
+    @property
+    def solution_source(self) -> str | None:
+        """The Python source the solution notebook is written from, or None."""
+        return f"tools/notebooks/{self.name}_solutions.py" if self.checks else None
+
+
+_ALL = LAYERS
+CHAPTERS: tuple[Chapter, ...] = (
+    Chapter(0, "roofline", "Why attention is memory-bound", "00_roofline",
+            layers=("bench", "viz"), bench="roofline"),
+    Chapter(1, "online", "Softmax: naive → safe → online", "01_online_softmax",
+            layers=("formulas", "reference", "kernels", "checks", "bench"), kernels=("softmax", "safe_softmax_3pass"),
+            checks=("online_softmax", "merge", "softmax_kernel"), bench="online"),
+    Chapter(2, "attention", "FlashAttention-1: tiles, and the order of the loops", "02_flashattention1",
+            layers=_ALL, kernels=("fa1_forward",), checks=("fa1_step",), bench="attention"),
+    Chapter(3, "attention", "FlashAttention-2: swap the loops, defer the rescale", "03_flashattention2",
+            layers=_ALL, kernels=("fa2_forward",), checks=("fa2_attention", "fa2_kernel"), bench="attention"),
+    Chapter(4, "decode", "Flash-Decoding: split the keys, not the queries", "04_flash_decode",
+            layers=_ALL, kernels=("flash_decode",), checks=("lse_combine", "split_kv_kernel"), bench="decode"),
+    Chapter(5, "decode", "FlashDecoding++: one shared maximum instead of many", "05_unified_max_decode",
+            layers=_ALL, kernels=("unified_max_decode",), checks=("unified_max_partials",), bench="decode"),
+    Chapter(6, "gemm", "Flat GEMM: the linear layers of a decoding step", "06_flat_gemm",
+            layers=_ALL, kernels=("flat_gemm", "gemv", "linear", "read_once"),
+            checks=("choose_block_n", "flat_gemm_kernel"), bench="gemm"),
+)
+
+
+def chapter(number: int) -> Chapter:
+    """The chapter numbered ``number``.
+
+    Example:
+        >>> chapter(6).stem
+        'gemm'
+    """
+    for c in CHAPTERS:
+        if c.number == number:
+            return c
+    raise KeyError(f"chapter: there is no chapter {number}; the course has {[c.number for c in CHAPTERS]}")
+
+
+def stems() -> list[str]:
+    """Every chapter stem once, in chapter order.
+
+    Example:
+        >>> stems()[:2]
+        ['roofline', 'online']
+    """
+    return list(dict.fromkeys(c.stem for c in CHAPTERS))
+
+
+def modules(layer: str) -> list[str]:
+    """The stems that have a module in ``layer`` (one of :data:`LAYERS`), in chapter order.
+
+    Example:
+        >>> modules("bench")
+        ['roofline', 'online', 'attention', 'decode', 'gemm']
+    """
+    if layer not in LAYERS:
+        raise ValueError(f"modules: layer must be one of {LAYERS}, got {layer!r}")
+    return list(dict.fromkeys(c.stem for c in CHAPTERS if layer in c.layers))
+
+
+def import_layer(package: str) -> list:
+    """Import the chapter modules of the layer package ``package`` (e.g. ``"flashcourse.kernels"``).
+
+    This is how a layer finds its chapters: a new chapter is a row of :data:`CHAPTERS` and a
+    ``STEM.py`` in each layer it names, not a line in the layer's ``__init__.py``.
+
+    Example:
+        >>> [m.__name__ for m in import_layer("flashcourse.reference")][:2]
+        ['flashcourse.reference.online', 'flashcourse.reference.attention']
+    """
+    layer = package.rsplit(".", 1)[-1]
+    return [importlib.import_module(f"{package}.{stem}") for stem in modules(layer)]
+
+
+def export(package: str, namespace: dict) -> list[str]:
+    """Import the chapter modules of ``package`` and put the names of their ``__all__`` in ``namespace``.
+
+    A layer's ``__init__.py`` calls ``__all__ = export(__name__, globals())``. Two chapters that
+    export one name, or a name that would hide one of the package's modules (a function ``softmax``
+    over a module ``softmax.py``), are refused: every name has one home.
+
+    Example:
+        >>> ns = {}
+        >>> "fa2_forward" in export("flashcourse.kernels", ns), ns["fa2_forward"].__module__
+        (True, 'flashcourse.kernels.attention')
+    """
+    names: list[str] = []
+    for module in import_layer(package):
+        for name in module.__all__:
+            value = getattr(module, name)
+            if name in names and namespace.get(name) is not value:
+                raise ImportError(f"{package}: {name!r} is exported by two chapter modules; give one a "
+                                  f"different name (the second is {module.__name__})")
+            if name in modules(package.rsplit(".", 1)[-1]):
+                raise ImportError(f"{package}: {module.__name__} exports {name!r}, which would hide the "
+                                  f"module {package}.{name}; rename one of them")
+            namespace[name] = value
+            names.append(name)
+    return names

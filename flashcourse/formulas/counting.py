@@ -1,0 +1,52 @@
+"""What the chapters' closed forms share: ceiling division, argument checks, and FLOPs by kind.
+
+Not a chapter: the chapter modules of :mod:`flashcourse.formulas` import these, and the package
+does not re-export them (``from flashcourse.formulas.counting import ceil_div``).
+
+Example:
+    >>> ceil_div(10, 4), flop_counts({"exp": 3, "add": 1}, heads=2, by_kind=False)
+    (3, 8)
+"""
+from __future__ import annotations
+
+__all__ = ["FLOP_KINDS", "ceil_div", "expect_positive", "flop_counts"]
+
+#: The kinds of non-matmul FLOPs the references count, in the order ``by_kind=True`` reports them.
+FLOP_KINDS = ("mul", "add", "max", "exp", "div", "log")
+
+
+def ceil_div(a: int, b: int) -> int:
+    """``ceil(a / b)`` in integers: how many blocks of ``b`` cover ``a`` (the last one may be short).
+
+    Example:
+        >>> ceil_div(100, 32), ceil_div(96, 32)
+        (4, 3)
+    """
+    return -(-a // b)
+
+
+def expect_positive(fn: str, **values) -> None:
+    """Raise ``ValueError`` naming ``fn`` and the argument unless every value is a positive integer.
+
+    Example:
+        >>> expect_positive("fa1_traffic", N=100, d=16)
+        >>> expect_positive("fa1_traffic", N=100, d=1.5)
+        Traceback (most recent call last):
+        ...
+        ValueError: fa1_traffic: d must be a positive integer, got 1.5
+    """
+    for name, v in values.items():
+        if int(v) != v or v < 1:
+            raise ValueError(f"{fn}: {name} must be a positive integer, got {v!r}")
+
+
+def flop_counts(counts: dict[str, int], heads: int, by_kind: bool):
+    """One head's FLOP ``counts`` times ``heads``: ``{kind: count}`` over :data:`FLOP_KINDS` (missing
+    kinds count 0) if ``by_kind``, else their total.
+
+    Example:
+        >>> flop_counts({"exp": 3, "add": 1}, heads=2, by_kind=True)
+        {'mul': 0, 'add': 2, 'max': 0, 'exp': 6, 'div': 0, 'log': 0}
+    """
+    counts = {k: heads * counts.get(k, 0) for k in FLOP_KINDS}
+    return counts if by_kind else sum(counts.values())

@@ -1,0 +1,207 @@
+"""HBM traffic of standard attention, FlashAttention-1 and FlashAttention-2, counted and in closed form.
+
+:func:`flash_traffic` runs each reference on a counted :class:`~flashcourse.memory.Memory` at a few
+N (points) and draws :mod:`flashcourse.formulas` (lines) beside them, one panel per SRAM size;
+:func:`traffic_breakdown` stacks each algorithm's bytes by tensor and direction.
+
+The counting functions and the formulas are parameters (``counters=``, ``formulas_=``); by default
+they are the course's references (imported when first needed) and formulas. Standard attention is
+counted with an unbounded SRAM: its kernels hold a whole K or V of one head, and its traffic does
+not depend on M.
+
+Example:
+    >>> from flashcourse.viz.attention import count_attention
+    >>> mem = count_attention("standard", N=32, d=8)
+    >>> mem.bytes_read() + mem.bytes_written() == 2 * (4 * 32 * 8 + 4 * 32 * 32)
+    True
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import formulas
+from ..memory import Memory
+from ..reference.attention import fa1_attention, fa2_attention, standard_attention
+from ._common import bytes_axis, figure_of, human_bytes, new_figure
+
+__all__ = ["ALGORITHMS", "LABELS", "SRAM_SIZES", "count_attention", "formula_bytes", "flash_traffic",
+           "traffic_breakdown"]
+
+#: The algorithms compared, and how the figures name them.
+ALGORITHMS = ("standard", "fa1", "fa2")
+LABELS = {"standard": "standard", "fa1": "FA1", "fa2": "FA2"}
+COLORS = {"standard": "black", "fa1": "#C44E52", "fa2": "#55A868"}
+#: Two SRAM sizes (bytes): a T4's 64 KiB of shared memory per SM and an A100's 192 KiB (the
+#: FlashAttention paper's M). At d = 64 with 2-byte elements FA1's B_c is 128 and 384: FA1 moves
+#: about 3d^2/M of standard attention's 4N^2 (0.38x, then 0.13x). Below M = 12 d^2 elements
+#: (24 KiB here) tiling moves *more* than standard attention.
+SRAM_SIZES = (64 * 1024, 192 * 1024)
+_TENSOR_COLORS = {"Q": "#4C72B0", "K": "#55A868", "V": "#8172B3", "S": "#C44E52", "P": "#DD8452",
+                  "O": "#937860", "l": "#DA8BC3", "m": "#8C8C8C", "L": "#CCB974"}
+
+
+def _reference(algorithm: str):
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    return {"standard": standard_attention, "fa1": fa1_attention, "fa2": fa2_attention}[algorithm]
+
+
+def count_attention(algorithm: str, N: int, d: int, sram_bytes: int | None = None, *, dtype_bytes: int = 2,
+                    causal: bool = False, seed: int = 0) -> Memory:
+    """Run one reference (``"standard"``, ``"fa1"`` or ``"fa2"``) on random (N, d) Q, K, V; return the Memory.
+
+    FA1 and FA2 get ``sram_bytes`` (their M, in bytes of ``dtype_bytes``-byte elements). FA2's memory
+    holds M; FA1's holds its working set when that is larger (Algorithm 1's ``B_c = ceil(M/4d)``
+    overshoots M, :func:`flashcourse.formulas.fa1_sram_elements`), so ``mem.peak_sram`` shows by how
+    much. Standard attention ignores ``sram_bytes`` and runs with an unbounded SRAM.
+
+    Example:
+        >>> mem = count_attention("standard", N=16, d=4)
+        >>> mem.accesses() == formulas.standard_attention_accesses(N=16, d=4)
+        True
+    """
+    fn = _reference(algorithm)
+    q, k, v = np.random.default_rng(seed).normal(size=(3, N, d))
+    if algorithm == "standard":
+        mem = Memory(dtype_bytes=dtype_bytes)
+        fn(q, k, v, causal=causal, memory=mem)
+    else:
+        if sram_bytes is None:
+            raise ValueError(f"count_attention: {algorithm} needs sram_bytes= (its M in bytes)")
+        capacity = sram_bytes
+        if algorithm == "fa1":
+            B_r, B_c = formulas.fa1_block_sizes(sram_bytes // dtype_bytes, d)
+            capacity = max(sram_bytes, formulas.fa1_sram_elements(min(B_r, N), min(B_c, N), d) * dtype_bytes)
+        mem = Memory(sram_bytes=capacity, dtype_bytes=dtype_bytes)
+        fn(q, k, v, sram_bytes=sram_bytes, causal=causal, memory=mem)
+    return mem
+
+
+def formula_bytes(algorithm: str, N: int, d: int, sram_bytes: int | None = None, *, dtype_bytes: int = 2,
+                  causal: bool = False) -> int:
+    """HBM bytes from :mod:`flashcourse.formulas`: accesses x ``dtype_bytes``, M = sram_bytes / dtype_bytes.
+
+    FA1 uses Algorithm 1's ``B_c = ceil(M / 4d)``; FA2 the largest square block that fits M.
+
+    Example:
+        >>> formula_bytes("standard", N=1024, d=64) == 2 * (4 * 1024 * 64 + 4 * 1024**2)
+        True
+        >>> formula_bytes("fa1", N=1024, d=64, sram_bytes=65536) < formula_bytes("standard", N=1024, d=64)
+        True
+    """
+    if algorithm == "standard":
+        return formulas.standard_attention_accesses(N, d) * dtype_bytes
+    M = sram_bytes // dtype_bytes
+    if algorithm == "fa1":
+        _, B_c = formulas.fa1_block_sizes(M, d)
+        return formulas.fa1_accesses(N, d, B_c) * dtype_bytes
+    if algorithm == "fa2":
+        B = formulas.fa2_block_size(M, d)
+        return formulas.fa2_accesses(N, d, B, B, causal=causal) * dtype_bytes
+    raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+
+
+def _total(mem: Memory) -> int:
+    return mem.bytes_read() + mem.bytes_written()
+
+
+def flash_traffic(Ns=(128, 256, 512, 1024), d: int = 64, sram_sizes=SRAM_SIZES, *, dtype_bytes: int = 2,
+                  algorithms=ALGORITHMS, counters=None, formulas_=None, asymptote: bool = True,
+                  title: str | None = None):
+    """HBM bytes against N for each algorithm: counted (points) and the formula (lines), one panel per M.
+
+    ``counters`` maps an algorithm to ``f(N, d, sram_bytes, dtype_bytes) -> Memory`` (default:
+    :func:`count_attention`); ``formulas_`` maps it to ``f(N, d, sram_bytes, dtype_bytes) -> bytes``
+    (default: :func:`formula_bytes`). With ``asymptote`` a dotted line shows ``N^2 d^2 / M`` (in
+    bytes), FlashAttention's Theta. Returns the Figure; in each panel the first lines are the
+    formulas and the collections the counted points, both in the order of ``algorithms``;
+    ``fig.counted[(sram_bytes, algorithm)]`` maps N to the counted bytes.
+
+    Example:
+        >>> fig = flash_traffic([16, 32], d=8, sram_sizes=(512,), algorithms=("standard",))
+        >>> fig.counted[(512, "standard")]              # 2 B x (4Nd + 4N^2)
+        {16: 3072, 32: 10240}
+    """
+    Ns = sorted(int(n) for n in Ns)
+    counters = dict(counters or {})
+    formulas_ = dict(formulas_ or {})
+    fig, axes = new_figure(1, len(sram_sizes), figsize=(4.2 * len(sram_sizes), 3.6), sharey=True, squeeze=False)
+    grid = np.unique(np.r_[np.geomspace(Ns[0], Ns[-1], 60).round(), Ns].astype(int))   # the Ns included
+    fig.counted = {}
+    standard_counts = {}
+    for ax, M in zip(axes[0], sram_sizes):
+        for alg in algorithms:
+            formula = formulas_.get(alg) or (lambda N, d, M, b, alg=alg: formula_bytes(alg, N, d, M, dtype_bytes=b))
+            ax.plot(grid, [formula(int(n), d, M, dtype_bytes) for n in grid], color=COLORS.get(alg),
+                    lw=1.2, label=f"{LABELS.get(alg, alg)}: formula" if ax is axes[0][0] else None)
+        for alg in algorithms:
+            count = counters.get(alg) or (lambda N, d, M, b, alg=alg: count_attention(alg, N, d, M, dtype_bytes=b))
+            if alg == "standard" and "standard" not in counters:     # independent of M: count once
+                pts = standard_counts or {N: _total(count(N, d, M, dtype_bytes)) for N in Ns}
+                standard_counts = pts
+            else:
+                pts = {N: _total(count(N, d, M, dtype_bytes)) for N in Ns}
+            fig.counted[(M, alg)] = dict(pts)
+            ax.scatter(Ns, [pts[N] for N in Ns], s=28, color=COLORS.get(alg), zorder=3, edgecolor="white",
+                       lw=0.6, label=f"{LABELS.get(alg, alg)}: counted" if ax is axes[0][0] else None)
+        if asymptote:
+            ax.plot(grid, grid.astype(float) ** 2 * d * d / (M // dtype_bytes) * dtype_bytes, ":",
+                    color="0.5", lw=1, label="N²d²/M (Θ of FlashAttention)" if ax is axes[0][0] else None)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        bytes_axis(ax.yaxis)
+        ax.set_xlabel("sequence length N")
+        ax.set_title(f"SRAM M = {human_bytes(M)}", fontsize=10)
+    axes[0][0].set_ylabel("HBM traffic")
+    fig.legend(loc="outside lower center", ncols=len(algorithms) + 1, fontsize=7, frameon=False)
+    fig.suptitle(title or f"HBM traffic of one head, d = {d}, {dtype_bytes}-byte elements", fontsize=10)
+    return fig
+
+
+def traffic_breakdown(mems: dict, unit: str = "bytes", ax=None, title: str | None = None):
+    """One stacked bar per run (e.g. ``{"standard": mem, "FA1": mem1, "FA2": mem2}``): its traffic by
+    tensor, reads solid, writes hatched.
+
+    Returns the Figure. Its bar containers are one per ``(tensor, direction)`` (tensors in order of
+    first use over the runs, each read then written); container ``c`` has one bar per run, of height ``mem.totals(unit)[key]``.
+    ``fig.keys`` lists the keys in container order.
+
+    Example:
+        >>> from flashcourse.viz.attention import count_attention
+        >>> fig = traffic_breakdown({"standard": count_attention("standard", N=16, d=4)})
+        >>> fig.keys[:3]
+        [('K', 'read'), ('Q', 'read'), ('S', 'read')]
+    """
+    totals = {label: mem.totals(unit) for label, mem in mems.items()}
+    keys = list(dict.fromkeys(k for t in totals.values() for k in t))
+    tensors = list(dict.fromkeys(t for t, _ in keys))
+    keys = [(t, d) for t in tensors for d in ("read", "write") if (t, d) in keys]
+    fig, ax = figure_of(ax, figsize=(2.2 + 1.1 * len(mems), 3.4))
+    x = np.arange(len(mems))
+    bottom = np.zeros(len(mems))
+    palette = iter(["#64B5CD", "#A1887F", "#B0BEC5", "#FFB74D"])
+    colors = {t: _TENSOR_COLORS.get(t) or next(palette, "0.6") for t in tensors}
+    for t, direction in keys:
+        h = np.array([totals[label].get((t, direction), 0) for label in mems], dtype=float)
+        ax.bar(x, h, bottom=bottom, width=0.6, color=colors[t], edgecolor="white", lw=0.5,
+               hatch="///" if direction == "write" else None,
+               label=t if direction == "read" or (t, "read") not in keys else None)
+        bottom += h
+    for xi, top in zip(x, bottom):
+        ax.annotate(human_bytes(top) if unit == "bytes" else f"{int(top):,}", (xi, top), ha="center",
+                    va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points")
+    from matplotlib.patches import Patch
+    handles, labels = ax.get_legend_handles_labels()
+    handles += [Patch(facecolor="white", edgecolor="0.3", hatch="///")]
+    labels += ["written (hatched)"]
+    ax.legend(handles, labels, fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_xticks(x, list(mems))
+    if unit == "bytes":
+        bytes_axis(ax.yaxis)
+        ax.set_ylabel("HBM traffic")
+    else:
+        ax.set_ylabel("HBM accesses (elements)")
+    ax.set_ylim(0, max(bottom.max(initial=0) * 1.12, 1))
+    ax.set_title(title or "HBM traffic by tensor (reads solid, writes hatched)", fontsize=10)
+    fig.keys = keys
+    return fig

@@ -1,0 +1,124 @@
+"""Every chapter of flashcourse.chapters is wired in every layer it names, and nothing is wired that is not in it."""
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flashcourse import bench, chapters, checks, kernels
+from flashcourse.chapters import CHAPTERS, LAYERS
+from flashcourse.kernels import aot
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import nbtools  # noqa: E402
+
+TRACKED = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+BY_NUMBER = pytest.mark.parametrize("chap", CHAPTERS, ids=lambda c: f"{c.number}-{c.stem}")
+
+
+def test_numbers_run_in_order_and_names_carry_the_stem():
+    assert [c.number for c in CHAPTERS] == list(range(len(CHAPTERS)))
+    for c in CHAPTERS:
+        assert c.name.startswith(f"{c.number:02d}_") and c.stem in c.name, c
+        assert set(c.layers) <= set(LAYERS), c
+        assert c.bench in (None, c.stem), "a chapter's bench suite is named by its stem"
+
+
+@BY_NUMBER
+def test_each_layer_has_the_chapters_module_and_tests(chap):
+    for layer in chap.layers:
+        assert (ROOT / "flashcourse" / layer / f"{chap.stem}.py").is_file(), (layer, chap.stem)
+    for layer in {"reference", "kernels", "checks"} & set(chap.layers):
+        assert (ROOT / "tests" / f"test_{layer}_{chap.stem}.py").is_file(), (layer, chap.stem)
+
+
+@BY_NUMBER
+def test_notebooks_and_their_sources_exist(chap):
+    paths = [chap.notebook, chap.source] + ([chap.exercise, chap.solution, chap.solution_source] if chap.checks else [])
+    for p in paths:
+        assert p in TRACKED, f"{p} is not in the repository"
+        assert chap.stem in p
+
+
+def test_every_notebook_and_source_belongs_to_a_chapter():
+    known = set()
+    for c in CHAPTERS:
+        known |= {c.notebook, c.source} | ({c.exercise, c.solution, c.solution_source} if c.checks else set())
+    folders = ("notebooks/", "solutions/", "exercises/", "tools/notebooks/")
+    orphans = [p for p in TRACKED if p.startswith(folders) and p not in known]
+    assert not orphans, f"not in flashcourse.chapters: {orphans}"
+
+
+def test_every_chapter_module_of_a_layer_is_in_the_table():
+    for layer in LAYERS:
+        modules = {p.stem for p in (ROOT / "flashcourse" / layer).glob("*.py")}
+        stems = set(chapters.stems())
+        assert modules & stems == set(chapters.modules(layer)), layer
+
+
+@BY_NUMBER
+def test_kernels_are_exported_from_their_chapters_module_and_compiled_ahead_of_time(chap):
+    registered_from = {aot.kernel_of(name).fn.__module__ if hasattr(aot.kernel_of(name), "fn")
+                       else aot.kernel_of(name).__module__ for name in aot.registered()}
+    for name in chap.kernels:
+        fn = getattr(kernels, name)
+        assert name in kernels.__all__
+        assert fn.__module__ == f"flashcourse.kernels.{chap.stem}", (name, fn.__module__)
+    if chap.kernels:
+        assert f"flashcourse.kernels.{chap.stem}" in registered_from, f"no kernel of {chap.stem} is registered with aot"
+
+
+def test_every_registered_kernel_belongs_to_a_chapter():
+    modules = {f"flashcourse.kernels.{s}" for s in chapters.modules("kernels")}
+    for name in aot.registered():
+        k = aot.kernel_of(name)
+        assert getattr(k, "fn", k).__module__ in modules, name
+
+
+@BY_NUMBER
+def test_bench_suite_is_registered_with_shipped_results(chap):
+    if chap.bench is None:
+        return
+    assert chap.bench in bench.registered()
+    assert chap.bench in bench.shipped_suites(), f"no H100 results shipped for {chap.bench}"
+    assert bench.shipped(chap.bench).suite == chap.bench
+
+
+def test_every_suite_belongs_to_a_chapter():
+    assert set(bench.registered()) == {c.bench for c in CHAPTERS if c.bench}
+
+
+@BY_NUMBER
+def test_checks_are_exported_and_draw_hidden_cases_from_a_seed(chap):
+    for name in chap.checks:
+        fn = getattr(checks, name)
+        assert name in checks.__all__ and fn.__module__ == f"flashcourse.checks.{chap.stem}"
+        assert "seed" in inspect.signature(fn).parameters, f"checks.{name} has no seed: no hidden cases to replay"
+    exercise = nbtools.notebook(ROOT / chap.solution_source)[0] if chap.checks else None
+    if exercise is not None:
+        called = {c.source.split("check.", 1)[1].split("(", 1)[0] for c in exercise.cells
+                  if "check" in c.metadata.get("tags", [])}
+        assert called == set(chap.checks), "the exercise's check cells call the table's checks"
+
+
+def test_every_check_belongs_to_a_chapter():
+    assert set(checks.__all__) - {"Case"} == {n for c in CHAPTERS for n in c.checks}
+
+
+def test_export_refuses_a_name_twice_and_a_name_that_hides_a_module(monkeypatch):
+    import types
+    a = types.ModuleType("flashcourse.kernels.online")
+    a.__all__, a.f = ["f"], (lambda: 1)
+    b = types.ModuleType("flashcourse.kernels.attention")
+    b.__all__, b.f = ["f"], (lambda: 2)
+    monkeypatch.setattr(chapters, "import_layer", lambda package: [a, b])
+    with pytest.raises(ImportError, match="'f' is exported by two chapter modules"):
+        chapters.export("flashcourse.kernels", {})
+    b.__all__, b.online = ["online"], (lambda: 3)
+    del b.f
+    with pytest.raises(ImportError, match="would hide the module flashcourse.kernels.online"):
+        chapters.export("flashcourse.kernels", {})

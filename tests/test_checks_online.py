@@ -1,0 +1,184 @@
+"""The exercise checks accept the solutions and reject known-wrong implementations, with useful messages.
+
+The wrong implementations are mostly *mutations of the solutions notebook's own code* (a line
+changed the way a student might get it wrong), so the checks are tested against exactly what the
+student is asked to write. The kernels run under Triton's interpreter on a machine without a GPU.
+"""
+
+import numpy as np
+import pytest
+
+import flashcourse  # noqa: F401  (before triton: switches on the interpreter without a GPU)
+from flashcourse import checks
+from flashcourse.checks.cases import softmax64
+import solution_cells as cells
+from solution_cells import ROOT, SUCCESS, fails, fails_on_a_hidden_case, passes_with_one_line  # noqa: F401
+
+SOFTMAX = "01_online_softmax"
+
+
+def load(tmp_path, cell: str, attr: str, replace=(), exercise: bool = False):
+    return cells.load(tmp_path, SOFTMAX, cell, attr, replace, exercise)
+
+
+# ---------------------------------------------------------------------------------------------
+# the solutions pass, with one deterministic line
+
+@pytest.mark.parametrize("cell, attr, check", [
+    ("online-softmax", "online_softmax", checks.online_softmax),
+    ("merge", "merge", checks.merge),
+    ("softmax-kernel", "softmax_kernel", checks.softmax_kernel),
+])
+def test_solution_passes_with_one_line_that_is_the_same_every_run(tmp_path, capsys, cell, attr, check):
+    fn = load(tmp_path, cell, attr)
+    passes_with_one_line(check, fn, attr, capsys)
+
+
+def test_hidden_cases_are_drawn_fresh_each_run_and_a_seed_draws_them_again():
+    def recorder(seen):
+        def fn(x):
+            seen.append(np.array(x))
+            return softmax64(x)
+        return fn
+    a, b, c, d = [], [], [], []
+    checks.online_softmax(recorder(a))
+    checks.online_softmax(recorder(b))
+    checks.online_softmax(recorder(c), seed=7)
+    checks.online_softmax(recorder(d), seed=7)
+    shown = 8
+    assert all(np.array_equal(x, y, equal_nan=True) for x, y in zip(a[:shown], b[:shown]))
+    assert not all(x.shape == y.shape and np.array_equal(x, y, equal_nan=True) for x, y in zip(a[shown:], b[shown:]))
+    assert all(np.array_equal(x, y, equal_nan=True) for x, y in zip(c, d))
+    kinds = " ".join(repr(x) for x in a[shown:])
+    assert "inf" in kinds and max(x.size for x in a) > 50 and min(x.size for x in a) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# exercise 1: the online normaliser
+
+def test_online_softmax_rejects_softmax_without_max_subtraction():
+    def naive(x):
+        return np.exp(x) / np.exp(x).sum()
+    msg = fails(checks.online_softmax, naive, "large logits", "first wrong element: y[0] = nan",
+                "expected 0.7310585786300049", "x = [1000.0, 999.0, 0.0]", "running maximum")
+    assert msg.startswith("online_softmax: wrong value on shown case 4 of 8")
+
+
+@pytest.mark.parametrize("old, new, expected", [
+    # the rescale of d with the wrong sign: e^(m_new - m) instead of e^(m - m_new)
+    ("d * np.exp(m - m_new)", "d * np.exp(m_new - m)", "wrong value"),
+    # the rescale forgotten: d keeps sums taken against an old maximum
+    ("d * np.exp(m - m_new)", "d", "shown case 1 of 8 (a short vector)"),
+    # no guard for a leading -inf: -inf - (-inf) = nan poisons d
+    ("if m_new > -np.inf:", "if True:", "leading -inf"),
+    # the maximum never updated
+    ("m = m_new", "pass", "wrong value"),
+])
+def test_online_softmax_rejects_wrong_updates(tmp_path, old, new, expected):
+    fn = load(tmp_path, "online-softmax", "online_softmax", ((old, new),))
+    fails(checks.online_softmax, fn, expected, "first wrong element")
+
+
+def test_online_softmax_reports_not_implemented_shape_dtype_and_none():
+    def stub(x):
+        raise NotImplementedError()
+    msg = fails(checks.online_softmax, stub, exc=NotImplementedError)
+    assert msg.startswith("online_softmax is not implemented yet")
+    fails(checks.online_softmax, lambda x: softmax64(x)[:-1], "returned y of shape (2,), expected shape (3,)")
+    fails(checks.online_softmax, lambda x: (x > 0).astype(int), "dtype int64")
+    fails(checks.online_softmax, lambda x: None, "returned None", "forget `return`")
+    fails(checks.online_softmax, lambda x: 1 / 0, "raised ZeroDivisionError", "shown case 1 of 8")
+    fails(checks.online_softmax, 3, "expects your function")
+
+
+def test_a_failing_hidden_case_names_its_seed_which_reproduces_it():
+    def wrong_on_long_rows(x):
+        y = softmax64(x)
+        return y * (1.5 if x.size > 100 else 1.0)
+    fails_on_a_hidden_case(checks.online_softmax, wrong_on_long_rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# exercise 2: the merge rule
+
+@pytest.mark.parametrize("old, new, expected", [
+    # forgets to rescale l: l = l_a + l_b
+    ("l = l_a * np.exp(m_a - m_safe) + l_b * np.exp(m_b - m_safe)", "l = l_a + l_b",
+     "l = 3.0, expected 2.135335283236613"),
+    # the rescale with the wrong sign
+    ("l = l_a * np.exp(m_a - m_safe) + l_b * np.exp(m_b - m_safe)",
+     "l = l_a * np.exp(m_safe - m_a) + l_b * np.exp(m_safe - m_b)", "shown case 1 of 6"),
+    # the minimum instead of the maximum
+    ("m = np.maximum(m_a, m_b)", "m = np.minimum(m_a, m_b)", "first wrong element: m = 1.0, expected 3.0"),
+    # no guard: merging two empty blocks gives nan
+    ("np.where(m == -np.inf, 0.0, m)", "m", "both blocks empty: (-inf, 0), not nan"),
+])
+def test_merge_rejects_wrong_rules(tmp_path, old, new, expected):
+    fn = load(tmp_path, "merge", "merge", ((old, new),))
+    fails(checks.merge, fn, expected)
+
+
+def test_merge_explains_that_it_works_on_arrays():
+    def scalar_only(m_a, l_a, m_b, l_b):
+        m = max(m_a, m_b)
+        if m == -np.inf:
+            return m, 0.0
+        return m, l_a * np.exp(m_a - m) + l_b * np.exp(m_b - m)
+    fails(checks.merge, scalar_only, "raised ValueError", "hidden case", "np.maximum / np.where")
+    fails(checks.merge, lambda *a: 0.0, "must return the pair (m, l)")
+
+    def stub(m_a, l_a, m_b, l_b):
+        raise NotImplementedError()
+    assert fails(checks.merge, stub, exc=NotImplementedError).startswith("merge is not implemented yet")
+
+
+# ---------------------------------------------------------------------------------------------
+# exercise 3: the Triton kernel
+
+KERNEL_LOOP_L = "l = l * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe), axis=0)"
+
+
+@pytest.mark.parametrize("replace, expected", [
+    # forgets to rescale l when a block raises the maximum
+    (((KERNEL_LOOP_L, "l = l + tl.sum(tl.exp(x - m_safe), axis=0)"),), "ragged"),
+    # normalises each block by its own sum (a blockwise softmax, not the row's)
+    ((("tl.store(y_row + cols, tl.exp(x - m) / l, mask=cols < n_cols)",
+       "tl.store(y_row + cols, tl.exp(x - tl.max(x, axis=0)) / tl.sum(tl.exp(x - tl.max(x, axis=0)), axis=0), "
+       "mask=cols < n_cols)"),), "wrong value"),
+    # no maximum at all: e^x overflows float32
+    ((("l = l * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe), axis=0)", "l = l + tl.sum(tl.exp(x), axis=0)"),
+      ("tl.exp(x - m) / l", "tl.exp(x) / l")), "large logits"),
+    # no guard for a block of -inf only: nan
+    ((("m_safe = tl.where(m_new == float(\"-inf\"), 0.0, m_new)", "m_safe = m_new"),), "leading blocks of -inf"),
+    # padding lanes loaded as 0 instead of -inf: they add e^(0 - m) to l
+    ((("x = tl.load(x_row + cols, mask=cols < n_cols, other=float(\"-inf\")).to(tl.float32)\n        m_new",
+       "x = tl.load(x_row + cols, mask=cols < n_cols, other=0.0).to(tl.float32)\n        m_new"),), "wrong value"),
+    # the store not masked: it writes past the end of the row
+    ((("tl.store(y_row + cols, tl.exp(x - m) / l, mask=cols < n_cols)", "tl.store(y_row + cols, tl.exp(x - m) / l)"),),
+     "wrote past the end of row"),
+    # the row stride ignored
+    ((("tl.store(y_row + cols", "tl.store(y_ptr + row * n_cols + cols"),), "softmax_kernel"),
+])
+def test_softmax_kernel_rejects_wrong_kernels(tmp_path, replace, expected):
+    kernel = load(tmp_path, "softmax-kernel", "softmax_kernel", replace)
+    fails(checks.softmax_kernel, kernel, expected)
+
+
+def test_softmax_kernel_stub_is_not_implemented(tmp_path):
+    kernel = load(tmp_path, "softmax-kernel", "softmax_kernel", exercise=True)   # the body is `pass`
+    msg = fails(checks.softmax_kernel, kernel, "wrote nothing to y", "not implemented yet", exc=NotImplementedError)
+    assert msg.startswith("softmax_kernel")
+
+
+def test_softmax_kernel_wants_the_kernel_not_the_launcher(tmp_path):
+    launcher = load(tmp_path, "softmax-kernel", "softmax_rows")
+    fails(checks.softmax_kernel, launcher, "expects the @triton.jit function itself")
+
+
+def test_a_leftover_debug_print_does_not_change_the_line(capsys):
+    def chatty(x):
+        print("debug", x)
+        return softmax64(x)
+    checks.online_softmax(chatty)
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and SUCCESS.match(out.strip())

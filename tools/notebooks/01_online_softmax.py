@@ -1,0 +1,272 @@
+"""Source of notebooks/01_online_softmax.ipynb: softmax, naive -> safe -> online."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from nbtools import code, md  # noqa: E402
+
+CELLS = [
+    md("""
+    Attention applies a softmax to every row of the score matrix $S = QK^\\top$. Before we can fuse
+    attention into one kernel we need a softmax that can be computed **a block at a time**, without
+    ever seeing the whole row at once. This chapter builds it in three steps, and counts what each
+    step costs in trips to memory.
+
+    *Sources: Milakov & Gimelshein, "Online normalizer calculation for softmax" (2018); Dao et al.,
+    "FlashAttention" (2022), §3.1.*
+    """, "slide", name="title"),
+
+    md("""
+    ## The question
+
+    $$\\mathrm{softmax}(x)_i = \\frac{e^{x_i}}{\\sum_{j=1}^{V} e^{x_j}}$$
+
+    A GPU kernel reads $x$ from HBM and writes $y$ back. Every extra pass over $x$ costs as much as
+    the useful one, because softmax does almost no arithmetic per byte: it is **memory-bound**
+    (chapter 0). So the question is not *how many FLOPs* but **how many times do we read the row?**
+    """, "slide", name="question"),
+
+    md("A small example by hand first: $x = (1, 2, 3)$.", "subslide", name="by-hand-md"),
+    code("""
+    import numpy as np
+    np.set_printoptions(precision=4, suppress=True)
+
+    x = np.array([1.0, 2.0, 3.0])
+    e = np.exp(x)
+    print("e^x     =", e)
+    print("sum     =", round(e.sum(), 4))
+    print("softmax =", e / e.sum())
+    """, "fragment", name="by-hand"),
+
+    md("""
+    ## 1. Naive softmax (Algorithm 1)
+
+    One pass to sum $d = \\sum_j e^{x_j}$, one pass to write $y_i = e^{x_i}/d$:
+    **2 reads + 1 write**. Here is the course's reference, which moves every element through a
+    counted memory (`mem.load`, `mem.store`) so we can count the passes later.
+    """, "slide", name="naive-md"),
+    code("""
+    import inspect
+    from flashcourse.reference import naive_softmax, safe_softmax, online_softmax, blocked_online_softmax, merge
+    print(inspect.getsource(naive_softmax))
+    """, "subslide", name="naive-src"),
+
+    md("""
+    It is right on small inputs — and wrong as soon as some $x_j$ is large: $e^{x}$ overflows
+    float32 beyond $x \\approx 88.7$ and float64 beyond $x \\approx 709.8$. Attention scores of
+    a few hundred are not unusual in fp16/fp32 training without care.
+    """, "subslide", name="overflow-md"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    print("small :", naive_softmax(np.array([1.0, 2.0, 3.0])))
+    print("large :", naive_softmax(np.array([1.0, 2.0, 3.0], dtype=np.float32) * 40))
+    print("larger:", naive_softmax(np.array([1.0, 2.0, 800.0])))
+    """, "fragment", name="overflow"),
+
+    md("""
+    ## 2. Safe softmax (Algorithm 2)
+
+    Softmax does not change when a constant is subtracted from every $x_i$. Subtracting the maximum
+    $m = \\max_k x_k$ makes every exponent $\\le 0$, so nothing overflows:
+
+    $$y_i = \\frac{e^{x_i - m}}{\\sum_j e^{x_j - m}}$$
+
+    The price: one more pass to find $m$. **3 reads + 1 write.** This is what frameworks use.
+    """, "slide", name="safe-md"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    print("larger:", safe_softmax(np.array([1.0, 2.0, 800.0])))
+    """, "fragment", name="safe"),
+
+    md("""
+    ## 3. Online softmax (Algorithm 3)
+
+    Can we find the maximum and the sum *in the same pass*? Keep a running maximum $m_j$ and a
+    running sum $d_j$ taken relative to it. When the maximum grows, the terms already summed were
+    taken relative to the old maximum, so rescale them:
+
+    $$m_j = \\max(m_{j-1}, x_j), \\qquad d_j = d_{j-1}\\, e^{m_{j-1} - m_j} + e^{x_j - m_j}$$
+
+    At the end $d_V = \\sum_j e^{x_j - m_V}$ exactly. **2 reads + 1 write**, and safe.
+    """, "slide", name="online-md"),
+    md("Watch $m$ and $d$ evolve on a short vector:", "subslide", name="trace-md"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    x = np.array([3.0, 1.0, 5.0, 2.0])
+    m, d = -np.inf, 0.0
+    print(" j   x_j   m_j    d_j      (d_j = d_{j-1} e^{m_{j-1}-m_j} + e^{x_j-m_j})")
+    for j, x_j in enumerate(x, 1):
+        m_new = max(m, x_j)
+        d = d * np.exp(m - m_new) + np.exp(x_j - m_new)
+        m = m_new
+        print(f"{j:2d}  {x_j:4.1f}  {m:4.1f}  {d:.4f}")
+    print("check: sum e^(x - max) =", round(float(np.exp(x - x.max()).sum()), 4))
+    """, "fragment", name="trace"),
+
+    md("""
+    ## Counting the passes
+
+    The same three functions, given a counted `Memory`, report exactly how many elements moved.
+    The formulas are in `flashcourse.formulas.SOFTMAX_PASSES`.
+    """, "slide", name="count-md"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    from flashcourse.memory import Memory
+    from flashcourse import formulas
+
+    x = np.random.default_rng(0).normal(size=1000)
+    print(f"{'algorithm':<8} {'reads of x':>10} {'writes of y':>11}   formula")
+    for name, fn in [("naive", naive_softmax), ("safe", safe_softmax), ("online", online_softmax)]:
+        mem = Memory()
+        fn(x, memory=mem)
+        print(f"{name:<8} {mem.passes('x')['read']:>10.0f} {mem.passes('y')['write']:>11.0f}   "
+              f"{formulas.SOFTMAX_PASSES[name]}")
+    """, "subslide", name="count"),
+
+    md("""
+    The picture: each algorithm's traffic over its steps (a step is one pass over the row). The
+    safe softmax climbs one pass higher than the other two.
+    """, "subslide", name="count-plot-md"),
+    code("""
+    from flashcourse import viz
+
+    fig, ax = viz.new_figure(figsize=(6.4, 2.8))
+    algorithms = [("naive", naive_softmax), ("safe", safe_softmax), ("online", online_softmax)]
+    for i, (name, fn) in enumerate(algorithms):
+        mem = Memory(dtype_bytes=2)                   # 256 fp16 elements: 512 B per pass
+        fn(x[:256], memory=mem)
+        ax.bar(i - 0.2, mem.bytes_read(), 0.4, color="C0", label="read (HBM → SRAM)" if i == 0 else None)
+        ax.bar(i + 0.2, mem.bytes_written(), 0.4, color="C1", label="written (SRAM → HBM)" if i == 0 else None)
+    ax.set_xticks(range(3), [name for name, _ in algorithms])
+    ax.set_ylabel("bytes"); ax.legend(loc="upper right", fontsize=8)
+    ax.set_title("softmax of 256 fp16 elements: HBM traffic")
+    fig
+    """, "fragment", name="count-plot"),
+
+    md("""
+    ## Blocks, and the merge rule
+
+    A GPU kernel reads a row in **blocks** that fit on chip. Each block $b$ has its own statistics
+    $(m_b, \\ell_b)$ with $\\ell_b = \\sum_{j \\in b} e^{x_j - m_b}$. Two blocks merge into the
+    statistics of their union:
+
+    $$m = \\max(m_a, m_b), \\qquad \\ell = \\ell_a e^{m_a - m} + \\ell_b e^{m_b - m}$$
+
+    This is the scalar update above with a block in place of one element, and it is the rule
+    FlashAttention applies to every tile of $S$. The merge is associative, so blocks can be merged
+    in any grouping — the basis of Flash-Decoding in chapter 4.
+    """, "slide", name="merge-md"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=12) * 4
+    a, b = x[:5], x[5:]
+    stats = lambda blk: (blk.max(), np.exp(blk - blk.max()).sum())
+    m, l = merge(*stats(a), *stats(b))
+    print("merged  :", round(float(m), 6), round(float(l), 6))
+    print("whole x :", *[round(float(v), 6) for v in stats(x)])
+    """, "subslide", name="merge"),
+
+    md("""
+    With blocks, the SRAM never needs to hold more than one block of $x$ and one of $y$. Give the
+    counted memory an SRAM of exactly that size and the blocked online softmax still runs; the log
+    shows each block read twice and written once.
+    """, "subslide", name="blocked-md"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    block = 64
+    x = rng.normal(size=1000)
+    mem = Memory(sram_bytes=2 * block * x.itemsize)
+    y = blocked_online_softmax(x, block, memory=mem)
+    print(mem)
+    print("passes over x:", mem.passes("x"), " over y:", mem.passes("y"))
+    print("agrees with safe_softmax to 1e-15:", bool(np.abs(y - safe_softmax(x)).max() < 1e-15))
+    """, "fragment", name="blocked"),
+
+    md("""
+    ## The kernel
+
+    `flashcourse.kernels.softmax` is the same algorithm in Triton. Each program owns whole rows:
+
+    * a row of up to 32k columns fits in registers, so the kernel loads it **once**, takes the max
+      and the sum on chip, and writes $y$ — 1 read + 1 write, the least any softmax can do;
+    * a wider row cannot stay on chip, so the kernel streams it in blocks with the merge rule
+      (pass 1) and reads it again to write $y$ (pass 2) — the online softmax, **2 reads**, not 3.
+
+    `safe_softmax_3pass` is the textbook 3-pass kernel, for comparison.
+    """, "slide", name="kernel-md"),
+    code("""
+    import torch
+    from flashcourse import backend, bench, viz
+    from flashcourse.kernels import softmax, safe_softmax_3pass
+    from flashcourse.kernels import online as kernels_softmax   # the module, not the function
+    print(inspect.getsource(kernels_softmax._softmax_online.fn))
+    """, "subslide", name="kernel-src"),
+
+    md("""
+    Check it against float64 on a batch of rows, including a huge logit and a row with $-\infty$
+    entries, on the one-pass path and on the online path (forced with a small `block_size`).
+    In fp16 the output is rounded to 11 significant bits, so a relative error near
+    $2^{-11} \approx 5 \cdot 10^{-4}$ is as good as it gets.
+    """, "subslide", name="kernel-check-md"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    torch.manual_seed(0)
+    rows, cols = backend.problem_size(gpu=(4096, 8192), cpu=(64, 1000))
+    x = torch.randn(rows, cols, device=backend.DEVICE) * 4
+    x[0, 7] = 1e4                      # one huge logit
+    x[1, ::3] = float("-inf")          # masked positions
+    for name, fn in [("one pass", softmax), ("online (block 256)", lambda t: softmax(t, block_size=256)),
+                     ("safe 3-pass", safe_softmax_3pass)]:
+        for dtype in (torch.float32, torch.float16):
+            x_in = x.to(dtype)                                # the reference sees the same rounded input
+            ref = torch.softmax(x_in.double(), dim=-1)
+            y = fn(x_in).double()
+            ok = torch.allclose(y, ref, rtol=2e-3 if dtype == torch.float16 else 1e-5, atol=1e-6)
+            print(f"{name:20s} {str(dtype):14s} agrees with float64: {ok}")
+    """, "fragment", name="kernel-check"),
+
+    md("""
+    ## How fast?
+
+    Softmax is memory-bound, so the yardstick is the **copy ceiling**: the bandwidth of a plain
+    device-to-device copy, which moves the same bytes (read once, write once) and does nothing else.
+    These are the course's kernels beside `torch.softmax` on an H100, fp16, 256 MB per call:
+    """, "slide", name="bench-md"),
+    code("""
+    # NBVAL_IGNORE_OUTPUT
+    h100 = bench.shipped("online")
+    ceiling = bench.shipped("roofline").ceilings()["TBps"]
+    mine = bench.run("online", progress=False) if backend.DEVICE == "cuda" else None
+    print(h100.table())
+    viz.bench_plot(h100, mine, x="cols", metric="TBps", ceiling=ceiling,
+                   title="row softmax, fp16: bytes read + written / time")
+    """, "subslide", name="bench"),
+    md("""
+    What to look for:
+
+    * the one-pass kernel sits near the copy ceiling at every width: it moves each byte once;
+    * the online and 3-pass kernels re-read each row. For narrow rows the re-reads hit the L2
+      cache (50 MB on an H100), so they cost little; for wide rows they go back to HBM and the
+      count of passes shows in the time;
+    * on a GPU the dashed lines are your own card, measured just now.
+    """, "fragment", name="bench-notes"),
+
+    md("""
+    ## What we learned
+
+    * Naive softmax overflows; safe softmax fixes it with one more pass over memory.
+    * The online normaliser finds the maximum and the sum in one pass by rescaling the running sum
+      whenever the maximum grows: 2 reads + 1 write instead of 3 + 1, counted above.
+    * The rescaling works on blocks too — the $(m, \ell)$ merge rule — and it is exactly what
+      FlashAttention does to each tile of $S$ in chapter 2.
+
+    **Exercises:** `exercises/01_online_softmax.ipynb` — the online update in NumPy, the merge rule, and the
+    body of a Triton online-softmax kernel.
+    """, "slide", name="summary"),
+    md("""
+    Instructor notes: about 45 minutes. Ask before the online slide: "can we find the max and the
+    sum in one pass?" — most students say no. The trace table is worth doing on the board. On a GPU
+    the benchmark cell takes about 10 s.
+    """, "notes", name="notes"),
+]

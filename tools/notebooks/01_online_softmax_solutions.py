@@ -1,0 +1,200 @@
+"""Source of solutions/01_online_softmax.ipynb: the chapter 1 exercises, with their solutions.
+
+The student parts sit between ``### BEGIN SOLUTION`` and ``### END SOLUTION``;
+``flashcourse exercises build`` turns them into ``exercises/01_online_softmax.ipynb``. Each exercise is
+followed by a check cell (tagged "check", named ``check-...``) whose output is the check's one line.
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from nbtools import check, code, done, md  # noqa: E402
+
+CELLS = [
+    md("""
+    The lecture built softmax three ways: naive (it overflows), safe (three passes over the row) and
+    online (two passes). Here you write the pieces that make the online version work:
+
+    1. the update of the running maximum and normaliser, one element at a time, in NumPy;
+    2. the merge rule that combines the statistics of two blocks of a row;
+    3. the body of a Triton kernel that computes a row softmax block by block.
+
+    Under each exercise a **check cell** runs your code on a few cases you can see and on hidden
+    random ones (ragged sizes, huge logits, `-inf` entries). It prints one line ending in ✓ when
+    everything passes, and otherwise tells you which case failed and the first wrong number. When
+    all three pass, grade the whole notebook from a terminal:
+    `flashcourse grade exercises/01_online_softmax.ipynb`.
+
+    *Sources: Milakov & Gimelshein, "Online normalizer calculation for softmax" (2018); Dao et al.,
+    "FlashAttention" (2022), §3.1.*
+    """, "slide", name="title"),
+
+    code("""
+    import numpy as np
+    import torch
+
+    import flashcourse  # before triton: on a machine without a GPU this switches on the interpreter
+    import triton
+    import triton.language as tl
+    from flashcourse import checks as check
+
+    DEVICE = flashcourse.backend.DEVICE
+    """, "skip", name="imports"),
+
+    md(r"""
+    ## 1. The online normaliser
+
+    Safe softmax reads the row once for its maximum $m$, once for $d = \sum_j e^{x_j - m}$, and once
+    more to write $e^{x_i - m}/d$. Milakov and Gimelshein fold the first two passes into one: keep a
+    running maximum $m_j$ and a normaliser $d_j$ taken relative to it. When a new element raises the
+    maximum, the sum collected so far was measured against the old one, so it is scaled down:
+
+    $$m_j = \max(m_{j-1}, x_j), \qquad d_j = d_{j-1}\, e^{m_{j-1} - m_j} + e^{x_j - m_j},$$
+
+    starting from $m_0 = -\infty$, $d_0 = 0$.
+
+    Write the body of the loop. One trap: an input may start with `-inf` entries (a masked
+    position). While every element seen so far is `-inf`, $m$ is still `-inf` and
+    $m_{j-1} - m_j = -\infty - (-\infty)$ is `nan`. Leave $d$ at 0 until a finite element arrives.
+    """, "slide", name="online-intro"),
+
+    code("""
+    def online_softmax(x):
+        \"\"\"Softmax of a vector: one pass for (m, d) together, one pass to write the result.\"\"\"
+        x = np.asarray(x, dtype=np.float64)
+        m, d = -np.inf, 0.0              # running maximum, and sum of e^(x_j - m) so far
+        for x_j in x:
+            ### BEGIN SOLUTION
+            m_new = max(m, x_j)
+            if m_new > -np.inf:          # only -inf so far: nothing to add (and -inf - -inf is nan)
+                d = d * np.exp(m - m_new) + np.exp(x_j - m_new)
+            m = m_new
+            ### END SOLUTION
+        return np.exp(x - m) / d
+    """, tags=("solution",), name="online-softmax"),
+
+    md("The row from the lecture: the largest logit takes about half of the mass.", "fragment",
+       name="online-demo-text"),
+
+    code("""
+    online_softmax([3.01, 0.09, 2.48, 1.95]).round(4)
+    """, "fragment", name="online-demo"),
+
+    check("online_softmax"),
+
+    md(r"""
+    ## 2. Merging two blocks
+
+    A GPU reads a long row in blocks. Each block $b$ gives its own statistics: its maximum $m_b$ and
+    $\ell_b = \sum_{j \in b} e^{x_j - m_b}$. Two blocks $a$ and $b$ of the same row combine into the
+    statistics of their union, with each sum brought to the common maximum:
+
+    $$m = \max(m_a, m_b), \qquad \ell = \ell_a\, e^{m_a - m} + \ell_b\, e^{m_b - m}.$$
+
+    Write `merge`. It receives NumPy arrays, one entry per row (or plain numbers), so use functions
+    that work elementwise: `np.maximum`, `np.exp`, `np.where` — not `max` or `if`.
+
+    A block that is entirely `-inf` has $(m, \ell) = (-\infty, 0)$. Merging two such blocks must give
+    $(-\infty, 0)$ again, but the formula as written computes $e^{-\infty - (-\infty)} = $ `nan`.
+    Where $m$ is `-inf`, subtract 0 instead of $m$.
+    """, "slide", name="merge-intro"),
+
+    code("""
+    def merge(m_a, l_a, m_b, l_b):
+        \"\"\"The (m, l) statistics of two blocks of the same rows, combined. Elementwise on arrays.\"\"\"
+        ### BEGIN SOLUTION
+        m = np.maximum(m_a, m_b)
+        m_safe = np.where(m == -np.inf, 0.0, m)   # both blocks empty: l stays 0 instead of nan
+        l = l_a * np.exp(m_a - m_safe) + l_b * np.exp(m_b - m_safe)
+        ### END SOLUTION
+        return m, l
+    """, tags=("solution",), name="merge"),
+
+    md("""
+    With `merge`, a row can be cut into blocks of any size: fold each block's statistics into the
+    running ones, then read the row a second time to write the result. This is the loop the kernel
+    below runs.
+    """, "fragment", name="blocked-text"),
+
+    code("""
+    def blocked_softmax(x, block_size):
+        x = np.asarray(x, dtype=np.float64)
+        m, l = -np.inf, 0.0
+        for start in range(0, len(x), block_size):              # pass 1: statistics, block by block
+            x_b = x[start:start + block_size]
+            m_b = x_b.max()
+            l_b = np.exp(x_b - m_b).sum() if m_b > -np.inf else 0.0
+            m, l = merge(m, l, m_b, l_b)
+        return np.exp(x - m) / l                                 # pass 2: write
+
+    x = np.random.default_rng(0).normal(size=10)
+    bool(np.allclose(blocked_softmax(x, 3), online_softmax(x)))
+    """, "fragment", name="blocked-demo"),
+
+    check("merge"),
+
+    md(r"""
+    ## 3. The kernel
+
+    One Triton program computes the softmax of one row of `x`, reading it in blocks of `BLOCK`
+    columns:
+
+    * **pass 1** — for each block, load it, and update the running maximum `m` and normaliser `l`
+      with the merge rule (the block's own maximum is `tl.max(x, axis=0)`, its sum `tl.sum(..., axis=0)`);
+    * **pass 2** — load each block again and store `e^(x - m) / l` into the row of `y`.
+
+    The last block of a row is usually partial: load it with `mask=cols < n_cols` and
+    `other=float("-inf")`, so that the missing lanes add $e^{-\infty} = 0$ to `l`, and store with the
+    same mask. As in exercise 2, a block that is entirely `-inf` must leave `l` at 0, not `nan`.
+
+    The row pointers are set up for you; write the rest of the body. Work in float32
+    (`.to(tl.float32)` after the load). A row that is entirely `-inf` may come out as `nan`, as
+    `torch.softmax` does.
+    """, "slide", name="kernel-intro"),
+
+    code("""
+    @triton.jit
+    def softmax_kernel(x_ptr, y_ptr, n_cols, stride_x, stride_y, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        x_row = x_ptr + row * stride_x       # start of this program's row of x
+        y_row = y_ptr + row * stride_y       # and of y
+        ### BEGIN SOLUTION
+        m = tl.full((), float("-inf"), tl.float32)
+        l = tl.full((), 0.0, tl.float32)
+        for start in range(0, n_cols, BLOCK):                    # pass 1: m and l
+            cols = start + tl.arange(0, BLOCK)
+            x = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+            m_new = tl.maximum(m, tl.max(x, axis=0))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)   # only -inf so far: keep l = 0
+            l = l * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe), axis=0)
+            m = m_new
+        for start in range(0, n_cols, BLOCK):                    # pass 2: y = e^(x - m) / l
+            cols = start + tl.arange(0, BLOCK)
+            x = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+            tl.store(y_row + cols, tl.exp(x - m) / l, mask=cols < n_cols)
+        ### END SOLUTION
+
+
+    def softmax_rows(x, BLOCK=32):
+        \"\"\"Softmax over the last dim of a 2-D float32 tensor with softmax_kernel, one program per row.\"\"\"
+        assert x.ndim == 2, f"softmax_rows: x is {tuple(x.shape)}; expected (rows, columns)"
+        y = torch.empty_like(x)
+        softmax_kernel[(x.shape[0],)](x, y, x.shape[1], x.stride(0), y.stride(0), BLOCK=BLOCK)
+        return y
+    """, tags=("solution",), name="softmax-kernel"),
+
+    md("A row of 100 columns is read in four blocks of 32; compare with PyTorch:", "fragment",
+       name="kernel-demo-text"),
+
+    code("""
+    x = 5 * torch.randn(4, 100, generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    y = softmax_rows(x, BLOCK=32)
+    bool(torch.allclose(y, torch.softmax(x, dim=-1), rtol=1e-4, atol=1e-7))
+    """, "fragment", name="kernel-demo"),
+
+    check("softmax_kernel"),
+
+    done("""
+    Next, chapter 2 uses the same merge rule on whole tiles of attention scores.
+    """),
+]

@@ -1,0 +1,152 @@
+"""Source of solutions/02_flashattention1.ipynb: the chapter 2 exercise (FlashAttention-1's inner step).
+
+The student part sits between ``### BEGIN SOLUTION`` and ``### END SOLUTION``;
+``flashcourse exercises build`` turns it into ``exercises/02_flashattention1.ipynb``. The exercise
+is followed by a check cell (tagged "check", named ``check-...``) whose output is the check's one line.
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from nbtools import check, code, done, md  # noqa: E402
+
+CELLS = [
+    md("""
+    FlashAttention-1 never writes the $N \\times N$ score matrix to HBM. It cuts $Q$ into row blocks
+    $Q_i$ of $B_r$ queries and $K$, $V$ into blocks $K_j$, $V_j$ of $B_c$ keys, and runs two loops:
+    **K/V blocks outside, Q blocks inside**. For each pair it loads $Q_i$ together with the running
+    output $O_i$ and the row statistics $\\ell_i$, $m_i$ from HBM, folds the new tile into them, and
+    writes all three back.
+
+    You write that fold — the inner step, lines 9–12 of Algorithm 1 in the FlashAttention paper —
+    and the notebook runs it inside the two loops. A **check cell** runs your step on a few cases you
+    can see and on hidden random ones (ragged sizes, $N_q \\ne N_k$, causal masks, huge logits). It
+    prints one line ending in ✓ when everything passes. Then grade the notebook from a terminal:
+    `flashcourse grade exercises/02_flashattention1.ipynb`.
+
+    *Source: Dao et al., "FlashAttention: Fast and Memory-Efficient Exact Attention with IO-Awareness"
+    (2022), Algorithm 1.*
+    """, "slide", name="title"),
+
+    code("""
+    import math
+
+    import numpy as np
+
+    import flashcourse
+    from flashcourse import checks as check
+    from flashcourse.reference import attention_float64
+    """, "skip", name="imports"),
+
+    md(r"""
+    ## The inner step
+
+    On chip are $Q_i$ ($B_r \times d$), $K_j$ and $V_j$ ($B_c \times d$), and the $O_i$, $\ell_i$, $m_i$
+    just read back from HBM. $O_i$ is already *normalised*: it is the softmax-weighted average of the
+    values seen so far, with the weights taken against the maximum $m_i$ and divided by $\ell_i$.
+    The step computes
+
+    $$S_{ij} = \tau\, Q_i K_j^\top, \qquad \tilde m_{ij} = \mathrm{rowmax}(S_{ij}), \qquad
+      \tilde P_{ij} = e^{S_{ij} - \tilde m_{ij}}, \qquad \tilde\ell_{ij} = \mathrm{rowsum}(\tilde P_{ij}),$$
+
+    $$m_i^{\text{new}} = \max(m_i, \tilde m_{ij}), \qquad
+      \ell_i^{\text{new}} = e^{m_i - m_i^{\text{new}}}\,\ell_i + e^{\tilde m_{ij} - m_i^{\text{new}}}\,\tilde\ell_{ij},$$
+
+    $$O_i^{\text{new}} = \mathrm{diag}(\ell_i^{\text{new}})^{-1}\Big(\mathrm{diag}(\ell_i)\,e^{m_i - m_i^{\text{new}}}\,O_i
+      + e^{\tilde m_{ij} - m_i^{\text{new}}}\,\tilde P_{ij} V_j\Big),$$
+
+    with $\tau$ = `sm_scale` and the exponentials and $\mathrm{diag}$ row by row. Read the last line from
+    the inside: multiplying by $\ell_i$ undoes the old normalisation, $e^{m_i - m_i^{\text{new}}}$ moves
+    the old sum to the new maximum, the tile's own contribution is added, and the result is divided by
+    the new normaliser. This is chapter 1's merge rule, applied to whole rows of $O$.
+
+    `mask` is a $B_r \times B_c$ boolean array, `False` where a query may not see a key (a causal
+    mask): those scores are $-\infty$. Two traps, both met in chapter 1:
+
+    * a row can see *no* key of this tile, so $\tilde m_{ij} = -\infty$ and $e^{-\infty - (-\infty)}$ is
+      `nan` — subtract 0 instead wherever a maximum is $-\infty$;
+    * a row that has seen no key at all has $\ell_i^{\text{new}} = 0$ — its output stays 0, so divide
+      only where $\ell_i^{\text{new}} > 0$.
+
+    Use NumPy's elementwise functions (`np.maximum`, `np.where`, `np.exp`) and `axis=1` for rows.
+    """, "slide", name="step-intro"),
+
+    code("""
+    def fa1_step(Q_i, K_j, V_j, O_i, l_i, m_i, mask, sm_scale):
+        \"\"\"FlashAttention-1's inner step: fold the tile (K_j, V_j) into the running (O_i, l_i, m_i) of Q_i.\"\"\"
+        ### BEGIN SOLUTION
+        S_ij = np.where(mask, Q_i @ K_j.T * sm_scale, -np.inf)                # (B_r, B_c)
+        m_ij = S_ij.max(axis=1)                                                # m~_ij
+        P_ij = np.exp(S_ij - np.where(m_ij == -np.inf, 0.0, m_ij)[:, None])    # P~_ij (0 in a row with no key)
+        l_ij = P_ij.sum(axis=1)                                                # l~_ij
+        m_new = np.maximum(m_i, m_ij)
+        m_safe = np.where(m_new == -np.inf, 0.0, m_new)                        # no key seen yet: keep l = 0
+        alpha, beta = np.exp(m_i - m_safe), np.exp(m_ij - m_safe)
+        l_new = alpha * l_i + beta * l_ij
+        O_new = (l_i * alpha)[:, None] * O_i + beta[:, None] * (P_ij @ V_j)
+        O_new = O_new / np.where(l_new == 0, 1.0, l_new)[:, None]
+        ### END SOLUTION
+        return O_new, l_new, m_new
+    """, tags=("solution",), name="fa1-step"),
+
+    md("""
+    From the start ($O_i = 0$, $\\ell_i = 0$, $m_i = -\\infty$) one step is plain attention over that
+    one tile:
+    """, "fragment", name="step-demo-text"),
+
+    code("""
+    rng = np.random.default_rng(0)
+    Q_i, K_j, V_j = rng.normal(size=(2, 4)), rng.normal(size=(3, 4)), rng.normal(size=(3, 4))
+    O_i, l_i, m_i = fa1_step(Q_i, K_j, V_j, np.zeros((2, 4)), np.zeros(2), np.full(2, -np.inf),
+                             np.ones((2, 3), dtype=bool), 0.5)
+    bool(np.allclose(O_i, attention_float64(Q_i, K_j, V_j, sm_scale=0.5)))
+    """, "fragment", name="step-demo"),
+
+    md(r"""
+    ## The loops around it
+
+    The loops are given. $K_j, V_j$ are loaded once per outer iteration; for every $i$ the step reads
+    $Q_i, O_i, \ell_i, m_i$ and writes $O_i, \ell_i, m_i$ back — that traffic in the inner loop is what
+    FlashAttention-2 removes. The paper picks $B_c = \lceil M / 4d \rceil$ and $B_r = \min(B_c, d)$ for
+    an SRAM of $M$ floats. With `causal=True` a query $r$ sees keys $c \le r + N_k - N_q$ (aligned
+    bottom-right, so the last query sees every key), and a tile that no query of $Q_i$ can see is skipped.
+    """, "slide", name="loops-intro"),
+
+    code("""
+    def fa1_attention(Q, K, V, M, causal=False, sm_scale=None):
+        \"\"\"Attention with FlashAttention-1's loop order, for an SRAM of M floats. Q is (N_q, d); K, V (N_k, d).\"\"\"
+        (N_q, d), N_k = Q.shape, K.shape[0]
+        sm_scale = 1 / math.sqrt(d) if sm_scale is None else sm_scale
+        B_c = math.ceil(M / (4 * d))
+        B_r = min(B_c, d)
+        O, l, m = np.zeros((N_q, d)), np.zeros(N_q), np.full(N_q, -np.inf)       # in HBM
+        cols, rows = np.arange(N_k), np.arange(N_q)
+        visible = cols[None, :] <= rows[:, None] + (N_k - N_q) if causal else np.ones((N_q, N_k), dtype=bool)
+        for j in range(0, N_k, B_c):                       # outer loop: K_j, V_j to SRAM
+            K_j, V_j = K[j:j + B_c], V[j:j + B_c]
+            for i in range(0, N_q, B_r):                   # inner loop: Q_i, O_i, l_i, m_i in, O_i, l_i, m_i out
+                mask = visible[i:i + B_r, j:j + B_c]
+                if not mask.any():
+                    continue                               # causal: nothing in this tile is visible
+                O[i:i + B_r], l[i:i + B_r], m[i:i + B_r] = fa1_step(
+                    Q[i:i + B_r], K_j, V_j, O[i:i + B_r], l[i:i + B_r], m[i:i + B_r], mask, sm_scale)
+        return O
+    """, "fragment", name="fa1-attention"),
+
+    md("""
+    Ragged sizes, more queries than keys, a causal mask, and an SRAM of 256 floats
+    ($B_c = 8$, $B_r = 8$ at $d = 8$); compare with attention in float64:
+    """, "fragment", name="loops-demo-text"),
+
+    code("""
+    Q, K, V = rng.normal(size=(37, 8)), rng.normal(size=(29, 8)), rng.normal(size=(29, 8))
+    bool(np.allclose(fa1_attention(Q, K, V, M=256, causal=True), attention_float64(Q, K, V, causal=True)))
+    """, "fragment", name="loops-demo"),
+
+    check("fa1_step"),
+
+    done("""
+    Next, FlashAttention-2 swaps the two loops, so that $O_i$ stays on chip, and defers the division
+    by $\\ell_i$ to the very end.
+    """),
+]

@@ -1,0 +1,227 @@
+"""Source of solutions/03_flashattention2.ipynb: the chapter 3 exercises (FlashAttention-2), with solutions.
+
+The student parts sit between ``### BEGIN SOLUTION`` and ``### END SOLUTION``;
+``flashcourse exercises build`` turns them into ``exercises/03_flashattention2.ipynb``. Each exercise
+is followed by a check cell (tagged "check", named ``check-...``) whose output is the check's one line.
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from nbtools import check, code, done, md  # noqa: E402
+
+CELLS = [
+    md("""
+    FlashAttention-2 keeps FlashAttention-1's tiles but turns the loops around: **Q blocks outside,
+    K/V blocks inside**. A block of queries then stays on chip for the whole inner loop, so its output
+    is written to HBM once instead of once per K/V block, and the division by the normaliser $\\ell_i$
+    can wait until the very end. You write:
+
+    1. the inner loop and the final division of FlashAttention-2, in NumPy, with causal masking;
+    2. the same loop body inside a Triton kernel, which runs on a GPU — or, without one, in Triton's
+       interpreter on the CPU.
+
+    Under each exercise a **check cell** runs your code on a few cases you can see and on hidden random
+    ones (ragged sizes, $N_q \\ne N_k$, causal masks with rows that see no key, huge logits) and prints
+    one line ending in ✓ when everything passes. Then grade the notebook from a terminal:
+    `flashcourse grade exercises/03_flashattention2.ipynb`.
+
+    *Source: Dao, "FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning"
+    (2023), Algorithm 1; the Triton tutorial `06-fused-attention.py`.*
+    """, "slide", name="title"),
+
+    code("""
+    import math
+
+    import numpy as np
+    import torch
+
+    import flashcourse  # before triton: on a machine without a GPU this switches on the interpreter
+    import triton
+    import triton.language as tl
+    from flashcourse import checks as check
+    from flashcourse.reference import attention_float64
+
+    DEVICE = flashcourse.backend.DEVICE
+    """, "skip", name="imports"),
+
+    md(r"""
+    ## 1. The deferred rescale
+
+    For one block of queries $Q_i$ the inner loop keeps three things on chip: the row maxima $m_i$,
+    the normalisers $\ell_i$, and an **unnormalised** accumulator $\mathrm{acc}$ (the weighted sum of
+    value rows, not yet divided by anything). For each block $K_j, V_j$:
+
+    $$S_{ij} = \tau\, Q_i K_j^\top, \qquad m^{\text{new}} = \max\big(m_i, \mathrm{rowmax}(S_{ij})\big), \qquad
+      \alpha = e^{m_i - m^{\text{new}}}, \qquad \tilde P_{ij} = e^{S_{ij} - m^{\text{new}}},$$
+
+    $$\ell_i \leftarrow \alpha\,\ell_i + \mathrm{rowsum}(\tilde P_{ij}), \qquad
+      \mathrm{acc} \leftarrow \alpha\,\mathrm{acc} + \tilde P_{ij} V_j, \qquad m_i \leftarrow m^{\text{new}},$$
+
+    and after the last block, once: $O_i = \mathrm{diag}(\ell_i)^{-1}\,\mathrm{acc}$. Compared with
+    FlashAttention-1 there is no $\mathrm{diag}(\ell)^{-1}$ and no $\mathrm{diag}(\ell)$ in the loop:
+    fewer non-matmul operations per tile.
+
+    **Causal.** Query $r$ sees keys $c \le r + \text{offset}$, $\text{offset} = N_k - N_q$ (aligned
+    bottom-right: the last query sees every key). The loop already stops after the last block that
+    some row of $Q_i$ can see; blocks to the left of the diagonal need no mask. You mask only the
+    *diagonal* blocks — those whose last column `cols[-1]` lies right of the first row's limit
+    `rows[0] + offset` — by setting the hidden scores to $-\infty$.
+
+    With $N_q > N_k$ some rows see no key at all. Such a row keeps $m_i = -\infty$, and
+    $e^{-\infty - (-\infty)}$ is `nan`: subtract 0 wherever $m^{\text{new}}$ is $-\infty$. At the end
+    its $\ell_i$ is 0 and its output must be 0: divide only where $\ell_i > 0$.
+    """, "slide", name="fa2-intro"),
+
+    code("""
+    def fa2_attention(Q, K, V, B_r, B_c, causal=False, sm_scale=None):
+        \"\"\"FlashAttention-2 in NumPy: Q blocks of B_r rows outside, K/V blocks of B_c rows inside. Q is (N_q, d).\"\"\"
+        (N_q, d), N_k = Q.shape, K.shape[0]
+        sm_scale = 1 / math.sqrt(d) if sm_scale is None else sm_scale
+        offset = N_k - N_q                  # causal: query r sees keys c <= r + offset
+        O = np.zeros((N_q, d))              # in HBM, written once per block of queries
+        for i in range(0, N_q, B_r):
+            Q_i = Q[i:i + B_r]                                                  # (B_r, d), stays on chip
+            rows = np.arange(i, i + len(Q_i))
+            acc, l_i, m_i = np.zeros((len(Q_i), d)), np.zeros(len(Q_i)), np.full(len(Q_i), -np.inf)
+            end = min(N_k, rows[-1] + offset + 1) if causal else N_k             # skip blocks right of the diagonal
+            for j in range(0, end, B_c):
+                K_j, V_j = K[j:j + B_c], V[j:j + B_c]                            # (B_c, d)
+                cols = np.arange(j, j + len(K_j))
+                ### BEGIN SOLUTION
+                S_ij = Q_i @ K_j.T * sm_scale
+                if causal and cols[-1] > rows[0] + offset:                      # a diagonal block
+                    S_ij = np.where(cols[None, :] <= rows[:, None] + offset, S_ij, -np.inf)
+                m_new = np.maximum(m_i, S_ij.max(axis=1))
+                m_safe = np.where(m_new == -np.inf, 0.0, m_new)                 # a row that has seen no key yet
+                alpha = np.exp(m_i - m_safe)
+                P_ij = np.exp(S_ij - m_safe[:, None])
+                l_i = alpha * l_i + P_ij.sum(axis=1)
+                acc = alpha[:, None] * acc + P_ij @ V_j
+                m_i = m_new
+                ### END SOLUTION
+            ### BEGIN SOLUTION
+            O[i:i + B_r] = acc / np.where(l_i == 0, 1.0, l_i)[:, None]            # rows that saw no key: 0
+            ### END SOLUTION
+        return O
+    """, tags=("solution",), name="fa2-attention"),
+
+    md("Causal, more keys than queries, blocks that do not divide N; compare with float64 attention:",
+       "fragment", name="fa2-demo-text"),
+
+    code("""
+    rng = np.random.default_rng(0)
+    Q, K, V = rng.normal(size=(13, 8)), rng.normal(size=(30, 8)), rng.normal(size=(30, 8))
+    bool(np.allclose(fa2_attention(Q, K, V, B_r=4, B_c=8, causal=True), attention_float64(Q, K, V, causal=True)))
+    """, "fragment", name="fa2-demo"),
+
+    check("fa2_attention"),
+
+    md(r"""
+    ## 2. The kernel
+
+    The grid has one program per (block of `BLOCK_M` queries, batch·head): `program_id(0)` picks the
+    query block, `program_id(1)` the head. Q, K, V and O are `(B·H, N, d)` fp16 tensors whose rows
+    are `stride_*m`/`stride_*n` elements apart. The program loads its `Q_i` once, keeps `m_i`, `l_i` and
+    `acc` in registers (fp32), walks over K/V in blocks of `BLOCK_N` keys, and stores `O_i` once.
+
+    Two details make the GPU version faster. The scale is folded into a base-2 exponent: $e^x = 2^{x \log_2 e}$,
+    so `qk_scale = sm_scale * log2(e)` multiplies the scores once and every exponential is the cheap
+    `tl.exp2`. And $\tilde P_{ij}$ is cast to fp16 before the second matmul, `tl.dot(p.to(tl.float16), V_j)`,
+    so that both matmuls run on tensor cores with fp32 accumulation.
+
+    Write the body of the K/V loop:
+
+    * load `K_j` and `V_j` (`BLOCK_N × HEAD_DIM`) with `mask=cols[:, None] < N_k, other=0.0` — the last
+      block is usually partial;
+    * `qk = tl.dot(Q_i, tl.trans(K_j)) * qk_scale`, then $-\infty$ where a key is past `N_k` or, with
+      `CAUSAL`, where `cols > rows + offset`;
+    * the update of exercise 1 with `tl.maximum`, `tl.max(qk, 1)`, `tl.exp2`, `tl.sum(p, 1)`, `tl.where` — the
+      same guard for rows that have seen no key;
+
+    and the end: `O_i = acc / l_i` (0 where `l_i` is 0), stored with `mask=rows[:, None] < N_q`.
+    """, "slide", name="kernel-intro"),
+
+    code("""
+    @triton.jit
+    def fa2_kernel(Q, K, V, O, sm_scale,
+                   stride_qh, stride_qm, stride_kh, stride_kn, stride_vh, stride_vn, stride_oh, stride_om,
+                   N_q, N_k, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   CAUSAL: tl.constexpr):
+        start_m = tl.program_id(0)                               # which block of queries
+        bh = tl.program_id(1)                                    # which batch x head
+        rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, HEAD_DIM)
+        Q_i = tl.load(Q + bh * stride_qh + rows[:, None] * stride_qm + offs_d[None, :],
+                      mask=rows[:, None] < N_q, other=0.0)       # (BLOCK_M, HEAD_DIM), on chip throughout
+        K_ptrs = K + bh * stride_kh + offs_d[None, :]            # add cols[:, None] * stride_kn for a block
+        V_ptrs = V + bh * stride_vh + offs_d[None, :]
+        qk_scale = sm_scale * 1.4426950408889634                 # log2(e): e^x = 2^(x log2 e)
+        offset = N_k - N_q                                       # causal: query r sees keys c <= r + offset
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        hi = N_k
+        if CAUSAL:                                               # skip the blocks right of the diagonal
+            hi = tl.minimum(N_k, (start_m + 1) * BLOCK_M + offset)
+        for start_n in range(0, hi, BLOCK_N):
+            cols = start_n + offs_n
+            ### BEGIN SOLUTION
+            K_j = tl.load(K_ptrs + cols[:, None] * stride_kn, mask=cols[:, None] < N_k, other=0.0)
+            V_j = tl.load(V_ptrs + cols[:, None] * stride_vn, mask=cols[:, None] < N_k, other=0.0)
+            qk = tl.dot(Q_i, tl.trans(K_j)) * qk_scale            # (BLOCK_M, BLOCK_N), in log2 units
+            visible = cols[None, :] < N_k
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= rows[:, None] + offset)
+            qk = tl.where(visible, qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)   # a row that has seen no key yet
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(qk - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), V_j)
+            m_i = m_new
+            ### END SOLUTION
+        O_ptrs = O + bh * stride_oh + rows[:, None] * stride_om + offs_d[None, :]
+        ### BEGIN SOLUTION
+        l_safe = tl.where(l_i == 0.0, 1.0, l_i)                   # a row that saw no key: O = 0
+        tl.store(O_ptrs, (acc / l_safe[:, None]).to(tl.float16), mask=rows[:, None] < N_q)
+        ### END SOLUTION
+
+
+    def flash_attention(q, k, v, causal=False, BLOCK_M=16, BLOCK_N=16):
+        \"\"\"softmax(q k^T / sqrt(d)) v with fa2_kernel; q is (B, H, N_q, d), k and v (B, H, N_k, d), fp16.\"\"\"
+        B, H, N_q, d = q.shape
+        N_k = k.shape[2]
+        q3, k3, v3 = (t.reshape(B * H, t.shape[2], d).contiguous() for t in (q, k, v))
+        o = torch.empty_like(q3)
+        grid = (triton.cdiv(N_q, BLOCK_M), B * H)
+        fa2_kernel[grid](q3, k3, v3, o, 1 / math.sqrt(d), q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
+                         v3.stride(0), v3.stride(1), o.stride(0), o.stride(1), N_q, N_k,
+                         HEAD_DIM=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=causal)
+        return o.reshape(B, H, N_q, d)
+    """, tags=("solution",), name="fa2-kernel"),
+
+    md("""
+    Two heads, 50 queries and 70 keys (neither a multiple of 16), causal, in fp16; the error against
+    float64 attention is at the level of fp16 rounding:
+    """, "fragment", name="kernel-demo-text"),
+
+    code("""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 50, 32, generator=g).half().to(DEVICE)
+    k, v = (torch.randn(1, 2, 70, 32, generator=g).half().to(DEVICE) for _ in range(2))
+    o = flash_attention(q, k, v, causal=True)
+    ref = attention_float64(*(t.cpu().double().numpy() for t in (q, k, v)), causal=True)
+    bool(np.abs(o.cpu().double().numpy() - ref).max() < 1e-2)
+    """, "fragment", name="kernel-demo"),
+
+    check("fa2_kernel"),
+
+    done("""
+    The lecture's kernel goes two steps further: it runs the blocks left of the diagonal in a loop
+    without any mask, and the diagonal blocks in a second loop with it; and it picks its tile sizes
+    for each GPU.
+    """),
+]

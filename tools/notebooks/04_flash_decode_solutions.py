@@ -1,0 +1,226 @@
+"""Source of solutions/04_flash_decode.ipynb: the chapter 4 exercises (Flash-Decoding), with solutions.
+
+The student parts sit between ``### BEGIN SOLUTION`` and ``### END SOLUTION``;
+``flashcourse exercises build`` turns them into ``exercises/04_flash_decode.ipynb``. Each exercise
+is followed by a check cell (tagged "check", named ``check-...``) whose output is the check's one line.
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from nbtools import check, code, done, md  # noqa: E402
+
+CELLS = [
+    md("""
+    When a model generates text it attends with **one** new query token per sequence and head
+    against the whole KV cache. FlashAttention-2 gives each (query block, head) one program, so with
+    one query there are only `B × H` programs — far fewer than a GPU has SMs — and each walks the
+    entire cache alone. Flash-Decoding also splits the **keys**: every chunk of the cache gets its own
+    program, which returns a partial output and the log-sum-exp of its logits; a small second step
+    combines the partials. You write:
+
+    1. the combine step, in NumPy;
+    2. the loop over one chunk's keys, and the partial's store, inside the split-KV Triton kernel.
+
+    Under each exercise a **check cell** runs your code on cases you can see and on hidden random ones
+    (grouped-query attention, sequences of length 1, more splits than the cache needs, huge logits)
+    and prints one line ending in ✓ when everything passes. Then grade the notebook from a terminal:
+    `flashcourse grade exercises/04_flash_decode.ipynb`.
+
+    *Source: Dao, Haziza, Massa, Sizov, "Flash-Decoding for long-context inference" (2023).*
+    """, "slide", name="title"),
+
+    code("""
+    import math
+
+    import numpy as np
+    import torch
+
+    import flashcourse  # before triton: on a machine without a GPU this switches on the interpreter
+    import triton
+    import triton.language as tl
+    from flashcourse import checks as check
+
+    DEVICE = flashcourse.backend.DEVICE
+    """, "skip", name="imports"),
+
+    md(r"""
+    ## 1. Combining partials
+
+    Split the keys of one head into chunks $s = 1 \dots S$. Chunk $s$ alone gives a softmax over its own
+    keys: the output $o_s = \sum_{j \in s} e^{x_j - \mathrm{lse}_s} v_j$ and the log-sum-exp
+    $\mathrm{lse}_s = \log \sum_{j \in s} e^{x_j}$ of its logits. The whole softmax has
+    $\mathrm{lse} = \log \sum_s e^{\mathrm{lse}_s}$, and each chunk owns the fraction
+    $e^{\mathrm{lse}_s - \mathrm{lse}}$ of its mass, so
+
+    $$o = \sum_s e^{\mathrm{lse}_s - \mathrm{lse}}\; o_s .$$
+
+    Compute $\mathrm{lse}$ the safe way, $m + \log \sum_s e^{\mathrm{lse}_s - m}$ with $m = \max_s \mathrm{lse}_s$:
+    logits can be large, and $e^{1000}$ is `inf`. A chunk with no keys (a short sequence, or more
+    splits than the cache needs) has $\mathrm{lse}_s = -\infty$ and $o_s = 0$; its weight is
+    $e^{-\infty} = 0$. At least one chunk of every head has keys.
+
+    `o_s` is `(S, ..., d)` and `lse_s` is `(S, ...)`: axis 0 is the split, anything in between (batch,
+    heads) rides along. Return `o` `(..., d)` and `lse` `(...)`.
+    """, "slide", name="combine-intro"),
+
+    code("""
+    def lse_combine(o_s, lse_s):
+        \"\"\"Flash-Decoding's combine: o_s (S, ..., d) normalised per split, lse_s (S, ...) -> (o, lse).\"\"\"
+        ### BEGIN SOLUTION
+        m = lse_s.max(axis=0)                                   # finite: some split of every head has keys
+        lse = m + np.log(np.exp(lse_s - m).sum(axis=0))
+        w = np.exp(lse_s - lse)                                 # (S, ...): each split's share; empty splits: 0
+        o = (w[..., None] * o_s).sum(axis=0)
+        ### END SOLUTION
+        return o, lse
+    """, tags=("solution",), name="lse-combine"),
+
+    md("""
+    One head, ten keys in chunks of four (the last chunk holds two): partials by hand, combined, against
+    the softmax over all ten keys at once:
+    """, "fragment", name="combine-demo-text"),
+
+    code("""
+    def chunk_partials(x, V, chunk):
+        \"\"\"(o_s, lse_s) of logits x (n,) and values V (n, d), split into chunks of `chunk` keys.\"\"\"
+        o_s, lse_s = [], []
+        for j in range(0, len(x), chunk):
+            m = x[j:j + chunk].max()
+            p = np.exp(x[j:j + chunk] - m)
+            o_s.append(p @ V[j:j + chunk] / p.sum())
+            lse_s.append(m + np.log(p.sum()))
+        return np.array(o_s), np.array(lse_s)
+
+    rng = np.random.default_rng(0)
+    x, V = rng.normal(size=10) * 3, rng.normal(size=(10, 4))
+    o, lse = lse_combine(*chunk_partials(x, V, chunk=4))
+    p = np.exp(x - x.max())
+    bool(np.allclose(o, p @ V / p.sum())), bool(np.isclose(lse, x.max() + np.log(p.sum())))
+    """, "fragment", name="combine-demo"),
+
+    check("lse_combine"),
+
+    md(r"""
+    ## 2. The split-KV kernel
+
+    The grid has one program per (split, sequence·query head): `program_id(0)` is the split $s$,
+    `program_id(1)` the pair $(b, h)$. The query `q` is `(B, H_q, d)`, the caches `(B, H_kv, L, d)`, fp16.
+    With grouped-query attention `GROUP = H_q / H_kv` query heads share a KV head: head $h$ reads KV head
+    $h$ `// GROUP`, with no copy of K or V. Sequence $b$ holds `kv_len = kv_lens[b]` keys, so split $s$ owns
+    keys `lo = s·CHUNK` ≤ c < `hi = min(lo + CHUNK, kv_len)` — none when `lo ≥ kv_len`.
+
+    The program keeps the running maximum `m_i`, normaliser `l_i` (scalars) and the accumulator `acc`
+    (`HEAD_DIM`,) in fp32, in base 2 as in chapter 3 (`qk_scale = sm_scale · log2 e`). One query means no
+    matrix product: a block's logits are `tl.sum(q[None, :] * K_j, 1)`, and its values add up as
+    `tl.sum(p[:, None] * V_j, 0)`. Write the body of the loop over the chunk's key blocks:
+
+    * load `K_j` and `V_j` (`BLOCK_N × HEAD_DIM`) with `mask=cols[:, None] < hi, other=0.0` — the last
+      block of a chunk is usually partial, and `CHUNK` need not be a multiple of `BLOCK_N`;
+    * the logits, $-\infty$ where `cols >= hi`;
+    * the online-softmax update of chapter 3 with `tl.maximum`, `tl.max(qk, 0)`, `tl.exp2`, `tl.sum`;
+
+    and the end: store `o_s = acc / l_i` (0 where `l_i` is 0: an empty split runs no iteration) at `O_ptrs`,
+    and the natural-log $\mathrm{lse}_s = (m_i + \log_2 \ell_i)\ln 2$ at `LSE_ptr` (`-inf` for an empty split).
+    """, "slide", name="kernel-intro"),
+
+    code("""
+    @triton.jit
+    def split_kv_kernel(Q, K, V, O_part, LSE_part, kv_lens, sm_scale,
+                        stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                        stride_os, stride_ob, stride_oh, stride_ls, stride_lb,
+                        H_q, GROUP, CHUNK, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+        split = tl.program_id(0)                                 # which chunk of the KV cache
+        bh = tl.program_id(1)                                    # which (sequence, query head)
+        b = bh // H_q
+        h = bh % H_q
+        h_kv = h // GROUP                                        # GQA: GROUP query heads share a KV head
+        kv_len = tl.load(kv_lens + b)
+        lo = split * CHUNK
+        hi = tl.minimum(lo + CHUNK, kv_len)                      # this split's keys: lo <= c < hi
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, HEAD_DIM)
+        q = tl.load(Q + b * stride_qb + h * stride_qh + offs_d).to(tl.float32)   # (HEAD_DIM,)
+        K_ptrs = K + b * stride_kb + h_kv * stride_kh + offs_d[None, :]         # add cols[:, None] * stride_kn
+        V_ptrs = V + b * stride_vb + h_kv * stride_vh + offs_d[None, :]
+        qk_scale = sm_scale * 1.4426950408889634                 # log2(e): e^x = 2^(x log2 e)
+        m_i = float("-inf")
+        l_i = 0.0
+        acc = tl.zeros([HEAD_DIM], tl.float32)
+        for start_n in range(lo, hi, BLOCK_N):
+            cols = start_n + offs_n
+            ### BEGIN SOLUTION
+            K_j = tl.load(K_ptrs + cols[:, None] * stride_kn, mask=cols[:, None] < hi, other=0.0)
+            V_j = tl.load(V_ptrs + cols[:, None] * stride_vn, mask=cols[:, None] < hi, other=0.0)
+            qk = tl.sum(q[None, :] * K_j, 1) * qk_scale          # (BLOCK_N,), in log2 units
+            qk = tl.where(cols < hi, qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 0))               # finite: the block's first key is in the chunk
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(qk - m_new)
+            l_i = l_i * alpha + tl.sum(p, 0)
+            acc = acc * alpha + tl.sum(p[:, None] * V_j, 0)
+            m_i = m_new
+            ### END SOLUTION
+        O_ptrs = O_part + split * stride_os + b * stride_ob + h * stride_oh + offs_d
+        LSE_ptr = LSE_part + split * stride_ls + b * stride_lb + h
+        ### BEGIN SOLUTION
+        l_safe = tl.where(l_i == 0.0, 1.0, l_i)                  # an empty split: o_s = 0, lse_s = -inf
+        tl.store(O_ptrs, acc / l_safe)
+        tl.store(LSE_ptr, (m_i + tl.log2(l_safe)) * 0.6931471805599453)
+        ### END SOLUTION
+
+
+    def flash_decode(q, k_cache, v_cache, kv_lens, num_splits, BLOCK_N=16):
+        \"\"\"Decode attention with split_kv_kernel and the log-sum-exp combine: q (B, H_q, d), caches
+        (B, H_kv, L, d) fp16, kv_lens (B,) int32; returns o (B, H_q, d).\"\"\"
+        B, H_q, d = q.shape
+        H_kv, L = k_cache.shape[1], k_cache.shape[2]
+        CHUNK = triton.cdiv(triton.cdiv(L, num_splits), BLOCK_N) * BLOCK_N
+        o_part = torch.empty((num_splits, B, H_q, d), dtype=torch.float32, device=q.device)
+        lse_part = torch.empty((num_splits, B, H_q), dtype=torch.float32, device=q.device)
+        split_kv_kernel[(num_splits, B * H_q)](
+            q, k_cache, v_cache, o_part, lse_part, kv_lens, 1 / math.sqrt(d),
+            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
+            H_q, H_q // H_kv, CHUNK, HEAD_DIM=d, BLOCK_N=BLOCK_N)
+        lse = torch.logsumexp(lse_part, dim=0)                   # the combine, as in exercise 1
+        return (torch.exp(lse_part - lse)[..., None] * o_part).sum(dim=0).to(q.dtype)
+    """, tags=("solution",), name="split-kv-kernel"),
+
+    md("""
+    Two sequences of 100 and 37 tokens, 4 query heads sharing 2 KV heads, 4 splits of 32 keys (the
+    second sequence leaves two splits empty); against float64 attention written out in NumPy:
+    """, "fragment", name="kernel-demo-text"),
+
+    code("""
+    def decode_float64(q, k, v, kv_lens):
+        \"\"\"One query per head, GQA, valid lengths: float64 softmax(q k^T / sqrt(d)) v.\"\"\"
+        B, H_q, d = q.shape
+        group = H_q // k.shape[1]
+        o = np.zeros((B, H_q, d))
+        for b in range(B):
+            for h in range(H_q):
+                K_, V_ = k[b, h // group, :kv_lens[b]], v[b, h // group, :kv_lens[b]]
+                s = K_ @ q[b, h] / math.sqrt(d)
+                p = np.exp(s - s.max())
+                o[b, h] = p @ V_ / p.sum()
+        return o
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 32, generator=g).half().to(DEVICE)
+    k_cache, v_cache = (torch.randn(2, 2, 100, 32, generator=g).half().to(DEVICE) for _ in range(2))
+    kv_lens = torch.tensor([100, 37], dtype=torch.int32, device=DEVICE)
+    o = flash_decode(q, k_cache, v_cache, kv_lens, num_splits=4)
+    ref = decode_float64(*(t.cpu().double().numpy() for t in (q, k_cache, v_cache)), kv_lens.cpu().numpy())
+    bool(np.abs(o.cpu().double().numpy() - ref).max() < 1e-2)
+    """, "fragment", name="kernel-demo"),
+
+    check("split_kv_kernel"),
+
+    done("""
+    The lecture's kernel goes further: it picks the number of splits from the number of SMs, groups
+    the query heads of one KV head into one program so that each key is read once, and combines the
+    partials in a second Triton kernel.
+    """),
+]

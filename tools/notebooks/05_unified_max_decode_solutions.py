@@ -1,0 +1,130 @@
+"""Source of solutions/05_unified_max_decode.ipynb: the chapter 5 exercise (FlashDecoding++'s unified maximum),
+with its solution.
+
+The student part sits between ``### BEGIN SOLUTION`` and ``### END SOLUTION``;
+``flashcourse exercises build`` turns it into ``exercises/05_unified_max_decode.ipynb``. The exercise is
+followed by a check cell (tagged "check", named ``check-...``) whose output is the check's one line.
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from nbtools import check, code, done, md  # noqa: E402
+
+CELLS = [
+    md("""
+    Flash-Decoding's chunks each subtract their **own** maximum, so their partials must be rescaled
+    against each other before they can be added: a synchronisation at the end of every head.
+    FlashDecoding++ removes it: every chunk subtracts the **same** number $\\phi$, fixed in advance from
+    the statistics of the model's logits, and the partials simply add up. The price is a risk:
+    $e^{x - \\phi}$ overflows when a logit lies far above $\\phi$, and loses its digits when every logit
+    lies far below. So each chunk also *checks* its largest logit, and a head with a chunk out of range
+    is recomputed the synchronised way. You write one chunk's partials and that check.
+
+    The check cell runs your function on heads you can see and on hidden random ones — including
+    adversarial logits that overflow even float64 — and prints one line ending in ✓ when everything
+    passes. Then grade the notebook from a terminal: `flashcourse grade exercises/05_unified_max_decode.ipynb`.
+
+    *Source: Hong et al., "FlashDecoding++: Faster Large Language Model Inference on GPUs" (2023), §3.*
+    """, "slide", name="title"),
+
+    code("""
+    import numpy as np
+
+    import flashcourse  # noqa: F401
+    from flashcourse import checks as check
+    """, "skip", name="imports"),
+
+    md(r"""
+    ## 1. One chunk, with a shared $\phi$
+
+    For the logits $x$ of one chunk of one head (float32) and its values $V$, with the unified
+    maximum $\phi$:
+
+    $$\mathrm{acc} = \sum_i e^{x_i - \phi}\, V_i, \qquad \ell = \sum_i e^{x_i - \phi}.$$
+
+    No maximum of the chunk's own, no rescaling: the head's output is
+    $\sum_{\text{chunks}} \mathrm{acc} \,/\, \sum_{\text{chunks}} \ell$ whatever order the chunks finish in.
+
+    This is exact only while every $x_i - \phi$ stays in a **safe window** $[a, b]$. Above $b$,
+    $e^{x_i - \phi}$ and the sums grow towards float32's limit ($e^{88.7}$) and overflow; if every
+    $x_i - \phi$ is far below, every term underflows and $\ell$ is 0 or has lost its digits. The paper
+    measured that over 99.99 % of Llama2-7B's softmax inputs lie in $[-16.8, 6.5]$, so a $\phi$ near the
+    top of that range rarely fails — but a model such as OPT-6.7B has a wider spread, and then it does.
+
+    Return `(acc, l, overflow)`, where `overflow` is `True` when the chunk's **largest** $x_i - \phi$
+    lies outside $[a, b]$ (a single flag for the chunk: `bool(...)`). Only the largest one matters:
+    above $b$ it is the one that overflows first; below $a$ it means every term has lost its digits.
+    A single $x_i - \phi$ below $a$ next to a safe largest one is harmless — $\ell$ is at least the
+    largest term, and the tiny one is off by less than float32's rounding of $\ell$ — so flagging it
+    would only cost a needless recompute. (FlashDecoding++ states the check for *any* $x_i - \phi$;
+    the course's rule, `flashcourse.reference.decode.needs_fallback`, is this one.) When `overflow` is
+    `True` the partials are thrown away, so they may be anything, `inf` included.
+    """, "slide", name="partials-intro"),
+
+    code("""
+    def unified_max_partials(x, V, phi, a, b):
+        \"\"\"One chunk with the unified maximum phi: x (n,), V (n, d) -> (acc (d,), l, overflow).\"\"\"
+        ### BEGIN SOLUTION
+        t = x - phi
+        overflow = bool(t.max() > b or t.max() < a)           # the largest x - phi out of the safe window
+        e = np.exp(t)
+        acc, l = e @ V, e.sum()
+        ### END SOLUTION
+        return acc, l, overflow
+    """, tags=("solution",), name="unified-max-partials"),
+
+    md("""
+    The driver is given. Per head it sends every chunk to `unified_max_partials`; if no chunk
+    overflowed it adds the partials up, otherwise it recomputes that head with the head's real
+    maximum — the synchronised softmax of the earlier chapters:
+    """, "slide", name="driver-intro"),
+
+    code("""
+    def unified_max_decode(q, K, V, phi, a=-60.0, b=60.0, chunk=32):
+        \"\"\"One query per head: q (H, d), K and V (H, L, d), float32. Returns (O (H, d), heads recomputed).\"\"\"
+        H, L, d = K.shape
+        O = np.zeros((H, d), dtype=np.float32)
+        recomputed = []
+        for h in range(H):
+            x = (K[h] @ q[h]) / np.float32(np.sqrt(d))                            # (L,) logits
+            with np.errstate(over="ignore", invalid="ignore"):                     # a flagged chunk may overflow:
+                parts = [unified_max_partials(x[j:j + chunk], V[h, j:j + chunk], phi, a, b)  # its partials are
+                         for j in range(0, L, chunk)]                                      # thrown away
+            if any(p[2] for p in parts):                                          # the fallback: synchronised
+                e = np.exp(x - x.max())
+                O[h] = e @ V[h] / e.sum()
+                recomputed.append(h)
+            else:
+                O[h] = sum(p[0] for p in parts) / sum(p[1] for p in parts)
+        return O, recomputed
+    """, name="driver"),
+
+    md("""
+    Four heads of 200 keys with $\\phi = 6$. In head 2 one key lines up with the query far better than
+    the rest (its logit is 150); in head 3 every logit is about 80 lower than usual, far below $\\phi$. Both are
+    recomputed; the others are not, and every head matches float64:
+    """, "fragment", name="driver-demo-text"),
+
+    code("""
+    rng = np.random.default_rng(0)
+    q = rng.normal(size=(4, 64)).astype(np.float32)
+    K, V = rng.normal(size=(4, 200, 64)).astype(np.float32), rng.normal(size=(4, 200, 64)).astype(np.float32)
+    K[2, 17] = 1200 * q[2] / (q[2] @ q[2])                        # its logit q . k / 8 is 150: above phi + b
+    K[3] -= 640 * q[3] / (q[3] @ q[3])                            # every logit moves down by 80: below phi + a
+    O, recomputed = unified_max_decode(q, K, V, phi=6.0)
+    s = np.einsum("hnd,hd->hn", K.astype(np.float64), q.astype(np.float64)) / 8
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    ref = np.einsum("hn,hnd->hd", p / p.sum(axis=1, keepdims=True), V.astype(np.float64))
+    recomputed, bool(np.abs(O - ref).max() < 1e-4)
+    """, "fragment", name="driver-demo"),
+
+    check("unified_max_partials"),
+
+    done("""
+    The lecture's kernel does the same on the GPU: each program keeps its chunk's largest logit (one
+    maximum per key, no rescale), compares it with the window once at the end, and recomputes its
+    chunk the synchronised way only when it is out — so the common case pays for no synchronisation
+    at all.
+    """),
+]
