@@ -207,7 +207,7 @@ CELLS = [
     Check it against float64 on a batch of rows, including a huge logit and a row with $-\infty$
     entries, on the one-pass path and on the online path (forced with a small `block_size`).
     In fp16 the output is rounded to 11 significant bits, so a relative error near
-    $2^{-11} \approx 5 \cdot 10^{-4}$ is as good as it gets.
+    $2^{-11} \\approx 5 \cdot 10^{-4}$ is as good as it gets.
     """, "subslide", name="kernel-check-md"),
     code("""
     # NBVAL_CHECK_OUTPUT

@@ -108,7 +108,7 @@ CELLS = [
     md("""
     The SRAM must be large enough for tiling to pay: each outer step moves Q, O, l and m once more, so
     with $T_c = N / B_c$ steps FA1 moves about $3 N d \cdot 4dN/M = 12 N^2 d^2 / M$ elements, against
-    standard attention's $4N^2$. Below $M \approx 3d^2$ elements — 24 KiB of fp16 at $d = 64$ — FA1
+    standard attention's $4N^2$. Below $M \\approx 3d^2$ elements — 24 KiB of fp16 at $d = 64$ — FA1
     moves *more* than standard attention. Try it: change `sram_bytes` above to `16 * 1024`.
     """, "fragment", name="count-note"),
 
