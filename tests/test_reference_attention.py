@@ -416,3 +416,48 @@ def test_counted_runs_at_notebook_sizes_take_seconds():
         fa1_attention(q, k, v, sram_bytes=sram, memory=Memory(dtype_bytes=2))
         fa2_attention(q, k, v, sram_bytes=sram, causal=True, memory=Memory(dtype_bytes=2))
     assert time.perf_counter() - start < 10
+
+
+# -- standard attention (chapter 0's baseline, the reference every flash variant is checked against) --
+
+RNG = np.random.default_rng()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_standard_attention_matches_float64(causal):
+    B, H = int(RNG.integers(1, 3)), int(RNG.integers(1, 3))
+    n_q, n_k, d = int(RNG.integers(1, 20)), int(RNG.integers(1, 20)), int(RNG.choice([16, 32]))
+    q, k, v = RNG.normal(size=(B, H, n_q, d)), RNG.normal(size=(B, H, n_k, d)), RNG.normal(size=(B, H, n_k, d))
+    scale = float(RNG.uniform(0.05, 0.3))
+    got = standard_attention(q, k, v, causal=causal, sm_scale=scale)
+    s = q @ np.swapaxes(k, -1, -2) * scale
+    if causal:
+        s = np.where(causal_mask(n_q, n_k), s, -np.inf)
+    rows_seen = np.isfinite(s).any(-1, keepdims=True)
+    s = np.where(rows_seen, s, 0.0)
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    p = np.where(rows_seen, e / e.sum(axis=-1, keepdims=True), 0.0)
+    np.testing.assert_allclose(got, p @ v, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(attention_float64(q, k, v, causal, scale), p @ v, rtol=1e-10, atol=1e-12)
+
+
+def test_standard_attention_traffic_is_4Nd_plus_4N2():
+    N, d, H = int(RNG.integers(1, 40)), int(RNG.choice([16, 64])), int(RNG.integers(1, 3))
+    mem = Memory()
+    standard_attention(*RNG.normal(size=(3, 1, H, N, d)), memory=mem)
+    assert mem.accesses() == formulas.standard_attention_accesses(N, d, heads=H) == H * (4 * N * d + 4 * N * N)
+    assert mem.passes("S") == {"read": 1.0, "write": 1.0}
+    assert mem.passes("P") == {"read": 1.0, "write": 1.0}
+
+
+def test_standard_attention_needs_a_whole_K_on_chip():
+    N, d = 64, 16
+    with pytest.raises(SRAMOverflow, match=r"loading K\[0:64, 0:16\]"):
+        standard_attention(*RNG.normal(size=(3, N, d)), memory=Memory(sram_bytes=N * d * 8 - 8))
+
+
+def test_standard_attention_rejects_mismatched_shapes():
+    with pytest.raises(ValueError, match=r"q \(4, 8\), k \(4, 16\)"):
+        standard_attention(np.ones((4, 8)), np.ones((4, 16)), np.ones((4, 16)))
+    with pytest.raises(ValueError, match="expected \\(N_q, d\\) or \\(B, H, N_q, d\\)"):
+        standard_attention(np.ones(4), np.ones(4), np.ones(4))

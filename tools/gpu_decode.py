@@ -99,7 +99,7 @@ def main() -> int:
     cc = backend.compute_capability()
     info = {"device": backend.gpu_name(), "cc": list(cc), "torch": torch.__version__, "triton": triton.__version__,
             "python": platform.python_version(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-            "command": " ".join(["python"] + sys.argv), "heuristic": DEC._heuristic().__module__}
+            "command": " ".join(["python"] + sys.argv), "heuristic": DEC.num_splits_for.__module__}
     print(json.dumps(info), flush=True)
     out = {"provenance": info, "check": [], "sweep": [], "splits": [], "tests": None, "overhead": []}
     os.makedirs(args.out, exist_ok=True)

@@ -9,12 +9,20 @@ Example:
 """
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from .attention import fa2_nonmatmul_flops  # noqa: F401  (decode_nonmatmul_flops's example compares with it)
 from .counting import FLOP_KINDS, ceil_div, expect_positive, flop_counts
 
 __all__ = ["decode_chunks", "decode_traffic", "decode_accesses", "decode_bytes", "flash_decoding_traffic",
            "flash_decoding_accesses", "unified_max_traffic", "unified_max_accesses", "decode_nonmatmul_flops",
-           "wave_efficiency"]
+           "wave_efficiency", "splits_efficiency", "num_splits_for", "H100_SMS", "safe_bounds", "DEFAULT_BOUNDS",
+           "needs_fallback"]
+
+#: Streaming multiprocessors of an H100 SXM: the default GPU the split heuristic plans for.
+H100_SMS = 132
 
 
 # -- Chapters 4 and 5: Flash-Decoding and FlashDecoding++'s unified max ----------------------------
@@ -310,9 +318,141 @@ def wave_efficiency(programs, num_sms: int):
         (0.24242424242424243, 1.0, 0.5037878787878788)
     """
     expect_positive("wave_efficiency", num_sms=num_sms)
-    import numpy as np
     p = np.asarray(programs)
     if np.any(p < 1):
         raise ValueError(f"wave_efficiency: programs must be positive, got {programs!r}")
     eff = p / (-(-p // num_sms) * num_sms)
     return float(eff) if eff.ndim == 0 else eff
+
+
+# -- how many splits: the wave-efficiency heuristic of Flash-Decoding -----------------------------
+
+def splits_efficiency(B: int, H: int, L: int, num_sms: int = H100_SMS, min_chunk: int = 256,
+                      max_splits: int = 128) -> dict:
+    """The curve behind :func:`num_splits_for`, for a notebook to draw.
+
+    For S = 1 .. max_splits: ``"efficiency"``, the wave efficiency of B H S programs on ``num_sms``
+    SMs (:func:`wave_efficiency`); ``"chunk"``, the keys per chunk
+    ceil(L / S); ``"eligible"``, whether the heuristic may pick S (chunks of at least ``min_chunk``
+    keys, at most ``num_sms`` splits, and no empty chunk: ceil(L / ceil(L / S)) = S); ``"choice"``,
+    what :func:`num_splits_for` returns.
+
+    Example:
+        >>> c = splits_efficiency(B=1, H=8, L=32768, num_sms=132)
+        >>> c["splits"][:3].tolist(), c["efficiency"][:3].round(3).tolist(), c["choice"]
+        ([1, 2, 3], [0.061, 0.121, 0.182], 15)
+    """
+    for name, value in (("B", B), ("H", H), ("L", L), ("num_sms", num_sms), ("min_chunk", min_chunk),
+                        ("max_splits", max_splits)):
+        expect_positive("num_splits_for", **{name: value})
+    S = np.arange(1, max_splits + 1)
+    chunk = -(-L // S)
+    eligible = (chunk >= min_chunk) & (S <= num_sms) & (-(-L // chunk) == S)
+    eligible[0] = True
+    eff = wave_efficiency(B * H * S, num_sms)
+    if B * H >= 0.8 * num_sms:
+        choice = 1                       # a wave's worth already: splits buy little, cost a combine
+    else:
+        best = eff[eligible].max()
+        choice = int(S[eligible & (eff >= 0.85 * best)][0])
+    return {"splits": S, "efficiency": eff, "chunk": chunk, "eligible": eligible, "choice": choice}
+
+
+def num_splits_for(B: int, H: int, L: int, num_sms: int = H100_SMS, min_chunk: int = 256,
+                   max_splits: int = 128) -> int:
+    """How many chunks to split each sequence's KV into so that B H S programs fill the GPU.
+
+    ``H`` is the number of programs per sequence and split: H_kv when a program serves a GQA group
+    of query heads (as here), else H_q. A decode program streams its keys from HBM on one SM, so the
+    grid runs in waves of ``num_sms`` programs and the *wave efficiency*
+    ``P / (ceil(P / SMs) SMs)`` of P = B H S programs is the fraction of the SMs busy on average
+    (:func:`wave_efficiency`). The rule (the one of FlashAttention's split-KV
+    heuristic, in our words):
+
+    1. if B H already fills 80% of a wave, splitting only evens out the tail of the last wave and
+       costs the partials and the combine: 1 split;
+    2. otherwise, among split counts whose chunks keep at least ``min_chunk`` keys (too small a chunk
+       spends its time on q, the partials and launch rather than on K and V) and that leave no
+       chunk empty, take the *smallest* S whose efficiency is at least 85% of the best one: fewer
+       splits mean fewer partials to write and combine.
+
+    Example:
+        >>> num_splits_for(B=1, H=8, L=128 * 1024, num_sms=132)    # 15 x 8 = 120 programs of 8739 keys
+        15
+        >>> num_splits_for(B=64, H=8, L=128 * 1024, num_sms=132)   # 512 programs: 3.9 waves already
+        1
+        >>> num_splits_for(B=1, H=8, L=300, num_sms=132)           # too short to split
+        1
+    """
+    return splits_efficiency(B, H, L, num_sms, min_chunk, max_splits)["choice"]
+
+
+# -- chapter 5: the safe range of x - phi, and the fallback rule ------------------------------------
+#
+# The kernel of flashcourse.kernels.decode and the reference of flashcourse.reference.decode hold the
+# same rule with the same bounds; it lives here, on the ground floor, so that both can import it.
+
+def safe_bounds(dtype=np.float32, max_keys: int = 2 ** 31, max_abs_v: float = 65504.0,
+                flush_to_zero: bool = True) -> tuple[float, float]:
+    """The safe range ``[a, b]`` of ``x - phi`` when ``e^{x - phi}`` and its sums are held in ``dtype``.
+
+    * ``b``: the denominator adds up to ``max_keys`` terms of at most ``e^b``, and the numerators
+      ``sum e^{x - phi} v`` up to ``max_keys`` terms of at most ``e^b max_abs_v``; both must stay
+      below the format's largest number, so ``b = ln(max / (max_keys max_abs_v))``.
+    * ``a`` bounds the chunk's *largest* ``x - phi`` from below (the fallback rule of :mod:`flashcourse.reference.decode`).
+      A term below ``tiny``, the format's smallest normal number, is subnormal, and a GPU flushes it
+      to zero (``flush_to_zero=True``): each such term loses less than ``tiny``, at most
+      ``max_keys`` of them less than ``max_keys tiny``. Against a sum of at least ``e^a`` that is
+      within the format's unit roundoff u (half its epsilon) when ``a = ln(tiny max_keys / u)``.
+      Where subnormals are kept (``flush_to_zero=False``: IEEE arithmetic, NumPy, Triton's
+      interpreter) a lost digit costs at most half the smallest subnormal, no more than the rounding
+      of a sum that is at least ``tiny``, and ``a = ln(tiny)``.
+
+    The default is what the course's decode kernel holds: float32 sums of up to 2^31 keys of fp16
+    values (|v| <= 65504) on a GPU, :data:`DEFAULT_BOUNDS`, ``[-49.21, 56.15]``. A single fp16 term
+    with subnormals kept is the format's plain range, ``[-9.7, 11.09]``
+    (:data:`flashcourse.reference.decode_scores.FP16_BOUNDS`), the narrow window that makes the choice of phi delicate
+    (FlashDecoding++ reports 99.99% of Llama2-7B's softmax inputs within [-16.8, 6.5]).
+
+    Example:
+        >>> [round(x, 2) for x in safe_bounds()]
+        [-49.21, 56.15]
+        >>> [round(x, 2) for x in safe_bounds(np.float32, max_keys=2 ** 31, max_abs_v=65504.0, flush_to_zero=False)]
+        [-87.34, 56.15]
+        >>> [round(x, 2) for x in safe_bounds(np.float16, max_keys=1, max_abs_v=1, flush_to_zero=False)]
+        [-9.7, 11.09]
+    """
+    info = np.finfo(dtype)
+    a = math.log(float(info.tiny))
+    if flush_to_zero:
+        a += math.log(max_keys) - math.log(float(info.eps) / 2)
+    return a, math.log(float(info.max)) - math.log(max_keys) - math.log(max_abs_v)
+
+
+#: The safe window of ``x - phi`` of the reference and the kernel: ``safe_bounds(np.float32,
+#: max_keys=2**31, max_abs_v=65504.0, flush_to_zero=True)``, about ``(-49.21, 56.15)``: float32
+#: exponentials and sums over up to 2^31 keys of fp16 values, on a GPU that flushes subnormals to
+#: zero, neither overflow nor lose more than float32's rounding.
+DEFAULT_BOUNDS = safe_bounds(np.float32, max_keys=2 ** 31, max_abs_v=65504.0, flush_to_zero=True)
+
+
+def needs_fallback(x_max, phi, bounds=DEFAULT_BOUNDS) -> np.ndarray:
+    """The fallback rule: ``max(x) - phi > b`` or ``max(x) - phi < a`` (:mod:`flashcourse.reference.decode` says why).
+
+    ``x_max``: the largest score of each set of scores a program added up (a chunk's running max, or a
+    row's max), any shape; ``phi`` broadcasts against it. A set with no visible score (``x_max = -inf``)
+    added nothing and never falls back; a NaN always does. Returns booleans of the broadcast shape.
+    Bounds of ``-inf`` or ``inf`` switch one side off (``(-inf, b)``: the overflow side alone).
+
+    Example:
+        >>> needs_fallback(np.array([3.0, 60.0, -100.0, -np.inf]), phi=0.0).tolist()   # DEFAULT_BOUNDS
+        [False, True, True, False]
+        >>> needs_fallback(np.array([3.0, -12.0]), phi=0.0, bounds=(-10.0, 10.0)).tolist()
+        [False, True]
+    """
+    a, b = bounds
+    x_max = np.asarray(x_max, dtype=np.float64)
+    t = x_max - np.asarray(phi, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        inside = (t >= a) & (t <= b)
+    return ~inside & ~np.isneginf(x_max)

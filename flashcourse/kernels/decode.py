@@ -57,7 +57,7 @@ import triton.language as tl
 
 from .. import backend
 from . import aot
-from ..reference.decode import DEFAULT_BOUNDS
+from ..formulas.decode import DEFAULT_BOUNDS, num_splits_for
 from ._validate import expect_decode, expect_num_splits, expect_sm_scale
 
 __all__ = ["flash_decode", "unified_max_decode", "decode_config", "combine_config", "num_splits",
@@ -67,9 +67,9 @@ LOG2E = 1.4426950408889634  # e^t = 2^(t log2 e)
 #: Head dims the decode kernels are compiled for.
 DECODE_HEAD_DIMS = (64, 128)
 #: The safe range of x - phi (natural-log units, x = sm_scale q.k) of unified_max_decode: the
-#: course's one rule and bounds, :data:`flashcourse.reference.decode.DEFAULT_BOUNDS` (float32 sums
+#: course's one rule and bounds, :data:`flashcourse.formulas.decode.DEFAULT_BOUNDS` (float32 sums
 #: of up to 2^31 keys with |v| <= 65504, and a GPU that flushes subnormal e^(x - phi) to zero).
-#: A chunk falls back when its largest x - phi is outside it (``needs_fallback`` of the reference).
+#: A chunk falls back when its largest x - phi is outside it (:func:`flashcourse.formulas.decode.needs_fallback`).
 
 
 # --------------------------------------------------------------------------------------------------
@@ -427,26 +427,16 @@ def _num_sms(device) -> int:
 #: sequence of 8 KV heads and 1k keys ran 8.1 us of GPU time with 4 splits and 6.7 us with 8
 #: (CUDA-graph replay, tools/gpu_decode.py): chunks of 128 keys still pay for their partials.
 MIN_CHUNK = 128
-#: Programs per SM the stand-in heuristic aims for (used only if the chapter's is missing).
-PROGRAMS_PER_SM = 4
-
-
-def _own_num_splits(B: int, H: int, L: int, num_sms: int, min_chunk: int = MIN_CHUNK,
-                    programs_per_sm: int = PROGRAMS_PER_SM, max_splits: int = 256) -> int:
-    # enough programs (B * H * S) for a few per SM, but no chunk shorter than min_chunk keys
-    want = math.ceil(programs_per_sm * num_sms / max(1, B * H))
-    return max(1, min(want, math.ceil(L / min_chunk), max_splits))
 
 
 def num_splits(B: int, H_kv: int, L: int, device=None) -> int:
     """The split count flash_decode and unified_max_decode use when not told: enough programs
     (``B * H_kv * S``) to give every SM a few, and no chunk shorter than :data:`MIN_CHUNK` keys.
 
-    Uses ``flashcourse.reference.decode.num_splits_for`` (the chapter's wave-efficiency heuristic,
+    Uses :func:`flashcourse.formulas.decode.num_splits_for` (the chapter's wave-efficiency heuristic,
     with the GPU's SM count and ``min_chunk=MIN_CHUNK``) -- what the shipped H100 results ran
     with; on an H100 it picks 4 splits for one sequence of 32 KV heads, 15 for 8 KV heads, 1 from
-    B * H_kv >= 106 on. If that module is missing, a stand-in here aims for
-    :data:`PROGRAMS_PER_SM` programs per SM instead.
+    B * H_kv >= 106 on.
 
     Example:
         >>> num_splits(1, 32, 65536, device="cpu") >= 1
@@ -457,20 +447,7 @@ def num_splits(B: int, H_kv: int, L: int, device=None) -> int:
 
 @functools.lru_cache(maxsize=4096)
 def _splits(B, H_kv, L, sms):       # the heuristic costs ~0.1 ms of Python: once per shape
-    return int(_heuristic()(B, H_kv, L, sms, min_chunk=MIN_CHUNK))
-
-
-_HEURISTIC: list = []
-
-
-def _heuristic():
-    if not _HEURISTIC:
-        try:  # lazily: the reference module is another chapter's
-            from ..reference.decode import num_splits_for
-        except (ImportError, AttributeError):
-            num_splits_for = _own_num_splits
-        _HEURISTIC.append(num_splits_for)
-    return _HEURISTIC[0]
+    return int(num_splits_for(B, H_kv, L, sms, min_chunk=MIN_CHUNK))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -44,12 +44,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import formulas
+from ..formulas.decode import H100_SMS  # 132 SMs, the GPU the heuristics plan for (an A100 has 108)
 from ..memory import Memory, SRAMOverflow
 
 __all__ = ["H100_SMS", "Schedule", "choose_block_n", "flat_gemm", "pipeline"]
 
-#: Streaming multiprocessors of an H100 SXM (an A100 has 108).
-H100_SMS = 132
 #: Bytes of one element when the memory does not set ``dtype_bytes``: the reference computes in float64.
 FLOAT_BYTES = 8
 

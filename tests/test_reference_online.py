@@ -1,11 +1,11 @@
-"""NumPy references agree with float64 softmax / attention, and their counted traffic equals the formulas."""
+"""Chapter 1's softmax references agree with float64 softmax, and their counted traffic equals the formulas."""
 import numpy as np
 import pytest
 
 from flashcourse import formulas
 from flashcourse.memory import Memory
-from flashcourse.reference import (attention_float64, blocked_online_softmax, causal_mask, merge,
-                                   naive_softmax, online_softmax, safe_softmax, standard_attention)
+from flashcourse.reference import (blocked_online_softmax, merge, naive_softmax, online_softmax,
+                                   safe_softmax)
 
 rng = np.random.default_rng()
 
@@ -86,42 +86,3 @@ def test_merge_rule_is_associative_with_the_whole_row():
 def test_softmax_rejects_a_scalar():
     with pytest.raises(ValueError, match="scalar"):
         safe_softmax(np.float64(1.0))
-
-
-@pytest.mark.parametrize("causal", [False, True])
-def test_standard_attention_matches_float64(causal):
-    B, H = int(rng.integers(1, 3)), int(rng.integers(1, 3))
-    n_q, n_k, d = int(rng.integers(1, 20)), int(rng.integers(1, 20)), int(rng.choice([16, 32]))
-    q, k, v = rng.normal(size=(B, H, n_q, d)), rng.normal(size=(B, H, n_k, d)), rng.normal(size=(B, H, n_k, d))
-    scale = float(rng.uniform(0.05, 0.3))
-    got = standard_attention(q, k, v, causal=causal, sm_scale=scale)
-    s = q @ np.swapaxes(k, -1, -2) * scale
-    if causal:
-        s = np.where(causal_mask(n_q, n_k), s, -np.inf)
-    rows_seen = np.isfinite(s).any(-1, keepdims=True)
-    p = np.where(rows_seen, softmax64(np.where(rows_seen, s, 0.0)), 0.0)
-    np.testing.assert_allclose(got, p @ v, rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(attention_float64(q, k, v, causal, scale), p @ v, rtol=1e-10, atol=1e-12)
-
-
-def test_standard_attention_traffic_is_4Nd_plus_4N2():
-    N, d, H = int(rng.integers(1, 40)), int(rng.choice([16, 64])), int(rng.integers(1, 3))
-    mem = Memory()
-    standard_attention(*rng.normal(size=(3, 1, H, N, d)), memory=mem)
-    assert mem.accesses() == formulas.standard_attention_accesses(N, d, heads=H) == H * (4 * N * d + 4 * N * N)
-    assert mem.passes("S") == {"read": 1.0, "write": 1.0}
-    assert mem.passes("P") == {"read": 1.0, "write": 1.0}
-
-
-def test_standard_attention_needs_a_whole_K_on_chip():
-    from flashcourse.memory import SRAMOverflow
-    N, d = 64, 16
-    with pytest.raises(SRAMOverflow, match=r"loading K\[0:64, 0:16\]"):
-        standard_attention(*rng.normal(size=(3, N, d)), memory=Memory(sram_bytes=N * d * 8 - 8))
-
-
-def test_standard_attention_rejects_mismatched_shapes():
-    with pytest.raises(ValueError, match=r"q \(4, 8\), k \(4, 16\)"):
-        standard_attention(np.ones((4, 8)), np.ones((4, 16)), np.ones((4, 16)))
-    with pytest.raises(ValueError, match="expected \\(N_q, d\\) or \\(B, H, N_q, d\\)"):
-        standard_attention(np.ones(4), np.ones(4), np.ones(4))
