@@ -162,7 +162,7 @@ def load_canonical(checks_json: Path | str | None = None) -> dict:
 
 def identify(nb, path: Path | str, canonical: dict, exercise: str | None = None) -> str:
     """Which exercise a notebook is: ``exercise`` if given, else its metadata, its file name, or the
-    exercise whose cell ids it shares most.
+    exercise whose check cells it shares most (by cell id, or by the ``check.NAME(`` calls it holds).
 
     Example:
         >>> nb = nbformat.v4.new_notebook()
@@ -181,7 +181,9 @@ def identify(nb, path: Path | str, canonical: dict, exercise: str | None = None)
     if stem in canonical:
         return stem
     ids = {c.get("id") for c in nb.cells}
-    overlap = {n: sum(c["id"] in ids or c["after"] in ids for c in canonical[n]) for n in names}
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    overlap = {n: sum(c["id"] in ids or c["after"] in ids or f"check.{c['name']}(" in code for c in canonical[n])
+               for n in names}  # check names survive renamed files and cell ids (a notebook from an older course)
     best = max(names, key=lambda n: overlap[n], default=None)
     if best is None or overlap[best] == 0:
         raise GradingError(f"{path}: cannot tell which exercise this notebook is; pass --exercise NAME "

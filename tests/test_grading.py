@@ -178,6 +178,12 @@ def test_the_exercise_is_identified_by_metadata_name_or_cell_ids(tmp_path):
     assert identify(nb, "homework.ipynb", canonical) == NAME           # by its cell ids
     bare = nbformat.v4.new_notebook()
     assert identify(bare, f"my/{NAME}.ipynb", canonical) == NAME       # by its name
+    old = read(EXERCISE)        # from before the chapters were renamed: other name, metadata and cell ids
+    old.metadata["flashcourse"]["exercise"] = "01_softmax"
+    for c in old.cells:
+        c.id = c.id.replace(f"{NAME[:2]}-online-softmax", "01-softmax")
+    assert not {c.id for c in old.cells} & {c["id"] for c in canonical[NAME]}
+    assert identify(old, "01_softmax.ipynb", canonical) == NAME         # by the checks it calls
     with pytest.raises(grading.GradingError, match="cannot tell which exercise"):
         identify(bare, "homework.ipynb", canonical)
     with pytest.raises(grading.GradingError, match="not one of the exercises"):
