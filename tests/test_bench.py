@@ -145,7 +145,7 @@ def test_do_bench_timer_is_do_bench_median_with_the_baseline_settings(monkeypatc
 
 
 def test_flush_timer_settings_and_a_wrong_flush():
-    for flush in bench.harness.FLUSHES:
+    for flush in bench.FLUSHES:
         t = bench.flush_timer(flush)
         assert t.settings == {"timer": "do_bench's method, host kept ahead", "flush": f"{flush} 256 MiB",
                               "warmup_ms": 25, "rep_ms": 100, "return_mode": "median"}
@@ -170,7 +170,7 @@ def test_flush_timer_times_the_gpu_not_the_hosts_launch():
             pass
         x.add_(1)
     assert bench.do_bench_timer(5, 20)(slow_host) > 0.2          # the flush is ~0.1 ms: the rest is waiting
-    for flush in bench.harness.FLUSHES:
+    for flush in bench.FLUSHES:
         assert bench.flush_timer(flush, 5, 20)(slow_host) < 0.05, flush
 
 
