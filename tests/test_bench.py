@@ -60,7 +60,7 @@ def toy_suite():
 # -- the registry -------------------------------------------------------------------------------
 def test_course_suites_are_registered_and_unknown_ones_are_named():
     assert {"roofline", "online"} <= set(bench.registered())
-    with pytest.raises(KeyError, match="no benchmark suite 'nope'; known suites: .*memory.*softmax"):
+    with pytest.raises(KeyError, match="no benchmark suite 'nope'; known suites: .*online.*roofline"):
         bench.get_suite("nope")
 
 
@@ -145,7 +145,7 @@ def test_do_bench_timer_is_do_bench_median_with_the_baseline_settings(monkeypatc
 
 
 def test_flush_timer_settings_and_a_wrong_flush():
-    for flush in bench.harness.FLUSHES:
+    for flush in bench.FLUSHES:
         t = bench.flush_timer(flush)
         assert t.settings == {"timer": "do_bench's method, host kept ahead", "flush": f"{flush} 256 MiB",
                               "warmup_ms": 25, "rep_ms": 100, "return_mode": "median"}
@@ -170,7 +170,7 @@ def test_flush_timer_times_the_gpu_not_the_hosts_launch():
             pass
         x.add_(1)
     assert bench.do_bench_timer(5, 20)(slow_host) > 0.2          # the flush is ~0.1 ms: the rest is waiting
-    for flush in bench.harness.FLUSHES:
+    for flush in bench.FLUSHES:
         assert bench.flush_timer(flush, 5, 20)(slow_host) < 0.05, flush
 
 
@@ -370,7 +370,7 @@ needs_cpu = pytest.mark.skipif(backend.DEVICE == "cuda", reason="checks the refu
 
 @needs_cpu
 def test_api_refuses_without_a_gpu():
-    with pytest.raises(bench.GPURequired, match=r"^flashcourse.bench.run\('softmax'\) needs a CUDA GPU"):
+    with pytest.raises(bench.GPURequired, match=r"^flashcourse.bench.run\('online'\) needs a CUDA GPU"):
         bench.run("online")
 
 
@@ -382,7 +382,7 @@ def test_cli_refuses_in_one_line_with_a_nonzero_status(capsys, tmp_path):
     out, err = capsys.readouterr()
     assert status == bench_cli.NEEDS_GPU != 0
     assert out == "" and err.count("\n") == 1
-    assert err.startswith("flashcourse bench memory needs a CUDA GPU") and "--shipped" in err
+    assert err.startswith("flashcourse bench roofline needs a CUDA GPU") and "--shipped" in err
     assert not (tmp_path / "x.json").exists()
 
 
@@ -391,10 +391,10 @@ def test_cli_lists_suites_and_prints_shipped_results(capsys):
     bench_cli.add_arguments(p)
     assert bench_cli.run(p.parse_args(["--list"])) == 0
     out = capsys.readouterr().out
-    assert "\nmemory " in "\n" + out and "\nsoftmax " in out
+    assert "\nroofline " in "\n" + out and "\nonline " in "\n" + out
     assert bench_cli.run(p.parse_args(["roofline", "--shipped"])) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0] == "memory on NVIDIA H100 80GB HBM3"
+    assert out.splitlines()[0] == "roofline on NVIDIA H100 80GB HBM3"
     assert bench_cli.run(p.parse_args(["nope"])) == 1
     assert "no suite 'nope'" in capsys.readouterr().err
 
@@ -419,7 +419,7 @@ def test_shipped_memory_results_are_an_h100_measurement():
 
 
 def test_shipped_says_what_is_there():
-    with pytest.raises(FileNotFoundError, match="no shipped results for suite 'nope' on 'h100'; shipped on 'h100': .*memory"):
+    with pytest.raises(FileNotFoundError, match="no shipped results for suite 'nope' on 'h100'; shipped on 'h100': .*roofline"):
         bench.shipped("nope")
     assert "roofline" in bench.shipped_suites()
 

@@ -361,27 +361,44 @@ def test_widget_uses_only_apis_of_ipywidgets_7_and_8():
                                                 "widgets.Play(playing=)", "widgets.Stack"]
 
 
+HAS_WIDGETS = importlib.util.find_spec("ipywidgets") is not None
+
+
+def in_a_live_kernel(monkeypatch):
+    """Make this process look like a live IPython kernel: ``get_ipython()`` returns a shell with a kernel."""
+    import types
+
+    import IPython
+    if HAS_WIDGETS:
+        import ipywidgets  # noqa: F401  (imported for real before IPython is faked)
+    monkeypatch.delenv("FLASHCOURSE_STATIC", raising=False)
+    monkeypatch.setattr(IPython, "get_ipython", lambda: types.SimpleNamespace(kernel=object()))
+
+
 def test_show_stepper_leaves_static_frames(monkeypatch):
     import IPython.display
     shown = []
     monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))
     mem = fa1_like()
-    monkeypatch.setattr(S, "_live_widgets", lambda: True)
+    in_a_live_kernel(monkeypatch)
     S.show_stepper(mem)
     kinds = [type(o).__name__ for o in shown]
-    if importlib.util.find_spec("ipywidgets"):
-        assert kinds == ["VBox", "CourseFigure"]
+    assert kinds == (["VBox", "CourseFigure"] if HAS_WIDGETS else ["CourseFigure"])
     shown.clear()
-    monkeypatch.setattr(S, "_live_widgets", lambda: False)
+    monkeypatch.setenv("FLASHCOURSE_STATIC", "1")                      # the same kernel, static asked for
     S.show_stepper(mem, animation=True, animation_frames=2)
     assert [type(o).__name__ for o in shown] == ["CourseFigure", "HTML"]
 
 
 def test_static_mode_is_chosen_by_the_environment(monkeypatch):
     monkeypatch.setenv("FLASHCOURSE_STATIC", "1")
-    assert S._live_widgets() is False
+    assert S.live_widgets() is False
     monkeypatch.delenv("FLASHCOURSE_STATIC")
-    assert S._live_widgets() is False                                  # pytest is not a kernel
+    assert S.live_widgets() is False                                   # pytest is not a kernel
+    in_a_live_kernel(monkeypatch)
+    assert S.live_widgets() is HAS_WIDGETS
+    monkeypatch.setenv("FLASHCOURSE_STATIC", "1")
+    assert S.live_widgets() is False
 
 
 # -- the course's references -----------------------------------------------------------------------------

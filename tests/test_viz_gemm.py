@@ -10,7 +10,6 @@ from matplotlib.figure import Figure
 from flashcourse import formulas, viz
 from flashcourse.reference import choose_block_n, pipeline
 from flashcourse.viz import gemm as G
-from flashcourse.viz._common import new_figure
 
 matplotlib.use("Agg")
 
@@ -87,7 +86,7 @@ def test_double_buffer_timeline_draws_both_schedules():
                                   lambda ax: G.double_buffer_timeline(3, 2, tiles=3, ax=ax)],
                          ids=["tradeoff", "padding", "timeline"])
 def test_figures_draw_into_a_given_axes(draw):
-    fig, (left, right) = new_figure(1, 2)
+    fig, (left, right) = viz.new_figure(1, 2)
     out = draw(right)
     assert out is fig and right.has_data() and not left.has_data()
     assert fig._repr_png_()[:4] == b"\x89PNG"

@@ -94,7 +94,7 @@ def make_timer(smoke: bool, warmup: int, rep: int, flush: str = "write"):
                 ts.append((time.perf_counter() - t0) * 1e3)
             return statistics.median(ts)
         return timer
-    from flashcourse.bench.harness import flush_timer
+    from flashcourse.bench.timers import flush_timer
     return flush_timer(flush, warmup, rep)
 
 

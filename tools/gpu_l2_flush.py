@@ -3,7 +3,7 @@
     PYTHONPATH=. python tools/gpu_l2_flush.py --out $OUT
 
 ``triton.testing.do_bench`` zeroes 256 MB before every call: the L2 starts full of dirty lines, and
-every line a kernel brings in first writes one back. :func:`flashcourse.bench.harness.read_flush_timer`
+every line a kernel brings in first writes one back. :func:`flashcourse.bench.timers.read_flush_timer`
 reads 256 MB instead (clean lines, dropped for free). This times the same calls both ways -- cuBLAS
 flat GEMMs on Llama-2-7B shapes and decode attention at B = 1 -- and a CUDA-graph replay beside
 them, and writes ``$OUT/l2_flush.json``.
@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench, do_bench_cudagraph
 
-from flashcourse.bench.harness import provenance, read_flush_timer
+from flashcourse.bench.harness import provenance
+from flashcourse.bench.timers import read_flush_timer
 from flashcourse.kernels import flash_decode
 
 

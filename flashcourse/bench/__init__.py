@@ -6,6 +6,8 @@ measured on an H100 that ship with the course, so a student without a GPU still 
 ``flashcourse bench SUITE`` does the same from the shell and writes JSON with its provenance.
 
 Suites register themselves with ``@suite("name")`` (one module per chapter, found through :mod:`flashcourse.chapters`).
+Two modules are no chapter's: :mod:`.harness` (suites, records, results, the run) and
+:mod:`.timers` (the GPU timers: :func:`flush_timer`, :func:`read_flush_timer`, :func:`do_bench_timer`).
 
 Example:
     >>> import flashcourse.bench as bench
@@ -16,12 +18,12 @@ Example:
     True
 """
 from .. import chapters
-from .harness import (DO_BENCH, Case, GPURequired, Record, Result, Workload, default_out,
-                      do_bench_timer, flush_timer, get_suite, provenance, read_flush_timer, require_gpu, run,
-                      shipped, shipped_suites, suite, registered, unregister)
+from .harness import (Case, GPURequired, Record, Result, Workload, default_out, get_suite, provenance,
+                      require_gpu, run, shipped, shipped_suites, suite, registered, unregister)
+from .timers import DO_BENCH, FLUSH_BYTES, FLUSHES, do_bench_timer, flush_timer, read_flush_timer
 
 chapters.import_layer(__name__)   # each chapter's module registers its suite (see flashcourse.chapters)
 
 __all__ = ["run", "shipped", "shipped_suites", "suite", "registered", "get_suite", "unregister", "Result",
            "Record", "Case", "Workload", "GPURequired", "provenance", "require_gpu",
-           "do_bench_timer", "flush_timer", "read_flush_timer", "default_out", "DO_BENCH"]
+           "do_bench_timer", "flush_timer", "read_flush_timer", "default_out", "DO_BENCH", "FLUSH_BYTES", "FLUSHES"]

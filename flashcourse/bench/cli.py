@@ -16,7 +16,7 @@ from __future__ import annotations
 import shlex
 import sys
 
-from . import harness
+from . import harness, timers
 from .harness import GPURequired
 
 #: Exit status when a measurement is asked for on a machine without a GPU.
@@ -32,11 +32,11 @@ def add_arguments(parser) -> None:
                         help="smaller sizes: a first look, or a GPU with little memory")
     parser.add_argument("--shipped", action="store_true",
                         help="print the H100 results shipped with the course instead of measuring")
-    parser.add_argument("--warmup", type=int, default=harness.DO_BENCH["warmup"],
+    parser.add_argument("--warmup", type=int, default=timers.DO_BENCH["warmup"],
                         help="do_bench warm-up time in ms (default %(default)s)")
-    parser.add_argument("--rep", type=int, default=harness.DO_BENCH["rep"],
+    parser.add_argument("--rep", type=int, default=timers.DO_BENCH["rep"],
                         help="do_bench timing time in ms (default %(default)s)")
-    parser.add_argument("--flush", choices=harness.FLUSHES, default="write",
+    parser.add_argument("--flush", choices=timers.FLUSHES, default="write",
                         help="how the L2 is flushed before each timed call: 'write' (do_bench's "
                              "memset, the baselines' method; default) or 'read' (a read-only flush "
                              "that leaves clean lines: no write-back charged to the kernel). Both "
@@ -77,7 +77,7 @@ def run(args) -> int:
     command = "flashcourse bench " + shlex.join(sys.argv[2:] if _called_as_bench() else [args.suite])
     out = args.out or harness.default_out(args.suite)
     options = {"quick": True} if args.quick else {}
-    timer = harness.flush_timer(args.flush, args.warmup, args.rep)
+    timer = timers.flush_timer(args.flush, args.warmup, args.rep)
     result = harness.run(args.suite, out=out, progress=not args.no_progress, command=command,
                          timer=timer, warmup=args.warmup, rep=args.rep, **options)
     print(result.table())

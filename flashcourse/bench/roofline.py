@@ -51,7 +51,7 @@ def _copy_cases(nbytes, device, seed):
     def check(_):
         return None if torch.equal(dst, src) else "the destination differs from the source"
     return [Case("torch copy_ (device to device)", fn=lambda: dst.copy_(src), flops=None,
-                 bytes=2 * src.numel() * src.elementsize_label(), kind="baseline", check=check,
+                 bytes=2 * src.numel() * src.element_size(), kind="baseline", check=check,
                  inputs=(src, dst))]
 
 
@@ -71,5 +71,5 @@ def _matmul_cases(n, dt, device, seed):
         err = ((c[rows].float() - ref).norm() / ref.norm()).item()
         return None if err < 1e-2 else f"relative error {err:.3g} against a float32 matmul"
     impl = "torch.matmul (cuBLAS)" if device == "cuda" else "torch.matmul"
-    return [Case(impl, fn=lambda: a @ b, flops=2 * n**3, bytes=3 * n * n * a.elementsize_label(),
+    return [Case(impl, fn=lambda: a @ b, flops=2 * n**3, bytes=3 * n * n * a.element_size(),
                  kind="baseline", check=check, inputs=(a, b))]

@@ -54,7 +54,7 @@ from ._common import DPI, READ_COLOR, WRITE_COLOR, CourseFigure, human_bytes
 
 __all__ = ["SlotEvent", "UNTOUCHED", "DONE", "RESIDENT", "READ", "WRITTEN", "READ_WRITTEN", "STATE_NAMES",
            "STATE_COLORS", "FrameState", "frame_state", "frame_steps", "new_frame_figure",
-           "draw_frame", "stepper", "stepper_strip", "stepper_animation", "show_stepper"]
+           "draw_frame", "stepper", "stepper_strip", "stepper_animation", "show_stepper", "live_widgets"]
 
 #: Tile states, in order of priority (a higher code wins where two apply).
 UNTOUCHED, DONE, RESIDENT, READ, WRITTEN, READ_WRITTEN = range(6)
@@ -534,8 +534,9 @@ def stepper(mem: Memory, *, head=None, interval: int = 800):
     return ui
 
 
-def _live_widgets() -> bool:
-    """True in a live IPython kernel with ipywidgets, unless ``FLASHCOURSE_STATIC=1``."""
+def live_widgets() -> bool:
+    """True in a live IPython kernel with ipywidgets, unless ``FLASHCOURSE_STATIC=1``: then :func:`show_stepper`
+    shows the widget :func:`stepper` above its static frames (elsewhere, e.g. under pytest, the frames alone)."""
     if os.environ.get("FLASHCOURSE_STATIC", "") not in ("", "0"):
         return False
     try:
@@ -551,12 +552,11 @@ def show_stepper(mem: Memory, *, head=None, steps=None, frames: int = 4, animati
                  animation_frames: int = 12):
     """Show the stepper the best way the notebook can, and always leave static frames behind.
 
-    In a live kernel with ipywidgets (and ``FLASHCOURSE_STATIC`` unset) it displays the widget
-    :func:`stepper`, then a :func:`stepper_strip` of ``frames`` key steps under it; otherwise only
-    the strip. The strip is what GitHub, slides and nbval see (they cannot run the widget), so it is
-    always in the committed output. ``animation=True`` adds :func:`stepper_animation` (it plays on
-    nbviewer and in slides, not on GitHub) of ``animation_frames`` steps. Returns None: everything is
-    displayed.
+    When :func:`live_widgets` (a live kernel with ipywidgets), it displays the widget :func:`stepper`,
+    then a :func:`stepper_strip` of ``frames`` key steps under it; otherwise only the strip. The strip
+    is what GitHub, slides and nbval see (they cannot run the widget), so it is always in the
+    committed output. ``animation=True`` adds :func:`stepper_animation` (it plays on nbviewer and in
+    slides, not on GitHub) of ``animation_frames`` steps. Returns None: everything is displayed.
 
     Example:
         >>> import numpy as np
@@ -566,7 +566,7 @@ def show_stepper(mem: Memory, *, head=None, steps=None, frames: int = 4, animati
         Figure(648x...)
     """
     from IPython.display import display
-    if _live_widgets():
+    if live_widgets():
         display(stepper(mem, head=head))
     display(stepper_strip(mem, steps=steps, head=head, frames=frames))
     if animation:
