@@ -313,44 +313,24 @@ def test_softmax_suite_accounting_and_baseline(monkeypatch):
 
 
 def test_softmax_suite_finds_the_kernels_two_pass_path(monkeypatch):
-    """A stand-in kernel module: the suite forces the online path with a block narrower than the row."""
-    import importlib
-    import types
+    """The suite times the kernel's own pick and forces the online path with a block narrower than the row."""
+    from flashcourse.bench import online
     calls = []
 
-    def softmax(x, *, block_size=None):
+    def spy(x, *, block_size=None):
         calls.append((x.shape[-1], block_size))
-        return torch.softmax(x, -1)
-
-    def softmax_config(n_cols, dtype):
-        return types.SimpleNamespace(kernel="softmax_one_pass" if n_cols <= 64 else "softmax_online")
-    fake = types.SimpleNamespace(softmax=softmax, softmax_config=softmax_config,
-                                 safe_softmax_3pass=lambda x: torch.softmax(x, -1))
-    real = importlib.import_module
-    monkeypatch.setattr(importlib, "import_module",
-                        lambda name, *a: fake if name == "flashcourse.kernels.online" else real(name, *a))
-    r = bench.run("online", timer=FakeTimer(), progress=False, device=DEV, cols=(64, 200), bytes_per_call=4096)
+        return real(x, block_size=block_size)
+    real = online.softmax
+    monkeypatch.setattr(online, "softmax", spy)
+    monkeypatch.setattr(online, "KERNELS", [(n, spy if f is real else f, a) for n, f, a in online.KERNELS])
+    r = bench.run("online", timer=FakeTimer(), progress=False, device=DEV, cols=(64, 40000), bytes_per_call=40000)
     assert r.impls() == ["kernels.softmax", "kernels.softmax (online, two passes)",
                          "kernels.safe_softmax_3pass", "torch.softmax"]
-    assert all(rec.ok for rec in r.records)
-    # one-pass: no block; forced online: half the row's power of two (64 -> 32, 200 -> 128)
-    assert set(calls) == {(64, None), (64, 32), (200, None), (200, 128)}
+    assert all(rec.ok for rec in r.records), [rec.error for rec in r.records]
+    # its own pick: no block; forced online: half the row's power of two (64 -> 32; 40000 -> 32768, capped at 4096)
+    assert set(calls) == {(64, None), (64, 32), (40000, None), (40000, 4096)}
     assert r.get("kernels.softmax", cols=64).extra["passes"] == "one-pass"
-    assert r.get("kernels.softmax", cols=200).extra["passes"] == "online"
-
-
-def test_softmax_suite_skips_a_missing_kernel_plainly(monkeypatch):
-    import importlib
-    real = importlib.import_module
-
-    def no_kernels(name, *a, **k):
-        if name == "flashcourse.kernels.online":
-            raise ModuleNotFoundError("No module named 'flashcourse.kernels.softmax'")
-        return real(name, *a, **k)
-    monkeypatch.setattr(importlib, "import_module", no_kernels)
-    r = bench.run("online", timer=FakeTimer(), progress=False, device=DEV, cols=(32,), bytes_per_call=256)
-    assert r.get("kernels.softmax").skipped.startswith("flashcourse.kernels.softmax cannot be imported")
-    assert r.get("torch.softmax").ok
+    assert r.get("kernels.softmax", cols=40000).extra["passes"] == "online"
 
 
 def test_softmax_check_rejects_wrong_outputs():
