@@ -29,7 +29,7 @@ import triton.language as tl  # noqa: E402
 from flashcourse.kernels import aot, fa1_config, fa1_forward, fa2_config, fa2_forward  # noqa: E402
 from flashcourse.kernels._validate import supports_bf16  # noqa: E402
 from flashcourse.reference.attention import attention_float64, causal_mask  # noqa: E402
-from error_rule import assert_within_error_rule  # noqa: E402
+from flashcourse.checks.cases import assert_within_error_rule  # noqa: E402
 
 from flashcourse.kernels import attention as FA  # noqa: E402  (the module: FA1 and FA2)
 

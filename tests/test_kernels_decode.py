@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from flashcourse import backend  # first: it decides the backend before triton is imported
 
 from flashcourse.kernels import aot, decode_config, flash_decode, unified_max_decode  # noqa: E402
-from error_rule import assert_within_error_rule  # noqa: E402
+from flashcourse.checks.cases import assert_within_error_rule  # noqa: E402
 
 from flashcourse.kernels import decode as DEC  # noqa: E402
 

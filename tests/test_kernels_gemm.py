@@ -3,7 +3,7 @@
 The error rule. Both kernels accumulate in float32 and round y to float16 once, so their error
 against float64 is that final rounding (at most half an ulp of y) plus float32 terms of order
 K * 2^-24 * sum|x_k w_kn| -- a hundred times smaller for these sizes. PyTorch's own float16 matmul
-does the same, so the bar is the course's (tests/error_rule.py): the kernel's largest error is
+does the same, so the bar is the course's (flashcourse.checks.cases.error_rule): the kernel's largest error is
 at most twice torch's on the same inputs, plus 1e-3. A split-K sum adds its partials in another
 order, which moves some outputs by an ulp: inside the factor of two.
 
@@ -20,7 +20,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from error_rule import assert_within_error_rule
+from flashcourse.checks.cases import assert_within_error_rule
 
 from flashcourse import backend  # decides the backend before anything imports triton
 from flashcourse.kernels import aot, flat_gemm, gemm_config, gemv, linear, linear_plan, read_once
