@@ -20,7 +20,7 @@ import os
 import sys
 import warnings
 
-__all__ = ["DEVICE", "INTERPRET", "NOTE", "compute_capability", "gpu_name", "problem_size"]
+__all__ = ["DEVICE", "INTERPRET", "NOTE", "compute_capability", "gpu_name", "num_sms", "problem_size"]
 
 
 def _cuda_available() -> bool:
@@ -86,6 +86,32 @@ def compute_capability() -> tuple[int, int] | None:
         return None
     import torch
     return tuple(torch.cuda.get_device_capability())
+
+
+#: SMs the interpreter pretends to have: enough that small problems still split their work.
+_INTERPRETER_SMS = 4
+_SMS: dict = {}
+
+
+def num_sms(device=None) -> int:
+    """The streaming multiprocessors (SMs) of the GPU ``device`` (default: the current one), e.g. 132
+    on an H100 SXM; 4 on the interpreter, which pretends, so that small tests still split their work.
+
+    What the kernels' split heuristics size their grids by. Read once per GPU and remembered.
+
+    Example:
+        >>> from flashcourse.backend import num_sms, INTERPRET
+        >>> num_sms() == 4 if INTERPRET else num_sms() > 4
+        True
+    """
+    if INTERPRET:
+        return _INTERPRETER_SMS
+    import torch
+    index = None if device is None else torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    if index not in _SMS:
+        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SMS[index]
 
 
 def problem_size(gpu, cpu):

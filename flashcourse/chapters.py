@@ -5,9 +5,11 @@ Every chapter has a *stem*, one short word used for its module in every layer of
 ``bench/STEM.py``, ``viz/STEM.py``), its tests (``tests/test_LAYER_STEM.py``), its notebook
 sources (``tools/notebooks/NN_..STEM..py``) and its notebooks, so that ``git ls-files | grep STEM``
 lists the whole chapter. Two chapters that build one algorithm share a stem (FlashAttention-1 and
--2 are ``attention``; Flash-Decoding and FlashDecoding++'s unified max are ``decode``).
+-2 are ``attention``; Flash-Decoding and FlashDecoding++'s unified max are ``decode``). A chapter
+too large for one module in a layer names its other modules there (``extra_modules``, each name
+beginning with the stem: chapter 6's ``kernels/gemm_linear.py`` and ``kernels/gemm_floor.py``).
 
-The packages find their chapter modules here (:func:`modules`) instead of keeping import lists; the
+The packages find their chapter modules here (:func:`layer_modules`) instead of keeping import lists; the
 README's course map, the Colab table and the notebooks' header cells are written from it; and the
 tests check every chapter against it (its kernels exported and compiled ahead of time, its bench
 suite with shipped results, its checks with hidden cases).
@@ -22,13 +24,16 @@ Example:
     'notebooks/03_flashattention2.ipynb'
     >>> modules("kernels")
     ['online', 'attention', 'decode', 'gemm']
+    >>> layer_modules("kernels")
+    ['online', 'attention', 'decode', 'gemm', 'gemm_linear', 'gemm_floor']
 """
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
 
-__all__ = ["Chapter", "CHAPTERS", "LAYERS", "chapter", "stems", "modules", "import_layer", "export"]
+__all__ = ["Chapter", "CHAPTERS", "LAYERS", "chapter", "stems", "modules", "layer_modules", "import_layer",
+           "export"]
 
 #: The layers of the package that hold one module per chapter stem, from the ground up.
 LAYERS = ("formulas", "reference", "kernels", "checks", "bench", "viz")
@@ -41,7 +46,9 @@ class Chapter:
     ``name`` is the notebooks' file name without ``.ipynb`` (``NN_...``, and it contains the stem);
     ``layers`` are the layers that have a ``STEM.py`` module for it; ``kernels`` the entry points it
     adds to :mod:`flashcourse.kernels`; ``bench`` its benchmark suite (named by its stem);
-    ``checks`` the functions of :mod:`flashcourse.checks` its exercise notebook calls.
+    ``checks`` the functions of :mod:`flashcourse.checks` its exercise notebook calls;
+    ``extra_modules`` its modules besides ``LAYER/STEM.py``, as ``"LAYER.NAME"`` with NAME
+    beginning with ``STEM_`` (imported and exported with the layer, after ``STEM.py``).
 
     Example:
         >>> c = chapter(1)
@@ -56,6 +63,7 @@ class Chapter:
     kernels: tuple[str, ...] = ()
     checks: tuple[str, ...] = ()
     bench: str | None = None
+    extra_modules: tuple[str, ...] = ()
 
     @property
     def notebook(self) -> str:
@@ -100,7 +108,8 @@ CHAPTERS: tuple[Chapter, ...] = (
             layers=_ALL, kernels=("unified_max_decode",), checks=("unified_max_partials",), bench="decode"),
     Chapter(6, "gemm", "Flat GEMM: the linear layers of a decoding step", "06_flat_gemm",
             layers=_ALL, kernels=("flat_gemm", "gemv", "linear", "read_once"),
-            checks=("choose_block_n", "flat_gemm_kernel"), bench="gemm"),
+            checks=("choose_block_n", "flat_gemm_kernel"), bench="gemm",
+            extra_modules=("kernels.gemm_linear", "kernels.gemm_floor")),
 )
 
 
@@ -139,8 +148,28 @@ def modules(layer: str) -> list[str]:
     return list(dict.fromkeys(c.stem for c in CHAPTERS if layer in c.layers))
 
 
+def layer_modules(layer: str) -> list[str]:
+    """The chapter modules of ``layer``, in chapter order: each stem of :func:`modules`, followed by
+    the ``extra_modules`` its chapters name in that layer.
+
+    Example:
+        >>> layer_modules("kernels")[-3:]
+        ['gemm', 'gemm_linear', 'gemm_floor']
+        >>> layer_modules("reference") == modules("reference")
+        True
+    """
+    names = []
+    for stem in modules(layer):
+        names.append(stem)
+        for c in CHAPTERS:
+            if c.stem == stem:
+                names += [m.split(".", 1)[1] for m in c.extra_modules if m.split(".", 1)[0] == layer]
+    return list(dict.fromkeys(names))
+
+
 def import_layer(package: str) -> list:
-    """Import the chapter modules of the layer package ``package`` (e.g. ``"flashcourse.kernels"``).
+    """Import the chapter modules of the layer package ``package`` (e.g. ``"flashcourse.kernels"``):
+    those of :func:`layer_modules`.
 
     This is how a layer finds its chapters: a new chapter is a row of :data:`CHAPTERS` and a
     ``STEM.py`` in each layer it names, not a line in the layer's ``__init__.py``.
@@ -150,7 +179,7 @@ def import_layer(package: str) -> list:
         ['flashcourse.reference.online', 'flashcourse.reference.attention']
     """
     layer = package.rsplit(".", 1)[-1]
-    return [importlib.import_module(f"{package}.{stem}") for stem in modules(layer)]
+    return [importlib.import_module(f"{package}.{name}") for name in layer_modules(layer)]
 
 
 def export(package: str, namespace: dict) -> list[str]:
@@ -172,7 +201,7 @@ def export(package: str, namespace: dict) -> list[str]:
             if name in names and namespace.get(name) is not value:
                 raise ImportError(f"{package}: {name!r} is exported by two chapter modules; give one a "
                                   f"different name (the second is {module.__name__})")
-            if name in modules(package.rsplit(".", 1)[-1]):
+            if name in layer_modules(package.rsplit(".", 1)[-1]):
                 raise ImportError(f"{package}: {module.__name__} exports {name!r}, which would hide the "
                                   f"module {package}.{name}; rename one of them")
             namespace[name] = value

@@ -28,10 +28,20 @@ def test_numbers_run_in_order_and_names_carry_the_stem():
         assert c.bench in (None, c.stem), "a chapter's bench suite is named by its stem"
 
 
+def kernel_modules(chap):
+    """The chapter's modules in flashcourse.kernels: STEM.py and the extra ones it names."""
+    return {f"flashcourse.kernels.{chap.stem}"} | {f"flashcourse.{m}" for m in chap.extra_modules
+                                                   if m.startswith("kernels.")}
+
+
 @BY_NUMBER
 def test_each_layer_has_the_chapters_module_and_tests(chap):
     for layer in chap.layers:
         assert (ROOT / "flashcourse" / layer / f"{chap.stem}.py").is_file(), (layer, chap.stem)
+    for extra in chap.extra_modules:
+        layer, name = extra.split(".")
+        assert layer in chap.layers and name.startswith(f"{chap.stem}_"), extra
+        assert (ROOT / "flashcourse" / layer / f"{name}.py").is_file(), extra
     for layer in {"reference", "kernels", "checks"} & set(chap.layers):
         assert (ROOT / "tests" / f"test_{layer}_{chap.stem}.py").is_file(), (layer, chap.stem)
 
@@ -58,6 +68,24 @@ def test_every_chapter_module_of_a_layer_is_in_the_table():
         modules = {p.stem for p in (ROOT / "flashcourse" / layer).glob("*.py")}
         stems = set(chapters.stems())
         assert modules & stems == set(chapters.modules(layer)), layer
+        extras = [m.split(".")[1] for c in CHAPTERS for m in c.extra_modules if m.startswith(f"{layer}.")]
+        assert chapters.layer_modules(layer) == list(dict.fromkeys(
+            name for s in chapters.modules(layer) for name in [s] + [e for e in extras if e.startswith(f"{s}_")]))
+
+
+def test_a_chapters_extra_modules_are_imported_and_exported_with_its_layer():
+    import importlib
+    assert chapters.layer_modules("kernels")[-3:] == ["gemm", "gemm_linear", "gemm_floor"]
+    for c in CHAPTERS:
+        for extra in c.extra_modules:
+            layer, name = extra.split(".")
+            module = importlib.import_module(f"flashcourse.{extra}")
+            assert module in chapters.import_layer(f"flashcourse.{layer}")
+            package = importlib.import_module(f"flashcourse.{layer}")
+            if hasattr(package, "__all__") and layer != "bench":
+                assert set(module.__all__) <= set(package.__all__), extra
+    assert kernels.linear.__module__ == "flashcourse.kernels.gemm_linear"
+    assert kernels.read_once.__module__ == "flashcourse.kernels.gemm_floor"
 
 
 @BY_NUMBER
@@ -67,13 +95,13 @@ def test_kernels_are_exported_from_their_chapters_module_and_compiled_ahead_of_t
     for name in chap.kernels:
         fn = getattr(kernels, name)
         assert name in kernels.__all__
-        assert fn.__module__ == f"flashcourse.kernels.{chap.stem}", (name, fn.__module__)
+        assert fn.__module__ in kernel_modules(chap), (name, fn.__module__)
     if chap.kernels:
         assert f"flashcourse.kernels.{chap.stem}" in registered_from, f"no kernel of {chap.stem} is registered with aot"
 
 
 def test_every_registered_kernel_belongs_to_a_chapter():
-    modules = {f"flashcourse.kernels.{s}" for s in chapters.modules("kernels")}
+    modules = {f"flashcourse.kernels.{s}" for s in chapters.layer_modules("kernels")}
     for name in aot.registered():
         k = aot.kernel_of(name)
         assert getattr(k, "fn", k).__module__ in modules, name

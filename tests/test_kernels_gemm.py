@@ -23,9 +23,10 @@ import torch
 from flashcourse.checks.cases import assert_within_error_rule
 
 from flashcourse import backend  # decides the backend before anything imports triton
-from flashcourse.kernels import aot, flat_gemm, gemm_config, gemv, linear, linear_plan, read_once
+from flashcourse.kernels import aot, flat_gemm, gemm_config, gemv, linear, linear_plan, read_once, read_once_run
 
 from flashcourse.kernels import gemm as G  # noqa: E402
+from flashcourse.kernels import gemm_linear as GL  # noqa: E402
 
 GPU = backend.DEVICE == "cuda"
 
@@ -121,7 +122,7 @@ def test_split_k_is_deterministic_and_leaves_the_counters_at_zero(device, gen):
         assert torch.equal(flat_gemm(x, w, split_k=4), first)      # partials summed in split order
         assert torch.equal(gemv(x, w, split_k=5), gemv(x, w, split_k=5))
     assert_gemm_close(first, x, w_kn, "split 4")
-    counters = G._WORKSPACE[str(x.device)][1]
+    counters = G.workspace(x.device, 0, 0)[1]
     assert int(counters.abs().sum()) == 0                            # ready for the next call
     # more shares than blocks of K: the empty ones add zeros
     x, w, w_kn = inputs(2, 20, 30, gen, device)
@@ -175,7 +176,7 @@ def _thresholds(gemv_max_m, flat_max_m, shapes=()):
 
 
 def test_linear_picks_each_path_by_the_thresholds(device, gen, monkeypatch):
-    monkeypatch.setattr(G, "_thresholds_file", lambda: _thresholds(2, 9, [
+    monkeypatch.setattr(GL, "load_thresholds", lambda: _thresholds(2, 9, [
         {"K": 64, "N": 40, "gemv_max_m": 4, "flat_gemm_max_m": 12}]))
     K, N = 50, 30
     for M, want in ((1, "gemv"), (2, "gemv"), (3, "flat_gemm"), (9, "flat_gemm"), (10, "torch.matmul"),
@@ -208,7 +209,7 @@ def test_linear_takes_leading_dims_and_one_vector(device, gen):
 
 
 def test_linear_plan_explains_itself(monkeypatch):
-    monkeypatch.setattr(G, "_thresholds_file", lambda: {**_thresholds(1, 16), "measured": False})
+    monkeypatch.setattr(GL, "load_thresholds", lambda: {**_thresholds(1, 16), "measured": False})
     plan = linear_plan(1, 4096, 4096, cc=(9, 0))
     assert plan.kernel == "gemv" and plan.config.kernel == "gemv"
     assert str(plan).startswith("linear: M=1 K=4096 N=4096 -> gemv: M = 1 <= gemv_max_m = 1")
@@ -222,7 +223,7 @@ def test_linear_plan_explains_itself(monkeypatch):
 
 
 def test_shipped_thresholds_file():
-    data = json.loads(G.THRESHOLDS_FILE.read_text())
+    data = json.loads(GL.THRESHOLDS_FILE.read_text())
     assert data["format"] == "flashcourse-linear-thresholds/1"
     assert isinstance(data["measured"], bool)
     assert {"gpu", "torch", "triton", "date", "command"} <= set(data["provenance"])
@@ -321,12 +322,21 @@ def test_configs_per_compute_capability():
                 cfg = gemm_config(M, 11008, 4096, torch.float16, cc, kernel=kernel)
                 assert cfg.block_m == (16 if kernel == "flat_gemm" else int(2 ** np.ceil(np.log2(M))))
                 assert cfg.split_k >= 1 and cfg.split_k & (cfg.split_k - 1) == 0
-                assert cfg.programs(11008) <= 16 * G.NOMINAL_SMS[G._table_key(cc)]
+                assert cfg.programs(11008) <= 16 * G.NOMINAL_SMS[G.table_key(cc)]
     assert {"flat_gemm", "gemv"} <= set(aot.registered())
     # the split fills the GPU: N / B_N tiles times split_k programs, no share under 4 blocks of K
     assert G.split_k_for(64, 4096, 128, sms=132, programs_per_sm=1.9) == 4
     assert G.split_k_for(4, 256, 64, sms=132, programs_per_sm=2) == 1
     assert G.split_k_for(1, 1 << 20, 128, sms=132, programs_per_sm=2) == G.MAX_SPLIT_K
+
+
+def test_the_sm_count_comes_from_the_backend():
+    """This GPU's configs split K by backend.num_sms(); the interpreter's 4 SMs are NOMINAL_SMS[None]."""
+    if backend.INTERPRET:
+        assert backend.num_sms() == G.NOMINAL_SMS[None] == 4
+    for kernel in ("flat_gemm", "gemv"):
+        assert gemm_config(1, 64, 4096, kernel=kernel) == gemm_config(
+            1, 64, 4096, cc=backend.compute_capability(), kernel=kernel, sms=backend.num_sms())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -338,12 +348,13 @@ def test_the_comparison_rejects_the_wrong_layout_and_a_lost_partial(device, gen,
     with pytest.raises(AssertionError, match="max error"):         # square W read the other way round
         assert_gemm_close(flat_gemm(x, w, w_layout="nk"), x, w_kn)
 
-    real = G._launch
+    real = G.launch
 
-    def last_share_only(x_, w_, K, N, swk, swn, cfg):           # a split-K that loses all but one share
+    def last_share_only(x_, w_, cfg, w_layout="kn"):            # a split-K that loses all but one share
+        K = x_.shape[1]
         lo = K - K // cfg.split_k
-        return real(x_[:, lo:], w_[lo:], K - lo, N, swk, swn, G.replace(cfg, split_k=1))
-    monkeypatch.setattr(G, "_launch", last_share_only)
+        return real(x_[:, lo:], w_[lo:], G.replace(cfg, split_k=1), w_layout=w_layout)
+    monkeypatch.setattr(G, "launch", last_share_only)
     with pytest.raises(AssertionError, match="max error"):
         assert_gemm_close(flat_gemm(x, w, split_k=4), x, w_kn)
 
@@ -356,21 +367,21 @@ def test_the_comparison_rejects_the_wrong_layout_and_a_lost_partial(device, gen,
                          [((100, 70), torch.float16), ((3, 1025), torch.bfloat16), ((1,), torch.float32),
                           ((7, 11, 13), torch.float16)])
 def test_read_once_reads_every_element_once(device, gen, shape, dtype):
-    from flashcourse.bench.gemm import _floor_check
+    from flashcourse.bench.gemm import floor_check
     t = torch.randn(shape, generator=gen).to(dtype).to(device)
     parts = read_once(t)
-    assert parts.dtype == torch.float32 and parts.shape == (-(-t.numel() // G.read_once_run()),)
-    assert _floor_check(t)(parts) is None
+    assert parts.dtype == torch.float32 and parts.shape == (-(-t.numel() // read_once_run()),)
+    assert floor_check(t)(parts) is None
     assert abs(parts.double().sum().item() - t.double().sum().item()) <= 1e-5 * t.double().abs().sum().item() + 1e-3
-    assert _floor_check(t)(read_once(t, eviction_policy="")) is None
+    assert floor_check(t)(read_once(t, eviction_policy="")) is None
     assert read_once(t[:0].contiguous()).sum().item() == 0
 
 
 def test_the_floor_check_rejects_a_run_skipped_or_read_twice(device, gen):
-    from flashcourse.bench.gemm import _floor_check
-    t = torch.randn(5 * G.read_once_run() + 17, generator=gen).half().to(device)
+    from flashcourse.bench.gemm import floor_check
+    t = torch.randn(5 * read_once_run() + 17, generator=gen).half().to(device)
     parts = read_once(t)
-    check = _floor_check(t)
+    check = floor_check(t)
     assert check(parts) is None
     skipped = parts.clone()
     skipped[2] = 0                                   # one run never read

@@ -51,6 +51,7 @@ from flashcourse import backend
 import torch
 import triton
 
+from flashcourse.kernels import aot, gemm_floor, gemm_linear  # noqa: E402
 from flashcourse.kernels import gemm as GEMM  # noqa: E402
 GemmConfig = GEMM.GemmConfig
 
@@ -105,14 +106,7 @@ def weights(K, N, device, gen, dtype=torch.float16):
 
 
 def run_config(x, w, layout, cfg: GemmConfig):
-    K = x.shape[1]
-    if layout == "kn":
-        N = w.shape[1]
-        swk, swn = w.stride()
-    else:
-        N = w.shape[0]
-        swn, swk = w.stride()
-    return GEMM._launch(x, w, K, N, swk, swn, cfg)
+    return GEMM.launch(x, w, cfg, w_layout=layout)          # no checks: the config as given
 
 
 def max_err(y, ref):
@@ -169,7 +163,7 @@ def main() -> int:
     other = timers[other_name]
     bench_timers = {f: make_timer(smoke, 25, 50, f) for f in ("read", "write")}
     cc = backend.compute_capability()
-    sms = GEMM._num_sms()
+    sms = backend.num_sms()
     info = {"gpu": backend.gpu_name(), "compute_capability": None if cc is None else f"{cc[0]}.{cc[1]}",
             "sms": sms, "torch": torch.__version__, "triton": triton.__version__,
             "python": platform.python_version(), "date": now(), "command": " ".join(["python"] + sys.argv)}
@@ -208,7 +202,7 @@ def main() -> int:
                             if M <= GEMM.GEMV_MAX_M:
                                 row[f"gemv {layout}"] = max_err(GEMM.gemv(x, w, w_layout=layout), ref)
                                 row[f"gemv {layout} split 1"] = max_err(GEMM.gemv(x, w, w_layout=layout, split_k=1), ref)
-                            row[f"linear {layout}"] = max_err(GEMM.linear(x, w, w_layout=layout), ref)
+                            row[f"linear {layout}"] = max_err(gemm_linear.linear(x, w, w_layout=layout), ref)
                         # split-K sums its partials in a fixed order: the same bits every call
                         a = GEMM.flat_gemm(x, w_kn, split_k=4)
                         row["deterministic"] = all(torch.equal(a, GEMM.flat_gemm(x, w_kn, split_k=4)) for _ in range(5))
@@ -342,7 +336,7 @@ def main() -> int:
                                     ("; SMOKE RUN: meaningless timings" if smoke else "")),
                            "gpu": info["gpu"], "torch": info["torch"], "triton": info["triton"],
                            "date": info["date"], "command": info["command"]},
-            "rule": GEMM._thresholds_file().get("rule", ""),
+            "rule": gemm_linear.load_thresholds().get("rule", ""),
             "targets": {key: {"default": {"gemv_max_m": min(e["gemv_max_m"] for e in measured),
                                           "flat_gemm_max_m": min(e["flat_gemm_max_m"] for e in measured)},
                               "shapes": measured}},
@@ -374,8 +368,8 @@ def main() -> int:
                      "F.linear": lambda x=x: torch.nn.functional.linear(x, w_nk),
                      "flat_gemm": lambda x=x: GEMM.flat_gemm(x, w_kn),
                      "gemv": lambda x=x: GEMM.gemv(x[:8], w_kn),
-                     "linear": lambda x=x: GEMM.linear(x, w_nk),
-                     "_launch (no checks)": lambda x=x, cfg=cfg: run_config(x, w_kn, "kn", cfg)}
+                     "linear": lambda x=x: gemm_linear.linear(x, w_nk),
+                     "launch (no checks)": lambda x=x, cfg=cfg: run_config(x, w_kn, "kn", cfg)}
             row = {"K": K, "N": N, "M": M}
             for name, fn in calls.items():
                 fn()
@@ -415,10 +409,11 @@ def w_copy_ptx(M, N, K, device) -> dict:
     w = torch.zeros((K, N), device=device, dtype=torch.float16)
     cfg = GEMM.gemm_config(M, N, K, kernel="flat_gemm")
     y = torch.empty((M, N), device=device, dtype=torch.float16)
-    part, count = GEMM._workspace(x.device, cfg.split_k * M * N, -(-N // cfg.block_n))
-    compiled = GEMM._flat_gemm_kernel[(-(-N // cfg.block_n), cfg.split_k)](
+    part, count = GEMM.workspace(x.device, cfg.split_k * M * N, -(-N // cfg.block_n))
+    spec = cfg.launch(N, K, x.dtype)                       # the constexprs and options a call passes
+    compiled = aot.kernel_of("flat_gemm")[(-(-N // cfg.block_n), cfg.split_k)](
         x, w, y, part, count, M, N, K, x.stride(0), w.stride(0), w.stride(1), cfg.split_k,
-        **GEMM._launch_kwargs(cfg, N, K, x.dtype))
+        **spec.constexprs, **spec.options())
     ptx = getattr(compiled, "asm", {}).get("ptx", "")
     found = Counter(re.findall(r"(cp\.async\.c[ag]\.shared\.global[.:\w]*|createpolicy[.:\w]*|ld\.global[.:\w]*)", ptx))
     return {"config": str(cfg), "instructions": dict(found)}
@@ -432,28 +427,28 @@ def floor(shapes, device, gen, timers, smoke: bool) -> dict:
     if result["w_copies"]:
         print("flat_gemm's loads in PTX:", json.dumps(result["w_copies"]), flush=True)
     launches = READ_LAUNCHES[:2] if smoke else READ_LAUNCHES
-    saved = dict(GEMM.READ_ONCE)
+    saved = dict(gemm_floor.READ_ONCE)
     for K, N in shapes:
         w_kn, _ = weights(K, N, device, gen)
         x = torch.randn((1, K), generator=gen, device=device, dtype=torch.float32).half()
         row = {"K": K, "N": N, "bytes": 2 * K * N, "read_once": []}
         try:
             for block, steps, warps in launches:
-                GEMM.READ_ONCE["gpu"] = (block, steps, warps)
+                gemm_floor.READ_ONCE["gpu"] = (block, steps, warps)
                 for policy in ("evict_first", ""):
                     r = {"block": block, "steps": steps, "warps": warps, "policy": policy or "none"}
                     for flush, t in timers.items():
-                        r[f"{flush}_us"] = t(lambda w=w_kn, p=policy: GEMM.read_once(w, eviction_policy=p)) * 1e3
+                        r[f"{flush}_us"] = t(lambda w=w_kn, p=policy: gemm_floor.read_once(w, eviction_policy=p)) * 1e3
                     row["read_once"].append(r)
         finally:
-            GEMM.READ_ONCE.update(saved)
+            gemm_floor.READ_ONCE.update(saved)
         for flush, t in timers.items():
             row[f"cublas {flush}_us"] = t(lambda: x @ w_kn) * 1e3
             row[f"flat_gemm {flush}_us"] = t(lambda: GEMM.flat_gemm(x, w_kn)) * 1e3
             for policy in ("evict_first", "none"):
                 best = min(r[f"{flush}_us"] for r in row["read_once"] if r["policy"] == policy)
                 row[f"floor {flush} {policy}_us"] = best
-            row[f"shipped read_once {flush}_us"] = t(lambda: GEMM.read_once(w_kn)) * 1e3
+            row[f"shipped read_once {flush}_us"] = t(lambda: gemm_floor.read_once(w_kn)) * 1e3
             row[f"largest speed-up over cuBLAS, {flush} flush"] = row[f"cublas {flush}_us"] / row[f"floor {flush} evict_first_us"]
         result["shapes"].append(row)
         print(f"K={K:5d} N={N:5d} us read/write flush: W read once {row['floor read evict_first_us']:.1f}/"
@@ -489,7 +484,7 @@ def decoder_layers(device, gen, smoke: bool, layers: int = 4, Ms=(1, 2, 4, 8, 16
     impls = {"torch.matmul (cuBLAS)": lambda x, w, w_nk: x @ w,
              "F.linear (cuBLAS, nn.Linear layout)": lambda x, w, w_nk: F.linear(x, w_nk),
              "kernels.flat_gemm": lambda x, w, w_nk: GEMM.flat_gemm(x, w),
-             "kernels.linear (nn.Linear layout)": lambda x, w, w_nk: GEMM.linear(x, w_nk)}
+             "kernels.linear (nn.Linear layout)": lambda x, w, w_nk: gemm_linear.linear(x, w_nk)}
     rows = []
     for M in Ms:
         xs = {K: torch.randn((M, K), generator=gen, device=device, dtype=torch.float32).half()

@@ -50,8 +50,8 @@ def _double_buffer_kernel(X, W, Y, PART, COUNT, M, N, K, stride_xm, stride_wk, s
                           W_POLICY: tl.constexpr, AHEAD: tl.constexpr):
     # the loads of the next AHEAD tiles (1 or 2) are issued before this tile's dot: a buffer in
     # registers (every share of K has at least AHEAD blocks)
-    pid_n, pid_k, rows, cols, ks, lo, hi, x_ptrs, w_ptrs = G._tile(X, W, K, stride_xm, stride_wk, stride_wn,
-                                                                   SPLIT_K, BLOCK_M, BLOCK_N, BLOCK_K)
+    pid_n, pid_k, rows, cols, ks, lo, hi, x_ptrs, w_ptrs = G.program_tile(X, W, K, stride_xm, stride_wk, stride_wn,
+                                                                          SPLIT_K, BLOCK_M, BLOCK_N, BLOCK_K)
     in_m = rows < M
     in_n = cols < N
     x0, w0 = _load(x_ptrs, w_ptrs, in_m, in_n, EVEN_N, W_POLICY)
@@ -75,7 +75,7 @@ def _double_buffer_kernel(X, W, Y, PART, COUNT, M, N, K, stride_xm, stride_wk, s
     acc = tl.dot(x0, w0, acc)
     if AHEAD == 2:
         acc = tl.dot(x1, w1, acc)
-    G._write(acc, Y, PART, COUNT, rows, cols, M, N, pid_n, pid_k, SPLIT_K, REDUCE)
+    G.write_tile(acc, Y, PART, COUNT, rows, cols, M, N, pid_n, pid_k, SPLIT_K, REDUCE)
 
 
 #: (block_n, block_k, num_warps) tried for both register kernels, each split to ~1, 2 and 4 programs an SM
@@ -92,14 +92,15 @@ def launch(kernel, x, w, layout, block_n, block_k, split, warps, stages, policy=
     stride_wk, stride_wn = (w.stride(0), w.stride(1)) if layout == "kn" else (w.stride(1), w.stride(0))
     cfg = G.GemmConfig("flat_gemm", 16, block_n, block_k, split, warps, stages, policy)
     if kernel == "flat_gemm":
-        return lambda: G._launch(x, w, K, N, stride_wk, stride_wn, cfg)
+        return lambda: G.launch(x, w, cfg, w_layout=layout)
     ahead = {"pref": 1, "pref2": 2}[kernel]
     n_tiles = -(-N // block_n)
-    kwargs = {**G._launch_kwargs(cfg, N, K, x.dtype), "AHEAD": ahead}
+    spec = cfg.launch(N, K, x.dtype)
+    kwargs = {**spec.constexprs, **spec.options(), "AHEAD": ahead}
 
     def run():
         y = torch.empty((x.shape[0], N), dtype=x.dtype, device=x.device)
-        part, count = G._workspace(x.device, split * x.shape[0] * N if split > 1 else 0, n_tiles)
+        part, count = G.workspace(x.device, split * x.shape[0] * N if split > 1 else 0, n_tiles)
         _double_buffer_kernel[(n_tiles, split)](x, w, y, part, count, x.shape[0], N, K, x.stride(0),
                                                 stride_wk, stride_wn, split, **kwargs)
         return y
@@ -114,7 +115,7 @@ def main() -> int:
     res = {"provenance": {"gpu": backend.gpu_name(), "torch": torch.__version__, "triton": triton.__version__,
                           "command": " ".join(["python"] + sys.argv)}, "rows": []}
     timers = {"write": flush_timer("write"), "read": flush_timer("read")}
-    sms = G._num_sms()
+    sms = backend.num_sms()
     t0 = time.time()
     for K, N, M, layout in CASES:
         w = torch.randn((K, N) if layout == "kn" else (N, K), device="cuda", dtype=torch.float16) / 64

@@ -36,7 +36,7 @@ from __future__ import annotations
 from .. import backend
 from .harness import Case, Workload, suite
 
-__all__ = ["FLOOR", "IMPLS", "LLAMA2_7B", "gemm", "table"]
+__all__ = ["FLOOR", "IMPLS", "LLAMA2_7B", "floor_check", "gemm", "table"]
 
 #: Llama-2-7B's linear layers as (K, N): x (M, K) @ W (K, N).
 LLAMA2_7B = ((4096, 4096), (4096, 11008), (11008, 4096), (4096, 12288))
@@ -68,7 +68,7 @@ def _cases(M, K, N, device, seed):
     import torch
     import torch.nn.functional as F
 
-    from ..kernels import gemm as G
+    from .. import kernels as G
 
     g = torch.Generator(device=device).manual_seed(seed)
     x = torch.randn((M, K), generator=g, device=device, dtype=torch.float32).half()
@@ -125,17 +125,31 @@ def _cases(M, K, N, device, seed):
         floor = impl == FLOOR
         cases.append(Case(impl, fn=None if skip else fns[impl], flops=None if floor else flops,
                           bytes=K * N * 2 if floor else nbytes, kind=kind, skip=skip,
-                          check=_floor_check(w_kn) if floor else check, extra=extra.get(impl, {}),
+                          check=floor_check(w_kn) if floor else check, extra=extra.get(impl, {}),
                           inputs=(x, w_kn)))
     return cases
 
 
-def _floor_check(w):
-    """read_once's partial sums against float64 sums of the same runs of W: a run skipped or read
-    twice shows in its own partial, which the sum of all of them might hide."""
+def floor_check(w):
+    """The check of ``kernels.read_once(w)``: a function of its partial sums that returns None when
+    each is the float64 sum of its run of ``w`` (``read_once_run()`` consecutive elements), else
+    what is wrong. A run skipped or read twice shows in its own partial, which the sum of all of
+    them might hide.
+
+    Example:
+        >>> import torch
+        >>> from flashcourse.backend import DEVICE
+        >>> from flashcourse.kernels import read_once, read_once_run
+        >>> w = torch.ones(3 * read_once_run(), device=DEVICE).half()          # three runs
+        >>> check = floor_check(w)
+        >>> check(read_once(w)) is None
+        True
+        >>> check(read_once(w)[:1])
+        'expected 3 partial sums, got torch.Size([1])'
+    """
     import torch
 
-    from ..kernels import gemm as G
+    from .. import kernels as G
 
     def check(parts):
         run = G.read_once_run()

@@ -14,9 +14,12 @@ launches few programs; here:
   tiles are in flight while the current one is multiplied.
 * :func:`gemv` -- no tensor cores: ``x[m, k] * W[k, n]`` multiplied and added into a
   (B_M, B_K, B_N) float32 accumulator, summed over k once at the end; for M up to 8.
-* :func:`linear` -- the paper's heuristic dataflow: ``gemv``, ``flat_gemm`` or ``torch.matmul``
-  (cuBLAS) by M, with thresholds per weight shape measured on an H100 and shipped as data
-  (``flashcourse/data/linear_thresholds.json``); :func:`linear_plan` says what it picks, and why.
+
+The chapter's other kernel modules: :mod:`flashcourse.kernels.gemm_linear` has ``linear``, the
+paper's heuristic dataflow -- ``gemv``, ``flat_gemm`` or ``torch.matmul`` (cuBLAS) by M, with
+thresholds per weight shape measured on an H100 and shipped as data
+(``flashcourse/data/linear_thresholds.json``); :mod:`flashcourse.kernels.gemm_floor` has
+``read_once``, which reads W and does nothing else: the floor under any kernel that must read it.
 
 Why split K. A program per ``B_N`` columns gives ``N / B_N`` programs -- the paper's trade-off:
 a larger B_N means more work per byte of x and fewer programs. With few columns the GEMM is bound
@@ -27,34 +30,19 @@ writes y. One launch, no memset: the counters are left at zero for the next call
 deep pipelines in fewer programs beat more programs: flat_gemm splits only when N / B_N is below
 about half the SMs; gemv, which has no shared-memory pipeline, splits to ~2 programs per SM.)
 
-What an H100 showed (tools/gpu_gemm.py, ``flashcourse bench gemm``; L2 flushed by reading before
-each call): flat_gemm streams Llama-2-7B's 4096 x 11008 weights at 2.6 TB/s, 85-87% of the 3.02
-TB/s copy ceiling, and is 1-9% ahead of cuBLAS on every shape and every M from 1 to 16 (geometric
-mean 1.035x for M <= 8) -- padding one row to 16 costs nothing when the time is W's bytes. Four
-decoder layers' projections replayed as a CUDA graph (no flush at all): 143-148 us a layer against
-cuBLAS's 149-153 us, 1.03-1.05x. gemv was never faster, so linear picks flat_gemm up to M = 16.
-
-The floor. :func:`read_once` reads W and does nothing else: a kernel that must read W is not faster.
-flat_gemm takes 1.01-1.05x its time, cuBLAS 1.04-1.13x: the largest speed-up over cuBLAS any
-kernel could have is 1.07x (geometric mean, M <= 8), far from the 1.25x of FlashDecoding++'s
-GPUs. With do_bench's own flush, which leaves the L2 full of dirty lines, every kernel pays
-write-back as it brings W in: cuBLAS takes 1.11-1.23x the floor's time (1.18x in geometric mean,
-still short of 1.25x), and flat_gemm lands between 8% behind and 6% ahead of cuBLAS.
-
 W is read with ``eviction_policy="evict_first"``: each weight is used once per step, so its lines
-should be the first the L2 drops, not the activations or whatever else it holds -- nor dirty lines
-that would have to be written back first: with the hint the floor pays 2-6 us less after
-do_bench's flush. Triton 3.6 drops the hint on the software pipeline's copies (its PTX has plain
-``cp.async.cg``; Triton 3.9 adds ``L2::cache_hint``), so on it only gemv and read_once, whose loads
-are plain, keep it. A register double buffer (plain loads, one tile ahead, ``num_stages=1``)
-keeps the hint and beats the pipeline by 7-12% after a write flush, but loses 2-9% after a read
-flush -- the state a decode step finds -- so flat_gemm keeps the pipeline.
+should be the first the L2 drops, not the activations or whatever else it holds.
 
 The weight's layout: ``w_layout="kn"`` means ``w`` is (K, N) and ``y = x @ w`` (torch.matmul's
 convention); ``"nk"`` means ``w`` is (N, K), nn.Linear's ``weight``, and ``y = x @ w.T``
 (F.linear's). Only the shape is read from it: the kernels index W through its strides, so any
 view works without a copy (a transposed ``(N, K)`` weight is a ``"kn"`` weight). When K == N both
 layouts fit and only you know which one you mean.
+
+:func:`launch` runs a :class:`GemmConfig` of your own without the checks (a sweep, an experiment),
+on the partials and counters of :func:`workspace`.
+
+What an H100 showed (timings, the floor, the eviction hint): ``tools/results/gemm_measurements.md``.
 
 Example:
     >>> import torch
@@ -75,10 +63,8 @@ Example:
 from __future__ import annotations
 
 import functools
-import json
 import math
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -86,10 +72,9 @@ import triton.language as tl
 
 from .. import backend
 from . import aot
-from ._validate import FLOAT_DTYPES, expect_dot_operands, expect_dtype, expect_on_backend, expect_tensor
+from ._validate import expect_dot_operands, expect_tensor
 
-__all__ = ["DOT_MIN", "FLAT_MAX_M", "GEMV_MAX_M", "W_LAYOUTS", "GemmConfig", "LinearPlan", "flat_gemm",
-           "gemm_config", "gemv", "linear", "linear_plan", "linear_thresholds", "read_once", "read_once_run",
+__all__ = ["DOT_MIN", "FLAT_MAX_M", "GEMV_MAX_M", "W_LAYOUTS", "GemmConfig", "flat_gemm", "gemm_config", "gemv",
            "split_k_for"]
 
 #: The weight layouts: (K, N) as in ``x @ w``, or (N, K) as nn.Linear stores it.
@@ -102,7 +87,6 @@ GEMV_MAX_M = 8
 DOT_MIN = 16
 #: The dtypes of x and w (bfloat16 on GPUs of sm_80 and newer).
 DTYPES = (torch.float16, torch.bfloat16)
-THRESHOLDS_FILE = Path(__file__).resolve().parent.parent / "data" / "linear_thresholds.json"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -119,9 +103,10 @@ def _k_range(K, pid_k, SPLIT_K, BLOCK_K: tl.constexpr):
     return lo, hi
 
 
+# public: tools/gpu_gemm_prefetch.py builds its experimental kernel from program_tile and write_tile
 @triton.jit
-def _tile(X, W, K, stride_xm, stride_wk, stride_wn, SPLIT_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-          BLOCK_K: tl.constexpr):
+def program_tile(X, W, K, stride_xm, stride_wk, stride_wn, SPLIT_K, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # program (pid_n, pid_k): its rows and columns of y, its share [lo, hi) of K, and the pointers
     # to the first (B_M, B_K) tile of x and (B_K, B_N) tile of W
     pid_n = tl.program_id(0)
@@ -153,7 +138,7 @@ def _load_tiles(x_ptrs, w_ptrs, k, hi, ks, in_m, in_n, EVEN_K: tl.constexpr, EVE
 
 
 @triton.jit
-def _write(acc, Y, PART, COUNT, rows, cols, M, N, pid_n, pid_k, SPLIT_K, REDUCE: tl.constexpr):
+def write_tile(acc, Y, PART, COUNT, rows, cols, M, N, pid_n, pid_k, SPLIT_K, REDUCE: tl.constexpr):
     # acc: (B_M, B_N) float32, this split's share of y[rows, cols]
     mask = (rows < M)[:, None] & (cols < N)[None, :]
     offs = rows[:, None] * N + cols[None, :]
@@ -178,8 +163,8 @@ def _flat_gemm_kernel(X, W, Y, PART, COUNT, M, N, K, stride_xm, stride_wk, strid
                       EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, REDUCE: tl.constexpr,
                       W_POLICY: tl.constexpr):
     # y[:M, cols] (+)= x[:M, lo:hi] @ W[lo:hi, cols], the M rows padded to B_M = 16 for tl.dot
-    pid_n, pid_k, rows, cols, ks, lo, hi, x_ptrs, w_ptrs = _tile(X, W, K, stride_xm, stride_wk, stride_wn,
-                                                                 SPLIT_K, BLOCK_M, BLOCK_N, BLOCK_K)
+    pid_n, pid_k, rows, cols, ks, lo, hi, x_ptrs, w_ptrs = program_tile(X, W, K, stride_xm, stride_wk, stride_wn,
+                                                                        SPLIT_K, BLOCK_M, BLOCK_N, BLOCK_K)
     in_m = rows < M
     in_n = cols < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -188,7 +173,7 @@ def _flat_gemm_kernel(X, W, Y, PART, COUNT, M, N, K, stride_xm, stride_wk, strid
         acc = tl.dot(x, w, acc)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K * stride_wk
-    _write(acc, Y, PART, COUNT, rows, cols, M, N, pid_n, pid_k, SPLIT_K, REDUCE)
+    write_tile(acc, Y, PART, COUNT, rows, cols, M, N, pid_n, pid_k, SPLIT_K, REDUCE)
 
 
 @triton.jit
@@ -197,8 +182,8 @@ def _gemv_kernel(X, W, Y, PART, COUNT, M, N, K, stride_xm, stride_wk, stride_wn,
                  EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, REDUCE: tl.constexpr,
                  W_POLICY: tl.constexpr):
     # the same tile without tensor cores: multiply and add elementwise, sum over k at the end
-    pid_n, pid_k, rows, cols, ks, lo, hi, x_ptrs, w_ptrs = _tile(X, W, K, stride_xm, stride_wk, stride_wn,
-                                                                 SPLIT_K, BLOCK_M, BLOCK_N, BLOCK_K)
+    pid_n, pid_k, rows, cols, ks, lo, hi, x_ptrs, w_ptrs = program_tile(X, W, K, stride_xm, stride_wk, stride_wn,
+                                                                        SPLIT_K, BLOCK_M, BLOCK_N, BLOCK_K)
     in_m = rows < M
     in_n = cols < N
     acc = tl.zeros((BLOCK_M, BLOCK_K, BLOCK_N), dtype=tl.float32)
@@ -207,7 +192,7 @@ def _gemv_kernel(X, W, Y, PART, COUNT, M, N, K, stride_xm, stride_wk, stride_wn,
         acc += x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :]
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K * stride_wk
-    _write(tl.sum(acc, 1), Y, PART, COUNT, rows, cols, M, N, pid_n, pid_k, SPLIT_K, REDUCE)
+    write_tile(tl.sum(acc, 1), Y, PART, COUNT, rows, cols, M, N, pid_n, pid_k, SPLIT_K, REDUCE)
 
 
 _KERNELS = {"flat_gemm": _flat_gemm_kernel, "gemv": _gemv_kernel}
@@ -262,22 +247,15 @@ _PTR = {torch.float16: "*fp16", torch.bfloat16: "*bf16"}
 # programs reach programs-per-SM x SMs. gemv has rows per B_M (its accumulator is B_M x B_K x B_N
 # floats, so the tile shrinks as M grows).
 #
-# sm_90 was tuned on an H100 (tools/gpu_gemm.py): these are memory-bound loops, and what keeps the
-# weights streaming is bytes in flight -- a W tile of 16 or 32 KB and 4 pipeline stages (3 tiles
-# loading while one is multiplied), in about one program per SM, each walking a long stretch of K:
-# B_N = 128, B_K = 128 with no split from N = 8192 on (86 programs at N = 11008); B_N = 32,
-# B_K = 256 below, which at N = 4096 is 128 programs and no split at all (no partials to add:
-# 16.2-16.4 us against 16.6-16.9 us for B_N = 64, B_K = 128 split in two, at every M from 1 to 16,
-# either layout of W) -- up to K = 8192: at K = 11008 with W as (N, K) the narrow tile took
-# 37.3-40.4 us against 36.6-36.9 us for B_N = 64, B_K = 128 (W as (K, N): 34.7-35.0 either way).
-# More, smaller programs were slower; so was W as (N, K) with 64 x 256 tiles. With W as (N, K)
-# flat_gemm is 2-5% slower, but a sweep in that layout (tools/results/gemm_sweep_nk_h100.json:
-# 11 tiles, splits 1-32) found these tiles the best or within 2% of it -- the best (N, K) tile
-# is itself 1-4% behind (K, N) -- so the tables do not depend on the layout. gemv, without the
-# tensor cores' shared-memory pipeline, wants ~2 programs per SM. sm_80 keeps sm_90's tiles;
-# sm_89 (99 KB of shared memory) has 3 stages; sm_75 (64 KB, no asynchronous copies: nothing to
-# pipeline) gets occupancy instead -- a few programs per SM. All checked by the AOT compile
-# (tests/test_aot.py).
+# sm_90 was tuned on an H100 (tools/gpu_gemm.py; the timings: tools/results/gemm_measurements.md):
+# these are memory-bound loops, and what keeps the weights streaming is bytes in flight -- a W tile
+# of 16 or 32 KB and 4 pipeline stages (3 tiles loading while one is multiplied), in about one
+# program per SM, each walking a long stretch of K: B_N = 128, B_K = 128 with no split from
+# N = 8192 on; B_N = 32, B_K = 256 below, up to K = 8192 (B_N = 64, B_K = 128 beyond). The tiles
+# do not depend on W's layout. gemv, without the tensor cores' shared-memory pipeline, wants ~2
+# programs per SM. sm_80 keeps sm_90's tiles; sm_89 (99 KB of shared memory) has 3 stages; sm_75
+# (64 KB, no asynchronous copies: nothing to pipeline) gets occupancy instead -- a few programs
+# per SM. All checked by the AOT compile (tests/test_aot.py).
 _FLAT = {
     None:   [(0, None, 32, 32, 4, 1, 1.0)],                            # the interpreter: small tiles
     (7, 5): [(0, None, 64, 128, 4, 1, 2.0)],
@@ -295,14 +273,23 @@ _GEMV = {
     (8, 9): _GEMV_GPU,
     (9, 0): _GEMV_GPU,
 }
-#: SMs of each target's reference GPU (T4, A100, L4, H100), for configs asked for another GPU.
+#: SMs of each target's reference GPU (T4, A100, L4, H100), for configs asked for another GPU (None,
+#: the interpreter: the 4 that ``backend.num_sms()`` pretends there).
 NOMINAL_SMS = {None: 4, (7, 5): 40, (8, 0): 108, (8, 9): 58, (9, 0): 132}
 #: A split of K keeps at least this many blocks of B_K rows (a pipeline needs a few steps).
 MIN_K_BLOCKS = 4
 MAX_SPLIT_K = 64
 
 
-def _table_key(cc):
+def table_key(cc):
+    """The compute capability whose row of the config tables serves a GPU of compute capability ``cc``
+    (None, the interpreter, has its own): sm_90 and newer take sm_90's, sm_86/87/89 (99 KB of
+    shared memory) sm_89's, the other sm_8x sm_80's, older GPUs sm_75's.
+
+    Example:
+        >>> table_key((8, 6)), table_key((10, 0)), table_key(None)
+        ((8, 9), (9, 0), None)
+    """
     if cc is None:
         return None
     cc = tuple(cc)
@@ -368,8 +355,8 @@ def gemm_config(M: int, N: int, K: int, dtype=torch.float16, cc="current", kerne
     if cc == "current":
         cc = _cc()
         if sms is None:
-            sms = _num_sms()
-    key = _table_key(cc)
+            sms = backend.num_sms()
+    key = table_key(cc)
     if sms is None:
         sms = NOMINAL_SMS[key]
     return _gemm_config(M, N, K, key, kernel, sms)
@@ -389,23 +376,12 @@ def _gemm_config(M, N, K, key, kernel, sms):
 
 
 _CC: list = []
-_SMS: dict = {}
 
 
 def _cc():
     if not _CC:
         _CC.append(backend.compute_capability())
     return _CC[0]
-
-
-def _num_sms() -> int:
-    """SMs of this GPU (the interpreter pretends to have 4, so that small tests split K)."""
-    if backend.INTERPRET:
-        return NOMINAL_SMS[None]
-    index = torch.cuda.current_device()
-    if index not in _SMS:
-        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SMS[index]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -449,6 +425,33 @@ def _expect_operands(fn, x, w, w_layout, x_dims: str):
     return K, N, stride_wk, stride_wn
 
 
+def checked_operands(fn: str, x: torch.Tensor, w: torch.Tensor, w_layout: str = "kn") -> tuple[int, int, int, int]:
+    """Check ``x`` (..., K: any leading dims) and the weight ``w`` in ``w_layout`` as the entry point
+    ``fn`` would, and return ``(K, N, stride_wk, stride_wn)``: W's sizes and its strides along K and N.
+
+    Raises the errors a student meets (the layout, the shapes, dtypes and devices, W of 2**31
+    elements or more), each starting with ``fn``. Inputs whose metadata was checked before are not
+    checked again: :func:`~flashcourse.kernels.gemm_linear.linear` calls this on every call.
+
+    Example:
+        >>> import torch
+        >>> from flashcourse.backend import DEVICE
+        >>> x = torch.zeros(2, 3, 64, device=DEVICE).half()
+        >>> checked_operands("linear", x, torch.zeros(48, 64, device=DEVICE).half(), "nk")
+        (64, 48, 1, 64)
+    """
+    key = _key(x, w, fn, w_layout)
+    hit = _CHECKED.get(key) if key is not None else None
+    if hit is None:
+        _expect_layout(fn, w_layout)
+        expect_tensor(fn, "x", x)
+        expect_tensor(fn, "w", w)
+        if x.dim() < 1:
+            raise ValueError(f"{fn}: x is 0-dimensional (a scalar); expected (..., K)")
+        hit = _remember(key, _expect_operands(fn, x.reshape(-1, x.shape[-1]), w, w_layout, _shape(x)))
+    return hit
+
+
 def _expect_x2d(fn, x, max_m):
     expect_tensor(fn, "x", x)
     if x.dim() != 2:
@@ -482,12 +485,20 @@ def _expect_int(fn, name, value, lo, hi, what=""):
 _WORKSPACE: dict = {}
 
 
-def _workspace(device, n_part: int, n_count: int):
-    """float32 partials (n_part) and int32 counters (n_count, zeroed), kept between calls.
+def workspace(device, n_part: int, n_count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split-K scratch on ``device``: float32 partials (at least ``n_part``) and int32 counters
+    (at least ``n_count``, zeroed), kept between calls and grown when a call needs more.
 
     Every call leaves the counters at zero (the last program of each column tile resets its own),
     and writes every partial it reads. Calls on different CUDA streams at the same time must not
-    share it.
+    share it. A kernel of your own that ends in :func:`write_tile` takes its ``PART`` and ``COUNT``
+    from here.
+
+    Example:
+        >>> from flashcourse.backend import DEVICE
+        >>> part, count = workspace(DEVICE, 8, 2)
+        >>> part.numel() >= 8, int(count[:2].abs().sum())
+        (True, 0)
     """
     key = str(device)
     ws = _WORKSPACE.get(key)
@@ -499,24 +510,48 @@ def _workspace(device, n_part: int, n_count: int):
     return ws
 
 
-def _launch(x, w, K, N, stride_wk, stride_wn, cfg: GemmConfig):
-    """Run ``cfg`` on checked inputs: x (M, K) with unit stride along K, w of any strides."""
-    M = x.shape[0]
+def launch(x: torch.Tensor, w: torch.Tensor, config: GemmConfig, *, w_layout: str = "kn") -> torch.Tensor:
+    """``y = x @ W`` by ``config`` (its kernel, tiles, split of K, warps and stages), with no checks.
+
+    What :func:`flat_gemm` and :func:`gemv` run once they have checked their inputs and picked a
+    config; call it yourself to time a config of your own (``tools/gpu_gemm.py --sweep``). ``x``:
+    (M, K), made contiguous along K if it is not; ``w``: (K, N) with ``w_layout="kn"`` or (N, K)
+    with ``"nk"``, read through its strides. Nothing is checked: wrong shapes, dtypes or devices
+    give wrong results or a crash, not an error message.
+
+    Example:
+        >>> import torch
+        >>> from flashcourse.backend import DEVICE
+        >>> x = torch.randn(2, 64, device=DEVICE).half()
+        >>> w = torch.randn(64, 48, device=DEVICE).half()
+        >>> cfg = GemmConfig("flat_gemm", 16, 16, 32, 2, 4, 1)
+        >>> launch(x, w, cfg).equal(flat_gemm(x, w, block_n=16, block_k=32, split_k=2, num_stages=1))
+        True
+    """
+    M, K = x.shape
+    if w_layout == "kn":
+        N = w.shape[1]
+        stride_wk, stride_wn = w.stride()
+    else:
+        N = w.shape[0]
+        stride_wn, stride_wk = w.stride()
+    if x.stride(1) != 1 and K > 1:
+        x = x.contiguous()                       # M rows: a tiny copy (w is never copied)
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if N == 0:
         return y
-    n_tiles = -(-N // cfg.block_n)
-    part, count = _workspace(x.device, cfg.split_k * M * N if cfg.split_k > 1 else 0, n_tiles)
-    _KERNELS[cfg.kernel][(n_tiles, cfg.split_k)](
-        x, w, y, part, count, M, N, K, x.stride(0), stride_wk, stride_wn, cfg.split_k,
-        **_launch_kwargs(cfg, N, K, x.dtype))
+    n_tiles = -(-N // config.block_n)
+    part, count = workspace(x.device, config.split_k * M * N if config.split_k > 1 else 0, n_tiles)
+    _KERNELS[config.kernel][(n_tiles, config.split_k)](
+        x, w, y, part, count, M, N, K, x.stride(0), stride_wk, stride_wn, config.split_k,
+        **_launch_kwargs(config, N, K, x.dtype))
     return y
 
 
 @functools.lru_cache(maxsize=4096)
 def _launch_kwargs(cfg: GemmConfig, N: int, K: int, dtype) -> dict:
-    launch = cfg.launch(N, K, dtype)
-    return {**launch.constexprs, **launch.options()}
+    spec = cfg.launch(N, K, dtype)
+    return {**spec.constexprs, **spec.options()}
 
 
 # A decoding step is ~20-40 us of GPU time per linear layer: the host must not spend as long on
@@ -545,17 +580,14 @@ def _run(fn, kernel, max_m, x, w, w_layout, block_n, block_k, split_k, num_stage
     if hit is None:
         hit = _remember(key, _check(fn, kernel, max_m, x, w, w_layout, block_n, block_k, split_k,
                                     num_stages, num_warps))
-    K, N, stride_wk, stride_wn, cfg = hit
-    if x.stride(1) != 1 and K > 1:
-        x = x.contiguous()                       # M rows: a tiny copy (w is never copied)
-    return _launch(x, w, K, N, stride_wk, stride_wn, cfg)
+    return launch(x, w, hit, w_layout=w_layout)
 
 
 def _check(fn, kernel, max_m, x, w, w_layout, block_n, block_k, split_k, num_stages, num_warps):
     _expect_layout(fn, w_layout)
     _expect_x2d(fn, x, max_m)
     expect_tensor(fn, "w", w)
-    K, N, stride_wk, stride_wn = _expect_operands(fn, x, w, w_layout, _shape(x))
+    K, N, _, _ = _expect_operands(fn, x, w, w_layout, _shape(x))
     _expect_pow2(fn, "block_n", block_n, 16 if kernel == "flat_gemm" else 1, 1024)
     _expect_pow2(fn, "block_k", block_k, 16 if kernel == "flat_gemm" else 1, 1024)
     _expect_int(fn, "split_k", split_k, 1, MAX_SPLIT_K, " (shares of K)")
@@ -569,11 +601,11 @@ def _check(fn, kernel, max_m, x, w, w_layout, block_n, block_k, split_k, num_sta
     opts = {k: v for k, v in {"num_stages": num_stages, "num_warps": num_warps}.items() if v is not None}
     cfg = replace(cfg, **tile, **opts)
     if split_k is None and tile:          # a tile of your own: the split that suits it
-        split_k = split_k_for(math.ceil(N / cfg.block_n), K, cfg.block_k, _num_sms(),
-                              _row(_table_key(_cc()), kernel, cfg.block_m, N, K)[4])
+        split_k = split_k_for(math.ceil(N / cfg.block_n), K, cfg.block_k, backend.num_sms(),
+                              _row(table_key(_cc()), kernel, cfg.block_m, N, K)[4])
     if split_k is not None:
         cfg = replace(cfg, split_k=split_k)
-    return K, N, stride_wk, stride_wn, cfg
+    return cfg
 
 
 def flat_gemm(x: torch.Tensor, w: torch.Tensor, *, w_layout: str = "kn", block_n: int | None = None,
@@ -632,233 +664,6 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, w_layout: str = "kn", block_n: int
 
 
 # --------------------------------------------------------------------------------------------------
-# The floor: reading W and nothing else
-
-@triton.jit
-def _read_once_kernel(T, OUT, n, BLOCK: tl.constexpr, STEPS: tl.constexpr, POLICY: tl.constexpr):
-    # program p adds up elements [p * BLOCK * STEPS, (p + 1) * BLOCK * STEPS) of T, BLOCK at a step
-    pid = tl.program_id(0)
-    base = pid.to(tl.int64) * (BLOCK * STEPS)
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for i in range(STEPS):
-        offs = base + i * BLOCK + tl.arange(0, BLOCK)
-        acc += tl.load(T + offs, mask=offs < n, other=0.0, eviction_policy=POLICY).to(tl.float32)
-    tl.store(OUT + pid, tl.sum(acc, 0))
-
-
-#: read_once's launch: (elements a step, steps a program, warps). On an H100, (4096, 8, 8) reads
-#: Llama-2-7B's weights at 2.7 TB/s after a read flush, within 0.6% of the best of the 6 launches
-#: ``tools/gpu_gemm.py --floor`` tries on every shape, with either flush
-#: (tools/results/gemm_floor_h100.json); the interpreter takes small blocks.
-READ_ONCE = {"gpu": (4096, 8, 8), "interpreter": (256, 4, 4)}
-
-
-def read_once_run() -> int:
-    """How many consecutive elements each of :func:`read_once`'s partial sums covers, here.
-
-    Example:
-        >>> read_once_run() in (4096 * 8, 256 * 4)
-        True
-    """
-    block, steps, _ = READ_ONCE["interpreter" if backend.INTERPRET else "gpu"]
-    return block * steps
-
-
-def read_once(t: torch.Tensor, *, eviction_policy: str = "evict_first") -> torch.Tensor:
-    """Read every element of ``t`` once and do nothing else: the floor under any kernel that must read it.
-
-    A flat GEMM's time is the time to read W. This kernel reads W's bytes -- in long contiguous
-    runs, with ``eviction_policy`` on the loads as :func:`flat_gemm` asks (``""`` for none) -- and
-    only adds them up. Its time is a measured floor, not a proven one (a better read might gain a
-    percent or two): the floor under flat_gemm and cuBLAS alike, and cuBLAS's time over it the
-    largest speed-up a kernel that reads W could have (``flashcourse bench gemm`` times it as
-    ``W read once (the floor)``).
-
-    ``t``: a contiguous float16, bfloat16 or float32 tensor of any shape on the kernels' device.
-    Returns float32 partial sums, one per program; they add up to ``t``'s sum.
-
-    Example:
-        >>> import torch
-        >>> from flashcourse.backend import DEVICE
-        >>> w = torch.randn(300, 70, device=DEVICE).half()
-        >>> parts = read_once(w)
-        >>> abs(parts.sum().item() - w.double().sum().item()) < 1e-2
-        True
-    """
-    fn = "read_once"
-    expect_tensor(fn, "t", t)
-    expect_dtype(fn, "t", t, FLOAT_DTYPES)
-    expect_on_backend(fn, "t", t)
-    if not t.is_contiguous():
-        raise ValueError(f"{fn}: t of shape {_shape(t)} is not contiguous (strides {t.stride()}); "
-                         "expected a contiguous tensor, whose bytes lie in one run (use t.contiguous())")
-    if eviction_policy not in ("evict_first", "evict_last", ""):
-        raise ValueError(f"{fn}: eviction_policy is {eviction_policy!r}; expected 'evict_first', "
-                         "'evict_last' or '' (none)")
-    block, steps, warps = READ_ONCE["interpreter" if backend.INTERPRET else "gpu"]
-    n = t.numel()
-    grid = max(1, -(-n // read_once_run()))
-    out = torch.empty(grid, dtype=torch.float32, device=t.device)
-    if n == 0:
-        return out.zero_()
-    _read_once_kernel[(grid,)](t, out, n, BLOCK=block, STEPS=steps, POLICY=eviction_policy, num_warps=warps,
-                               num_stages=3)
-    return out
-
-
-# --------------------------------------------------------------------------------------------------
-# The heuristic dataflow: which of the three runs a given shape
-
-@dataclass(frozen=True)
-class LinearPlan:
-    """What :func:`linear` runs for an (M, K) by (K, N) product, and why.
-
-    ``kernel`` is ``"gemv"``, ``"flat_gemm"`` or ``"torch.matmul"``; ``reason`` a sentence;
-    ``config`` the :class:`GemmConfig` of a course kernel (None for torch.matmul); ``thresholds``
-    the largest M for gemv and flat_gemm that decided it.
-    """
-    kernel: str
-    M: int
-    N: int
-    K: int
-    reason: str
-    config: GemmConfig | None = None
-    thresholds: dict = field(default_factory=dict)
-
-    def __str__(self) -> str:
-        return f"linear: M={self.M} K={self.K} N={self.N} -> {self.kernel}: {self.reason}"
-
-
-@functools.lru_cache(maxsize=1)
-def _thresholds_file() -> dict:
-    return json.loads(THRESHOLDS_FILE.read_text())
-
-
-def linear_thresholds(N: int, K: int, cc="current") -> dict:
-    """The largest M for which :func:`linear` picks gemv, and flat_gemm, for a (K, N) weight.
-
-    Read once from ``flashcourse/data/linear_thresholds.json``: the entry for this GPU's compute
-    capability (``sm_90`` for sm_90 and newer; other GPUs and the interpreter use sm_90's, the
-    GPU they were measured on), for this (K, N) if it was measured, else the default. Returns
-    ``{"gemv_max_m", "flat_gemm_max_m", "source", "measured"}``.
-
-    Example:
-        >>> t = linear_thresholds(11008, 4096, cc=(9, 0))
-        >>> 0 <= t["gemv_max_m"] <= t["flat_gemm_max_m"] <= 16
-        True
-    """
-    if cc == "current":
-        cc = _cc()
-    data = _thresholds_file()
-    targets = data["targets"]
-    key = None if cc is None else f"sm_{cc[0]}{cc[1]}"
-    if key not in targets:
-        key_cc = _table_key(cc)
-        key = None if key_cc is None else f"sm_{key_cc[0]}{key_cc[1]}"
-    gpu_note = ""
-    if key not in targets:
-        key = "sm_90"
-        gpu_note = (" (measured on an H100; no GPU here)" if cc is None
-                    else f" (measured on an H100; none measured for sm_{cc[0]}{cc[1]})")
-    entry = targets[key]
-    for shape in entry.get("shapes", []):
-        if shape["K"] == K and shape["N"] == N:
-            return {"gemv_max_m": shape["gemv_max_m"], "flat_gemm_max_m": shape["flat_gemm_max_m"],
-                    "source": f"{key} thresholds for (K, N) = ({K}, {N}){gpu_note}",
-                    "measured": bool(data.get("measured"))}
-    d = entry["default"]
-    return {"gemv_max_m": d["gemv_max_m"], "flat_gemm_max_m": d["flat_gemm_max_m"],
-            "source": f"{key} default thresholds (this (K, N) was not measured){gpu_note}",
-            "measured": bool(data.get("measured"))}
-
-
-def linear_plan(M: int, N: int, K: int, dtype=torch.float16, cc="current") -> LinearPlan:
-    """What :func:`linear` runs for x of M rows (M = the product of x's leading dims) and a (K, N) weight.
-
-    * M > 16 (or 0): ``torch.matmul`` -- a full GEMM, what cuBLAS is built for;
-    * M <= gemv_max_m: ``gemv``;  M <= flat_gemm_max_m: ``flat_gemm``;  else ``torch.matmul``,
-      with the thresholds from :func:`linear_thresholds` (measured per weight shape).
-
-    Example:
-        >>> print(linear_plan(64, 4096, 4096, cc=(9, 0)))
-        linear: M=64 K=4096 N=4096 -> torch.matmul: M = 64 > 16 rows: a full GEMM, cuBLAS's case
-    """
-    if cc == "current":
-        return _plan(M, N, K, dtype, _cc(), _num_sms(), _thresholds_file)
-    return _plan(M, N, K, dtype, cc, None, _thresholds_file)
-
-
-@functools.lru_cache(maxsize=4096)
-def _plan(M, N, K, dtype, cc, sms, source):
-    # (``source``, the function that reads the thresholds, is part of the key: replace it, as the
-    # tests do, and the cached plans no longer apply)
-    if M < 1 or M > FLAT_MAX_M:
-        why = "no rows" if M < 1 else f"M = {M} > {FLAT_MAX_M} rows: a full GEMM, cuBLAS's case"
-        return LinearPlan("torch.matmul", M, N, K, why)
-    if N * K >= 2**31:
-        return LinearPlan("torch.matmul", M, N, K, "the weight has 2**31 elements or more (beyond the "
-                          "kernels' 32-bit offsets)")
-    t = linear_thresholds(N, K, cc)
-    limits = {"gemv_max_m": t["gemv_max_m"], "flat_gemm_max_m": t["flat_gemm_max_m"]}
-    src = t["source"] + ("" if t["measured"] else "; provisional values, not yet measured")
-    if M <= min(t["gemv_max_m"], GEMV_MAX_M):
-        cfg = gemm_config(M, N, K, dtype, cc, kernel="gemv", sms=sms)
-        return LinearPlan("gemv", M, N, K, f"M = {M} <= gemv_max_m = {t['gemv_max_m']} ({src})", cfg, limits)
-    if M <= t["flat_gemm_max_m"]:
-        cfg = gemm_config(M, N, K, dtype, cc, kernel="flat_gemm", sms=sms)
-        return LinearPlan("flat_gemm", M, N, K, f"gemv_max_m = {t['gemv_max_m']} < M = {M} <= "
-                          f"flat_gemm_max_m = {t['flat_gemm_max_m']} ({src})", cfg, limits)
-    return LinearPlan("torch.matmul", M, N, K, f"M = {M} > flat_gemm_max_m = {t['flat_gemm_max_m']} "
-                      f"({src})", None, limits)
-
-
-def linear(x: torch.Tensor, w: torch.Tensor, *, w_layout: str = "nk", explain: bool = False):
-    """``y = x @ W`` by whichever of gemv, flat_gemm or torch.matmul suits the shape (FlashDecoding++'s
-    heuristic dataflow).
-
-    ``x``: (..., K), any leading dims (flattened to M rows). ``w``: (N, K) with ``w_layout="nk"``
-    (the default: nn.Linear's weight, as ``torch.nn.functional.linear(x, w)``), or (K, N) with
-    ``w_layout="kn"``. float16 (or bfloat16 on sm_80+), both on the kernels' device. Returns y of
-    shape (..., N); with ``explain=True``, ``(y, plan)`` where ``plan`` (a :class:`LinearPlan`)
-    says which ran and why (``print(plan)``). The choice is :func:`linear_plan`'s.
-
-    Example:
-        >>> import torch
-        >>> from flashcourse.backend import DEVICE
-        >>> x = torch.randn(2, 3, 32, device=DEVICE).half()               # (batch, tokens, K)
-        >>> w = torch.randn(40, 32, device=DEVICE).half()                 # (N, K)
-        >>> y, plan = linear(x, w, explain=True)
-        >>> y.shape, plan.M
-        (torch.Size([2, 3, 40]), 6)
-        >>> (y.double() - x.double() @ w.double().T).abs().max().item() < 0.05
-        True
-    """
-    fn = "linear"
-    key = _key(x, w, fn, w_layout)
-    hit = _CHECKED.get(key) if key is not None else None
-    if hit is None:
-        _expect_layout(fn, w_layout)
-        expect_tensor(fn, "x", x)
-        expect_tensor(fn, "w", w)
-        if x.dim() < 1:
-            raise ValueError(f"{fn}: x is 0-dimensional (a scalar); expected (..., K)")
-        hit = _remember(key, _expect_operands(fn, x.reshape(-1, x.shape[-1]), w, w_layout, _shape(x)))
-    K, N, stride_wk, stride_wn = hit
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, K)
-    M = x2.shape[0]
-    plan = linear_plan(M, N, K, x.dtype)
-    if plan.kernel == "torch.matmul":
-        y = torch.matmul(x2, w if w_layout == "kn" else w.T)
-    else:
-        if x2.stride(1) != 1 and K > 1:
-            x2 = x2.contiguous()
-        y = _launch(x2, w, K, N, stride_wk, stride_wn, plan.config)
-    y = y.reshape(*lead, N)
-    return (y, plan) if explain else y
-
-
-# --------------------------------------------------------------------------------------------------
 # Ahead-of-time check: the launches the entry points pick for the course's shapes, on every target,
 # with W in each layout (a unit stride is a compile-time 1 in a real launch, as here).
 
@@ -886,8 +691,3 @@ _SIG = {"X": "*fp16", "W": "*fp16", "Y": "*fp16", "PART": "*fp32", "COUNT": "*i3
         "EVEN_N": "constexpr", "REDUCE": "constexpr", "W_POLICY": "constexpr"}
 aot.register("flat_gemm", _flat_gemm_kernel, signature=_SIG, configs=_aot_configs("flat_gemm"))
 aot.register("gemv", _gemv_kernel, signature=_SIG, configs=_aot_configs("gemv"))
-aot.register("read_once", _read_once_kernel,
-             signature={"T": "*fp16", "OUT": "*fp32", "n": "i32", "BLOCK": "constexpr", "STEPS": "constexpr",
-                        "POLICY": "constexpr"},
-             configs=lambda cc: [aot.Launch({"BLOCK": READ_ONCE["gpu"][0], "STEPS": READ_ONCE["gpu"][1],
-                                             "POLICY": "evict_first"}, READ_ONCE["gpu"][2], 3)])
