@@ -24,8 +24,6 @@ import torch.nn.functional as F
 
 from flashcourse import backend  # first: it decides the backend before triton is imported
 
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 from flashcourse.kernels import aot, fa1_config, fa1_forward, fa2_config, fa2_forward  # noqa: E402
 from flashcourse.kernels._validate import supports_bf16  # noqa: E402
 from flashcourse.reference.attention import attention_float64, causal_mask  # noqa: E402
@@ -259,18 +257,29 @@ def test_configs_per_compute_capability():
     assert fa2_config(64, torch.float16, None).constexprs == {"HEAD_DIM": 64, "BLOCK_M": 64, "BLOCK_N": 64}
 
 
+def test_a_given_launch_runs_instead_of_the_config(device, gen):
+    """``launch=``: what the tuning script times, the kernels under other tiles."""
+    q, k, v = qkv(1, 2, 100, 130, 32, gen, device)
+    for forward in (fa1_forward, fa2_forward):
+        for bm, bn in ((16, 32), (32, 16)):
+            o = forward(q, k, v, causal=True, launch=aot.Launch({"HEAD_DIM": 32, "BLOCK_M": bm, "BLOCK_N": bn}))
+            assert_attention_close(o, q, k, v, causal=True, what=f"{forward.__name__} {bm}x{bn}")
+        with pytest.raises(ValueError, match=f"{forward.__name__}: launch is .*expected an aot.Launch with HEAD_DIM = 32"):
+            forward(q, k, v, launch=fa2_config(64, torch.float16, None))
+
+
 def test_causal_block_skipping_launches_fewer_key_blocks(device, gen, monkeypatch):
     """Causal FA2 visits about half the key blocks, and masks only the diagonal ones (interpreter)."""
     if GPU:
         pytest.skip("counts the inner loop's trips, which only the interpreter can watch")
     calls = []
-    inner = FA._fa2_inner
+    inner = FA.fa2_inner
 
-    def spy(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, rows, cols, lo, hi, *rest):
+    def spy(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, rows, cols, lo, hi, *rest):
         masked = rest[3]
         calls.append((bool(masked), max(0, (int(hi) - int(lo) + 63) // 64)))
-        return inner(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, rows, cols, lo, hi, *rest)
-    monkeypatch.setattr(FA2, "_fa2_inner", spy)
+        return inner(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, rows, cols, lo, hi, *rest)
+    monkeypatch.setattr(FA, "fa2_inner", spy)
     q, k, v = qkv(1, 1, 512, 512, 32, gen, device)
     fa2_forward(q, k, v, causal=True)
     blocks = {m: sum(n for mm, n in calls if mm == m) for m in (False, True)}
@@ -285,20 +294,14 @@ def test_causal_block_skipping_launches_fewer_key_blocks(device, gen, monkeypatc
 
 def _wrong_inner(tmp_path, old, new, name):
     """FA2's inner loop with one line changed, compiled as a Triton function from a file."""
-    src = textwrap.dedent(inspect.getsource(FA._fa2_inner.fn))
+    src = textwrap.dedent(inspect.getsource(FA.fa2_inner.fn))
     assert old in src, old
     path = tmp_path / f"{name}.py"
-    path.write_text("import triton\nimport triton.language as tl\n"
-                    "from flashcourse.kernels.attention import _causal_visible\n\n" + src.replace(old, new))
+    path.write_text("import triton\nimport triton.language as tl\n\n" + src.replace(old, new))
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod._fa2_inner
-
-
-@triton.jit
-def _upper_triangle(rows, cols, offset):
-    return cols[None, :] >= rows[:, None] + offset      # the wrong triangle
+    return mod.fa2_inner
 
 
 @pytest.mark.parametrize("bug", ["no rescale by alpha", "wrong triangle"])
@@ -309,10 +312,11 @@ def test_the_comparison_rejects_a_wrong_kernel(device, bug, gen, monkeypatch, tm
     q, k, v = qkv(1, 2, 256, 256, 64, gen, device)
     assert_attention_close(fa2_forward(q, k, v, causal=causal), q, k, v, causal)   # the real one passes
     if bug == "no rescale by alpha":
-        monkeypatch.setattr(FA2, "_fa2_inner", _wrong_inner(
-            tmp_path, "acc = acc * alpha[:, None]", "acc = acc", "fa2_no_alpha"))
+        wrong = _wrong_inner(tmp_path, "acc = acc * alpha[:, None]", "acc = acc", "fa2_no_alpha")
     else:
-        monkeypatch.setattr(FA, "_causal_visible", _upper_triangle)
+        wrong = _wrong_inner(tmp_path, "(start_n + cols)[None, :] <= rows[:, None] + offset",
+                             "(start_n + cols)[None, :] >= rows[:, None] + offset", "fa2_upper_triangle")
+    monkeypatch.setattr(FA, "fa2_inner", wrong)
     with pytest.raises(AssertionError, match="max error"):
         assert_attention_close(fa2_forward(q, k, v, causal=causal), q, k, v, causal)
 

@@ -174,19 +174,36 @@ def test_split_count_heuristic_and_empty_splits(device, gen):
 
 
 def test_one_split_writes_the_output_without_the_combine_kernel(device, gen, monkeypatch):
-    launched = []
+    """With S = 1 flash_decode takes no combine launch (the combine kernel runs only with one)."""
+    picked = []
+    config = DEC.combine_config
 
-    class Counting:                       # stands in for _decode_combine: counts its launches
-        def __getitem__(self, grid):
-            launched.append(grid)
-            return real[grid]
-    real = DEC._decode_combine
-    monkeypatch.setattr(DEC, "_decode_combine", Counting())
+    def spy(d, splits, *args, **kwargs):
+        picked.append(splits)
+        return config(d, splits, *args, **kwargs)
+    monkeypatch.setattr(DEC, "combine_config", spy)
     q, k, v = inputs(2, 4, 2, 150, 64, gen, device)
     assert_decode_close(flash_decode(q, k, v, num_splits=1), q, k, v, what="S=1")
-    assert launched == []
+    assert picked == []
     assert_decode_close(flash_decode(q, k, v, num_splits=2), q, k, v, what="S=2")
-    assert launched == [(2 * 4,)]
+    assert picked == [2]
+
+
+def test_a_given_launch_runs_instead_of_the_config(device, gen):
+    """``launch=`` (and ``combine_launch=``): what the tuning script times, other tiles."""
+    q, k, v = inputs(1, 8, 2, 130, 64, gen, device)
+    launch = aot.Launch({"HEAD_DIM": 64, "BLOCK_N": 16, "BLOCK_G": 16, "USE_DOT": True})
+    comb = aot.Launch({"HEAD_DIM": 64, "BLOCK_S": 2})
+    assert_decode_close(flash_decode(q, k, v, num_splits=3, launch=launch, combine_launch=comb), q, k, v)
+    assert_decode_close(unified_max_decode(q, k, v, 0.0, num_splits=3, launch=launch), q, k, v)
+    for bad in (aot.Launch({"HEAD_DIM": 128, "BLOCK_N": 16, "BLOCK_G": 16, "USE_DOT": True}),
+                aot.Launch({"HEAD_DIM": 64, "BLOCK_N": 16, "BLOCK_G": 2, "USE_DOT": True})):   # G = 4 heads
+        with pytest.raises(ValueError, match=r"flash_decode: launch is .*HEAD_DIM = 64 .*BLOCK_G >= 4"):
+            flash_decode(q, k, v, launch=bad)
+        with pytest.raises(ValueError, match=r"unified_max_decode: launch is .*HEAD_DIM = 64"):
+            unified_max_decode(q, k, v, 0.0, launch=bad)
+    with pytest.raises(ValueError, match=r"flash_decode: combine_launch is .*HEAD_DIM = 64"):
+        flash_decode(q, k, v, num_splits=3, combine_launch=aot.Launch({"HEAD_DIM": 128, "BLOCK_S": 4}))
 
 
 @pytest.mark.gpu
@@ -289,23 +306,14 @@ def test_configs_per_compute_capability():
 # ---------------------------------------------------------------------------------------------
 # The comparison rejects wrong kernels
 
-def test_the_comparison_rejects_a_combine_that_averages(device, gen, monkeypatch):
+def test_the_comparison_rejects_a_combine_that_averages(device, gen):
     """A combine that takes the plain mean of the partial outputs (ignoring their lse) is caught."""
     q, k, v = inputs(1, 4, 2, 200, 64, gen, device, q_scale=3.0)
     assert_decode_close(flash_decode(q, k, v, num_splits=4), q, k, v)      # the real one passes
-
-    def averaging_launch(q3, k_, v_, lens, sm_scale, S, launch, comb):
-        B, H_q, d = q3.shape
-        o_part = torch.empty((B * H_q, S, d), dtype=torch.float32, device=q3.device)
-        lse_part = torch.empty((B * H_q, S), dtype=torch.float32, device=q3.device)
-        DEC._decode_split[(S, B * k_.shape[1])](q3, k_, v_, lens, q3, o_part, lse_part, sm_scale * DEC.LOG2E,
-                                                k_.shape[2], k_.shape[1], H_q // k_.shape[1], S,
-                                                *DEC._strides(q3, k_, v_), HAS_LENS=lens is not None,
-                                                DIRECT=False, **launch.constexprs, **launch.options())
-        return o_part.mean(1).view(B, H_q, d).to(q3.dtype)                  # the bug: no lse weights
-    monkeypatch.setattr(DEC, "_launch_flash", averaging_launch)
+    # the partial outputs o_s of 4 chunks (each its chunk's attention, normalised), averaged: no lse weights
+    o_s = [flash_decode(q, k[:, :, a:a + 50], v[:, :, a:a + 50], num_splits=1).float() for a in range(0, 200, 50)]
     with pytest.raises(AssertionError, match="max error"):
-        assert_decode_close(flash_decode(q, k, v, num_splits=4), q, k, v)
+        assert_decode_close((sum(o_s) / 4).to(q.dtype), q, k, v)
 
 
 def test_the_comparison_rejects_a_fallback_that_never_fires(device, gen):

@@ -1,7 +1,7 @@
 """The softmax kernels against a float64 torch.softmax, on random inputs drawn fresh every run.
 
 Under the interpreter (no GPU) the tests run on CPU tensors with small sizes; on a GPU the same
-tests run on CUDA with larger ones (``python -m pytest -m gpu tests/test_kernels_softmax.py``; add
+tests run on CUDA with larger ones (``python -m pytest -m gpu tests/test_kernels_online.py``; add
 ``-o addopts=`` on a machine without nbval, which the project's addopts name).
 A failing test prints its seed; ``FLASHCOURSE_SEED=<seed>`` replays it.
 """
@@ -17,7 +17,7 @@ from flashcourse import backend  # first: it decides the backend before triton i
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from flashcourse.kernels import MAX_FUSED, safe_softmax_3pass, softmax, softmax_config
+from flashcourse.kernels import MAX_FUSED, STREAM_BLOCK, aot, safe_softmax_3pass, softmax, softmax_config
 from flashcourse.kernels._validate import expect_on_backend, supports_bf16
 
 from flashcourse.kernels import online as S  # noqa: E402  (the module; flashcourse.kernels.softmax is the function)
@@ -136,7 +136,7 @@ def test_wide_rows_take_the_online_kernel(device, gen, monkeypatch):
     ran = spy_kernels(monkeypatch)
     n = MAX_FUSED + int(torch.randint(1, size(4 * MAX_FUSED, 3000), (), generator=gen))
     x = randn((2, n), torch.float16, device, gen)
-    assert_softmax_close(softmax(x), x, blocks=triton.cdiv(n, S._STREAM_BLOCK), what=f"n_cols={n}")
+    assert_softmax_close(softmax(x), x, blocks=triton.cdiv(n, STREAM_BLOCK), what=f"n_cols={n}")
     assert ran == ["softmax_online"]
 
 
@@ -145,7 +145,7 @@ def test_three_pass(device, dtype, gen):
     for block in (None, 64):
         shape = random_shape(gen, size(20000, 600), max_lead=2)
         x = randn(shape, dtype, device, gen)
-        blocks = triton.cdiv(shape[-1], block or S._STREAM_BLOCK)
+        blocks = triton.cdiv(shape[-1], block or STREAM_BLOCK)
         assert_softmax_close(safe_softmax_3pass(x, block_size=block), x, blocks=blocks, what=f"shape {shape}")
 
 
@@ -214,18 +214,17 @@ def test_edge_shapes(device, shape, gen):
 
 
 def spy_kernels(monkeypatch) -> list:
-    """Record the name of every kernel the entry points launch."""
+    """Record the name of every kernel the entry points launch: the ``kernel`` of each launch
+    :func:`softmax_config` gives them (they launch the kernel their launch names)."""
     ran = []
+    config = S.softmax_config
 
-    class Spy:
-        def __init__(self, name, kernel):
-            self.name, self.kernel = name, kernel
+    def spy(*args, **kwargs):
+        launch = config(*args, **kwargs)
+        ran.append(launch.kernel)
+        return launch
 
-        def __getitem__(self, grid):
-            ran.append(self.name)
-            return self.kernel[grid]
-
-    monkeypatch.setattr(S, "_KERNELS", {k: Spy(k, v) for k, v in S._KERNELS.items()})
+    monkeypatch.setattr(S, "softmax_config", spy)
     return ran
 
 
@@ -249,6 +248,21 @@ def test_default_and_forced_paths(device, gen, monkeypatch):
     x = randn((2, 100), torch.float32, device, gen)
     softmax(x), softmax(x, block_size=32), softmax(x, block_size=128), safe_softmax_3pass(x)
     assert ran == ["softmax_one_pass", "softmax_online", "softmax_one_pass", "softmax_3pass"]
+
+
+def test_a_given_launch_runs_instead_of_the_config(device, gen):
+    """``softmax(x, launch=...)``: what the tuning script times, each kernel under any config."""
+    x = randn((3, 300), torch.float16, device, gen)
+    for launch, blocks in ((aot.Launch({"BLOCK": 512, "ROWS": 2}, 8, kernel="softmax_one_pass"), 1),
+                           (aot.Launch({"BLOCK": 64}, 2, kernel="softmax_online"), 5),
+                           (aot.Launch({"BLOCK": 128}, 4, kernel="softmax_3pass"), 3)):
+        assert_softmax_close(softmax(x, launch=launch), x, blocks=blocks, what=launch.kernel)
+    with pytest.raises(ValueError, match="one-pass kernel holds a whole row: its BLOCK 256 is narrower"):
+        softmax(x, launch=aot.Launch({"BLOCK": 256, "ROWS": 1}, kernel="softmax_one_pass"))
+    with pytest.raises(ValueError, match="expected an aot.Launch of one of the kernels softmax_one_pass"):
+        softmax(x, launch=aot.Launch({"BLOCK": 256}, kernel="fa2_fwd"))
+    with pytest.raises(ValueError, match="pass block_size or launch, not both"):
+        softmax(x, block_size=64, launch=softmax_config(300, torch.float16, block_size=64))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -38,8 +38,6 @@ from triton.testing import do_bench  # noqa: E402
 
 from flashcourse.kernels import aot, fa1_forward, fa2_config, fa2_forward  # noqa: E402
 
-from flashcourse.kernels import attention as FA2  # noqa: E402
-
 SWEEP = {  # (BLOCK_M, BLOCK_N, num_warps, num_stages) per head dim
     64: [(128, 128, 8, 3), (128, 64, 4, 3), (128, 64, 4, 4), (128, 128, 8, 2), (128, 64, 8, 3),
          (128, 128, 4, 3), (64, 64, 4, 3)],
@@ -125,11 +123,11 @@ def main() -> int:
                     launch = aot.Launch({"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn}, w, s, kernel="fa2_fwd")
                     cfg = f"{bm}x{bn} w{w} s{s}"
                     try:
-                        o = FA2._fa2_launch(q, k, v, causal, d ** -0.5, False, launch)
+                        o = fa2_forward(q, k, v, causal, d ** -0.5, launch=launch)
                         err = (o.float() - ref.float()).abs().max().item()
                         if err > 1e-2:
                             raise AssertionError(f"max error {err:.3g} against sdpa")
-                        ms = bench(lambda: FA2._fa2_launch(q, k, v, causal, d ** -0.5, False, launch))
+                        ms = bench(lambda: fa2_forward(q, k, v, causal, d ** -0.5, launch=launch))
                     except Exception as e:  # noqa: BLE001
                         msg = " ".join(str(e).split())[:200]
                         print(f"{d:>4} {N:>6} {causal!s:>6} {cfg:<22} FAILED {type(e).__name__}: {msg}", flush=True)

@@ -167,9 +167,11 @@ def main() -> int:
                     launch = aot.Launch({"HEAD_DIM": d, "BLOCK_N": bn, "BLOCK_G": bg, "USE_DOT": use_dot}, w, st)
                     comb = DEC.combine_config(d, S)
                     if kernel == "decode_split":
-                        fn = lambda: DEC._launch_flash(q, k, v, None, d ** -0.5, S, launch, comb)  # noqa: E731
+                        fn = lambda: flash_decode(q, k, v, num_splits=S, sm_scale=d ** -0.5,  # noqa: E731
+                                                  launch=launch, combine_launch=comb)
                     else:
-                        fn = lambda: DEC._launch_unified(q, k, v, None, d ** -0.5, S, 3.0, DEC.DEFAULT_BOUNDS, launch)[0]  # noqa: E731
+                        fn = lambda: unified_max_decode(q, k, v, 3.0, num_splits=S, sm_scale=d ** -0.5,  # noqa: E731
+                                                        bounds=DEC.DEFAULT_BOUNDS, launch=launch)
                     row = {"kernel": kernel, "B": B, "H_kv": H_kv, "L": L, "S": S, "BLOCK_N": bn, "warps": w,
                            "stages": st, "dot": use_dot}
                     try:

@@ -1,8 +1,8 @@
 """Check and time the softmax kernels on a CUDA GPU (a tuning script; the course's benchmarks live in
 flashcourse.bench).
 
-    PYTHONPATH=. python tools/gpu_softmax.py            # fp16 timings, then the GPU tests
-    PYTHONPATH=. python tools/gpu_softmax.py --sweep    # ... and every candidate config
+    PYTHONPATH=. python tools/gpu_online.py            # fp16 timings, then the GPU tests
+    PYTHONPATH=. python tools/gpu_online.py --sweep    # ... and every candidate config
 
 1. runs ``pytest -m gpu`` on the softmax tests (the interpreter's tests, on CUDA) and the
    ahead-of-time compile test;
@@ -39,7 +39,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
-from flashcourse.kernels import aot, safe_softmax_3pass, softmax, softmax_config  # noqa: E402
+from flashcourse.kernels import STREAM_BLOCK, aot, safe_softmax_3pass, softmax, softmax_config  # noqa: E402
 
 from flashcourse.kernels import online as S  # noqa: E402
 WIDTHS = [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
@@ -72,7 +72,7 @@ def forward_run(x, BLOCK, num_warps):
 
 
 def run_tests(timeout: float) -> dict:
-    return run_pytest(["tests/test_kernels_softmax.py", "tests/test_aot.py"], timeout, extra=("--durations=10",), keep=25)
+    return run_pytest(["tests/test_kernels_online.py", "tests/test_aot.py"], timeout, extra=("--durations=10",), keep=25)
 
 
 def bench(fn) -> tuple[float, float, float]:
@@ -98,7 +98,7 @@ def main() -> int:
     args = p.parse_args()
     t_start = time.perf_counter()
     if backend.DEVICE != "cuda":
-        print("tools/gpu_softmax.py needs a CUDA GPU (backend: %s)" % backend.NOTE)
+        print("tools/gpu_online.py needs a CUDA GPU (backend: %s)" % backend.NOTE)
         return 2
     cc = backend.compute_capability()
     info = {"device": backend.gpu_name(), "cc": list(cc), "torch": torch.__version__, "triton": triton.__version__,
@@ -159,7 +159,7 @@ def main() -> int:
         one_pass = launch.kernel == "softmax_one_pass"
         record(f"softmax() [{'one-pass' if one_pass else 'online'}]", lambda: softmax(x), 2 if one_pass else 3,
                config=vars_of(launch))
-        block = min(S._STREAM_BLOCK, width // 2)
+        block = min(STREAM_BLOCK, width // 2)
         launch_online = softmax_config(width, dtype, block_size=block)
         record(f"online 2-pass (block {block})", lambda: softmax(x, block_size=block), 3, config=vars_of(launch_online))
         launch3 = softmax_config(width, dtype, three_pass=True)
@@ -172,19 +172,19 @@ def main() -> int:
                 cand = aot.Launch({"BLOCK": width, "ROWS": rows_per}, warps, 1, kernel="softmax_one_pass")
                 if cand.key() == launch.key():
                     continue
-                record(f"one-pass R{rows_per} w{warps}", lambda c=cand: S._run(x, c), 2, config=vars_of(cand))
+                record(f"one-pass R{rows_per} w{warps}", lambda c=cand: softmax(x, launch=c), 2, config=vars_of(cand))
             if width >= 16384:
                 for kernel, passes in (("softmax_online", 3), ("softmax_3pass", 4)):
                     for blk, warps in STREAM_CANDIDATES:
                         if time.perf_counter() - t_start > args.budget:
                             break
                         cand = aot.Launch({"BLOCK": blk}, warps, 1, kernel=kernel)
-                        record(f"{kernel[8:]} B{blk} w{warps}", lambda c=cand: S._run(x, c), passes,
+                        record(f"{kernel[8:]} B{blk} w{warps}", lambda c=cand: softmax(x, launch=c), passes,
                                config=vars_of(cand))
         if args.streams and width >= 16384 and time.perf_counter() - t_start < args.budget:
             for blk, warps in ((8192, 32), (16384, 32)):
                 cand = aot.Launch({"BLOCK": blk}, warps, 1, kernel="softmax_online")
-                record(f"online B{blk} w{warps} backwards", lambda c=cand: S._run(x, c), 3, config=vars_of(cand))
+                record(f"online B{blk} w{warps} backwards", lambda c=cand: softmax(x, launch=c), 3, config=vars_of(cand))
                 record(f"online B{blk} w{warps} forwards", lambda b=blk, w=warps: forward_run(x, b, w), 3,
                        config={**vars_of(cand), "pass 2": "forwards"})
         del x, ref, y

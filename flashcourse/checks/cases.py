@@ -55,7 +55,7 @@ POISON_F32 = 0x7FC0DEAD
 #: The unit roundoffs of float16 and float32 (2^-11 and 2^-24), the ``u16`` and ``u32`` of the kernel
 #: checks' error analyses; and log2(e), by which the kernels scale their logits to use exp2.
 U16, U32 = 2.0 ** -11, 2.0 ** -24
-LOG2E = 1.4426950408889634
+from ..formulas.counting import LOG2E  # noqa: E402  (its one home)
 
 #: What a check of attention outputs says of an integer or boolean array (the ``dtype_note`` of
 #: :func:`compare` and :func:`as_array`; the default note speaks of softmax values).

@@ -1,4 +1,4 @@
-"""What the chapters' closed forms share: ceiling division, argument checks, and FLOPs by kind.
+"""What the chapters' closed forms share: ceiling division, argument checks, FLOPs by kind, and log2 e.
 
 Not a chapter: the chapter modules of :mod:`flashcourse.formulas` import these, and the package
 does not re-export them (``from flashcourse.formulas.counting import ceil_div``).
@@ -9,10 +9,14 @@ Example:
 """
 from __future__ import annotations
 
-__all__ = ["FLOP_KINDS", "ceil_div", "expect_positive", "flop_counts"]
+__all__ = ["FLOP_KINDS", "LOG2E", "ceil_div", "expect_positive", "flop_counts"]
 
 #: The kinds of non-matmul FLOPs the references count, in the order ``by_kind=True`` reports them.
 FLOP_KINDS = ("mul", "add", "max", "exp", "div", "log")
+
+#: log2 e, the factor of every exponential the kernels take in base 2: e^t = 2^(t log2 e)
+#: (``exp2`` is the instruction the hardware has).
+LOG2E = 1.4426950408889634
 
 
 def ceil_div(a: int, b: int) -> int:

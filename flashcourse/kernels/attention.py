@@ -62,12 +62,12 @@ import triton
 import triton.language as tl
 
 from .. import backend
+from ..formulas.counting import LOG2E
 from . import aot
 from ._validate import expect_qkv, expect_sm_scale
 
 __all__ = ["fa1_forward", "fa1_config", "fa2_forward", "fa2_config", "HEAD_DIMS"]
 
-LOG2E = 1.4426950408889634  # e^t = 2^(t log2 e)
 #: Head dims the kernels are compiled for.
 HEAD_DIMS = (16, 32, 64, 128)
 _PTR = {torch.float16: "*fp16", torch.bfloat16: "*bf16"}
@@ -81,7 +81,8 @@ def _fa1_fwd(Q, K, V, O, O_acc, L, M, qk_scale, N_q, N_k,
              stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              CAUSAL: tl.constexpr):
-    # grid: (H, B); one program per (batch, head). O_acc: (B*H, N_q, d) fp32, L, M: (B*H, N_q) fp32
+    # Algorithm 1 of the FlashAttention paper; "line N" is its line N, as in reference.attention.fa1_attention.
+    # grid: (H, B); one program per (batch, head). O_acc: (B*H, N_q, d) fp32, L, M: (B*H, N_q) fp32 (line 2)
     h = tl.program_id(0).to(tl.int64)
     b = tl.program_id(1).to(tl.int64)
     bh = b * tl.num_programs(0) + h
@@ -96,46 +97,46 @@ def _fa1_fwd(Q, K, V, O, O_acc, L, M, qk_scale, N_q, N_k,
     c = tl.arange(0, BLOCK_N)
     offset = N_k - N_q   # causal: query i sees key j when j <= i + offset (aligned bottom-right)
 
-    for start_n in range(0, N_k, BLOCK_N):                       # outer: K_j, V_j
+    for start_n in range(0, N_k, BLOCK_N):                       # line 5: K_j, V_j outer
         cols = start_n + c
         in_k = cols < N_k
-        K_j = tl.load(K + cols[:, None] * stride_kn + dims[None, :], mask=in_k[:, None], other=0.0)
+        K_j = tl.load(K + cols[:, None] * stride_kn + dims[None, :], mask=in_k[:, None], other=0.0)  # line 6
         V_j = tl.load(V + cols[:, None] * stride_vn + dims[None, :], mask=in_k[:, None], other=0.0)
         lo = 0
         if CAUSAL:   # query blocks that see no key of K_j are skipped
             lo = tl.maximum(start_n - offset, 0) // BLOCK_M * BLOCK_M
-        for start_m in range(lo, N_q, BLOCK_M):                  # inner: Q_i, O_i, l_i, m_i
+        for start_m in range(lo, N_q, BLOCK_M):                  # line 7: Q_i, O_i, l_i, m_i inner
             rows = start_m + r
             in_q = rows < N_q
-            Q_i = tl.load(Q + rows[:, None] * stride_qm + dims[None, :], mask=in_q[:, None], other=0.0)
+            Q_i = tl.load(Q + rows[:, None] * stride_qm + dims[None, :], mask=in_q[:, None], other=0.0)  # line 8
             O_i = tl.load(O_acc + rows[:, None] * HEAD_DIM + dims[None, :], mask=in_q[:, None], other=0.0)
             l_i = tl.load(L + rows, mask=in_q, other=0.0)
             m_i = tl.load(M + rows, mask=in_q, other=-float("inf"))
 
-            S_ij = tl.dot(Q_i, tl.trans(K_j)) * qk_scale          # (B_r, B_c), log2 units
+            S_ij = tl.dot(Q_i, tl.trans(K_j)) * qk_scale          # line 9 (B_r, B_c), log2 units
             visible = in_k[None, :]
             if CAUSAL:
                 visible = visible & (cols[None, :] <= rows[:, None] + offset)
             S_ij = tl.where(visible, S_ij, -float("inf"))
-            m_t = tl.max(S_ij, 1)
+            m_tilde = tl.max(S_ij, 1)                            # line 10: m~_ij, P~_ij, l~_ij
             # rows that see nothing (yet) have m = -inf: shift by 0 instead (no nan)
-            P_ij = tl.math.exp2(S_ij - tl.where(m_t == -float("inf"), 0.0, m_t)[:, None])
-            l_t = tl.sum(P_ij, 1)
-            m_new = tl.maximum(m_i, m_t)
+            P_tilde = tl.math.exp2(S_ij - tl.where(m_tilde == -float("inf"), 0.0, m_tilde)[:, None])
+            l_tilde = tl.sum(P_tilde, 1)
+            m_new = tl.maximum(m_i, m_tilde)                     # line 11: m_i^new, l_i^new
             m_shift = tl.where(m_new == -float("inf"), 0.0, m_new)
-            a = tl.math.exp2(m_i - m_shift)                      # e^(m_i - m_new)
-            e = tl.math.exp2(m_t - m_shift)                      # e^(m~ - m_new)
-            l_new = a * l_i + e * l_t
-            PV = tl.dot(P_ij.to(V_j.dtype), V_j)                 # (B_r, d)
-            O_i = ((l_i * a)[:, None] * O_i + e[:, None] * PV) / tl.where(l_new == 0.0, 1.0, l_new)[:, None]
+            alpha = tl.math.exp2(m_i - m_shift)                  # e^(m_i - m_i^new)
+            beta = tl.math.exp2(m_tilde - m_shift)               # e^(m~_ij - m_i^new)
+            l_new = alpha * l_i + beta * l_tilde
+            PV = tl.dot(P_tilde.to(V_j.dtype), V_j)              # line 12 (B_r, d)
+            O_i = ((l_i * alpha)[:, None] * O_i + beta[:, None] * PV) / tl.where(l_new == 0.0, 1.0, l_new)[:, None]
 
             tl.store(O_acc + rows[:, None] * HEAD_DIM + dims[None, :], O_i, mask=in_q[:, None])
-            tl.store(L + rows, l_new, mask=in_q)
+            tl.store(L + rows, l_new, mask=in_q)                 # line 13
             tl.store(M + rows, m_new, mask=in_q)
             tl.debug_barrier()   # the next K_j reads these rows back, maybe from other threads
 
     O += b * stride_ob + h * stride_oh
-    for start_m in range(0, N_q, BLOCK_M):                       # O_acc (fp32) -> O (q's dtype)
+    for start_m in range(0, N_q, BLOCK_M):                       # line 16: O_acc (fp32) -> O (q's dtype)
         rows = start_m + r
         in_q = rows < N_q
         O_i = tl.load(O_acc + rows[:, None] * HEAD_DIM + dims[None, :], mask=in_q[:, None], other=0.0)
@@ -161,13 +162,14 @@ def fa1_config(d: int, dtype=torch.float16, cc="current") -> aot.Launch:
 
 
 def fa1_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                sm_scale: float | None = None) -> torch.Tensor:
+                sm_scale: float | None = None, *, launch: aot.Launch | None = None) -> torch.Tensor:
     """softmax(Q K^T * sm_scale) V with FlashAttention-1's loop order (K/V outer, Q inner).
 
     Same inputs and result as :func:`flashcourse.kernels.fa2_forward` (q: (B, H, N_q, d), k, v:
     (B, H, N_k, d); float16, or bfloat16 on sm_80+; d in 16, 32, 64, 128; causal aligned
     bottom-right; rows that see no key give 0). Uses B * H * N_q * (d + 2) * 4 bytes of float32
-    scratch in HBM for the running O, l and m.
+    scratch in HBM for the running O, l and m. ``launch`` runs that config instead of
+    :func:`fa1_config`'s (its ``HEAD_DIM`` must be d).
 
     Example:
         >>> import torch
@@ -176,11 +178,23 @@ def fa1_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool 
         >>> ref = torch.softmax(q.float() @ k.float().transpose(-1, -2) / 4, -1) @ v.float()
         >>> (fa1_forward(q, k, v).float() - ref).abs().max().item() < 2e-3
         True
+        >>> small = aot.Launch({"HEAD_DIM": 16, "BLOCK_M": 16, "BLOCK_N": 32})
+        >>> (fa1_forward(q, k, v, launch=small).float() - ref).abs().max().item() < 2e-3
+        True
     """
     q, k, v = expect_qkv("fa1_forward", q, k, v, head_dims=HEAD_DIMS)
     sm_scale = expect_sm_scale("fa1_forward", sm_scale, q.shape[-1])
-    launch = fa1_config(q.shape[-1], q.dtype)
+    if launch is None:
+        launch = fa1_config(q.shape[-1], q.dtype)
+    else:
+        _expect_launch("fa1_forward", launch, q.shape[-1])
     return _fa1_launch(q, k, v, causal, sm_scale, launch)
+
+
+def _expect_launch(fn: str, launch, d: int) -> None:
+    if not isinstance(launch, aot.Launch) or launch.constexprs.get("HEAD_DIM") != d:
+        raise ValueError(f"{fn}: launch is {launch!r}; expected an aot.Launch with HEAD_DIM = {d} (q's "
+                         "head dim), BLOCK_M and BLOCK_N, such as fa1_config and fa2_config return")
 
 
 def _fa1_launch(q, k, v, causal, sm_scale, launch: aot.Launch):
@@ -189,7 +203,7 @@ def _fa1_launch(q, k, v, causal, sm_scale, launch: aot.Launch):
     o = torch.empty((B, H, N_q, d), dtype=q.dtype, device=q.device)
     if o.numel() == 0:
         return o
-    o_acc = torch.zeros((B * H, N_q, d), dtype=torch.float32, device=q.device)
+    o_acc = torch.zeros((B * H, N_q, d), dtype=torch.float32, device=q.device)   # line 2: O, l, m in HBM
     l = torch.zeros((B * H, N_q), dtype=torch.float32, device=q.device)
     m = torch.full((B * H, N_q), -math.inf, dtype=torch.float32, device=q.device)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
@@ -218,45 +232,53 @@ aot.register("fa1_fwd", _fa1_fwd, signature=_FA1_SIGNATURE, configs=_fa1_aot_con
 
 # ==================================================================================================
 # FlashAttention-2 (chapter 3): Q blocks outer (one per program), K/V blocks inner
+#
+# Algorithm 1 of the FlashAttention-2 paper; "line N" is its line N, as in reference.attention.fa2_attention.
+# Triton's names: qk = S_ij (in log2 units, times qk_scale = sm_scale log2 e; unmasked blocks scale it
+# inside exp2), p = P~_ij, acc = O_i before line 12 divides it by l_i.
 @triton.jit
-def _causal_visible(rows, cols, offset):
-    # (B_r, B_c) mask: query row i sees key j when j <= i + (N_k - N_q), aligned bottom-right
-    return cols[None, :] <= rows[:, None] + offset
+def fa2_inner(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, rows, cols, lo, hi,
+              qk_scale, N_k, offset, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+              BLOCK_N: tl.constexpr):
+    """Lines 6-11 of FlashAttention-2's Algorithm 1 for the query block ``Q_i``, over keys ``[lo, hi)``.
 
+    Folds each ``K_j, V_j`` into ``acc`` (B_r, d), ``l_i`` and ``m_i`` (B_r,) (fp32; ``m_i`` in log2
+    units, times ``qk_scale``) and returns them. ``MASKED`` blocks are masked past ``N_k`` and, with
+    ``CAUSAL``, where key j > query i + ``offset``; the others need no mask. The kernel of
+    :func:`fa2_forward` calls it twice: the blocks every row sees whole, then the masked ones.
 
-@triton.jit
-def _fa2_inner(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, rows, cols, lo, hi,
-               qk_scale, N_k, offset, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-               BLOCK_N: tl.constexpr):
-    # One stretch [lo, hi) of the K/V loop for the query block Q_i.
-    # acc: (B_r, d) fp32, l_i, m_i: (B_r,) fp32 (m_i in log2 units: already times qk_scale)
-    for start_n in range(lo, hi, BLOCK_N):
+    Example:
+        >>> import inspect
+        >>> list(inspect.signature(fa2_inner.fn).parameters)[:4]   # the state it updates, and Q_i
+        ['acc', 'l_i', 'm_i', 'Q_i']
+    """
+    for start_n in range(lo, hi, BLOCK_N):                                      # line 6
         start_n = tl.multiple_of(start_n, BLOCK_N)
         if MASKED:
             in_k = (start_n + cols) < N_k                                       # (B_c,)
-            k = tl.load(K_ptrs + start_n * stride_kn, mask=in_k[:, None], other=0.0)   # (B_c, d)
-            v = tl.load(V_ptrs + start_n * stride_vn, mask=in_k[:, None], other=0.0)   # (B_c, d)
+            K_j = tl.load(K_ptrs + start_n * stride_kn, mask=in_k[:, None], other=0.0)   # line 7 (B_c, d)
+            V_j = tl.load(V_ptrs + start_n * stride_vn, mask=in_k[:, None], other=0.0)   # (B_c, d)
         else:
-            k = tl.load(K_ptrs + start_n * stride_kn)
-            v = tl.load(V_ptrs + start_n * stride_vn)
-        qk = tl.dot(q, tl.trans(k))                                              # (B_r, B_c) fp32
+            K_j = tl.load(K_ptrs + start_n * stride_kn)                          # line 7
+            V_j = tl.load(V_ptrs + start_n * stride_vn)
+        qk = tl.dot(Q_i, tl.trans(K_j))                                          # line 8 (B_r, B_c) fp32
         if MASKED:
             visible = in_k[None, :]
-            if CAUSAL:
-                visible = visible & _causal_visible(rows, start_n + cols, offset)
+            if CAUSAL:   # query i sees key j when j <= i + (N_k - N_q), aligned bottom-right
+                visible = visible & ((start_n + cols)[None, :] <= rows[:, None] + offset)
             qk = tl.where(visible, qk * qk_scale, -float("inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))                               # line 9: m_i^(j)
             # a row that has seen no key yet keeps m = -inf: shift it by 0, not by -inf (nan)
             m_shift = tl.where(m_new == -float("inf"), 0.0, m_new)
             p = tl.math.exp2(qk - m_shift[:, None])
         else:
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)   # qk_scale > 0: max commutes
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)   # line 9; qk_scale > 0: max commutes
             m_shift = m_new
             p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # one fused multiply-add
-        alpha = tl.math.exp2(m_i - m_shift)                   # rescale what was summed so far
+        alpha = tl.math.exp2(m_i - m_shift)                   # e^(m_i^(j-1) - m_i^(j)) rescales the sums
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc)
+        acc = acc * alpha[:, None]                            # line 10
+        acc = tl.dot(p.to(V_j.dtype), V_j, acc)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -267,7 +289,8 @@ def _fa2_fwd(Q, K, V, O, LSE, qk_scale, N_q, N_k,
              stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr):
-    # grid: (T_r query blocks, H, B). Causal blocks near the end see the most keys: start them first.
+    # grid: (T_r query blocks, H, B), line 3's loop in parallel. Causal blocks near the end see the
+    # most keys: start them first.
     if CAUSAL:
         start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     else:
@@ -279,17 +302,17 @@ def _fa2_fwd(Q, K, V, O, LSE, qk_scale, N_q, N_k,
     dims = tl.arange(0, HEAD_DIM)
     in_q = rows < N_q
 
-    q = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qm + dims[None, :],
-                mask=in_q[:, None], other=0.0)               # (B_r, d): stays on chip
+    Q_i = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qm + dims[None, :],
+                  mask=in_q[:, None], other=0.0)             # line 4 (B_r, d): stays on chip
     K_ptrs = K + b * stride_kb + h * stride_kh + cols[:, None] * stride_kn + dims[None, :]
     V_ptrs = V + b * stride_vb + h * stride_vh + cols[:, None] * stride_vn + dims[None, :]
 
-    m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
+    m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)      # line 5
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
 
-    # Split the K loop at `full`: keys below it are visible to every row of Q_i and lie in whole
-    # blocks (no mask); [full, hi) holds the diagonal blocks and a ragged last block (masked).
+    # Lines 6-11, the K loop split at `full`: keys below it are visible to every row of Q_i and lie
+    # in whole blocks (no mask); [full, hi) holds the diagonal blocks and a ragged last block (masked).
     offset = N_k - N_q
     if CAUSAL:
         hi = tl.minimum(N_k, start_m + BLOCK_M + offset)     # past the diagonal: skipped
@@ -299,21 +322,21 @@ def _fa2_fwd(Q, K, V, O, LSE, qk_scale, N_q, N_k,
         full = N_k
     full = tl.maximum(full, 0) // BLOCK_N * BLOCK_N
     hi = tl.maximum(hi, full)
-    acc, l_i, m_i = _fa2_inner(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, rows, cols,
-                               0, full, qk_scale, N_k, offset, False, CAUSAL, BLOCK_N)
-    acc, l_i, m_i = _fa2_inner(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, rows, cols,
-                               full, hi, qk_scale, N_k, offset, True, CAUSAL, BLOCK_N)
+    acc, l_i, m_i = fa2_inner(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, rows, cols,
+                              0, full, qk_scale, N_k, offset, False, CAUSAL, BLOCK_N)
+    acc, l_i, m_i = fa2_inner(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, rows, cols,
+                              full, hi, qk_scale, N_k, offset, True, CAUSAL, BLOCK_N)
 
-    # deferred normalisation; a row that saw no key has l_i = 0 and outputs 0
+    # line 12, the deferred normalisation; a row that saw no key has l_i = 0 and outputs 0
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    o = acc / l_safe[:, None]
+    O_i = acc / l_safe[:, None]
     tl.store(O + b * stride_ob + h * stride_oh + rows[:, None] * stride_om + dims[None, :],
-             o.to(O.dtype.element_ty), mask=in_q[:, None])
+             O_i.to(O.dtype.element_ty), mask=in_q[:, None])                    # line 14
     if STORE_LSE:
-        # natural-log log-sum-exp of the scaled scores: (m_i + log2 l_i) ln 2 (-inf for no key)
+        # line 13, L_i = m_i + log l_i in natural log: (m_i + log2 l_i) ln 2 (-inf for no key)
         lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
         nh = tl.num_programs(1).to(tl.int64)
-        tl.store(LSE + (b * nh + h) * N_q + rows, lse, mask=in_q)
+        tl.store(LSE + (b * nh + h) * N_q + rows, lse, mask=in_q)                # line 15
 
 
 # --------------------------------------------------------------------------------------------------
@@ -359,7 +382,7 @@ def fa2_config(d: int, dtype=torch.float16, cc="current", causal: bool = False) 
 
 
 def _fa2_launch(q, k, v, causal, sm_scale, return_lse, launch: aot.Launch):
-    """Run the kernel with ``launch`` on checked inputs (tests and tuning call this directly)."""
+    """Run the kernel with ``launch`` on checked inputs."""
     B, H, N_q, d = q.shape
     N_k = k.shape[2]
     o = torch.empty((B, H, N_q, d), dtype=q.dtype, device=q.device)
@@ -379,7 +402,7 @@ def _fa2_launch(q, k, v, causal, sm_scale, return_lse, launch: aot.Launch):
 
 
 def fa2_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                sm_scale: float | None = None, return_lse: bool = False):
+                sm_scale: float | None = None, return_lse: bool = False, *, launch: aot.Launch | None = None):
     """softmax(Q K^T * sm_scale) V with FlashAttention-2's loop order: ``O`` of q's shape.
 
     ``q``: (B, H, N_q, d), ``k`` and ``v``: (B, H, N_k, d), the layout of
@@ -388,7 +411,8 @@ def fa2_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool 
     copied first). ``causal`` masks keys after the query, aligned bottom-right when N_q != N_k;
     ``sm_scale`` defaults to 1/sqrt(d). With ``return_lse`` also returns the log-sum-exp of each
     row's scaled scores, (B, H, N_q) float32 (natural log; ``-inf`` for a row that sees no key,
-    whose output is 0). Forward only: no autograd graph.
+    whose output is 0). ``launch`` runs that config instead of :func:`fa2_config`'s (for tuning, as
+    tools/gpu_attention.py --sweep does; its ``HEAD_DIM`` must be d). Forward only: no autograd graph.
 
     Example:
         >>> import torch
@@ -401,10 +425,16 @@ def fa2_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool 
         >>> s = (q.float() @ k.float().transpose(-1, -2)) / 32 ** 0.5
         >>> torch.allclose(lse, torch.logsumexp(s, -1), atol=1e-3)
         True
+        >>> o2 = fa2_forward(q, k, v, launch=aot.Launch({"HEAD_DIM": 32, "BLOCK_M": 16, "BLOCK_N": 32}))
+        >>> (o2.float() - o.float()).abs().max().item() < 2e-3
+        True
     """
     q, k, v = expect_qkv("fa2_forward", q, k, v, head_dims=HEAD_DIMS)
     sm_scale = expect_sm_scale("fa2_forward", sm_scale, q.shape[-1])
-    launch = fa2_config(q.shape[-1], q.dtype, causal=bool(causal))
+    if launch is None:
+        launch = fa2_config(q.shape[-1], q.dtype, causal=bool(causal))
+    else:
+        _expect_launch("fa2_forward", launch, q.shape[-1])
     return _fa2_launch(q, k, v, causal, sm_scale, return_lse, launch)
 
 
@@ -428,3 +458,5 @@ _FA2_SIGNATURE = {"Q": "*fp16", "K": "*fp16", "V": "*fp16", "O": "*fp16", "LSE":
               "HEAD_DIM": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
               "CAUSAL": "constexpr", "STORE_LSE": "constexpr"}
 aot.register("fa2_fwd", _fa2_fwd, signature=_FA2_SIGNATURE, configs=_fa2_aot_configs)
+
+__test__ = {"fa2_inner": fa2_inner.fn}   # its docstring's example (doctest does not look inside a jit function)

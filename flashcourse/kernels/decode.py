@@ -57,13 +57,13 @@ import triton.language as tl
 
 from .. import backend
 from . import aot
+from ..formulas.counting import LOG2E
 from ..formulas.decode import DEFAULT_BOUNDS, num_splits_for
 from ._validate import expect_decode, expect_num_splits, expect_sm_scale
 
 __all__ = ["flash_decode", "unified_max_decode", "decode_config", "combine_config", "num_splits",
            "DECODE_HEAD_DIMS", "DEFAULT_BOUNDS"]
 
-LOG2E = 1.4426950408889634  # e^t = 2^(t log2 e)
 #: Head dims the decode kernels are compiled for.
 DECODE_HEAD_DIMS = (64, 128)
 #: The safe range of x - phi (natural-log units, x = sm_scale q.k) of unified_max_decode: the
@@ -73,29 +73,30 @@ DECODE_HEAD_DIMS = (64, 128)
 
 
 # --------------------------------------------------------------------------------------------------
-# The pieces both kernels share: scores of one key block, and P V.
+# The pieces both kernels share. FA2's names (chapter 3): Q_i a program's query rows, K_j, V_j a key block,
+# qk = S_ij (log2 units), p = P~_ij, acc = O_i unnormalised, m_i, l_i, alpha = e^(m_i^(j-1) - m_i^(j)).
 
 @triton.jit
-def _scores(q, k, qk_scale, USE_DOT: tl.constexpr):
-    # q: (B_G, d) the query group, k: (B_c, d) -> (B_G, B_c) fp32 scores in log2 units
+def _scores(Q_i, K_j, qk_scale, USE_DOT: tl.constexpr):
+    # Q_i: (B_G, d) the query group, K_j: (B_c, d) -> qk = S_ij (B_G, B_c), fp32 in log2 units
     if USE_DOT:
-        s = tl.dot(q, tl.trans(k))
+        qk = tl.dot(Q_i, tl.trans(K_j))
     else:   # one query head: a broadcast multiply and a sum over d, no tensor cores needed
-        s = tl.sum(q[:, None, :].to(tl.float32) * k[None, :, :].to(tl.float32), 2)
-    return s * qk_scale
+        qk = tl.sum(Q_i[:, None, :].to(tl.float32) * K_j[None, :, :].to(tl.float32), 2)
+    return qk * qk_scale
 
 
 @triton.jit
-def _pv(acc, p, v, USE_DOT: tl.constexpr, P_FP32: tl.constexpr):
-    # acc (B_G, d) += p (B_G, B_c) @ v (B_c, d)
+def _pv(acc, p, V_j, USE_DOT: tl.constexpr, P_FP32: tl.constexpr):
+    # acc (B_G, d) += p (B_G, B_c) @ V_j (B_c, d)
     if USE_DOT:
         if P_FP32:      # p may be far from 1 (unified max): float32's range. p arrives rounded
-            # to TF32 (_round_tf32) and v is fp16, both exact in TF32: one TF32 pass is exact
-            acc = tl.dot(p, v.to(tl.float32), acc, input_precision="tf32")
-        else:           # p in [0, 1]: v's dtype, as FA2 does
-            acc = tl.dot(p.to(v.dtype), v, acc)
+            # to TF32 (_round_tf32) and V_j is fp16, both exact in TF32: one TF32 pass is exact
+            acc = tl.dot(p, V_j.to(tl.float32), acc, input_precision="tf32")
+        else:           # p in [0, 1]: V_j's dtype, as FA2 does
+            acc = tl.dot(p.to(V_j.dtype), V_j, acc)
     else:
-        acc += tl.sum(p[:, :, None] * v[None, :, :].to(tl.float32), 1)
+        acc += tl.sum(p[:, :, None] * V_j[None, :, :].to(tl.float32), 1)
     return acc
 
 
@@ -112,48 +113,49 @@ def _round_tf32(x):
 def _load_kv(K_ptrs, V_ptrs, start, stride_kn, stride_vn, cols, n_end, MASKED: tl.constexpr):
     if MASKED:
         in_k = (start + cols) < n_end                                               # (B_c,)
-        k = tl.load(K_ptrs + start * stride_kn, mask=in_k[:, None], other=0.0)     # (B_c, d)
-        v = tl.load(V_ptrs + start * stride_vn, mask=in_k[:, None], other=0.0)     # (B_c, d)
+        K_j = tl.load(K_ptrs + start * stride_kn, mask=in_k[:, None], other=0.0)   # (B_c, d)
+        V_j = tl.load(V_ptrs + start * stride_vn, mask=in_k[:, None], other=0.0)   # (B_c, d)
     else:
         in_k = cols >= 0
-        k = tl.load(K_ptrs + start * stride_kn)
-        v = tl.load(V_ptrs + start * stride_vn)
-    return k, v, in_k
+        K_j = tl.load(K_ptrs + start * stride_kn)
+        V_j = tl.load(V_ptrs + start * stride_vn)
+    return K_j, V_j, in_k
 
 
 @triton.jit
-def _chunk_sync(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, lo, hi, n_end,
+def _chunk_sync(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, lo, hi, n_end,
                 qk_scale, MASKED: tl.constexpr, BLOCK_N: tl.constexpr, USE_DOT: tl.constexpr):
-    # Keys [lo, hi) of one chunk, FA2's online softmax: running max m_i, sum l_i, rescale by alpha.
-    for start in range(lo, hi, BLOCK_N):
-        k, v, in_k = _load_kv(K_ptrs, V_ptrs, start, stride_kn, stride_vn, cols, n_end, MASKED)
-        s = _scores(q, k, qk_scale, USE_DOT)                                        # (B_G, B_c)
+    # Keys [lo, hi) of one chunk: FA2's inner loop, lines 6-11 of Algorithm 1 (FA2 paper), as
+    # reference.attention.fa2_update: running max m_i, sum l_i, acc rescaled by alpha.
+    for start in range(lo, hi, BLOCK_N):                                            # line 6
+        K_j, V_j, in_k = _load_kv(K_ptrs, V_ptrs, start, stride_kn, stride_vn, cols, n_end, MASKED)  # line 7
+        qk = _scores(Q_i, K_j, qk_scale, USE_DOT)                                   # line 8 (B_G, B_c)
         if MASKED:
-            s = tl.where(in_k[None, :], s, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+            qk = tl.where(in_k[None, :], qk, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))                                      # line 9
         m_shift = tl.where(m_new == -float("inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_shift[:, None])
+        p = tl.math.exp2(qk - m_shift[:, None])
         alpha = tl.math.exp2(m_i - m_shift)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = _pv(acc * alpha[:, None], p, v, USE_DOT, False)
+        acc = _pv(acc * alpha[:, None], p, V_j, USE_DOT, False)                    # line 10
         m_i = m_new
     return acc, l_i, m_i
 
 
 @triton.jit
-def _chunk_async(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, lo, hi, n_end,
+def _chunk_async(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, lo, hi, n_end,
                  qk_scale, phi2, MASKED: tl.constexpr, BLOCK_N: tl.constexpr, USE_DOT: tl.constexpr):
-    # The same keys with one shared offset phi (log2 units): no rescale, nothing depends on the
-    # previous block. m_i (the largest score) is kept only to check the safe range afterwards.
+    # The same keys with one shared offset phi (log2 units), as reference.decode.unified_update: acc = N_i
+    # += e^(S_ij - phi) V_j, l_i += rowsum, no rescale. m_i (the largest score) is only for the fallback rule.
     for start in range(lo, hi, BLOCK_N):
-        k, v, in_k = _load_kv(K_ptrs, V_ptrs, start, stride_kn, stride_vn, cols, n_end, MASKED)
-        s = _scores(q, k, qk_scale, USE_DOT)
+        K_j, V_j, in_k = _load_kv(K_ptrs, V_ptrs, start, stride_kn, stride_vn, cols, n_end, MASKED)
+        qk = _scores(Q_i, K_j, qk_scale, USE_DOT)
         if MASKED:
-            s = tl.where(in_k[None, :], s, -float("inf"))
-        m_i = tl.maximum(m_i, tl.max(s, 1))
-        p = _round_tf32(tl.math.exp2(s - phi2))
+            qk = tl.where(in_k[None, :], qk, -float("inf"))
+        m_i = tl.maximum(m_i, tl.max(qk, 1))
+        p = _round_tf32(tl.math.exp2(qk - phi2))
         l_i += tl.sum(p, 1)
-        acc = _pv(acc, p, v, USE_DOT, True)
+        acc = _pv(acc, p, V_j, USE_DOT, True)
     return acc, l_i, m_i
 
 
@@ -177,7 +179,7 @@ def _program(Q, K, V, KV_LENS, L, H_kv, G, S, stride_qb, stride_qh, stride_kb, s
              stride_vb, stride_vh, stride_vn, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
              BLOCK_G: tl.constexpr, HAS_LENS: tl.constexpr):
     # Program (s, b * H_kv + hk) of a split-KV grid: its split s, its query heads hk*G + g (rows of
-    # the (B H_q) outputs), the group's q (B_G, d), pointers to the first key block of its KV head,
+    # the (B H_q) outputs), the group's Q_i (B_G, d), pointers to the first key block of its KV head,
     # and its keys [lo, hi) (unmasked up to full) of the valid length n.
     s = tl.program_id(0)
     bh = tl.program_id(1)
@@ -189,12 +191,12 @@ def _program(Q, K, V, KV_LENS, L, H_kv, G, S, stride_qb, stride_qh, stride_kb, s
     in_g = g < G
     heads = hk * G + g
     rows = b * H_kv * G + heads                                                     # (B_G,)
-    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + dims[None, :],
-                mask=in_g[:, None], other=0.0)                                     # (B_G, d)
+    Q_i = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + dims[None, :],
+                  mask=in_g[:, None], other=0.0)                                   # (B_G, d)
     K_ptrs = K + b * stride_kb + hk * stride_kh + cols[:, None] * stride_kn + dims[None, :]
     V_ptrs = V + b * stride_vb + hk * stride_vh + cols[:, None] * stride_vn + dims[None, :]
     n, lo, hi, full = _chunk_bounds(KV_LENS, b, s, L, S, HAS_LENS, BLOCK_N)
-    return s, bh, rows, in_g, dims, cols, q, K_ptrs, V_ptrs, n, lo, hi, full
+    return s, bh, rows, in_g, dims, cols, Q_i, K_ptrs, V_ptrs, n, lo, hi, full
 
 
 @triton.jit
@@ -202,21 +204,22 @@ def _decode_split(Q, K, V, KV_LENS, O, O_PART, LSE_PART, qk_scale, L, H_kv, G, S
                   stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                   HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
                   USE_DOT: tl.constexpr, HAS_LENS: tl.constexpr, DIRECT: tl.constexpr):
-    # grid: (S splits, B * H_kv). One program: one chunk of one KV head, its G query heads.
+    # Kernel 1 of reference.decode.flash_decoding, split-KV. grid: (S splits, B * H_kv). One program:
+    # one chunk of one KV head, its G query heads, FA2 over the chunk (lines 5-13 of its Algorithm 1).
     # DIRECT (S = 1): the one chunk is the whole sequence, so its output is final: store it in O.
-    s, bh, rows, in_g, dims, cols, q, K_ptrs, V_ptrs, n, lo, hi, full = _program(
+    s, bh, rows, in_g, dims, cols, Q_i, K_ptrs, V_ptrs, n, lo, hi, full = _program(
         Q, K, V, KV_LENS, L, H_kv, G, S, stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb,
         stride_vh, stride_vn, HEAD_DIM, BLOCK_N, BLOCK_G, HAS_LENS)
 
-    m_i = tl.full([BLOCK_G], -float("inf"), tl.float32)
+    m_i = tl.full([BLOCK_G], -float("inf"), tl.float32)                              # line 5
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
-    acc, l_i, m_i = _chunk_sync(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, lo, full,
+    acc, l_i, m_i = _chunk_sync(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, lo, full,
                                 n, qk_scale, False, BLOCK_N, USE_DOT)
-    acc, l_i, m_i = _chunk_sync(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, full, hi,
+    acc, l_i, m_i = _chunk_sync(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, full, hi,
                                 n, qk_scale, True, BLOCK_N, USE_DOT)
 
-    # partial output, normalised, and its log-sum-exp (log2 units; -inf for an empty split)
+    # lines 12, 13: partial output o_s, normalised, and its log-sum-exp lse_s (log2; -inf: empty split)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     if DIRECT:
         tl.store(O + rows[:, None] * HEAD_DIM + dims[None, :], (acc / l_safe[:, None]).to(O.dtype.element_ty),
@@ -229,7 +232,8 @@ def _decode_split(Q, K, V, KV_LENS, O, O_PART, LSE_PART, qk_scale, L, H_kv, G, S
 
 @triton.jit
 def _decode_combine(O_PART, LSE_PART, O, S, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
-    # grid: (B * H_q,). o = sum_s 2^(lse_s - lse) o_s, lse = log2 sum_s 2^lse_s.
+    # Kernel 2 of reference.decode.flash_decoding, as reference.decode.combine_partials (log2 units).
+    # grid: (B * H_q,). m = max_s lse_s, w_s = 2^(lse_s - m): o = sum_s w_s o_s / total, total = sum_s w_s.
     r = tl.program_id(0).to(tl.int64)
     splits = tl.arange(0, BLOCK_S)
     dims = tl.arange(0, HEAD_DIM)
@@ -237,7 +241,7 @@ def _decode_combine(O_PART, LSE_PART, O, S, HEAD_DIM: tl.constexpr, BLOCK_S: tl.
     for s0 in range(0, S, BLOCK_S):
         lse_s = tl.load(LSE_PART + r * S + s0 + splits, mask=s0 + splits < S, other=-float("inf"))
         m = tl.maximum(m, tl.max(lse_s, 0))          # finite: every sequence has a key
-    l = 0.0
+    total = 0.0
     acc = tl.zeros([HEAD_DIM], tl.float32)
     for s0 in range(0, S, BLOCK_S):
         in_s = s0 + splits < S
@@ -246,8 +250,8 @@ def _decode_combine(O_PART, LSE_PART, O, S, HEAD_DIM: tl.constexpr, BLOCK_S: tl.
         o_s = tl.load(O_PART + (r * S + s0 + splits[:, None]) * HEAD_DIM + dims[None, :],
                       mask=in_s[:, None], other=0.0)                                 # (B_S, d)
         acc += tl.sum(w[:, None] * o_s, 0)
-        l += tl.sum(w, 0)
-    tl.store(O + r * HEAD_DIM + dims, (acc / l).to(O.dtype.element_ty))
+        total += tl.sum(w, 0)
+    tl.store(O + r * HEAD_DIM + dims, (acc / total).to(O.dtype.element_ty))
 
 
 @triton.jit
@@ -256,21 +260,22 @@ def _unified_max_decode(Q, K, V, KV_LENS, O, ACC, LSUM, COUNT, O_PART, LSE_PART,
                         stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh,
                         stride_vn, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_G: tl.constexpr, USE_DOT: tl.constexpr, HAS_LENS: tl.constexpr):
-    # grid: (S splits, B * H_kv), as _decode_split. ACC, LSUM, COUNT are a zeroed workspace that
-    # the last program of each head leaves zeroed again.
-    s, bh, rows, in_g, dims, cols, q, K_ptrs, V_ptrs, n, lo, hi, full = _program(
+    # Kernel 1 of reference.decode.unified_max_decoding (asynchronous split-KV); a head's last program does
+    # kernel 2 (add the partials); a chunk that breaks the fallback rule is redone FA2's way here (kernel 3
+    # redoes the head). grid: as _decode_split. ACC, LSUM, COUNT: zeroed, and left zeroed by the last program.
+    s, bh, rows, in_g, dims, cols, Q_i, K_ptrs, V_ptrs, n, lo, hi, full = _program(
         Q, K, V, KV_LENS, L, H_kv, G, S, stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb,
         stride_vh, stride_vn, HEAD_DIM, BLOCK_N, BLOCK_G, HAS_LENS)
 
     m_i = tl.full([BLOCK_G], -float("inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
-    acc, l_i, m_i = _chunk_async(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, lo, full,
+    acc, l_i, m_i = _chunk_async(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, lo, full,
                                  n, qk_scale, phi2, False, BLOCK_N, USE_DOT)
-    acc, l_i, m_i = _chunk_async(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, full, hi,
+    acc, l_i, m_i = _chunk_async(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, full, hi,
                                  n, qk_scale, phi2, True, BLOCK_N, USE_DOT)
 
-    # detection: a score too far above phi (overflow), or a chunk whose best score is too far below
+    # the fallback rule (formulas.decode.needs_fallback): the chunk's largest score m_i is outside [phi + a, phi + b]
     out = ((m_i > phi2 + hi2) | ((m_i < phi2 + lo2) & (m_i > -float("inf")))) & in_g
     fallback = tl.max(out.to(tl.int32), 0)                                          # 0 or 1
     lse_s = tl.full([BLOCK_G], -float("inf"), tl.float32)
@@ -279,9 +284,9 @@ def _unified_max_decode(Q, K, V, KV_LENS, O, ACC, LSUM, COUNT, O_PART, LSE_PART,
         m_i = tl.full([BLOCK_G], -float("inf"), tl.float32)
         l_i = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
-        acc, l_i, m_i = _chunk_sync(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, lo,
+        acc, l_i, m_i = _chunk_sync(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, lo,
                                     full, n, qk_scale, False, BLOCK_N, USE_DOT)
-        acc, l_i, m_i = _chunk_sync(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, full,
+        acc, l_i, m_i = _chunk_sync(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, full,
                                     hi, n, qk_scale, True, BLOCK_N, USE_DOT)
         lse_s = m_i + tl.math.log2(l_i)
         tl.store(O_PART + (rows[:, None] * S + s) * HEAD_DIM + dims[None, :],
@@ -321,12 +326,12 @@ def _unified_max_decode(Q, K, V, KV_LENS, O, ACC, LSUM, COUNT, O_PART, LSE_PART,
                 o2 = tl.load(O_PART + (rows[:, None] * S + s2) * HEAD_DIM + dims[None, :],
                              mask=has[:, None], other=0.0, cache_modifier=".cg")
                 m_new = tl.maximum(m_run, lse2)
-                m_sh = tl.where(m_new == -float("inf"), 0.0, m_new)
-                w_run = tl.math.exp2(m_run - m_sh)
-                w2 = tl.math.exp2(lse2 - m_sh)
+                m_shift = tl.where(m_new == -float("inf"), 0.0, m_new)
+                w_run = tl.math.exp2(m_run - m_shift)
+                w2 = tl.math.exp2(lse2 - m_shift)
                 tot = tl.where(w_run + w2 == 0.0, 1.0, w_run + w2)
                 o = (o * w_run[:, None] + o2 * w2[:, None]) / tot[:, None]
-                m_run = m_sh + tl.math.log2(tot)
+                m_run = m_shift + tl.math.log2(tot)
         tl.store(O + rows[:, None] * HEAD_DIM + dims[None, :], o.to(O.dtype.element_ty),
                  mask=in_g[:, None])
         tl.store(FLAGS + rows, tl.zeros([BLOCK_G], tl.int32) + n_fb, mask=in_g)
@@ -500,9 +505,9 @@ def _strides(q3, k, v):
             v.stride(0), v.stride(1), v.stride(2))
 
 
-def _launch_flash(q3, k, v, lens, sm_scale, S, launch: aot.Launch, comb: aot.Launch):
-    """Run the split kernel and, with more than one split, the combine, with the given launches
-    on checked inputs (tests and tuning call this). With one split the split kernel writes o."""
+def _launch_flash(q3, k, v, lens, sm_scale, S, launch: aot.Launch, comb: aot.Launch | None):
+    """Run the split kernel and, with more than one split, the combine (``comb``), with the given
+    launches on checked inputs. With one split the split kernel writes o."""
     B, H_q, d = q3.shape
     H_kv, L = k.shape[1], k.shape[2]
     o_part, lse_part = _scratch(q3.device, B * H_q * S, d)     # (B H_q, S, d) and (B H_q, S)
@@ -544,7 +549,8 @@ def _scratch(device, n_partials: int, d: int):
 
 
 def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_lens=None,
-                 num_splits: int | None = None, sm_scale: float | None = None) -> torch.Tensor:
+                 num_splits: int | None = None, sm_scale: float | None = None, *,
+                 launch: aot.Launch | None = None, combine_launch: aot.Launch | None = None) -> torch.Tensor:
     """Attention of one new token per sequence against a KV cache, Flash-Decoding's split-KV way.
 
     ``q``: (B, H_q, d) or (B, H_q, 1, d) -- one query token per sequence; the result has q's shape.
@@ -554,7 +560,8 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     L; it is checked on the host, which synchronises with the GPU -- leave it None in a timing loop.
     ``num_splits``: chunks per sequence (default: :func:`num_splits`, enough programs to fill the
     SMs); more splits than chunks of keys is allowed (the extra ones are empty). float16, or
-    bfloat16 on a GPU of sm_80+; d 64 or 128; ``sm_scale`` defaults to 1/sqrt(d).
+    bfloat16 on a GPU of sm_80+; d 64 or 128; ``sm_scale`` defaults to 1/sqrt(d). ``launch`` and
+    ``combine_launch`` run those configs instead of :func:`decode_config`'s and :func:`combine_config`'s.
 
     Example:
         >>> import torch
@@ -567,12 +574,27 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         >>> ref = torch.softmax(q[1].float() @ k[1, :, :7].float().mT / 8, -1) @ v[1, :, :7].float()
         >>> (o[1].float() - ref).abs().max().item() < 2e-3
         True
+        >>> blocks_of_16 = aot.Launch({"HEAD_DIM": 64, "BLOCK_N": 16, "BLOCK_G": 16, "USE_DOT": True})
+        >>> o2 = flash_decode(q, k, v, kv_lens=torch.tensor([100, 7]), num_splits=4, launch=blocks_of_16)
+        >>> (o2.float() - o.float()).abs().max().item() < 2e-3
+        True
     """
     q3, k, v, lens, sm_scale, S = _prepare("flash_decode", q, k_cache, v_cache, kv_lens, num_splits, sm_scale)
-    G = q3.shape[1] // k.shape[1]
-    launch = decode_config(q3.shape[-1], G, q3.dtype)
-    comb = combine_config(q3.shape[-1], S, q3.dtype)
-    return _launch_flash(q3, k, v, lens, sm_scale, S, launch, comb).view(q.shape)
+    d, G = q3.shape[-1], q3.shape[1] // k.shape[1]
+    launch = decode_config(d, G, q3.dtype) if launch is None else _expect_launch("flash_decode", launch, d, G)
+    if S > 1:       # with one split there is no combine
+        combine_launch = (combine_config(d, S, q3.dtype) if combine_launch is None
+                          else _expect_launch("flash_decode", combine_launch, d, name="combine_launch"))
+    return _launch_flash(q3, k, v, lens, sm_scale, S, launch, combine_launch).view(q.shape)
+
+
+def _expect_launch(fn, launch, d, G=1, name="launch"):
+    """``launch`` if it is an aot.Launch for head dim d that serves G query heads (BLOCK_G >= G)."""
+    c = launch.constexprs if isinstance(launch, aot.Launch) else {}
+    if c.get("HEAD_DIM") != d or c.get("BLOCK_G", G) < G:
+        raise ValueError(f"{fn}: {name} is {launch!r}; expected an aot.Launch with HEAD_DIM = {d} (q's head dim)"
+                         f" and, for a split kernel, BLOCK_G >= {G} (the query heads of a KV head)")
+    return launch
 
 
 _WORKSPACE: dict = {}
@@ -634,7 +656,7 @@ def _expect_phi_bounds(fn, phi, bounds):
 
 def unified_max_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, phi: float,
                        kv_lens=None, num_splits: int | None = None, sm_scale: float | None = None,
-                       bounds=None, return_stats: bool = False):
+                       bounds=None, return_stats: bool = False, *, launch: aot.Launch | None = None):
     """Decoding attention with FlashDecoding++'s asynchronous softmax: one shared offset ``phi``.
 
     Same inputs and result as :func:`flash_decode`, plus ``phi``: a number close to the typical
@@ -644,7 +666,7 @@ def unified_max_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     A chunk where some ``x - phi > bounds[1]`` or whose largest ``x - phi < bounds[0]`` is
     recomputed with flash_decode's running max and merged by log-sum-exp, so the output is right
     for any ``phi`` -- only slower when phi is badly chosen. ``bounds`` defaults to
-    :data:`DEFAULT_BOUNDS`, the reference's (about (-49.2, 56.1)).
+    :data:`DEFAULT_BOUNDS`, the reference's (about (-49.2, 56.1)). ``launch``: as flash_decode's.
 
     With ``return_stats=True`` returns ``(o, stats)``: ``stats["fallback_heads"]`` (query heads of
     a sequence with any recomputed chunk), ``"heads"`` (B * H_q), ``"fallback_chunks"``,
@@ -669,8 +691,9 @@ def unified_max_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     fn = "unified_max_decode"
     q3, k, v, lens, sm_scale, S = _prepare(fn, q, k_cache, v_cache, kv_lens, num_splits, sm_scale)
     phi, bounds = _expect_phi_bounds(fn, phi, bounds)
-    G = q3.shape[1] // k.shape[1]
-    launch = decode_config(q3.shape[-1], G, q3.dtype, kernel="unified_max_decode")
+    d, G = q3.shape[-1], q3.shape[1] // k.shape[1]
+    launch = (decode_config(d, G, q3.dtype, kernel="unified_max_decode") if launch is None
+              else _expect_launch(fn, launch, d, G))
     o, flags = _launch_unified(q3, k, v, lens, sm_scale, S, phi, bounds, launch)
     o = o.view(q.shape)
     if not return_stats:

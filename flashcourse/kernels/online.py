@@ -6,12 +6,15 @@ of its input, computes in fp32 whatever the input dtype, and writes the input's 
 * :func:`softmax` -- a row of at most 32k columns is held in registers by one program: load,
   max, exp, sum, store. The row is read from HBM once, written once.
 * wider rows (or ``softmax(x, block_size=...)`` narrower than the row) take the *online*
-  two-pass kernel: pass 1 streams the row block by block keeping a running max ``m_i`` and
-  normaliser ``l_i``, merged with the rule
+  two-pass kernel: pass 1 streams the row block by block keeping a running max ``m`` and
+  normaliser ``l``, merged with the rule
   ``m = max(m_a, m_b)``, ``l = l_a e^(m_a - m) + l_b e^(m_b - m)``;
   pass 2 reads the row again and writes ``e^(x - m) / l``. Two reads instead of three.
 * :func:`safe_softmax_3pass` -- the textbook safe softmax: a max pass, a sum pass, a write pass.
 
+The kernels use the names of :mod:`flashcourse.reference.online`: ``m`` the (running) max, ``l``
+the normaliser (Algorithms 2 and 3 call it ``d``; :func:`~flashcourse.reference.online.merge` and
+``blocked_online_softmax`` ``l``), ``m_new`` the max after one more block.
 ``e^t`` is computed as ``2^(t log2 e)``: ``exp2`` is the instruction the hardware has.
 
 Example:
@@ -31,31 +34,35 @@ import triton
 import triton.language as tl
 
 from .. import backend
+from ..formulas import counting
 from . import aot
 from ._validate import expect_float_tensor
 
-__all__ = ["softmax", "safe_softmax_3pass", "softmax_config", "MAX_FUSED"]
+__all__ = ["softmax", "safe_softmax_3pass", "softmax_config", "MAX_FUSED", "STREAM_BLOCK"]
 
-LOG2E = tl.constexpr(1.4426950408889634)  # e^t = 2^(t log2 e)
+LOG2E = tl.constexpr(counting.LOG2E)  # e^t = 2^(t log2 e); a constexpr, for the kernels to read
 
 #: Widest row (columns) the one-pass kernel holds in registers; wider rows go online.
 MAX_FUSED = 32768
+#: Columns per block of the streaming kernels (online and 3-pass) unless ``block_size`` says otherwise.
+STREAM_BLOCK = 16384
 
 
 @triton.jit
 def _softmax_one_pass(X, Y, n_rows, n_cols, stride_x, stride_y,
                       BLOCK: tl.constexpr, ROWS: tl.constexpr):
-    # one program, ROWS whole rows: x is (ROWS, BLOCK), with BLOCK >= n_cols
+    # Algorithm 2 (safe softmax) on ROWS whole rows in registers: x is (ROWS, BLOCK), BLOCK >= n_cols,
+    # so its three passes read registers and HBM is read once
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
     mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
     rows = rows.to(tl.int64)
     x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=-float("inf"))
     x = x.to(tl.float32)
-    m_i = tl.max(x, axis=1)                                   # (ROWS,)
-    p = tl.exp2((x - m_i[:, None]) * LOG2E)                   # (ROWS, BLOCK)
-    l_i = tl.sum(p, axis=1)                                   # (ROWS,)
-    y = p / l_i[:, None]
+    m = tl.max(x, axis=1)                                     # pass 1: m = max x        (ROWS,)
+    p = tl.exp2((x - m[:, None]) * LOG2E)                     # e^(x - m)                (ROWS, BLOCK)
+    l = tl.sum(p, axis=1)                                     # pass 2: l = sum e^(x - m)
+    y = p / l[:, None]                                        # pass 3: y = e^(x - m) / l
     tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 
@@ -66,19 +73,20 @@ def _softmax_online(X, Y, n_cols, stride_x, stride_y, BLOCK: tl.constexpr):
     y_row = Y + row * stride_y
     cols = tl.arange(0, BLOCK)
 
-    # pass 1: running max m_i and normaliser l_i = sum_j e^(x_j - m_i) over the blocks seen so far
-    m_i = -float("inf")
-    l_i = 0.0
+    # Algorithm 3 (online softmax) a block at a time, as reference.online.blocked_online_softmax.
+    # pass 1: running max m and normaliser l = sum_j e^(x_j - m) over the blocks seen so far
+    m = -float("inf")
+    l = 0.0
     for start in range(0, n_cols, BLOCK):
         mask = start + cols < n_cols
         x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
-        m_new = tl.maximum(m_i, tl.max(x, axis=0))
-        # merge (m_i, l_i) with this block's (m_new, sum e^(x - m_new)): rescale the old sum.
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        # l = l e^(m - m_new) + sum e^(x - m_new): the old sum rescaled, this block's added.
         # While every x so far is -inf, m_new = -inf and (-inf) - (-inf) would be nan: shift by 0.
         m_shift = tl.where(m_new == -float("inf"), 0.0, m_new)
-        alpha = tl.exp2((m_i - m_shift) * LOG2E)
-        l_i = l_i * alpha + tl.sum(tl.exp2((x - m_shift) * LOG2E), axis=0)
-        m_i = m_new
+        alpha = tl.exp2((m - m_shift) * LOG2E)                # e^(m - m_new)
+        l = l * alpha + tl.sum(tl.exp2((x - m_shift) * LOG2E), axis=0)
+        m = m_new
 
     # pass 2: read the row again and write e^(x - m) / l. Last block first: the blocks pass 1
     # read last are the likeliest to be still in L2 (a wide row's first blocks may be gone).
@@ -87,7 +95,7 @@ def _softmax_online(X, Y, n_cols, stride_x, stride_y, BLOCK: tl.constexpr):
         start = (T - 1 - j) * BLOCK
         mask = start + cols < n_cols
         x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
-        y = tl.exp2((x - m_i) * LOG2E) / l_i
+        y = tl.exp2((x - m) * LOG2E) / l
         tl.store(y_row + start + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
@@ -98,6 +106,7 @@ def _softmax_3pass(X, Y, n_cols, stride_x, stride_y, BLOCK: tl.constexpr):
     y_row = Y + row * stride_y
     cols = tl.arange(0, BLOCK)
 
+    # Algorithm 2 (safe softmax), each pass a read of the row.
     # pass 1: m = max_j x_j
     m = -float("inf")
     for start in range(0, n_cols, BLOCK):
@@ -124,10 +133,9 @@ def _softmax_3pass(X, Y, n_cols, stride_x, stride_y, BLOCK: tl.constexpr):
 _KERNELS = {"softmax_one_pass": _softmax_one_pass, "softmax_online": _softmax_online,
             "softmax_3pass": _softmax_3pass}
 _PTR = {torch.float16: "*fp16", torch.float32: "*fp32", torch.bfloat16: "*bf16"}
-_STREAM_BLOCK = 16384  # columns per block of the online and 3-pass kernels
 _MIN_BLOCK = 32        # a warp's width: narrower rows are masked, not given kernels of their own
 
-# Measured on an H100 (fp16, 256 MB per call, tools/gpu_softmax.py --sweep). One pass: about 16
+# Measured on an H100 (fp16, 256 MB per call, tools/gpu_online.py --sweep). One pass: about 16
 # elements per thread keeps every width from 1k to 32k columns at 96-100% of the device-copy
 # bandwidth, 8 or fewer per thread (narrower loads) loses 5-25%, and a 32k row takes all 32 warps
 # a block may have. The streaming kernels wait on every block's load before the next: about 8
@@ -171,10 +179,10 @@ def softmax_config(n_cols: int, dtype=torch.float16, cc="current", *, block_size
     _expect_block_size("softmax_config", block_size)
     width = max(triton.next_power_of_2(n_cols), _MIN_BLOCK)
     if three_pass:
-        return _stream_launch("softmax_3pass", block_size or min(width, _STREAM_BLOCK), dtype, cc)
+        return _stream_launch("softmax_3pass", block_size or min(width, STREAM_BLOCK), dtype, cc)
     if block_size is None and width <= MAX_FUSED or block_size is not None and width <= block_size:
         return _one_pass_launch(width, dtype, cc, n_rows)
-    return _stream_launch("softmax_online", block_size or _STREAM_BLOCK, dtype, cc)
+    return _stream_launch("softmax_online", block_size or STREAM_BLOCK, dtype, cc)
 
 
 def _expect_block_size(fn: str, block_size) -> None:
@@ -214,7 +222,7 @@ def _run(x: torch.Tensor, launch: aot.Launch) -> torch.Tensor:
     return y
 
 
-def softmax(x: torch.Tensor, *, block_size: int | None = None) -> torch.Tensor:
+def softmax(x: torch.Tensor, *, block_size: int | None = None, launch: aot.Launch | None = None) -> torch.Tensor:
     """Softmax over the last dimension of ``x``, like ``torch.softmax(x, -1)``.
 
     ``x``: float16, float32 or bfloat16 (bfloat16 on sm_80+), any shape with at least one
@@ -222,7 +230,9 @@ def softmax(x: torch.Tensor, *, block_size: int | None = None) -> torch.Tensor:
     copied first). Computes in fp32 and returns x's dtype. A row of at most :data:`MAX_FUSED`
     columns is read from memory once; a wider one twice (online normaliser). ``block_size`` (a power
     of two) forces the block width, so a narrower block makes a short row take the two-pass path.
-    Forward only: the result carries no autograd graph.
+    ``launch`` runs that kernel and config instead of :func:`softmax_config`'s (for tuning: any
+    launch of the three kernels it names, e.g. another ``num_warps``). Forward only: the result
+    carries no autograd graph.
 
     Example:
         >>> import torch
@@ -232,12 +242,29 @@ def softmax(x: torch.Tensor, *, block_size: int | None = None) -> torch.Tensor:
         True
         >>> torch.allclose(softmax(x, block_size=256), torch.softmax(x, -1), atol=1e-6)  # online
         True
+        >>> three_pass = aot.Launch({"BLOCK": 128}, num_warps=2, kernel="softmax_3pass")
+        >>> torch.allclose(softmax(x, launch=three_pass), torch.softmax(x, -1), atol=1e-6)
+        True
     """
     expect_float_tensor("softmax", "x", x, what="softmax runs over the last one")
     _expect_block_size("softmax", block_size)
-    launch = softmax_config(x.shape[-1], x.dtype, block_size=block_size,
-                            n_rows=x.numel() // max(x.shape[-1], 1))
+    if launch is None:
+        launch = softmax_config(x.shape[-1], x.dtype, block_size=block_size,
+                                n_rows=x.numel() // max(x.shape[-1], 1))
+    else:
+        _expect_launch("softmax", launch, block_size, x.shape[-1])
     return _run(x, launch)
+
+
+def _expect_launch(fn: str, launch, block_size, n_cols: int) -> None:
+    if block_size is not None:
+        raise ValueError(f"{fn}: pass block_size or launch, not both (the launch sets the block)")
+    if not isinstance(launch, aot.Launch) or launch.kernel not in _KERNELS:
+        raise ValueError(f"{fn}: launch is {launch!r}; expected an aot.Launch of one of the kernels "
+                         f"{', '.join(_KERNELS)}, such as softmax_config returns")
+    if launch.kernel == "softmax_one_pass" and launch.constexprs.get("BLOCK", 0) < n_cols:
+        raise ValueError(f"{fn}: the one-pass kernel holds a whole row: its BLOCK "
+                         f"{launch.constexprs.get('BLOCK')} is narrower than the row's {n_cols} columns")
 
 
 def safe_softmax_3pass(x: torch.Tensor, *, block_size: int | None = None) -> torch.Tensor:

@@ -125,7 +125,7 @@ CELLS = [
     """, "slide", name="kernel-md"),
     code("""
     from flashcourse.kernels import attention
-    print(inspect.getsource(attention._fa2_inner.fn))
+    print(inspect.getsource(attention.fa2_inner.fn))
     """, "subslide", name="kernel-src"),
     md("""
     Is it right? fp16 attention cannot match float64 exactly; the fair bar is PyTorch's own fp16
