@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from flashcourse import backend  # first: it decides the backend before triton is imported
 
 from flashcourse.kernels import aot, fa1_config, fa1_forward, fa2_config, fa2_forward  # noqa: E402
-from flashcourse.kernels._validate import supports_bf16  # noqa: E402
+from flashcourse.kernels.validate import supports_bf16  # noqa: E402
 from flashcourse.reference.attention import attention_float64, causal_mask  # noqa: E402
 from flashcourse.checks.cases import assert_within_error_rule  # noqa: E402
 

@@ -208,7 +208,7 @@ def test_a_given_launch_runs_instead_of_the_config(device, gen):
 
 @pytest.mark.gpu
 def test_bfloat16_on_the_gpu(device, gen):
-    from flashcourse.kernels._validate import supports_bf16
+    from flashcourse.kernels.validate import supports_bf16
     if not supports_bf16():
         pytest.skip("bfloat16 needs sm_80 or newer")
     for d in (64, 128):

@@ -148,7 +148,7 @@ def test_zero_columns_and_zero_depth(device):
 
 @pytest.mark.gpu
 def test_bfloat16_on_the_gpu(device, gen):
-    from flashcourse.kernels._validate import supports_bf16
+    from flashcourse.kernels.validate import supports_bf16
     if not supports_bf16():
         pytest.skip("bfloat16 needs sm_80 or newer")
     for M, K, N in ((1, 4096, 11008), (16, 11008, 4096), (5, 1000, 3001)):

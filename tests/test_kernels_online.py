@@ -18,7 +18,7 @@ from flashcourse import backend  # first: it decides the backend before triton i
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from flashcourse.kernels import MAX_FUSED, STREAM_BLOCK, aot, safe_softmax_3pass, softmax, softmax_config
-from flashcourse.kernels._validate import expect_on_backend, supports_bf16
+from flashcourse.kernels.validate import expect_on_backend, supports_bf16
 
 from flashcourse.kernels import online as S  # noqa: E402  (the module; flashcourse.kernels.softmax is the function)
 

@@ -3,6 +3,7 @@ of the library reaches into another module's ``_private`` names."""
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,9 +40,9 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def course_imports(path: Path):
-    """(line, imported module, imported names) of every import of the course in ``path``."""
-    tree = ast.parse(path.read_text())
+def course_imports(path: Path, tree=None):
+    """(line, imported module, imported names) of every import of the course in ``path`` (or ``tree``)."""
+    tree = tree or ast.parse(path.read_text())
     here = module_name(path).split(".")
     package = here if path.name == "__init__.py" else here[:-1]
     for node in ast.walk(tree):
@@ -96,41 +97,81 @@ def test_the_rule_check_fires_on_a_sideways_import(tmp_path, monkeypatch):
     assert len(found) == 2 and "kernels imports flashcourse.reference.attention" in found[0]
 
 
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
 def private_uses(files=LIBRARY):
-    """``from M import _x`` and ``M._x`` where M is another module of the course."""
+    """``from M import _x``, ``M._x``, ``setattr(M, "_x", ...)`` and imports of a ``_module``, where M is
+    another module of the course (a package's ``_module`` is private to that package)."""
     found = []
     for path in files:
-        me = module_name(path)
-        tree = ast.parse(path.read_text())
-        aliases = {}
-        for line, target, names in course_imports(path):
-            for n in names:
-                if n.startswith("_") and not n.startswith("__") and target != me:
-                    found.append(f"{path.relative_to(ROOT)}:{line}: from {target} import {n}")
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                for a in node.names:
-                    aliases[a.asname or a.name.split(".")[0]] = True
-        for node in ast.walk(tree):
-            if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
-                    and isinstance(node.value, ast.Name) and node.value.id in aliases
-                    and node.value.id not in ("np", "torch", "triton", "tl", "os", "sys", "math", "json")):
-                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value.id}.{node.attr}")
+        found += private_uses_in(path, ast.parse(path.read_text()), str(path.relative_to(ROOT)))
     return found
+
+
+def private_uses_in(path: Path, tree, where: str) -> list[str]:
+    me = module_name(path)
+    found, aliases = [], set()
+    for line, target, names in course_imports(path, tree):
+        private_module = next((p for p in target.split(".") if is_private(p)), None)
+        if private_module and not (me + ".").startswith(target.rsplit(".", 1)[0] + "."):
+            found.append(f"{where}:{line}: imports {target}")
+        found += [f"{where}:{line}: from {target} import {n}" for n in names if is_private(n) and target != me]
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            aliases |= {a.asname or a.name.split(".")[0] for a in node.names}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and is_private(node.attr) and isinstance(node.value, ast.Name)
+                and node.value.id in aliases - OTHER_LIBRARIES):
+            found.append(f"{where}:{node.lineno}: {node.value.id}.{node.attr}")
+        if (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "setattr"
+                and len(node.args) >= 2 and isinstance(node.args[0], ast.Name) and node.args[0].id in aliases
+                and isinstance(node.args[1], ast.Constant) and is_private(str(node.args[1].value))):
+            found.append(f"{where}:{node.lineno}: setattr({node.args[0].id}, {node.args[1].value!r})")
+    return found
+
+
+#: Names a test or tool may reach into: other people's libraries, not the course.
+OTHER_LIBRARIES = {"np", "torch", "triton", "tl", "os", "sys", "math", "json", "nbformat", "importlib", "ast",
+                   "pytest", "subprocess", "IPython", "plt", "matplotlib", "mpl"}
 
 
 def test_no_module_uses_anothers_private_names():
     assert private_uses() == []
 
 
+def notebook_code_cells():
+    """(source file, cell name, code) of every code cell the notebook sources write."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import nbtools
+    for source in nbtools.sources():
+        for i, cell in enumerate(nbtools.notebook(source)[0].cells):
+            if cell.cell_type == "code":
+                code = "\n".join(line[:len(line) - len(line.lstrip())] + "pass" if line.lstrip().startswith(("%", "!"))
+                                 else line for line in cell.source.splitlines())  # IPython magics
+                yield source, cell.get("id", i), code
+
+
+def test_tests_tools_and_notebooks_use_no_private_names():
+    """The library's own rule, for its users: they call public, documented entries only."""
+    users = sorted((ROOT / "tests").glob("*.py")) + sorted((ROOT / "tools").rglob("*.py"))
+    found = [use for use in private_uses(users) if not use.startswith("tests/test_layout.py")]
+    for source, cell, code in notebook_code_cells():
+        found += private_uses_in(ROOT / "notebook.py", ast.parse(code), f"{source.name} cell {cell}")
+    assert found == []
+
+
 def test_the_private_check_fires(tmp_path):
     bad = PACKAGE / "viz" / "zz_private_test.py"
-    bad.write_text("from ..kernels.attention import _fa2_fwd\nfrom ..kernels import attention\nattention._PTR\n")
+    bad.write_text("from ..kernels.attention import _fa2_fwd\nfrom ..kernels import attention\nattention._PTR\n"
+                   "from ..kernels._launchers import expect_tensor\nsetattr(attention, '_PTR', 1)\n"
+                   "from ._common import figure_of\n")          # the last: its own package's helper, allowed
     try:
         found = private_uses([bad])
     finally:
         bad.unlink()
-    assert len(found) == 2
+    assert len(found) == 4, found
 
 
 def test_readme_draws_the_layers():

@@ -103,7 +103,7 @@ def main() -> int:
     cc = backend.compute_capability()
     info = {"device": backend.gpu_name(), "cc": list(cc), "torch": torch.__version__, "triton": triton.__version__,
             "python": platform.python_version(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-            "command": " ".join(["python"] + sys.argv), "sms": torch.cuda.get_device_properties(0).multi_processor_count}
+            "command": " ".join(["python"] + sys.argv), "sms": backend.num_sms()}
     print(json.dumps(info), flush=True)
     out = {"provenance": info, "tests": None, "results": []}
     os.makedirs(args.out, exist_ok=True)

@@ -1,8 +1,9 @@
 """Write the course notebooks from their Python sources, and run them top to bottom.
 
-Each notebook has a source in ``tools/notebooks/NN_name.py`` that defines ``PATH`` (where the
-notebook goes, relative to the repository root) and ``CELLS``, a list built with :func:`md` and
-:func:`code`. ``python tools/nbtools.py tools/notebooks/01_online_softmax.py`` writes the notebook with
+Each notebook has a source in ``tools/notebooks/NN_name.py`` (the lecture, written to
+``notebooks/``) or ``tools/notebooks/NN_name_solutions.py`` (the exercise with its solutions,
+written to ``solutions/``) that defines ``CELLS``, a list built with :func:`md`, :func:`code`,
+:func:`check` and :func:`done`; the chapter table (``flashcourse.chapters``) says where each goes. ``python tools/nbtools.py tools/notebooks/01_online_softmax.py`` writes the notebook with
 nbformat and executes it on a fresh kernel with nbclient (seeded, so the outputs are the same each
 run); ``--all`` does every source. Cell ids are derived from each cell's ``name`` (or its position),
 so they stay stable between builds: grading finds check cells by id.

@@ -64,7 +64,7 @@ import triton.language as tl
 from .. import backend
 from ..formulas.counting import LOG2E
 from . import aot
-from ._validate import expect_qkv, expect_sm_scale
+from .validate import expect_qkv, expect_sm_scale
 
 __all__ = ["fa1_forward", "fa1_config", "fa2_forward", "fa2_config", "HEAD_DIMS"]
 

@@ -59,7 +59,7 @@ from .. import backend
 from . import aot
 from ..formulas.counting import LOG2E
 from ..formulas.decode import DEFAULT_BOUNDS, num_splits_for
-from ._validate import expect_decode, expect_num_splits, expect_sm_scale
+from .validate import expect_decode, expect_num_splits, expect_sm_scale
 
 __all__ = ["flash_decode", "unified_max_decode", "decode_config", "combine_config", "num_splits",
            "DECODE_HEAD_DIMS", "DEFAULT_BOUNDS"]
@@ -407,7 +407,6 @@ def _combine_config(d, splits, dtype, cc):
                       kernel="decode_combine", note=f"d={d}")
 
 
-_NUM_SMS: dict = {}
 _CC: list = []
 
 
@@ -415,17 +414,6 @@ def _cc():
     if not _CC:
         _CC.append(backend.compute_capability())
     return _CC[0]
-
-
-def _num_sms(device) -> int:
-    """SMs of the GPU (the interpreter pretends to have 4, so that small tests split)."""
-    if backend.INTERPRET:
-        return 4
-    index = torch.device(device).index
-    index = torch.cuda.current_device() if index is None else index
-    if index not in _NUM_SMS:
-        _NUM_SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _NUM_SMS[index]
 
 
 #: Smallest chunk of keys worth a split of its own (given to the heuristic). On an H100, one
@@ -447,7 +435,7 @@ def num_splits(B: int, H_kv: int, L: int, device=None) -> int:
         >>> num_splits(1, 32, 65536, device="cpu") >= 1
         True
     """
-    return _splits(B, H_kv, L, _num_sms(device if device is not None else backend.DEVICE))
+    return _splits(B, H_kv, L, backend.num_sms(device if device is not None else backend.DEVICE))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -72,7 +72,7 @@ import triton.language as tl
 
 from .. import backend
 from . import aot
-from ._validate import expect_dot_operands, expect_tensor
+from .validate import expect_dot_operands, expect_tensor
 
 __all__ = ["DOT_MIN", "FLAT_MAX_M", "GEMV_MAX_M", "W_LAYOUTS", "GemmConfig", "flat_gemm", "gemm_config", "gemv",
            "split_k_for"]

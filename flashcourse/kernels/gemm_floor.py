@@ -22,7 +22,7 @@ import triton.language as tl
 
 from .. import backend
 from . import aot
-from ._validate import FLOAT_DTYPES, expect_dtype, expect_on_backend, expect_tensor
+from .validate import FLOAT_DTYPES, expect_dtype, expect_on_backend, expect_tensor
 
 __all__ = ["read_once", "read_once_run"]
 

@@ -36,7 +36,7 @@ import triton.language as tl
 from .. import backend
 from ..formulas import counting
 from . import aot
-from ._validate import expect_float_tensor
+from .validate import expect_float_tensor
 
 __all__ = ["softmax", "safe_softmax_3pass", "softmax_config", "MAX_FUSED", "STREAM_BLOCK"]
 

@@ -198,16 +198,15 @@ CELLS = [
     code("""
     import torch
     from flashcourse import backend, bench, viz
-    from flashcourse.kernels import softmax, safe_softmax_3pass
-    from flashcourse.kernels import online as kernels_softmax   # the module, not the function
-    print(inspect.getsource(kernels_softmax._softmax_online.fn))
+    from flashcourse.kernels import aot, softmax, safe_softmax_3pass
+    print(inspect.getsource(aot.kernel_of("softmax_online").fn))
     """, "subslide", name="kernel-src"),
 
     md("""
-    Check it against float64 on a batch of rows, including a huge logit and a row with $-\infty$
+    Check it against float64 on a batch of rows, including a huge logit and a row with $-\\infty$
     entries, on the one-pass path and on the online path (forced with a small `block_size`).
     In fp16 the output is rounded to 11 significant bits, so a relative error near
-    $2^{-11} \\approx 5 \cdot 10^{-4}$ is as good as it gets.
+    $2^{-11} \\approx 5 \\cdot 10^{-4}$ is as good as it gets.
     """, "subslide", name="kernel-check-md"),
     code("""
     # NBVAL_CHECK_OUTPUT
@@ -258,7 +257,7 @@ CELLS = [
     * Naive softmax overflows; safe softmax fixes it with one more pass over memory.
     * The online normaliser finds the maximum and the sum in one pass by rescaling the running sum
       whenever the maximum grows: 2 reads + 1 write instead of 3 + 1, counted above.
-    * The rescaling works on blocks too — the $(m, \ell)$ merge rule — and it is exactly what
+    * The rescaling works on blocks too — the $(m, \\ell)$ merge rule — and it is exactly what
       FlashAttention does to each tile of $S$ in chapter 2.
 
     **Exercises:** `exercises/01_online_softmax.ipynb` — the online update in NumPy, the merge rule, and the

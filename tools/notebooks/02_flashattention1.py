@@ -107,7 +107,7 @@ CELLS = [
 
     md("""
     The SRAM must be large enough for tiling to pay: each outer step moves Q, O, l and m once more, so
-    with $T_c = N / B_c$ steps FA1 moves about $3 N d \cdot 4dN/M = 12 N^2 d^2 / M$ elements, against
+    with $T_c = N / B_c$ steps FA1 moves about $3 N d \\cdot 4dN/M = 12 N^2 d^2 / M$ elements, against
     standard attention's $4N^2$. Below $M \\approx 3d^2$ elements — 24 KiB of fp16 at $d = 64$ — FA1
     moves *more* than standard attention. Try it: change `sram_bytes` above to `16 * 1024`.
     """, "fragment", name="count-note"),
@@ -181,10 +181,10 @@ CELLS = [
     """, "subslide", name="kernel"),
 
     md("""
-    On an H100 (shipped measurement, fp16, $B \cdot N$ = 16k tokens, $d = 64$): the FA1 loop order
+    On an H100 (shipped measurement, fp16, $B \\cdot N$ = 16k tokens, $d = 64$): the FA1 loop order
     against FlashAttention-2 (chapter 3) and PyTorch. It falls further behind as $N$ grows: each
     step's round trip of $O_i$ costs bandwidth, and one program per (batch, head) leaves most of the
-    132 SMs idle when $B \cdot H$ is small.
+    132 SMs idle when $B \\cdot H$ is small.
     """, "slide", name="bench-md"),
     code("""
     # NBVAL_IGNORE_OUTPUT

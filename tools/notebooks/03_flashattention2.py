@@ -192,10 +192,10 @@ CELLS = [
     """, "fragment", name="claims"),
     md("""
     FA2 beats PyTorch's FlashAttention-2 backend everywhere from $N$ = 1k on, and runs 4–50× faster
-    than the FA1 loop order (which also launches only $B \cdot H$ programs, too few to fill 132 SMs
+    than the FA1 loop order (which also launches only $B \\cdot H$ programs, too few to fill 132 SMs
     at long $N$). cuDNN, which uses Hopper-only instructions (wgmma, TMA) that this portable kernel does
     not, is still ahead — that is where FlashAttention-3 goes. Naive attention's memory grows with
-    $N$ (here $B \cdot N$ is fixed, so it grows like $N$); FA2 needs only its output.
+    $N$ (here $B \\cdot N$ is fixed, so it grows like $N$); FA2 needs only its output.
     """, "fragment", name="claims-notes"),
 
     md("""

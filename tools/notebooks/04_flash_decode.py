@@ -121,7 +121,7 @@ CELLS = [
     ## The kernel
 
     `flashcourse.kernels.flash_decode`: one program per (split, batch, KV head) serves all the query
-    heads of its group — the group is the M side of a `tl.dot` — and writes $(o_s, \mathrm{lse}_s)$;
+    heads of its group — the group is the M side of a `tl.dot` — and writes $(o_s, \\mathrm{lse}_s)$;
     a second small kernel combines. The split count comes from the heuristic above.
     """, "slide", name="kernel-md"),
     code("""

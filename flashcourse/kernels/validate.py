@@ -6,7 +6,7 @@ than a Triton compile error three frames deep. Later chapters reuse them for q, 
 
 Example:
     >>> import torch
-    >>> from flashcourse.kernels._validate import expect_float_tensor
+    >>> from flashcourse.kernels.validate import expect_float_tensor
     >>> expect_float_tensor("softmax", "x", torch.arange(3))
     Traceback (most recent call last):
         ...
