@@ -18,13 +18,13 @@ This module imports nothing from the course: it is the ground under the ground f
 
 Example:
     >>> from flashcourse.chapters import CHAPTERS, chapter
-    >>> [c.stem for c in CHAPTERS]
+    >>> [c.stem for c in CHAPTERS][:7]          # chapters 0-6 (the examples hold when a chapter is added)
     ['roofline', 'online', 'attention', 'attention', 'decode', 'decode', 'gemm']
     >>> chapter(3).notebook
     'notebooks/03_flashattention2.ipynb'
-    >>> modules("kernels")
+    >>> modules("kernels")[:4]
     ['online', 'attention', 'decode', 'gemm']
-    >>> layer_modules("kernels")
+    >>> layer_modules("kernels")[:6]
     ['online', 'attention', 'decode', 'gemm', 'gemm_linear', 'gemm_floor']
 """
 from __future__ import annotations
@@ -140,7 +140,7 @@ def modules(layer: str) -> list[str]:
     """The stems that have a module in ``layer`` (one of :data:`LAYERS`), in chapter order.
 
     Example:
-        >>> modules("bench")
+        >>> modules("bench")[:5]
         ['roofline', 'online', 'attention', 'decode', 'gemm']
     """
     if layer not in LAYERS:
@@ -153,7 +153,7 @@ def layer_modules(layer: str) -> list[str]:
     the ``extra_modules`` its chapters name in that layer.
 
     Example:
-        >>> layer_modules("kernels")[-3:]
+        >>> layer_modules("kernels")[3:6]
         ['gemm', 'gemm_linear', 'gemm_floor']
         >>> layer_modules("reference") == modules("reference")
         True

@@ -81,6 +81,15 @@ def test_the_source_check_finds_an_edited_notebook(tmp_path, monkeypatch):
     assert "differs from what" in nbtools.stale(source)
 
 
+def test_nbtools_builds_with_the_course_of_its_own_checkout(monkeypatch):
+    import os
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(ROOT)])
+    monkeypatch.setenv("PYTHONPATH", "/another/checkout")
+    nbtools.use_this_checkout()
+    assert sys.path[0] == str(ROOT)
+    assert os.environ["PYTHONPATH"].split(os.pathsep) == [str(ROOT), "/another/checkout"]
+
+
 def test_every_generated_notebook_says_so():
     for source in nbtools.sources():
         _, path = nbtools.notebook(source)

@@ -103,6 +103,15 @@ def setup_cell(source: str = ""):
         """, "skip", name="setup")
 
 
+def use_this_checkout() -> None:
+    """Make this process, and the notebook kernels it starts, import the course of this checkout
+    rather than the one pip installed (which may be another clone or worktree)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(ROOT)]
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + paths)
+
+
 def load_source(path: Path):
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
@@ -169,6 +178,7 @@ def build(source: Path, execute: bool = True, timeout: int = 600) -> Path:
         from nbclient import NotebookClient
         env_cwd = out.parent
         os.environ.setdefault("PYTHONHASHSEED", "0")
+        use_this_checkout()
         NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
                        resources={"metadata": {"path": str(env_cwd)}}).execute()
     nbformat.validate(nb)
@@ -258,6 +268,7 @@ def main(argv=None):
     ap.add_argument("--check", action="store_true",
                     help="fail when a committed notebook's cells differ from what its source writes")
     args = ap.parse_args(argv)
+    use_this_checkout()
     if args.check:
         problems = [p for p in map(stale, sources()) if p]
         for p in problems:

@@ -3,7 +3,8 @@
 Kernels run on a CUDA GPU, or in Triton's interpreter on CPU tensors when there is none (see
 :mod:`flashcourse.backend`); pass tensors on ``flashcourse.backend.DEVICE``. Every kernel module
 registers its kernels with :mod:`flashcourse.kernels.aot`, which compiles them ahead of time for
-the GPUs a student may get (sm_75, sm_80, sm_89, sm_90); import a new chapter's module here.
+the GPUs a student may get (sm_75, sm_80, sm_89, sm_90). The chapter modules are imported from the
+table in :mod:`flashcourse.chapters`: a new chapter's module is not listed here.
 
 Example:
     >>> import torch

@@ -15,8 +15,9 @@ entry point uses at launch, so the check covers what really runs::
                  configs=lambda cc: [fa2_config(d, torch.float16, cc) for d in (64, 128)])
 
 where ``fa2_config`` returns :class:`Launch` objects (constexprs, num_warps, num_stages and, when
-a config changes them, signature entries such as pointer dtypes). Then import the chapter's module
-from ``flashcourse/kernels/__init__.py``, and ``tests/test_aot.py`` checks it.
+a config changes them, signature entries such as pointer dtypes). The module is imported when its
+chapter's row in :mod:`flashcourse.chapters` names the ``kernels`` layer, and ``tests/test_aot.py``
+checks it (``python -m flashcourse.kernels.aot --names NAME`` checks one kernel).
 
 Compiling needs real ``JITFunction`` kernels, not the interpreter's; when this process runs the
 interpreter (no GPU), :func:`check` does the work in a fresh Python process in which
