@@ -150,7 +150,8 @@ def expect_float_tensor(fn: str, name: str, x, dtypes=FLOAT_DTYPES, at_least: in
 
     Example:
         >>> import torch
-        >>> expect_float_tensor("softmax", "x", torch.zeros(3, 4))   # passes silently
+        >>> from flashcourse.backend import DEVICE
+        >>> expect_float_tensor("softmax", "x", torch.zeros(3, 4, device=DEVICE))   # passes silently
     """
     expect_tensor(fn, name, x)
     expect_dtype(fn, name, x, dtypes)
@@ -258,13 +259,14 @@ def expect_decode(fn: str, q, k_cache, v_cache, kv_lens=None, head_dims=(64, 128
 
     Example:
         >>> import torch
-        >>> q = torch.zeros(2, 12, 64, dtype=torch.float16)
-        >>> kv = torch.zeros(2, 8, 100, 64, dtype=torch.float16)
+        >>> from flashcourse.backend import DEVICE           # "cuda" on a GPU, "cpu" in the interpreter
+        >>> q = torch.zeros(2, 12, 64, dtype=torch.float16, device=DEVICE)
+        >>> kv = torch.zeros(2, 8, 100, 64, dtype=torch.float16, device=DEVICE)
         >>> expect_decode("flash_decode", q, kv, kv)
         Traceback (most recent call last):
             ...
         ValueError: flash_decode: q has 12 heads but the caches have 8; expected H_q a multiple of H_kv (grouped-query attention: each KV head serves H_q / H_kv query heads)
-        >>> expect_decode("flash_decode", q[:, :8], kv, kv, kv_lens=torch.tensor([100, 101]))
+        >>> expect_decode("flash_decode", q[:, :8], kv, kv, kv_lens=torch.tensor([100, 101], device=DEVICE))
         Traceback (most recent call last):
             ...
         ValueError: flash_decode: kv_lens[1] is 101; expected every length in 1..100 (L, the cache's length)
