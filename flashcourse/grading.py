@@ -202,8 +202,9 @@ def _canonical_cell(chk: dict):
 def restore_checks(nb, checks: list[dict]):
     """A copy of ``nb`` with its check cells replaced by the canonical ones; returns (notebook, notes).
 
-    A check cell is found by id, else by its ``check.NAME(`` call; a missing one is re-inserted after
-    the nearest cell that preceded it in the solution and is still there.
+    A check cell is found by id, else by its ``check.NAME(`` call (ids are lost by some editors, and
+    change when a chapter is renamed); a missing one is re-inserted after the nearest cell that
+    preceded it in the solution and is still there.
 
     Example:
         >>> chk = {"id": "c", "name": "f", "source": "# NBVAL_CHECK_OUTPUT\\ncheck.f(f)", "after": "a",
@@ -217,13 +218,14 @@ def restore_checks(nb, checks: list[dict]):
     nb = copy.deepcopy(nb)
     notes = []
     previous = None  # index of the last check placed
+    canonical_ids = {chk["id"] for chk in checks}
     for chk in checks:
         canon = _canonical_cell(chk)
         idx = next((i for i, c in enumerate(nb.cells) if c.get("id") == chk["id"]), None)
         if idx is None:
             call = f"check.{chk['name']}("
             idx = next((i for i, c in enumerate(nb.cells) if c.cell_type == "code" and call in c.source
-                        and "check" not in c.get("metadata", {}).get("tags", [])), None)
+                        and c.get("id") not in canonical_ids), None)
         if idx is not None:
             old = nb.cells[idx]
             if old.cell_type != "code" or old.source.strip() != chk["source"].strip():

@@ -143,11 +143,12 @@ def test_restoring_the_tampered_exercise_gives_back_the_untouched_one():
     assert nbformat.writes(fixed) == nbformat.writes(untouched) == nbformat.writes(read(EXERCISE))
 
 
-def test_checks_whose_ids_were_lost_are_found_by_their_call():
+@pytest.mark.parametrize("tags_kept", [False, True], ids=["tags lost", "tags kept (renamed chapter)"])
+def test_checks_whose_ids_were_lost_are_found_by_their_call(tags_kept):
     nb = read(EXERCISE)
     for c in nb.cells:
         c.id = f"x{abs(hash(c.source)) % 10**6}-{nb.cells.index(c)}"
-        if "check" in c.metadata.get("tags", []):
+        if "check" in c.metadata.get("tags", []) and not tags_kept:
             c.metadata["tags"] = []
             c.outputs = []
     fixed, notes = restore_checks(nb, grading.load_canonical()[NAME])
