@@ -39,10 +39,14 @@ from pathlib import Path
 
 import nbformat
 
+from .checks.cases import GRADED_SEED_ENV
+
 __all__ = ["CheckResult", "GradeReport", "GradingError", "load_canonical", "identify", "restore_checks",
            "grade"]
 
 CHECKS_JSON = Path(__file__).with_name("exercise_checks.json")
+#: The seed of the graded hidden cases (the checks' ``seed_of`` reads it from the environment).
+GRADED_SEED = 20_251_123
 PASSED, FAILED, NOT_IMPLEMENTED, NOT_RUN = "passed", "failed", "not implemented", "not run"
 
 # Loaded by pytest from the temporary folder: records each cell's outcome and the exception it raised
@@ -265,6 +269,7 @@ def _env() -> dict:
         env["PYTHONPATH"] = os.pathsep.join([pkg_parent] + [p for p in [env.get("PYTHONPATH")] if p])
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env[GRADED_SEED_ENV] = str(GRADED_SEED)   # the same hidden cases on every grade: one verdict per notebook
     return env
 
 

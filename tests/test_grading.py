@@ -230,3 +230,13 @@ def test_canonical_checks_ship_with_the_package():
     data = json.loads(grading.CHECKS_JSON.read_text(encoding="utf-8"))
     assert [c["name"] for c in data[NAME]] == CHECKS
     assert os.path.dirname(grading.CHECKS_JSON) == os.path.dirname(grading.__file__)
+
+
+def test_grading_fixes_the_hidden_cases_and_practice_draws_fresh_ones(monkeypatch):
+    from flashcourse.checks.cases import GRADED_SEED_ENV, seed_of
+    env = grading._env()
+    assert env[GRADED_SEED_ENV] == str(grading.GRADED_SEED)
+    monkeypatch.setenv(GRADED_SEED_ENV, env[GRADED_SEED_ENV])
+    assert seed_of(None) == seed_of(None) == grading.GRADED_SEED and seed_of(5) == 5
+    monkeypatch.delenv(GRADED_SEED_ENV)
+    assert len({seed_of(None) for _ in range(4)}) > 1
