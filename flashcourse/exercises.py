@@ -10,11 +10,12 @@ between two marker lines::
 ``build`` writes ``exercises/NN_name.ipynb`` from each of them: every solution region becomes
 ``# YOUR CODE HERE`` and ``raise NotImplementedError()`` at the region's indentation — or ``pass``
 inside a ``@triton.jit`` function, where Triton cannot compile a ``raise`` (the kernel's check
-notices that nothing was written). Outputs and execution counts of ordinary cells are cleared;
-*check cells* (code cells tagged "check", marked ``# NBVAL_CHECK_OUTPUT``) keep their source, their
-expected output and their execution count, which nbval needs to compare outputs. ``build`` also
-writes ``flashcourse/exercise_checks.json``, the canonical check cells that ``flashcourse grade``
-puts back into a student's notebook; it ships as package data. ``check`` rebuilds in memory and
+notices that nothing was written). Every output and execution count is cleared, those of the
+*check cells* (code cells tagged "check", marked ``# NBVAL_CHECK_OUTPUT``) too, so that no unsolved
+check shows a stored "passed ✓" (a failing check still fails under nbval: it raises). ``build`` also
+writes ``flashcourse/exercise_checks.json``, the canonical check cells with their expected output and
+execution count (which nbval needs to compare outputs), that ``flashcourse grade`` puts back into a
+student's notebook; it ships as package data. ``check`` rebuilds in memory and
 fails, naming the stale file, when ``exercises/`` or the json differ from what ``build`` would write.
 The output is deterministic: a rebuild is byte-identical.
 
@@ -194,9 +195,8 @@ def exercise_notebook(solution, name: str, where: str = "notebook"):
         if cell.cell_type == "code":
             if any(o.get("output_type") == "error" for o in cell.get("outputs", [])):
                 raise ValueError(f"{at} has an error in its output; the solution notebook must run cleanly")
-            if _is_check(cell):
-                continue
-            cell.source = strip_solutions(cell.source, at)
+            if not _is_check(cell):
+                cell.source = strip_solutions(cell.source, at)
             cell.outputs = []
             cell.execution_count = None
         elif cell.cell_type == "markdown":

@@ -73,11 +73,11 @@ def test_exercise_hides_every_solution_and_keeps_the_checks():
     for s, e in zip(sol.cells, ex.cells):
         assert "BEGIN SOLUTION" not in e.source and "END SOLUTION" not in e.source
         assert e.metadata.get("slideshow") == s.metadata.get("slideshow")
+        if e.cell_type == "code":
+            assert e.outputs == [] and e.execution_count is None   # no stored "passed ✓" under an unsolved check
         if "check" in s.metadata.get("tags", []):
-            assert (e.source, e.outputs, e.execution_count) == (s.source, s.outputs, s.execution_count)
-            assert e.execution_count is not None  # nbval compares outputs only of cells that were run
+            assert e.source == s.source and s.outputs and s.execution_count is not None
         elif e.cell_type == "code":
-            assert e.outputs == [] and e.execution_count is None
             regions += s.source.count("### BEGIN SOLUTION")
             if "@triton.jit" in s.source:
                 assert "# YOUR CODE HERE\n    pass" in e.source and "NotImplementedError" not in e.source
