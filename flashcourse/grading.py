@@ -39,6 +39,8 @@ from pathlib import Path
 
 import nbformat
 
+from flashcourse.chapters import renamed
+
 __all__ = ["CheckResult", "GradeReport", "GradingError", "load_canonical", "identify", "restore_checks",
            "grade"]
 
@@ -160,35 +162,34 @@ def load_canonical(checks_json: Path | str | None = None) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def identify(nb, path: Path | str, canonical: dict, exercise: str | None = None) -> str:
-    """Which exercise a notebook is: ``exercise`` if given, else its metadata, its file name, or the
-    exercise whose check cells it shares most (by cell id, or by the ``check.NAME(`` calls it holds).
+def identify(path: Path | str, canonical: dict, exercise: str | None = None) -> str:
+    """Which exercise the notebook at ``path`` is: ``exercise`` (``--exercise``) if given, else its file
+    name (``01_online_softmax.ipynb``), or the name its chapter had before the chapters were renamed
+    (``01_softmax.ipynb``, see :func:`flashcourse.chapters.renamed`).
+
+    Never the notebook's content: its metadata, cell ids and calls are the student's to edit, and
+    would let a notebook be graded as another (easier) exercise.
 
     Example:
-        >>> nb = nbformat.v4.new_notebook()
-        >>> identify(nb, "homework/01_online_softmax.ipynb", {"01_online_softmax": []})
-        '01_online_softmax'
+        >>> canonical = {"01_online_softmax": []}
+        >>> identify("homework/01_online_softmax.ipynb", canonical), identify("old/01_softmax.ipynb", canonical)
+        ('01_online_softmax', '01_online_softmax')
+        >>> identify("homework.ipynb", canonical)
+        Traceback (most recent call last):
+        ...
+        flashcourse.grading.GradingError: homework.ipynb: its file name is not an exercise's; pass --exercise NAME (one of: 01_online_softmax)
     """
     names = sorted(canonical)
     if exercise is not None:
         if exercise not in canonical:
             raise GradingError(f"--exercise {exercise}: not one of the exercises: {', '.join(names)}")
         return exercise
-    meta = nb.metadata.get("flashcourse", {}).get("exercise")
-    if meta in canonical:
-        return meta
     stem = Path(path).stem
-    if stem in canonical:
-        return stem
-    ids = {c.get("id") for c in nb.cells}
-    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-    overlap = {n: sum(c["id"] in ids or c["after"] in ids or f"check.{c['name']}(" in code for c in canonical[n])
-               for n in names}  # check names survive renamed files and cell ids (a notebook from an older course)
-    best = max(names, key=lambda n: overlap[n], default=None)
-    if best is None or overlap[best] == 0:
-        raise GradingError(f"{path}: cannot tell which exercise this notebook is; pass --exercise NAME "
-                           f"(one of: {', '.join(names)})")
-    return best
+    for name in (stem, renamed().get(stem)):
+        if name in canonical:
+            return name
+    raise GradingError(f"{path}: its file name is not an exercise's; pass --exercise NAME "
+                       f"(one of: {', '.join(names)})")
 
 
 def _canonical_cell(chk: dict):
@@ -326,7 +327,7 @@ def grade(notebook: Path | str, *, checks_json: Path | str | None = None, exerci
     except Exception as e:
         raise GradingError(f"{path}: not a readable notebook ({type(e).__name__}: {e})") from e
     canonical = load_canonical(checks_json)
-    name = identify(nb, path, canonical, exercise)
+    name = identify(path, canonical, exercise)
     checks = canonical[name]
     restored, notes = restore_checks(nb, checks)
     check_ids = {c["id"]: c["name"] for c in checks}
@@ -388,7 +389,7 @@ def add_arguments(parser) -> None:
     """
     parser.add_argument("notebook", type=Path, help="the exercise notebook to grade, e.g. exercises/01_online_softmax.ipynb")
     parser.add_argument("--exercise", default=None,
-                        help="which exercise it is (default: from its metadata, file name or cell ids)")
+                        help="which exercise it is (default: from the file name, e.g. 01_online_softmax.ipynb)")
     parser.add_argument("--checks-json", type=Path, default=None,
                         help="the canonical check cells (default: the package's exercise_checks.json)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds allowed for one cell (default 600)")

@@ -171,24 +171,25 @@ def test_deleted_checks_are_reinserted_after_their_cell_or_the_previous_check():
     assert "re-inserted after the previous check" not in " ".join(notes)
 
 
-def test_the_exercise_is_identified_by_metadata_name_or_cell_ids(tmp_path):
+def test_the_exercise_is_identified_by_option_or_file_name_never_by_content():
     canonical = grading.load_canonical()
-    nb = read(EXERCISE)
-    assert identify(nb, "anything.ipynb", canonical) == NAME
-    del nb.metadata["flashcourse"]
-    assert identify(nb, "homework.ipynb", canonical) == NAME           # by its cell ids
-    bare = nbformat.v4.new_notebook()
-    assert identify(bare, f"my/{NAME}.ipynb", canonical) == NAME       # by its name
-    old = read(EXERCISE)        # from before the chapters were renamed: other name, metadata and cell ids
-    old.metadata["flashcourse"]["exercise"] = "01_softmax"
-    for c in old.cells:
-        c.id = c.id.replace(f"{NAME[:2]}-online-softmax", "01-softmax")
-    assert not {c.id for c in old.cells} & {c["id"] for c in canonical[NAME]}
-    assert identify(old, "01_softmax.ipynb", canonical) == NAME         # by the checks it calls
-    with pytest.raises(grading.GradingError, match="cannot tell which exercise"):
-        identify(bare, "homework.ipynb", canonical)
+    assert identify(f"my/{NAME}.ipynb", canonical) == NAME                           # by its name
+    assert identify("old/01_softmax.ipynb", canonical) == NAME                       # its name before the renames
+    assert identify("04_flash_decoding.ipynb", canonical) == "04_flash_decode"
+    assert identify("05_unified_max.ipynb", canonical) == "05_unified_max_decode"
+    assert identify(f"{NAME}.ipynb", canonical, exercise="06_flat_gemm") == "06_flat_gemm"  # --exercise wins
+    with pytest.raises(grading.GradingError, match="pass --exercise NAME .one of: 01_online_softmax, "):
+        identify("homework.ipynb", canonical)                                        # metadata and ids do not count
     with pytest.raises(grading.GradingError, match="not one of the exercises"):
-        identify(bare, "homework.ipynb", canonical, exercise="99_nope")
+        identify("homework.ipynb", canonical, exercise="99_nope")
+
+
+def test_every_former_name_leads_to_an_exercise():
+    from flashcourse.chapters import renamed
+    canonical = grading.load_canonical()
+    assert renamed() == {"01_softmax": "01_online_softmax", "04_flash_decoding": "04_flash_decode",
+                         "05_unified_max": "05_unified_max_decode"}
+    assert set(renamed().values()) <= set(canonical) and not set(renamed()) & set(canonical)
 
 
 def test_grade_says_plainly_when_it_cannot_grade(tmp_path, capsys):
