@@ -225,9 +225,67 @@ def test_messages_for_the_student_from_each_kind_of_failure():
     status, msg = grading.failure_message({"longrepr": "Cell outputs differ", "stdout": "\n".join(map(str, range(100)))})
     assert "(94 more lines)" in msg and len(msg.splitlines()) < 12
     assert grading.failure_message({"longrepr": "pytest plugin exception: Kernel dead on test start"})[0] == "not run"
+    assert "kernel died" in grading.failure_message({"longrepr": "Timeout of 9 seconds exceeded while executing cell. "
+                                                                 "Failed to interrupt kernel in 5 seconds"})[1]
 
 
 def test_canonical_checks_ship_with_the_package():
     data = json.loads(grading.CHECKS_JSON.read_text(encoding="utf-8"))
     assert [c["name"] for c in data[NAME]] == CHECKS
     assert os.path.dirname(grading.CHECKS_JSON) == os.path.dirname(grading.__file__)
+
+
+# ---------------------------------------------------------------------------------------------
+# a batch, as an instructor grades one: submissions/STUDENT/01_online_softmax.ipynb
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    """``flashcourse grade SUBMISSIONS --out GRADES``, once, on four students' notebooks: alice's solved,
+    bob's unfinished (with metadata that names another exercise), carol's not JSON, and dave's, whose
+    kernel dies in a cell (``os._exit(1)``)."""
+    tmp = tmp_path_factory.mktemp("batch")
+    subs = tmp / "submissions"
+    unfinished = read(EXERCISE)
+    unfinished.metadata["flashcourse"] = {"exercise": "02_flashattention1"}
+    crashing = read(EXERCISE)
+    first_code = next(i for i, c in enumerate(crashing.cells) if c.cell_type == "code")
+    crashing.cells.insert(first_code + 1, nbformat.v4.new_code_cell("import os\nos._exit(1)"))
+    for student, nb in [("alice", completed_exercise()), ("bob", unfinished), ("carol", None), ("dave", crashing)]:
+        (subs / student).mkdir(parents=True)
+        target = subs / student / f"{NAME}.ipynb"
+        if nb is None:
+            target.write_text('{"cells": [', encoding="utf-8")
+        else:
+            nbformat.write(nb, target)
+    (subs / "alice" / ".ipynb_checkpoints").mkdir()
+    (subs / "alice" / ".ipynb_checkpoints" / f"{NAME}-checkpoint.ipynb").write_text("{}")
+    proc = subprocess.run([sys.executable, "-m", "flashcourse.cli", "grade", str(subs), "--out", str(tmp / "grades"),
+                           "--timeout", "45"], cwd=tmp, capture_output=True, text=True)
+    return proc, tmp / "grades"
+
+
+@pytest.mark.slow
+def test_a_batch_grades_every_notebook_and_writes_reports_and_a_summary(batch):
+    proc, out = batch
+    assert proc.returncode == 2, proc.stdout + proc.stderr     # carol's could not be graded
+    rows = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    with open(out / "summary.csv", newline="", encoding="utf-8") as f:
+        import csv
+        assert [{k: str(v) for k, v in r.items()} for r in rows] == list(csv.DictReader(f))
+    by = {}
+    for r in rows:
+        by.setdefault(r["student"], []).append(r)
+    assert list(by) == ["alice", "bob", "carol", "dave"]
+    assert all(r["exercise"] == NAME for r in rows)            # bob's metadata names another exercise: no matter
+    assert [(r["check"], r["passed"], r["status"]) for r in by["alice"]] == [(n, True, "passed") for n in CHECKS]
+    assert [(r["check"], r["status"]) for r in by["bob"][:3]] == [(n, "not implemented") for n in CHECKS]
+    assert all(r["check"].startswith("cell ") for r in by["bob"][3:])   # his demo cells fail too
+    assert [(r["check"], r["status"]) for r in by["carol"]] == [(n, "not graded") for n in CHECKS]
+    assert "not a readable notebook" in by["carol"][0]["message"]
+    assert [(r["check"], r["status"]) for r in by["dave"][:3]] == [(n, "not run") for n in CHECKS]
+    assert by["dave"][3]["check"] == "cell 2" and "the kernel died in this cell" in by["dave"][3]["message"]
+    assert (out / "alice" / f"{NAME}.txt").read_text(encoding="utf-8").rstrip().endswith("all 3 checks passed ✓")
+    assert "(exercise 01_online_softmax, 3 checks)" in (out / "bob" / f"{NAME}.txt").read_text(encoding="utf-8")
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.txt")) == \
+        [f"{s}/{NAME}.txt" for s in ["alice", "bob", "carol", "dave"]]
+    assert "4 notebooks graded" in proc.stdout
