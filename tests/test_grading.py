@@ -77,7 +77,8 @@ def runs(tmp_path_factory):
     demo = next(c for c in done.cells if c.id.endswith("online-demo"))
     demo.outputs = [nbformat.v4.new_output("stream", text="stale\n")]
     done.cells.insert(done.cells.index(demo) + 1, nbformat.v4.new_code_cell("print('trying things')"))
-    nbformat.write(done, tmp / "completed.ipynb")
+    (tmp / "completed").mkdir()
+    nbformat.write(done, tmp / "completed" / f"{NAME}.ipynb")   # the exercise is known by its file name
     nbformat.write(tampered_exercise(), tmp / f"{NAME}.ipynb")
     jobs = {
         "raw": lambda: subprocess.run(  # the README's command, on the untouched exercise
@@ -86,7 +87,7 @@ def runs(tmp_path_factory):
         "tampered": lambda: subprocess.run(
             [sys.executable, "-m", "flashcourse.cli", "grade", str(tmp / f"{NAME}.ipynb")],
             cwd=tmp, capture_output=True, text=True),
-        "completed": lambda: grade(tmp / "completed.ipynb"),
+        "completed": lambda: grade(tmp / "completed" / f"{NAME}.ipynb"),
     }
     with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
         futures = {k: pool.submit(f) for k, f in jobs.items()}
