@@ -32,8 +32,8 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-__all__ = ["Chapter", "CHAPTERS", "LAYERS", "chapter", "stems", "modules", "layer_modules", "import_layer",
-           "export"]
+__all__ = ["Chapter", "CHAPTERS", "LAYERS", "chapter", "renamed", "stems", "modules", "layer_modules",
+           "import_layer", "export"]
 
 #: The layers of the package that hold one module per chapter stem, from the ground up.
 LAYERS = ("formulas", "reference", "kernels", "checks", "bench", "viz")
@@ -48,7 +48,9 @@ class Chapter:
     adds to :mod:`flashcourse.kernels`; ``bench`` its benchmark suite (named by its stem);
     ``checks`` the functions of :mod:`flashcourse.checks` its exercise notebook calls;
     ``extra_modules`` its modules besides ``LAYER/STEM.py``, as ``"LAYER.NAME"`` with NAME
-    beginning with ``STEM_`` (imported and exported with the layer, after ``STEM.py``).
+    beginning with ``STEM_`` (imported and exported with the layer, after ``STEM.py``);
+    ``former_names`` the names its notebooks had before the chapters were renamed (so that
+    ``flashcourse grade`` still knows a student's ``01_softmax.ipynb``; see :func:`renamed`).
 
     Example:
         >>> c = chapter(1)
@@ -64,6 +66,7 @@ class Chapter:
     checks: tuple[str, ...] = ()
     bench: str | None = None
     extra_modules: tuple[str, ...] = ()
+    former_names: tuple[str, ...] = ()
 
     @property
     def notebook(self) -> str:
@@ -97,15 +100,18 @@ CHAPTERS: tuple[Chapter, ...] = (
             layers=("bench", "viz"), bench="roofline"),
     Chapter(1, "online", "Softmax: naive → safe → online", "01_online_softmax",
             layers=("formulas", "reference", "kernels", "checks", "bench"), kernels=("softmax", "safe_softmax_3pass"),
-            checks=("online_softmax", "merge", "softmax_kernel"), bench="online"),
+            checks=("online_softmax", "merge", "softmax_kernel"), bench="online",
+            former_names=("01_softmax",)),
     Chapter(2, "attention", "FlashAttention-1: tiles, and the order of the loops", "02_flashattention1",
             layers=_ALL, kernels=("fa1_forward",), checks=("fa1_step",), bench="attention"),
     Chapter(3, "attention", "FlashAttention-2: swap the loops, defer the rescale", "03_flashattention2",
             layers=_ALL, kernels=("fa2_forward",), checks=("fa2_attention", "fa2_kernel"), bench="attention"),
     Chapter(4, "decode", "Flash-Decoding: split the keys, not the queries", "04_flash_decode",
-            layers=_ALL, kernels=("flash_decode",), checks=("lse_combine", "split_kv_kernel"), bench="decode"),
+            layers=_ALL, kernels=("flash_decode",), checks=("lse_combine", "split_kv_kernel"), bench="decode",
+            former_names=("04_flash_decoding",)),
     Chapter(5, "decode", "FlashDecoding++: one shared maximum instead of many", "05_unified_max_decode",
-            layers=_ALL, kernels=("unified_max_decode",), checks=("unified_max_partials",), bench="decode"),
+            layers=_ALL, kernels=("unified_max_decode",), checks=("unified_max_partials",), bench="decode",
+            former_names=("05_unified_max",)),
     Chapter(6, "gemm", "Flat GEMM: the linear layers of a decoding step", "06_flat_gemm",
             layers=_ALL, kernels=("flat_gemm", "gemv", "linear", "read_once"),
             checks=("choose_block_n", "flat_gemm_kernel"), bench="gemm",
@@ -124,6 +130,16 @@ def chapter(number: int) -> Chapter:
         if c.number == number:
             return c
     raise KeyError(f"chapter: there is no chapter {number}; the course has {[c.number for c in CHAPTERS]}")
+
+
+def renamed() -> dict[str, str]:
+    """Each former chapter name (a chapter's :attr:`Chapter.former_names`) with the chapter's name today.
+
+    Example:
+        >>> renamed()["01_softmax"]
+        '01_online_softmax'
+    """
+    return {old: c.name for c in CHAPTERS for old in c.former_names}
 
 
 def stems() -> list[str]:

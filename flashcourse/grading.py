@@ -10,6 +10,11 @@ the student), lists any other cell that failed, and the exit status is non-zero 
 passed. Because the check cells are restored, editing one (say, to print the success line) cannot
 pass it.
 
+The exercise is the one ``--exercise`` names, else the one the file is named after (see
+:func:`identify`): never what the notebook's metadata or cells say, which a student can edit.
+Several notebooks, or folders of them, are graded as a batch (:func:`flashcourse.grading_batch.grade_batch`): a report per
+notebook and a summary (``summary.csv``, ``summary.json``) with a row per student, exercise and check.
+
 The canonical check cells come from ``flashcourse/exercise_checks.json``, written by
 ``flashcourse exercises build`` from ``solutions/`` and shipped with the package, so grading works
 from an installed package too.
@@ -39,6 +44,7 @@ from pathlib import Path
 
 import nbformat
 
+from .chapters import renamed
 from .checks.cases import GRADED_SEED_ENV
 
 __all__ = ["CheckResult", "GradeReport", "GradingError", "load_canonical", "identify", "restore_checks",
@@ -164,35 +170,34 @@ def load_canonical(checks_json: Path | str | None = None) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def identify(nb, path: Path | str, canonical: dict, exercise: str | None = None) -> str:
-    """Which exercise a notebook is: ``exercise`` if given, else its metadata, its file name, or the
-    exercise whose check cells it shares most (by cell id, or by the ``check.NAME(`` calls it holds).
+def identify(path: Path | str, canonical: dict, exercise: str | None = None) -> str:
+    """Which exercise the notebook at ``path`` is: ``exercise`` (``--exercise``) if given, else its file
+    name (``01_online_softmax.ipynb``), or the name its chapter had before the chapters were renamed
+    (``01_softmax.ipynb``, see :func:`flashcourse.chapters.renamed`).
+
+    Never the notebook's content: its metadata, cell ids and calls are the student's to edit, and
+    would let a notebook be graded as another (easier) exercise.
 
     Example:
-        >>> nb = nbformat.v4.new_notebook()
-        >>> identify(nb, "homework/01_online_softmax.ipynb", {"01_online_softmax": []})
-        '01_online_softmax'
+        >>> canonical = {"01_online_softmax": []}
+        >>> identify("homework/01_online_softmax.ipynb", canonical), identify("old/01_softmax.ipynb", canonical)
+        ('01_online_softmax', '01_online_softmax')
+        >>> identify("homework.ipynb", canonical)
+        Traceback (most recent call last):
+        ...
+        flashcourse.grading.GradingError: homework.ipynb: its file name is not an exercise's; pass --exercise NAME (one of: 01_online_softmax)
     """
     names = sorted(canonical)
     if exercise is not None:
         if exercise not in canonical:
             raise GradingError(f"--exercise {exercise}: not one of the exercises: {', '.join(names)}")
         return exercise
-    meta = nb.metadata.get("flashcourse", {}).get("exercise")
-    if meta in canonical:
-        return meta
     stem = Path(path).stem
-    if stem in canonical:
-        return stem
-    ids = {c.get("id") for c in nb.cells}
-    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-    overlap = {n: sum(c["id"] in ids or c["after"] in ids or f"check.{c['name']}(" in code for c in canonical[n])
-               for n in names}  # check names survive renamed files and cell ids (a notebook from an older course)
-    best = max(names, key=lambda n: overlap[n], default=None)
-    if best is None or overlap[best] == 0:
-        raise GradingError(f"{path}: cannot tell which exercise this notebook is; pass --exercise NAME "
-                           f"(one of: {', '.join(names)})")
-    return best
+    for name in (stem, renamed().get(stem)):
+        if name in canonical:
+            return name
+    raise GradingError(f"{path}: its file name is not an exercise's; pass --exercise NAME "
+                       f"(one of: {', '.join(names)})")
 
 
 def _canonical_cell(chk: dict):
@@ -300,6 +305,9 @@ def failure_message(r: dict) -> tuple[str, str]:
         got = "\n".join(printed)
         return FAILED, f"the check ran but its output is not the expected line; it printed:\n{got}\n" \
                        f"(did you change the check cell, or print from it? leave the check cell as it was)"
+    if "Failed to interrupt kernel" in text:
+        return FAILED, ("timed out, and the kernel could not be interrupted: the kernel died in this cell "
+                        "(a crash, or os._exit), or it is stuck where an interrupt cannot stop it")
     if "Timeout" in text:
         return FAILED, "timed out: the cell ran longer than the time limit (an endless loop?)"
     if "Kernel dead" in text:
@@ -331,7 +339,7 @@ def grade(notebook: Path | str, *, checks_json: Path | str | None = None, exerci
     except Exception as e:
         raise GradingError(f"{path}: not a readable notebook ({type(e).__name__}: {e})") from e
     canonical = load_canonical(checks_json)
-    name = identify(nb, path, canonical, exercise)
+    name = identify(path, canonical, exercise)
     checks = canonical[name]
     restored, notes = restore_checks(nb, checks)
     check_ids = {c["id"]: c["name"] for c in checks}
@@ -371,6 +379,9 @@ def grade(notebook: Path | str, *, checks_json: Path | str | None = None, exerci
                                                  "not run (an earlier cell timed out or the kernel died)"))
             elif r["outcome"] == "passed":
                 report.checks.append(CheckResult(check_ids[cid], cid, PASSED))
+            elif r["outcome"] == "skipped":  # nbval skips (xfails) the cells after a timeout or a dead kernel
+                report.checks.append(CheckResult(check_ids[cid], cid, NOT_RUN,
+                                                 "not run (an earlier cell timed out or the kernel died)"))
             else:
                 report.checks.append(CheckResult(check_ids[cid], cid, *failure_message(r)))
         elif r is not None and r["outcome"] == "failed":
@@ -390,10 +401,16 @@ def add_arguments(parser) -> None:
         >>> add_arguments(p)
         >>> p.parse_args(["exercises/01_online_softmax.ipynb", "--timeout", "60"]).timeout
         60
+        >>> p.parse_args(["submissions/", "--out", "grades"]).notebooks
+        [PosixPath('submissions')]
     """
-    parser.add_argument("notebook", type=Path, help="the exercise notebook to grade, e.g. exercises/01_online_softmax.ipynb")
+    parser.add_argument("notebooks", type=Path, nargs="+", metavar="NOTEBOOK",
+                        help="the exercise notebook to grade, e.g. exercises/01_online_softmax.ipynb; or several, "
+                             "or folders of them (e.g. submissions/STUDENT/01_online_softmax.ipynb), to grade a batch")
     parser.add_argument("--exercise", default=None,
-                        help="which exercise it is (default: from its metadata, file name or cell ids)")
+                        help="which exercise it is (default: from the file name, e.g. 01_online_softmax.ipynb)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="a batch's reports and summary.csv / summary.json go here (default: grades/)")
     parser.add_argument("--checks-json", type=Path, default=None,
                         help="the canonical check cells (default: the package's exercise_checks.json)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds allowed for one cell (default 600)")
@@ -401,7 +418,10 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    """Run ``flashcourse grade``: 0 when every check passed, 1 when one did not, 2 when it could not grade.
+    """Run ``flashcourse grade``: 0 when every check passed, 1 when one did not, 2 when it could not grade
+    (in a batch: any notebook).
+
+    One notebook prints its report; several, a folder, or ``--out`` grade a batch (:func:`flashcourse.grading_batch.grade_batch`).
 
     Example:
         >>> import argparse
@@ -410,8 +430,12 @@ def run(args) -> int:
         >>> run(p.parse_args(["no/such/notebook.ipynb"]))
         2
     """
+    if len(args.notebooks) > 1 or args.notebooks[0].is_dir() or args.out is not None:
+        from flashcourse.grading_batch import run_batch
+        return run_batch(args)
     try:
-        report = grade(args.notebook, checks_json=args.checks_json, exercise=args.exercise, timeout=args.timeout)
+        report = grade(args.notebooks[0], checks_json=args.checks_json, exercise=args.exercise,
+                       timeout=args.timeout)
     except GradingError as e:
         print(f"flashcourse grade: {e}", file=sys.stderr)
         return 2

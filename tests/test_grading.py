@@ -77,7 +77,8 @@ def runs(tmp_path_factory):
     demo = next(c for c in done.cells if c.id.endswith("online-demo"))
     demo.outputs = [nbformat.v4.new_output("stream", text="stale\n")]
     done.cells.insert(done.cells.index(demo) + 1, nbformat.v4.new_code_cell("print('trying things')"))
-    nbformat.write(done, tmp / "completed.ipynb")
+    (tmp / "completed").mkdir()
+    nbformat.write(done, tmp / "completed" / f"{NAME}.ipynb")   # the exercise is known by its file name
     nbformat.write(tampered_exercise(), tmp / f"{NAME}.ipynb")
     jobs = {
         "raw": lambda: subprocess.run(  # the README's command, on the untouched exercise
@@ -86,7 +87,7 @@ def runs(tmp_path_factory):
         "tampered": lambda: subprocess.run(
             [sys.executable, "-m", "flashcourse.cli", "grade", str(tmp / f"{NAME}.ipynb")],
             cwd=tmp, capture_output=True, text=True),
-        "completed": lambda: grade(tmp / "completed.ipynb"),
+        "completed": lambda: grade(tmp / "completed" / f"{NAME}.ipynb"),
     }
     with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
         futures = {k: pool.submit(f) for k, f in jobs.items()}
@@ -174,24 +175,25 @@ def test_deleted_checks_are_reinserted_after_their_cell_or_the_previous_check():
     assert "re-inserted after the previous check" not in " ".join(notes)
 
 
-def test_the_exercise_is_identified_by_metadata_name_or_cell_ids(tmp_path):
+def test_the_exercise_is_identified_by_option_or_file_name_never_by_content():
     canonical = grading.load_canonical()
-    nb = read(EXERCISE)
-    assert identify(nb, "anything.ipynb", canonical) == NAME
-    del nb.metadata["flashcourse"]
-    assert identify(nb, "homework.ipynb", canonical) == NAME           # by its cell ids
-    bare = nbformat.v4.new_notebook()
-    assert identify(bare, f"my/{NAME}.ipynb", canonical) == NAME       # by its name
-    old = read(EXERCISE)        # from before the chapters were renamed: other name, metadata and cell ids
-    old.metadata["flashcourse"]["exercise"] = "01_softmax"
-    for c in old.cells:
-        c.id = c.id.replace(f"{NAME[:2]}-online-softmax", "01-softmax")
-    assert not {c.id for c in old.cells} & {c["id"] for c in canonical[NAME]}
-    assert identify(old, "01_softmax.ipynb", canonical) == NAME         # by the checks it calls
-    with pytest.raises(grading.GradingError, match="cannot tell which exercise"):
-        identify(bare, "homework.ipynb", canonical)
+    assert identify(f"my/{NAME}.ipynb", canonical) == NAME                           # by its name
+    assert identify("old/01_softmax.ipynb", canonical) == NAME                       # its name before the renames
+    assert identify("04_flash_decoding.ipynb", canonical) == "04_flash_decode"
+    assert identify("05_unified_max.ipynb", canonical) == "05_unified_max_decode"
+    assert identify(f"{NAME}.ipynb", canonical, exercise="06_flat_gemm") == "06_flat_gemm"  # --exercise wins
+    with pytest.raises(grading.GradingError, match="pass --exercise NAME .one of: 01_online_softmax, "):
+        identify("homework.ipynb", canonical)                                        # metadata and ids do not count
     with pytest.raises(grading.GradingError, match="not one of the exercises"):
-        identify(bare, "homework.ipynb", canonical, exercise="99_nope")
+        identify("homework.ipynb", canonical, exercise="99_nope")
+
+
+def test_every_former_name_leads_to_an_exercise():
+    from flashcourse.chapters import renamed
+    canonical = grading.load_canonical()
+    assert renamed() == {"01_softmax": "01_online_softmax", "04_flash_decoding": "04_flash_decode",
+                         "05_unified_max": "05_unified_max_decode"}
+    assert set(renamed().values()) <= set(canonical) and not set(renamed()) & set(canonical)
 
 
 def test_grade_says_plainly_when_it_cannot_grade(tmp_path, capsys):
@@ -227,6 +229,8 @@ def test_messages_for_the_student_from_each_kind_of_failure():
     status, msg = grading.failure_message({"longrepr": "Cell outputs differ", "stdout": "\n".join(map(str, range(100)))})
     assert "(94 more lines)" in msg and len(msg.splitlines()) < 12
     assert grading.failure_message({"longrepr": "pytest plugin exception: Kernel dead on test start"})[0] == "not run"
+    assert "kernel died" in grading.failure_message({"longrepr": "Timeout of 9 seconds exceeded while executing cell. "
+                                                                 "Failed to interrupt kernel in 5 seconds"})[1]
 
 
 def test_canonical_checks_ship_with_the_package():
@@ -243,3 +247,59 @@ def test_grading_fixes_the_hidden_cases_and_practice_draws_fresh_ones(monkeypatc
     assert seed_of(None) == seed_of(None) == grading.GRADED_SEED and seed_of(5) == 5
     monkeypatch.delenv(GRADED_SEED_ENV)
     assert len({seed_of(None) for _ in range(4)}) > 1
+
+
+# ---------------------------------------------------------------------------------------------
+# a batch, as an instructor grades one: submissions/STUDENT/01_online_softmax.ipynb
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    """``flashcourse grade SUBMISSIONS --out GRADES``, once, on four students' notebooks: alice's solved,
+    bob's unfinished (with metadata that names another exercise), carol's not JSON, and dave's, whose
+    kernel dies in a cell (``os._exit(1)``)."""
+    tmp = tmp_path_factory.mktemp("batch")
+    subs = tmp / "submissions"
+    unfinished = read(EXERCISE)
+    unfinished.metadata["flashcourse"] = {"exercise": "02_flashattention1"}
+    crashing = read(EXERCISE)
+    first_code = next(i for i, c in enumerate(crashing.cells) if c.cell_type == "code")
+    crashing.cells.insert(first_code + 1, nbformat.v4.new_code_cell("import os\nos._exit(1)"))
+    for student, nb in [("alice", completed_exercise()), ("bob", unfinished), ("carol", None), ("dave", crashing)]:
+        (subs / student).mkdir(parents=True)
+        target = subs / student / f"{NAME}.ipynb"
+        if nb is None:
+            target.write_text('{"cells": [', encoding="utf-8")
+        else:
+            nbformat.write(nb, target)
+    (subs / "alice" / ".ipynb_checkpoints").mkdir()
+    (subs / "alice" / ".ipynb_checkpoints" / f"{NAME}-checkpoint.ipynb").write_text("{}")
+    proc = subprocess.run([sys.executable, "-m", "flashcourse.cli", "grade", str(subs), "--out", str(tmp / "grades"),
+                           "--timeout", "45"], cwd=tmp, capture_output=True, text=True)
+    return proc, tmp / "grades"
+
+
+@pytest.mark.slow
+def test_a_batch_grades_every_notebook_and_writes_reports_and_a_summary(batch):
+    proc, out = batch
+    assert proc.returncode == 2, proc.stdout + proc.stderr     # carol's could not be graded
+    rows = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    with open(out / "summary.csv", newline="", encoding="utf-8") as f:
+        import csv
+        assert [{k: str(v) for k, v in r.items()} for r in rows] == list(csv.DictReader(f))
+    by = {}
+    for r in rows:
+        by.setdefault(r["student"], []).append(r)
+    assert list(by) == ["alice", "bob", "carol", "dave"]
+    assert all(r["exercise"] == NAME for r in rows)            # bob's metadata names another exercise: no matter
+    assert [(r["check"], r["passed"], r["status"]) for r in by["alice"]] == [(n, True, "passed") for n in CHECKS]
+    assert [(r["check"], r["status"]) for r in by["bob"][:3]] == [(n, "not implemented") for n in CHECKS]
+    assert all(r["check"].startswith("cell ") for r in by["bob"][3:])   # his demo cells fail too
+    assert [(r["check"], r["status"]) for r in by["carol"]] == [(n, "not graded") for n in CHECKS]
+    assert "not a readable notebook" in by["carol"][0]["message"]
+    assert [(r["check"], r["status"]) for r in by["dave"][:3]] == [(n, "not run") for n in CHECKS]
+    assert by["dave"][3]["check"] == "cell 2" and "the kernel died in this cell" in by["dave"][3]["message"]
+    assert (out / "alice" / f"{NAME}.txt").read_text(encoding="utf-8").rstrip().endswith("all 3 checks passed ✓")
+    assert "(exercise 01_online_softmax, 3 checks)" in (out / "bob" / f"{NAME}.txt").read_text(encoding="utf-8")
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.txt")) == \
+        [f"{s}/{NAME}.txt" for s in ["alice", "bob", "carol", "dave"]]
+    assert "4 notebooks graded" in proc.stdout
