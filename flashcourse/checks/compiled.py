@@ -188,12 +188,11 @@ def _compile(name: str, kernel, recorded: list, ccs=TARGETS) -> None:
         for r in results:
             _CACHE[(digest, tuple(sorted(r.launch.items())), tuple(r.cc))] = r
     for key, (launch, constexprs) in launches.items():
-        for cc in ccs:
-            r = _CACHE.get((digest, key, cc))
-            if r is None:
-                raise AssertionError(f"{name}: the ahead-of-time compile for sm_{cc[0]}{cc[1]} gave no result")
-            if not r.ok:
-                _fail(name, r, constexprs)
+        results = [_CACHE.get((digest, key, cc)) for cc in ccs]
+        if None in results:
+            raise AssertionError(f"{name}: the ahead-of-time compile gave no result for {launch}")
+        if not all(r.ok for r in results):
+            report_failure(name, [r for r in results if not r.ok], constexprs)
 
 
 def _interpreting() -> bool:
@@ -202,18 +201,35 @@ def _interpreting() -> bool:
     return bool(backend.INTERPRET)
 
 
-def _fail(name: str, r, constexprs: dict) -> None:
+def report_failure(name: str, results: list, constexprs: dict) -> None:
+    """Raise the AssertionError of check ``name`` for the failed ``aot.Result`` s of one launch (its
+    ``constexprs``): the targets a compile error stopped, with the compiler's line, else the first
+    target whose shared memory the kernel overflows.
+
+    Example:
+        >>> from flashcourse.kernels import aot
+        >>> r = aot.Result("k", (9, 0), {}, shared=300000, limit=aot.SHARED_LIMIT[(9, 0)])
+        >>> report_failure("k", [r], {"BLOCK": 512})
+        Traceback (most recent call last):
+        ...
+        AssertionError: k compiles for sm_90 (H100) but needs 300000 B of shared memory with BLOCK = 512; the chip allows 232448 B
+          hint: smaller blocks, or fewer stages, use less shared memory.
+    """
     from ..kernels import aot
-    sm = f"sm_{r.cc[0]}{r.cc[1]}"
-    chip = aot.TARGETS.get(tuple(r.cc), "?")
+
+    def target(r):
+        return f"sm_{r.cc[0]}{r.cc[1]} ({aot.TARGETS.get(tuple(r.cc), '?')})"
     launch = ", ".join(f"{k} = {v}" for k, v in constexprs.items())
-    if r.error:
+    errors = [r for r in results if r.error]
+    if errors:
         raise AssertionError(
-            f"{name} runs under the interpreter but does not compile for {sm} ({chip}): {r.error}\n"
-            f"  (launched with {launch})\n  hint: the interpreter runs any Python, the GPU compiler only "
-            f"Triton's subset: no `break`, `continue` or `return` inside a loop; loop with a condition instead.")
+            f"{name} runs under the interpreter but does not compile for {' or '.join(map(target, errors))}: "
+            f"{errors[0].error}\n  (launched with {launch})\n  hint: the interpreter runs any Python, the GPU "
+            f"compiler only Triton's subset: no `break`, `continue` or `return` inside a loop; loop with a "
+            f"condition instead.")
+    r = results[0]
     raise AssertionError(
-        f"{name} compiles for {sm} ({chip}) but needs {r.shared} B of shared memory with {launch}; "
+        f"{name} compiles for {target(r)} but needs {r.shared} B of shared memory with {launch}; "
         f"the chip allows {r.limit} B\n  hint: smaller blocks, or fewer stages, use less shared memory.")
 
 
