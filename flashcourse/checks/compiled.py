@@ -28,6 +28,7 @@ import contextlib
 import hashlib
 import importlib
 import inspect
+import math
 import os
 import tempfile
 import textwrap
@@ -111,9 +112,9 @@ def _definition(name: str, value, seen: dict, out: list) -> None:
         out.append(f"import {value.__name__}\n{name} = {value.__name__}" if name != value.__name__
                    else f"import {name}")
     elif isinstance(value, tl.constexpr) and isinstance(value.value, (bool, int, float, str, type(None))):
-        out.append(f"{name} = triton.language.constexpr({value.value!r})")
+        out.append(f"{name} = triton.language.constexpr({_literal(value.value)})")
     elif isinstance(value, (bool, int, float, str)):
-        out.append(f"{name} = {value!r}")
+        out.append(f"{name} = {_literal(value)}")
     elif isinstance(value, tl.dtype):
         out.append(f"{name} = triton.language.dtype({value.name!r})")
     elif getattr(value, "__module__", None) and getattr(value, "__qualname__", None):
@@ -121,6 +122,11 @@ def _definition(name: str, value, seen: dict, out: list) -> None:
             if getattr(importlib.import_module(value.__module__), value.__qualname__) is value:
                 out.append(f"from {value.__module__} import {value.__qualname__} as {name}")
     # anything else is left out: compiling the kernel then reports the name, as Triton would
+
+
+def _literal(v) -> str:
+    """Python source for the value ``v`` (``float('inf')`` for inf, which ``repr`` writes as ``inf``)."""
+    return f"float({str(v)!r})" if isinstance(v, float) and not math.isfinite(v) else repr(v)
 
 
 def _source_of(fn, seen: dict, out: list) -> str:
@@ -183,6 +189,10 @@ def _compile(name: str, kernel, recorded: list, ccs=TARGETS) -> None:
             with os.fdopen(fd, "w") as f:
                 f.write(text)
             results = aot.check([registered], ccs, files=[path], jobs=None if _interpreting() else 1)
+        except RuntimeError as e:   # the file did not import: say why in one line, not the child's traceback
+            last = [line for line in str(e).splitlines() if line.strip()][-1].strip()
+            raise AssertionError(f"{name} could not be prepared for the ahead-of-time compile for sm_80 / "
+                                 f"sm_90: {last}") from None
         finally:
             os.unlink(path)
         for r in results:
