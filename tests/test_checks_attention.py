@@ -258,3 +258,12 @@ def test_grade_passes_the_completed_exercise(graded):
     assert report.passed, report.format()
     assert [(c.name, c.status) for c in report.checks] == [("fa2_attention", "passed"), ("fa2_kernel", "passed")]
     assert report.other_failures == [] and report.notes == []
+
+
+def test_fa2_kernel_that_only_the_interpreter_runs_is_rejected_for_sm_80_and_sm_90(tmp_path):
+    # a `break` that never fires: every case passes under the interpreter, the GPU compiler rejects it
+    kernel = load(tmp_path, FA2, "fa2-kernel", "fa2_kernel",
+                  (("        m_i = m_new\n", "        m_i = m_new\n        if start_n < 0:\n            break\n"),))
+    msg = fails(checks.fa2_kernel, kernel, "fa2_kernel runs under the interpreter but does not compile for "
+                "sm_80 (A100) or sm_90 (H100)", "`break`", "unsupported AST node type: Break")
+    assert "Traceback" not in msg and len(msg.splitlines()) <= 3, msg

@@ -263,3 +263,12 @@ def test_grade_passes_the_completed_exercise(graded):
     assert [(c.name, c.status) for c in report.checks] == [("choose_block_n", "passed"),
                                                          ("flat_gemm_kernel", "passed")]
     assert report.other_failures == [] and report.notes == []
+
+
+def test_flat_gemm_kernel_that_only_the_interpreter_runs_is_rejected_for_sm_80_and_sm_90(tmp_path):
+    # a `break` that never fires: every case passes under the interpreter, the GPU compiler rejects it
+    kernel = load(tmp_path, FG, "flat-gemm-kernel", "flat_gemm_kernel",
+                  (("        acc += tl.dot(x, w)\n", "        acc += tl.dot(x, w)\n        if k < 0:\n            break\n"),))
+    msg = fails(checks.flat_gemm_kernel, kernel, "flat_gemm_kernel runs under the interpreter but does not compile "
+                "for sm_80 (A100) or sm_90 (H100)", "`break`", "unsupported AST node type: Break")
+    assert "Traceback" not in msg and len(msg.splitlines()) <= 3, msg

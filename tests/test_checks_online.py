@@ -182,3 +182,39 @@ def test_a_leftover_debug_print_does_not_change_the_line(capsys):
     checks.online_softmax(chatty)
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and SUCCESS.match(out.strip())
+
+
+# ---------------------------------------------------------------------------------------------
+# kernels are kernels: only a @triton.jit function, and one that compiles for real GPUs
+
+def test_softmax_kernel_refuses_a_torch_function_in_disguise():
+    import torch
+
+    class Disguised:                     # launchable-looking: kernel[grid](...) and .run, but torch inside
+        def __getitem__(self, grid):
+            def go(x, y, n, sx, sy, BLOCK):
+                y.copy_(torch.softmax(x.double(), dim=-1).float())
+            return go
+
+        def run(self, *args, **kwargs):
+            pass
+    fails(checks.softmax_kernel, Disguised(), "check.softmax_kernel expects a kernel written with @triton.jit",
+          "Disguised")
+
+
+def test_softmax_kernel_that_only_the_interpreter_runs_is_rejected_for_sm_80_and_sm_90(tmp_path):
+    # `break` runs under the interpreter (it passes every case there) but the GPU compiler rejects it
+    kernel = load(tmp_path, "softmax-kernel", "softmax_kernel", (
+        ("        m = m_new\n", "        m = m_new\n        if m > 3.0e38:\n            break\n"),))
+    msg = fails(checks.softmax_kernel, kernel, "softmax_kernel runs under the interpreter but does not compile for "
+                "sm_80 (A100) or sm_90 (H100)", "`break`", "unsupported AST node type: Break", "no `break`")
+    assert "Traceback" not in msg and len(msg.splitlines()) <= 3, msg
+
+
+def test_the_compile_check_reports_shared_memory_over_the_chips_budget():
+    from flashcourse.checks import compiled
+    from flashcourse.kernels import aot
+    big = aot.Result("softmax_kernel", (8, 0), {"BLOCK": 4096}, 200000, aot.SHARED_LIMIT[(8, 0)])
+    with pytest.raises(AssertionError, match=r"compiles for sm_80 \(A100\) but needs 200000 B of shared memory "
+                                             r"with BLOCK = 4096; the chip allows 166912 B"):
+        compiled.report_failure("softmax_kernel", [big], {"BLOCK": 4096})

@@ -57,6 +57,7 @@ POISON_F32 = 0x7FC0DEAD
 #: checks' error analyses; and log2(e), by which the kernels scale their logits to use exp2.
 U16, U32 = 2.0 ** -11, 2.0 ** -24
 from ..formulas.counting import LOG2E  # noqa: E402  (its one home)
+from .compiled import compile_after, record, require_jit  # noqa: E402,F401  (compile_after: for the checks)
 
 #: What a check of attention outputs says of an integer or boolean array (the ``dtype_note`` of
 #: :func:`compare` and :func:`as_array`; the default note speaks of softmax values).
@@ -222,6 +223,7 @@ def launch(name: str, kernel, grid: tuple, args: tuple, meta: dict, case: Case) 
         AssertionError: softmax_kernel failed to run: ZeroDivisionError: division by zero
           on case 1, BLOCK = 16
     """
+    record(kernel, args, meta)               # for the ahead-of-time compile at the end of the check
     try:
         with _quietly():
             kernel[grid](*args, **meta)
@@ -354,8 +356,9 @@ def require_callable(name: str, fn, example: str) -> None:
 
 def require_kernel(name: str, kernel) -> None:
     """Refuse, with an AssertionError, a kernel check ``name`` given anything but a ``@triton.jit``
-    function (one that can be launched as ``kernel[grid](...)``): most often the Python launcher
-    around the kernel, which the check cannot launch on its own buffers.
+    function: most often the Python launcher around the kernel, which the check cannot launch on its
+    own buffers; or an object that only looks launchable (``__getitem__`` and ``run``), such as a
+    torch function in disguise (:func:`flashcourse.checks.compiled.require_jit`).
 
     Example:
         >>> require_kernel("softmax_kernel", print)
@@ -363,9 +366,7 @@ def require_kernel(name: str, kernel) -> None:
         ...
         AssertionError: check.softmax_kernel expects the @triton.jit function itself, e.g. check.softmax_kernel(softmax_kernel), not a launcher; got <built-in function print>
     """
-    if not hasattr(kernel, "__getitem__") or not callable(getattr(kernel, "run", None)):
-        raise AssertionError(f"check.{name} expects the @triton.jit function itself, e.g. "
-                             f"check.{name}({name}), not a launcher; got {kernel!r}")
+    require_jit(name, kernel)
 
 
 def poisoned(shape, pattern: int = POISON_F32, half: bool = False):

@@ -30,8 +30,8 @@ import math
 import numpy as np
 
 from ..reference.decode import needs_fallback
-from .cases import (ATTENTION_DTYPE_NOTE, LOG2E, POISON_F32, U32, Case, call, compare, fmt, join_lines, launch,
-                    passed, poisoned, require_callable, require_kernel, seed_of)
+from .cases import (ATTENTION_DTYPE_NOTE, LOG2E, POISON_F32, U32, Case, call, compare, compile_after, fmt, join_lines,
+                    launch, passed, poisoned, require_callable, require_kernel, seed_of)
 
 __all__ = ["lse_combine", "split_kv_kernel", "unified_max_partials"]
 
@@ -415,14 +415,14 @@ def split_kv_kernel(kernel, seed: int | None = None) -> None:
     for i in range(n_hidden):
         kind = SPLIT_KV_KINDS[i]
         raw.append((kind, split_kv_problem(rng, kind), True))
-    for i, (kind, (q, k, v, kv_lens, S, chunk, BLOCK_N), hidden) in enumerate(raw):
-        q, k, v = (np.asarray(t, dtype=np.float16).astype(np.float64) for t in (q, k, v))
-        number, of = (i - n_shown + 1, n_hidden) if hidden else (i + 1, n_shown)
-        extra = _sizes(q, k, kv_lens, S, chunk, 1.0 / math.sqrt(q.shape[2]))
-        extra["BLOCK_N"] = BLOCK_N
-        case = _DecodeCase(kind, (q, k, v, kv_lens), number, of, hidden=hidden, seed=seed if hidden else None,
-                           extra=extra, names=("q", "k", "v", "kv_lens"))
-        _check_split_case(name, kernel, case, first=i == 0, pad=int(rng.integers(1, 9)), seed=seed)
+    with compile_after(name, kernel):                  # then compiled for sm_80 and sm_90
+        for i, (kind, (q, k, v, kv_lens, S, chunk, BLOCK_N), hidden) in enumerate(raw):
+            q, k, v = (np.asarray(t, dtype=np.float16).astype(np.float64) for t in (q, k, v))
+            number, of = (i - n_shown + 1, n_hidden) if hidden else (i + 1, n_shown)
+            extra = {**_sizes(q, k, kv_lens, S, chunk, 1.0 / math.sqrt(q.shape[2])), "BLOCK_N": BLOCK_N}
+            case = _DecodeCase(kind, (q, k, v, kv_lens), number, of, hidden=hidden, seed=seed if hidden else None,
+                               extra=extra, names=("q", "k", "v", "kv_lens"))
+            _check_split_case(name, kernel, case, first=i == 0, pad=int(rng.integers(1, 9)), seed=seed)
     passed(name, n_shown, n_hidden)
 
 

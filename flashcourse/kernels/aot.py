@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 __all__ = ["Launch", "Result", "TARGETS", "SHARED_LIMIT", "register", "registered", "kernel_of", "configs_of",
-           "compile_launch", "check", "report", "main"]
+           "compile_launch", "error_summary", "check", "report", "main"]
 
 #: Compute capabilities the course promises to run on, and a GPU of each.
 TARGETS = {(7, 5): "T4", (8, 0): "A100", (8, 9): "L4 / RTX 4090", (9, 0): "H100"}
@@ -205,8 +205,27 @@ def compile_launch(name: str, cc: tuple, launch: Launch) -> Result:
                                   options=launch.options())
         return Result(name, cc, shown, int(compiled.metadata.shared), limit)
     except Exception as e:  # noqa: BLE001 - reported, not swallowed
-        msg = " ".join(str(e).split())
-        return Result(name, cc, shown, None, limit, error=f"{type(e).__name__}: {msg[:400]}")
+        return Result(name, cc, shown, None, limit, error=f"{type(e).__name__}: {error_summary(str(e))}")
+
+
+def error_summary(message: str) -> str:
+    """The line of a compile error that says what is wrong, on one line of at most 400 characters.
+
+    Triton's compile errors quote the kernel's source up to the faulty line, a caret under it, then
+    the reason: keep the position, the faulty line and the reason, not the quoted source above them.
+
+    Example:
+        >>> print(error_summary("at 3:8:\\n    x = 1\\n    if x:\\n        break\\n        ^\\nunsupported AST node type: Break"))
+        at 3:8 (`break`): unsupported AST node type: Break
+        >>> error_summary("signature lacks ['n']")
+        "signature lacks ['n']"
+    """
+    lines = message.splitlines()
+    caret = next((i for i, line in enumerate(lines) if line.strip() == "^"), None)
+    if caret is not None and caret >= 1 and lines[0].startswith("at "):
+        reason = " ".join(" ".join(lines[caret + 1:]).split()) or "(no reason given)"
+        message = f"{lines[0].rstrip(':')} (`{lines[caret - 1].strip()}`): {reason}"
+    return " ".join(message.split())[:400]
 
 
 def _check_here(names, ccs) -> list[Result]:
