@@ -260,8 +260,14 @@ def restore_checks(nb, checks: list[dict]):
     return nb, notes
 
 
-def _env() -> dict:
-    """The subprocess's environment: this package importable, even from a checkout that is not installed."""
+def grading_env() -> dict:
+    """The environment the graded notebook runs in: this package importable (even from a checkout that
+    is not installed), and the graded seed that fixes the checks' hidden cases.
+
+    Example:
+        >>> grading_env()[GRADED_SEED_ENV] == str(GRADED_SEED)
+        True
+    """
     env = dict(os.environ)
     pkg_parent = str(Path(__file__).resolve().parents[1])
     dirs = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
@@ -353,7 +359,7 @@ def grade(notebook: Path | str, *, checks_json: Path | str | None = None, exerci
         (tmp / "pytest.ini").write_text("[pytest]\n")
         (tmp / "conftest.py").write_text(_PLUGIN)
         results_path = tmp / "results.json"
-        env = _env()
+        env = grading_env()
         env["FLASHCOURSE_GRADE_RESULTS"] = str(results_path)
         cmd = [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "-p", "no:cacheprovider",
                f"--nbval-cell-timeout={timeout}", "--color=no", "-q", "-c", str(tmp / "pytest.ini"),

@@ -241,7 +241,7 @@ def test_canonical_checks_ship_with_the_package():
 
 def test_grading_fixes_the_hidden_cases_and_practice_draws_fresh_ones(monkeypatch):
     from flashcourse.checks.cases import GRADED_SEED_ENV, seed_of
-    env = grading._env()
+    env = grading.grading_env()
     assert env[GRADED_SEED_ENV] == str(grading.GRADED_SEED)
     monkeypatch.setenv(GRADED_SEED_ENV, env[GRADED_SEED_ENV])
     assert seed_of(None) == seed_of(None) == grading.GRADED_SEED and seed_of(5) == 5
