@@ -88,6 +88,23 @@ def compute_capability() -> tuple[int, int] | None:
     return tuple(torch.cuda.get_device_capability())
 
 
+_CC: list = []
+
+
+def cached_compute_capability() -> tuple[int, int] | None:
+    """:func:`compute_capability`, read once per process: what the kernels' config tables are keyed
+    by, looked up on every launch.
+
+    Example:
+        >>> from flashcourse.backend import cached_compute_capability, compute_capability
+        >>> cached_compute_capability() == compute_capability()
+        True
+    """
+    if not _CC:
+        _CC.append(compute_capability())
+    return _CC[0]
+
+
 #: SMs the interpreter pretends to have: enough that small problems still split their work.
 _INTERPRETER_SMS = 4
 _SMS: dict = {}

@@ -365,7 +365,7 @@ def decode_config(d: int, group: int, dtype=torch.float16, cc="current", kernel:
         {'HEAD_DIM': 128, 'BLOCK_N': 64, 'BLOCK_G': 16, 'USE_DOT': True}
     """
     if cc == "current":
-        cc = _cc()
+        cc = backend.cached_compute_capability()
     return _decode_config(d, group, dtype, cc, kernel)
 
 
@@ -396,7 +396,7 @@ def combine_config(d: int, splits: int, dtype=torch.float16, cc="current") -> ao
         {'HEAD_DIM': 128, 'BLOCK_S': 8}
     """
     if cc == "current":
-        cc = _cc()
+        cc = backend.cached_compute_capability()
     return _combine_config(d, splits, dtype, cc)
 
 
@@ -405,15 +405,6 @@ def _combine_config(d, splits, dtype, cc):
     block_s = min(32, triton.next_power_of_2(max(1, splits)))
     return aot.Launch({"HEAD_DIM": d, "BLOCK_S": block_s}, 4, 1, {"O": _PTR[dtype]},
                       kernel="decode_combine", note=f"d={d}")
-
-
-_CC: list = []
-
-
-def _cc():
-    if not _CC:
-        _CC.append(backend.compute_capability())
-    return _CC[0]
 
 
 #: Smallest chunk of keys worth a split of its own (given to the heuristic). On an H100, one

@@ -353,7 +353,7 @@ def gemm_config(M: int, N: int, K: int, dtype=torch.float16, cc="current", kerne
         'gemv: B_M=1 B_N=64 B_K=128 split_k=4 warps=4 stages=2'
     """
     if cc == "current":
-        cc = _cc()
+        cc = backend.cached_compute_capability()
         if sms is None:
             sms = backend.num_sms()
     key = table_key(cc)
@@ -373,15 +373,6 @@ def _gemm_config(M, N, K, key, kernel, sms):
     block_n, block_k, warps, stages, per_sm = _row(key, kernel, block_m, N, K)
     split = split_k_for(math.ceil(N / block_n), K, block_k, sms, per_sm)
     return GemmConfig(kernel, block_m, block_n, block_k, split, warps, stages)
-
-
-_CC: list = []
-
-
-def _cc():
-    if not _CC:
-        _CC.append(backend.compute_capability())
-    return _CC[0]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -602,7 +593,7 @@ def _check(fn, kernel, max_m, x, w, w_layout, block_n, block_k, split_k, num_sta
     cfg = replace(cfg, **tile, **opts)
     if split_k is None and tile:          # a tile of your own: the split that suits it
         split_k = split_k_for(math.ceil(N / cfg.block_n), K, cfg.block_k, backend.num_sms(),
-                              _row(table_key(_cc()), kernel, cfg.block_m, N, K)[4])
+                              _row(table_key(backend.cached_compute_capability()), kernel, cfg.block_m, N, K)[4])
     if split_k is not None:
         cfg = replace(cfg, split_k=split_k)
     return cfg

@@ -36,14 +36,6 @@ __all__ = ["LinearPlan", "linear", "linear_plan", "linear_thresholds"]
 #: The thresholds ``linear`` picks by, measured on an H100 (``tools/gpu_gemm.py --thresholds`` writes it).
 THRESHOLDS_FILE = Path(__file__).resolve().parent.parent / "data" / "linear_thresholds.json"
 
-_CC: list = []
-
-
-def _cc():
-    if not _CC:
-        _CC.append(backend.compute_capability())
-    return _CC[0]
-
 
 @dataclass(frozen=True)
 class LinearPlan:
@@ -94,7 +86,7 @@ def linear_thresholds(N: int, K: int, cc="current") -> dict:
         True
     """
     if cc == "current":
-        cc = _cc()
+        cc = backend.cached_compute_capability()
     data = load_thresholds()
     targets = data["targets"]
     key = None if cc is None else f"sm_{cc[0]}{cc[1]}"
@@ -130,7 +122,7 @@ def linear_plan(M: int, N: int, K: int, dtype=torch.float16, cc="current") -> Li
         linear: M=64 K=4096 N=4096 -> torch.matmul: M = 64 > 16 rows: a full GEMM, cuBLAS's case
     """
     if cc == "current":
-        return _plan(M, N, K, dtype, _cc(), backend.num_sms(), load_thresholds)
+        return _plan(M, N, K, dtype, backend.cached_compute_capability(), backend.num_sms(), load_thresholds)
     return _plan(M, N, K, dtype, cc, None, load_thresholds)
 
 
