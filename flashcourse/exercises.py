@@ -30,6 +30,7 @@ Example:
 """
 from __future__ import annotations
 
+import ast
 import copy
 import json
 import re
@@ -38,7 +39,8 @@ from pathlib import Path
 
 import nbformat
 
-__all__ = ["BEGIN", "END", "strip_solutions", "exercise_notebook", "check_cells", "build", "check",
+__all__ = ["BEGIN", "END", "strip_solutions", "exercise_notebook", "check_cells", "grading_cells", "grading_json",
+           "build", "check",
            "default_paths", "render"]
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
@@ -216,10 +218,69 @@ def render(nb) -> bytes:
     return (text if text.endswith("\n") else text + "\n").encode("utf-8")
 
 
+SOLUTION_TAG = "solution"
+_CHECK_ARGUMENT = re.compile(r"\bcheck\.(\w+)\s*\(\s*(\w+)")
+
+
+def _top_level(source: str):
+    """The top-level statements of a cell, or [] when it is not plain Python (a magic, say)."""
+    try:
+        return ast.parse(source).body
+    except SyntaxError:
+        return []
+
+
+def _is_jit_def(node) -> bool:
+    return isinstance(node, ast.FunctionDef) and any(
+        ast.unparse(d.func if isinstance(d, ast.Call) else d) == "triton.jit" for d in node.decorator_list)
+
+
+def grading_cells(nb, where: str = "notebook") -> dict:
+    """What ``flashcourse grade`` needs to run an exercise's checks away from the student's notebook:
+    the given ``setup`` (the imports, definitions and plain assignments of the cells that are neither
+    solution nor check, before the last solution cell), the ids of the ``solution_cells`` (code cells
+    tagged "solution") with the names each defines, and for each check the name of the student's
+    function or kernel it is given and whether that is a ``@triton.jit`` kernel.
+
+    Example:
+        >>> nb = nbformat.v4.new_notebook(cells=[
+        ...     nbformat.v4.new_code_cell("import numpy as np\\nx = np.zeros(3)", id="imports"),
+        ...     nbformat.v4.new_code_cell("def f(x):\\n    return x", id="f", metadata={"tags": ["solution"]}),
+        ...     nbformat.v4.new_code_cell("# NBVAL_CHECK_OUTPUT\\ncheck.f(f)", id="check-f", metadata={"tags": ["check"]})])
+        >>> g = grading_cells(nb)
+        >>> g["setup"], g["solution_cells"], g["arguments"]
+        ('import numpy as np', [{'id': 'f', 'defines': ['f']}], {'f': {'argument': 'f', 'kernel': False}})
+    """
+    solution_idx = [k for k, c in enumerate(nb.cells) if c.cell_type == "code"
+                    and SOLUTION_TAG in c.get("metadata", {}).get("tags", [])]
+    last = solution_idx[-1] if solution_idx else -1
+    setup, solution_cells, kernels, arguments = [], [], set(), {}
+    for k, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        body = _top_level(cell.source)
+        if k in solution_idx:
+            defines = [n.name for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+            kernels |= {n.name for n in body if _is_jit_def(n)}
+            solution_cells.append({"id": cell.get("id"), "defines": defines})
+        elif _is_check(cell):
+            for check_name, argument in _CHECK_ARGUMENT.findall(cell.source):
+                arguments[check_name] = {"argument": argument}
+        elif k < last:
+            keep = [n for n in body if isinstance(n, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef))
+                    or (isinstance(n, ast.Assign) and not any(isinstance(x, ast.Call) for x in ast.walk(n.value)))]
+            setup += [ast.get_source_segment(cell.source, n) for n in keep]
+    for check_name, a in arguments.items():
+        a["kernel"] = a["argument"] in kernels
+        if not any(a["argument"] in c["defines"] for c in solution_cells):
+            raise ValueError(f"{where}: check.{check_name} is given {a['argument']}, which no solution cell defines")
+    return {"setup": "\n".join(setup), "solution_cells": solution_cells, "arguments": arguments}
+
+
 def _outputs(solutions: Path, exercises: Path, checks_json: Path) -> dict[Path, bytes]:
     """Every file ``build`` writes, with its bytes."""
     files: dict[Path, bytes] = {}
-    canonical = {}
+    canonical, grading = {}, {}
     sources = sorted(p for p in solutions.glob("*.ipynb") if NOTEBOOK.match(p.name))
     for path in sources:
         where = str(path)
@@ -229,9 +290,20 @@ def _outputs(solutions: Path, exercises: Path, checks_json: Path) -> dict[Path, 
         nbformat.validate(ex)
         files[exercises / path.name] = render(ex)
         canonical[name] = check_cells(sol, where)
-    text = json.dumps(canonical, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
-    files[checks_json] = text.encode("utf-8")
+        grading[name] = grading_cells(sol, where)
+    for path, data in ((checks_json, canonical), (grading_json(checks_json), grading)):
+        files[path] = (json.dumps(data, indent=1, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")
     return files
+
+
+def grading_json(checks_json: Path) -> Path:
+    """Where ``build`` writes :func:`grading_cells` of every exercise: beside the checks json.
+
+    Example:
+        >>> grading_json(Path("flashcourse/exercise_checks.json")).as_posix()
+        'flashcourse/exercise_grading.json'
+    """
+    return Path(checks_json).with_name("exercise_grading.json")
 
 
 def default_paths(root: Path | None = None) -> tuple[Path, Path, Path]:

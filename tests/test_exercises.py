@@ -95,7 +95,8 @@ def repo_copy(tmp_path):
     for d in ("solutions", "exercises"):
         shutil.copytree(ROOT / d, tmp_path / d)
     (tmp_path / "flashcourse").mkdir()
-    shutil.copy(ROOT / "flashcourse" / "exercise_checks.json", tmp_path / "flashcourse")
+    for name in ("exercise_checks.json", "exercise_grading.json"):
+        shutil.copy(ROOT / "flashcourse" / name, tmp_path / "flashcourse")
     return tmp_path
 
 
@@ -115,7 +116,7 @@ def test_build_is_byte_identical_and_check_finds_a_stale_exercise(repo_copy, cap
     assert cli.main(["exercises", "check", "--root", root]) == 1
     err = capsys.readouterr().err
     assert f"{repo_copy / 'exercises' / (NAME + '.ipynb')} is out of date with {sol_path}" in err
-    assert "exercise_checks.json" not in err  # the checks did not change
+    assert "exercise_checks.json" not in err and "exercise_grading.json" not in err  # the checks did not change
     assert "flashcourse exercises build" in err
 
     # a check's expected output changes: the json is stale too

@@ -5,9 +5,8 @@ Running a notebook under nbval takes several seconds, so the three runs these te
 together, once, by the ``runs`` fixture; each test then reads its own result:
 
 * the README's ``pytest --nbval-lax`` on the untouched exercise;
-* ``flashcourse grade`` (the command) on the exercise with its checks tampered with; restoring them
-  gives back the untouched exercise byte for byte (tested below without running anything), so this
-  is also ``flashcourse grade`` on the untouched exercise;
+* ``flashcourse grade`` (the command) on the exercise with its checks tampered with (the verdict
+  never runs the notebook's check cells, so this is also ``flashcourse grade`` on the untouched exercise);
 * ``grade`` (the API) on the exercise completed with the solution code, which is the solutions
   notebook's code exactly (tested below): so this also shows the solutions pass nbval, which the
   test command checks besides by collecting ``solutions/`` (see pyproject's testpaths).
@@ -24,7 +23,7 @@ import nbformat
 import pytest
 
 from flashcourse import grading
-from flashcourse.grading import CheckResult, GradeReport, grade, identify, restore_checks
+from flashcourse.grading import CheckResult, GradeReport, grade, identify, without_checks
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "01_online_softmax"
@@ -114,9 +113,6 @@ def test_grade_reports_not_implemented_even_when_the_checks_were_edited(runs):
     for name in CHECKS:
         assert re.search(rf"^  {name}\s+not implemented\n\s+{name} (is not implemented yet|wrote nothing)", out, re.M), out
     assert "3 of 3 checks not passed" in out
-    assert "check-online-softmax (online_softmax) was edited" in out
-    assert "check-merge (merge) was deleted: re-inserted after cell 01-online-softmax-blocked-demo" in out
-    assert "check-softmax-kernel (softmax_kernel) was edited" in out
 
 
 @pytest.mark.slow
@@ -134,45 +130,36 @@ def test_the_completed_exercise_is_the_solutions_code():
 
 
 # ---------------------------------------------------------------------------------------------
-# restoring the canonical checks (no notebook is run)
+# what each step of a grade is given (no notebook is run)
 
-def test_restoring_the_tampered_exercise_gives_back_the_untouched_one():
+def test_the_notebook_runs_without_its_check_cells_and_reports_cells_as_jupyterlab_numbers_them():
     canonical = grading.load_canonical()[NAME]
-    fixed, notes = restore_checks(tampered_exercise(), canonical)
-    untouched, none = restore_checks(read(EXERCISE), canonical)
-    assert none == [] and len(notes) == 3
-    assert nbformat.writes(fixed) == nbformat.writes(untouched)
-    assert [c.source for c in fixed.cells] == [c.source for c in read(EXERCISE).cells]
-    checks = [c for c in fixed.cells if c.id in {chk["id"] for chk in canonical}]
-    assert len(checks) == 3 and all("✓" in c.outputs[0]["text"] for c in checks)   # what nbval compares
+    nb = tampered_exercise()
+    moved = nbformat.v4.new_code_cell("check.merge(merge)  # moved here by the student")
+    nb.cells.insert(3, moved)
+    run, numbers = without_checks(nb, canonical)
+    ids = {c.id for c in run.cells}
+    assert not ids & {chk["id"] for chk in canonical} and moved.id not in ids
+    assert not any("check." in c.source for c in run.cells if c.cell_type == "code")
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert [code[n - 1].id for n in numbers] == [c.id for c in run.cells if c.cell_type == "code"]
+    assert all(c.outputs == [] for c in run.cells if c.cell_type == "code")
 
 
-@pytest.mark.parametrize("tags_kept", [False, True], ids=["tags lost", "tags kept (renamed chapter)"])
-def test_checks_whose_ids_were_lost_are_found_by_their_call(tags_kept):
-    nb = read(EXERCISE)
-    for c in nb.cells:
-        c.id = f"x{abs(hash(c.source)) % 10**6}-{nb.cells.index(c)}"
-        if "check" in c.metadata.get("tags", []) and not tags_kept:
-            c.metadata["tags"] = []
-            c.outputs = []
-    fixed, notes = restore_checks(nb, grading.load_canonical()[NAME])
-    assert len(fixed.cells) == len(nb.cells)  # replaced in place, none inserted
-    assert [c.source for c in fixed.cells] == [c.source for c in read(EXERCISE).cells]
-    assert all("was deleted" not in n for n in notes)
-
-
-def test_deleted_checks_are_reinserted_after_their_cell_or_the_previous_check():
-    canonical = grading.load_canonical()[NAME]
-    nb = read(EXERCISE)
-    nb.cells = [c for c in nb.cells if "check" not in c.metadata.get("tags", [])
-                and not c.id.endswith("online-demo")]
-    fixed, notes = restore_checks(nb, canonical)
-    ids = [c.id for c in fixed.cells]
-    # its own preceding cell (the demo) is gone too: after the nearest one still there
-    assert ids.index("01-online-softmax-check-online-softmax") == ids.index("01-online-softmax-online-demo-text") + 1
-    assert ids.index("01-online-softmax-check-merge") == ids.index("01-online-softmax-blocked-demo") + 1
-    assert ids.index("01-online-softmax-check-softmax-kernel") == ids.index("01-online-softmax-kernel-demo") + 1
-    assert "re-inserted after the previous check" not in " ".join(notes)
+def test_solution_cells_are_taken_by_id_or_by_what_they_define():
+    graded = grading.load_grading()[NAME]["solution_cells"]
+    done = completed_exercise()
+    cells, notes = grading.solution_sources(done, graded)
+    assert [cid for cid, _ in cells] == [g["id"] for g in graded] and notes == []
+    by_id = {c.id: c.source for c in done.cells}
+    assert all(src == by_id[cid] for cid, src in cells)
+    for c in done.cells:                                    # an editor that lost every id
+        c.id = f"lost-{done.cells.index(c)}"
+    cells, notes = grading.solution_sources(done, graded)
+    assert [src for _, src in cells] == [by_id[g["id"]] for g in graded] and len(notes) == 3
+    done.cells = [c for c in done.cells if "def merge" not in c.source]
+    cells, notes = grading.solution_sources(done, graded)
+    assert len(cells) == 2 and "nothing of it was graded" in notes[1]
 
 
 def test_the_exercise_is_identified_by_option_or_file_name_never_by_content():
@@ -211,12 +198,14 @@ def test_the_report_reads_per_check():
         CheckResult("online_softmax", "a", "passed"),
         CheckResult("merge", "b", "failed", "merge: wrong value on shown case 1 of 6\n  first wrong element: l"),
         CheckResult("softmax_kernel", "c", "not implemented", "softmax_kernel wrote nothing to y"),
-    ], notes=["check cell b (merge) was edited: restored the original"])
+    ], notes=["solution cell b was not found by its id: graded the cell that defines merge"])
     text = report.format()
     assert not report.passed
     assert "  merge          failed\n                   merge: wrong value on shown case 1 of 6\n" in text
-    assert "note: check cell b (merge) was edited" in text
+    assert "note: solution cell b was not found by its id" in text
     assert text.endswith("2 of 3 checks not passed")
+    ok = GradeReport("nb.ipynb", NAME, [CheckResult("merge", "b", "passed")], tampered=["flashcourse/checks/online.py"])
+    assert not ok.passed and "NOT GRADED" in ok.format()
 
 
 def test_messages_for_the_student_from_each_kind_of_failure():
@@ -236,7 +225,10 @@ def test_messages_for_the_student_from_each_kind_of_failure():
 def test_canonical_checks_ship_with_the_package():
     data = json.loads(grading.CHECKS_JSON.read_text(encoding="utf-8"))
     assert [c["name"] for c in data[NAME]] == CHECKS
-    assert os.path.dirname(grading.CHECKS_JSON) == os.path.dirname(grading.__file__)
+    assert grading.CHECKS_JSON.parent == grading.GRADING_JSON.parent == Path(grading.__file__).parents[1]
+    import tomllib
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["flashcourse"]
+    assert {grading.CHECKS_JSON.name, grading.GRADING_JSON.name} <= set(data)
 
 
 def test_grading_fixes_the_hidden_cases_and_practice_draws_fresh_ones(monkeypatch):
@@ -296,7 +288,7 @@ def test_a_batch_grades_every_notebook_and_writes_reports_and_a_summary(batch):
     assert all(r["check"].startswith("cell ") for r in by["bob"][3:])   # his demo cells fail too
     assert [(r["check"], r["status"]) for r in by["carol"]] == [(n, "not graded") for n in CHECKS]
     assert "not a readable notebook" in by["carol"][0]["message"]
-    assert [(r["check"], r["status"]) for r in by["dave"][:3]] == [(n, "not run") for n in CHECKS]
+    assert [(r["check"], r["status"]) for r in by["dave"][:3]] == [(n, "not implemented") for n in CHECKS]
     assert by["dave"][3]["check"] == "cell 2" and "the kernel died in this cell" in by["dave"][3]["message"]
     assert (out / "alice" / f"{NAME}.txt").read_text(encoding="utf-8").rstrip().endswith("all 3 checks passed ✓")
     assert "(exercise 01_online_softmax, 3 checks)" in (out / "bob" / f"{NAME}.txt").read_text(encoding="utf-8")

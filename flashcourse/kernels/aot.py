@@ -286,7 +286,9 @@ def check(names: Iterable[str] | None = None, ccs: Iterable[tuple] = tuple(TARGE
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
     procs = []
     for group in groups:
-        cmd = [sys.executable, "-c", _CHILD, "--json", "--jobs", "1", "--cc", *[f"{a}{b}" for a, b in group]]
+        child = ([sys.executable, "-I", "-S", "-c", f"import sys; sys.path[:0] = {sys.path!r}; {_CHILD}"]
+                 if sys.flags.no_site else [sys.executable, "-c", _CHILD])   # as isolated as this process
+        cmd = [*child, "--json", "--jobs", "1", "--cc", *[f"{a}{b}" for a, b in group]]
         for f in files:
             cmd += ["--file", f]
         if names is not None:

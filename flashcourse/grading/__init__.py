@@ -1,23 +1,33 @@
-"""``flashcourse grade NOTEBOOK``: run a student's exercise notebook under nbval, with the canonical checks.
+"""``flashcourse grade NOTEBOOK``: a verdict that depends on the student's solution code only.
 
-Grading copies the notebook into a temporary folder, puts the canonical check cells back (matched
-by cell id, or by the ``check.NAME(`` call when ids were lost; an edited check is overwritten, a
-deleted one re-inserted after the cell that preceded it), and runs
-``python -m pytest --nbval-lax`` on the copy in a subprocess, with the same interpreter. A small
-pytest plugin records, for every code cell, whether it passed and the exception it raised. The
-report gives each check as *passed*, *not implemented* or *failed* (with the check's message for
-the student), lists any other cell that failed, and the exit status is non-zero unless everything
-passed. Because the check cells are restored, editing one (say, to print the success line) cannot
-pass it.
+Grading does two things, each in processes of its own:
+
+1. **The notebook must run.** The notebook, without its check cells, runs top to bottom under
+   ``python -m pytest --nbval-lax`` (:func:`run_notebook`); a small pytest plugin records each code
+   cell's outcome, and a cell that failed is reported by the number JupyterLab shows for it after
+   *Run All* (``In [N]``).
+2. **The verdict.** The exercise's checks run in a fresh, isolated Python that never ran the
+   student's notebook (:mod:`.verdict`), importing the course from a copy of the package verified
+   before any student code ran (:mod:`.integrity`). They are given the student's kernels rebuilt
+   from the text of the solution cells (:mod:`.kernel_source`) and the student's functions running
+   in a worker process on the solution cells alone, extracted by cell id (:mod:`.worker`), with
+   the graded seed fixing the hidden cases. No other cell of the notebook, no hook, patch or edit
+   of a check cell reaches them.
+
+After each step, the package's files are compared with the snapshot (and put back when changed)
+and NumPy's, torch's and Triton's with their ``RECORD``; any change refuses the grade. The report
+gives each check as *passed*, *not implemented* or *failed* (with the check's message for the
+student) and lists the other cells that failed; the exit status is non-zero unless everything passed.
 
 The exercise is the one ``--exercise`` names, else the one the file is named after (see
 :func:`identify`): never what the notebook's metadata or cells say, which a student can edit.
-Several notebooks, or folders of them, are graded as a batch (:func:`flashcourse.grading_batch.grade_batch`): a report per
-notebook and a summary (``summary.csv``, ``summary.json``) with a row per student, exercise and check.
+Several notebooks, or folders of them, are graded as a batch (:func:`flashcourse.grading.batch.grade_batch`):
+a report per notebook and a summary (``summary.csv``, ``summary.json``) with a row per student,
+exercise and check.
 
-The canonical check cells come from ``flashcourse/exercise_checks.json``, written by
-``flashcourse exercises build`` from ``solutions/`` and shipped with the package, so grading works
-from an installed package too.
+The check cells and each exercise's set-up come from ``flashcourse/exercise_checks.json`` and
+``exercise_grading.json``, written by ``flashcourse exercises build`` from ``solutions/`` and shipped
+with the package, so grading works from an installed package too.
 
 Example:
     >>> from flashcourse.grading import grade
@@ -28,11 +38,14 @@ Example:
 """
 from __future__ import annotations
 
+import ast
+import contextlib
 import copy
 import importlib.util
 import json
 import os
 import re
+import signal
 import site
 import subprocess
 import sys
@@ -44,13 +57,14 @@ from pathlib import Path
 
 import nbformat
 
-from .chapters import renamed
-from .checks.cases import GRADED_SEED_ENV
+from ..chapters import renamed
+from ..checks.cases import GRADED_SEED_ENV
 
-__all__ = ["CheckResult", "GradeReport", "GradingError", "load_canonical", "identify", "restore_checks",
-           "grade"]
+__all__ = ["CheckResult", "GradeReport", "GradingError", "load_canonical", "load_grading", "identify",
+           "without_checks", "solution_sources", "run_notebook", "run_verdict", "grade"]
 
-CHECKS_JSON = Path(__file__).with_name("exercise_checks.json")
+CHECKS_JSON = Path(__file__).resolve().parents[1] / "exercise_checks.json"
+GRADING_JSON = CHECKS_JSON.with_name("exercise_grading.json")
 #: The seed of the graded hidden cases (the checks' ``seed_of`` reads it from the environment).
 GRADED_SEED = 20_251_123
 PASSED, FAILED, NOT_IMPLEMENTED, NOT_RUN = "passed", "failed", "not implemented", "not run"
@@ -131,10 +145,11 @@ class GradeReport:
     other_failures: list[CheckResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     pytest_output: str = ""
+    tampered: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
-        return all(c.status == PASSED for c in self.checks) and not self.other_failures
+        return all(c.status == PASSED for c in self.checks) and not self.other_failures and not self.tampered
 
     def format(self) -> str:
         """The per-check report that ``flashcourse grade`` prints."""
@@ -142,6 +157,10 @@ class GradeReport:
         checks = f"{n} check" + ("" if n == 1 else "s")
         lines = [f"grading {self.notebook} (exercise {self.exercise}, {checks})"]
         lines += [f"  note: {n}" for n in self.notes]
+        if self.tampered:
+            lines.append("  NOT GRADED: the notebook changed the installed course or its libraries, so no "
+                         "verdict is trusted:")
+            lines += [f"    {t}" for t in self.tampered[:10]]
         width = max([len(c.name) for c in self.checks] + [14])
         lines += [c.line(width) for c in self.checks]
         if self.other_failures:
@@ -167,6 +186,20 @@ def load_canonical(checks_json: Path | str | None = None) -> dict:
     path = Path(checks_json) if checks_json else CHECKS_JSON
     if not path.exists():
         raise GradingError(f"no canonical checks at {path}: run `flashcourse exercises build` in the repository")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def load_grading(checks_json: Path | str | None = None) -> dict:
+    """What the verdict needs of each exercise (set-up, solution cell ids, what each check is given:
+    :func:`flashcourse.exercises.grading_cells`), from ``exercise_grading.json`` beside the checks json.
+
+    Example:
+        >>> load_grading()["01_online_softmax"]["arguments"]["softmax_kernel"]
+        {'argument': 'softmax_kernel', 'kernel': True}
+    """
+    path = Path(checks_json).with_name("exercise_grading.json") if checks_json else GRADING_JSON
+    if not path.exists():
+        raise GradingError(f"no exercise set-up at {path}: run `flashcourse exercises build` in the repository")
     return json.loads(path.read_text(encoding="utf-8"))
 
 
@@ -200,66 +233,6 @@ def identify(path: Path | str, canonical: dict, exercise: str | None = None) -> 
                        f"(one of: {', '.join(names)})")
 
 
-def _canonical_cell(chk: dict):
-    cell = nbformat.v4.new_code_cell(source=chk["source"], metadata=copy.deepcopy(chk["metadata"]),
-                                     execution_count=chk["execution_count"],
-                                     outputs=[nbformat.from_dict(o) for o in chk["outputs"]])
-    cell["id"] = chk["id"]
-    return cell
-
-
-def restore_checks(nb, checks: list[dict]):
-    """A copy of ``nb`` with its check cells replaced by the canonical ones; returns (notebook, notes).
-
-    A check cell is found by id, else by its ``check.NAME(`` call (ids are lost by some editors, and
-    change when a chapter is renamed); a missing one is re-inserted after the nearest cell that
-    preceded it in the solution and is still there.
-
-    Example:
-        >>> chk = {"id": "c", "name": "f", "source": "# NBVAL_CHECK_OUTPUT\\ncheck.f(f)", "after": "a",
-        ...        "execution_count": 2, "metadata": {"tags": ["check"]},
-        ...        "outputs": [{"output_type": "stream", "name": "stdout", "text": "f ✓\\n"}]}
-        >>> nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("def f(): ...", id="a")])
-        >>> fixed, notes = restore_checks(nb, [chk])
-        >>> [c.id for c in fixed.cells], notes
-        (['a', 'c'], ['check cell c (f) was deleted: re-inserted after cell a'])
-    """
-    nb = copy.deepcopy(nb)
-    notes = []
-    previous = None  # index of the last check placed
-    canonical_ids = {chk["id"] for chk in checks}
-    for chk in checks:
-        canon = _canonical_cell(chk)
-        idx = next((i for i, c in enumerate(nb.cells) if c.get("id") == chk["id"]), None)
-        if idx is None:
-            call = f"check.{chk['name']}("
-            idx = next((i for i, c in enumerate(nb.cells) if c.cell_type == "code" and call in c.source
-                        and c.get("id") not in canonical_ids), None)
-        if idx is not None:
-            old = nb.cells[idx]
-            if old.cell_type != "code" or old.source.strip() != chk["source"].strip():
-                notes.append(f"check cell {chk['id']} ({chk['name']}) was edited: restored the original")
-            elif old.get("metadata", {}).get("tags") != chk["metadata"].get("tags"):
-                notes.append(f"check cell {chk['id']} ({chk['name']}) had its tags changed: restored")
-            nb.cells[idx] = canon
-        else:
-            ids = {c.get("id"): i for i, c in enumerate(nb.cells)}
-            before = next((p for p in chk.get("preceding") or [chk["after"]] if p is not None and p in ids), None)
-            if before is not None:
-                idx = ids[before] + 1
-                where = f"after cell {before}"
-            elif previous is not None:
-                idx = previous + 1
-                where = "after the previous check"
-            else:
-                idx = 0
-                where = "at the top"
-            nb.cells.insert(idx, canon)
-            notes.append(f"check cell {chk['id']} ({chk['name']}) was deleted: re-inserted {where}")
-        previous = idx
-    return nb, notes
-
-
 def grading_env() -> dict:
     """The environment the graded notebook runs in: this package importable (even from a checkout that
     is not installed), and the graded seed that fixes the checks' hidden cases.
@@ -269,7 +242,7 @@ def grading_env() -> dict:
         True
     """
     env = dict(os.environ)
-    pkg_parent = str(Path(__file__).resolve().parents[1])
+    pkg_parent = str(Path(__file__).resolve().parents[2])
     dirs = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
     try:
         dirs += site.getsitepackages() + [site.getusersitepackages()]
@@ -322,17 +295,155 @@ def failure_message(r: dict) -> tuple[str, str]:
     return FAILED, last[-1] if last else "failed"
 
 
+def _is_check_call(source: str, names) -> bool:
+    """Whether a cell does nothing but call checks of this exercise (``check.merge(merge)``), as a check
+    cell does, or one a student moved the call into."""
+    try:
+        body = ast.parse(source).body
+    except SyntaxError:
+        return False
+    return bool(body) and all(isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
+                              and isinstance(n.value.func, ast.Attribute) and n.value.func.attr in names
+                              and isinstance(n.value.func.value, ast.Name) and n.value.func.value.id == "check"
+                              for n in body)
+
+
+def without_checks(nb, checks: list[dict]):
+    """A copy of ``nb`` without its check cells (by id, or cells that only call this exercise's checks),
+    its outputs cleared; and, for each code cell left, its number among the code cells of ``nb`` (1-based:
+    the ``In [N]`` JupyterLab shows after *Run All*).
+
+    Example:
+        >>> nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("def f(): ...", id="a"),
+        ...     nbformat.v4.new_code_cell("check.f(f)", id="c"), nbformat.v4.new_code_cell("f()", id="b")])
+        >>> run, numbers = without_checks(nb, [{"id": "c", "name": "f"}])
+        >>> [c.id for c in run.cells], numbers
+        (['a', 'b'], [1, 3])
+    """
+    ids, names = {c["id"] for c in checks}, {c["name"] for c in checks}
+    run, numbers = copy.deepcopy(nb), []
+    kept, code_number = [], 0
+    for cell in run.cells:
+        if cell.cell_type == "code":
+            code_number += 1
+            if cell.get("id") in ids or _is_check_call(cell.source, names):
+                continue
+            cell.outputs, cell.execution_count = [], None
+            numbers.append(code_number)
+        kept.append(cell)
+    run.cells = kept
+    return run, numbers
+
+
+def solution_sources(nb, solution_cells: list[dict]):
+    """The student's solution cells, as (id, source) pairs: each found by its id, else as the code cell
+    that defines the function the solution cell defines (ids are lost by some editors); and notes on
+    those found the second way or not at all.
+
+    Example:
+        >>> nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("def f(x):\\n    return x", id="new")])
+        >>> solution_sources(nb, [{"id": "f-cell", "defines": ["f"]}])
+        ([('new', 'def f(x):\\n    return x')], ['solution cell f-cell was not found by its id: graded the cell that defines f'])
+    """
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    found, notes = [], []
+    for sol in solution_cells:
+        cell = next((c for c in code if c.get("id") == sol["id"]), None)
+        if cell is None:
+            def defines(c, name):
+                try:
+                    return any(isinstance(n, ast.FunctionDef) and n.name == name for n in ast.parse(c.source).body)
+                except SyntaxError:
+                    return False
+            name = (sol["defines"] or [None])[0]
+            cell = next((c for c in code if name and defines(c, name)), None)
+            notes.append(f"solution cell {sol['id']} was not found by its id: " +
+                         (f"graded the cell that defines {name}" if cell is not None else "nothing of it was graded"))
+        if cell is not None:
+            found.append((cell.get("id") or sol["id"], cell.source))
+    return found, notes
+
+
+def run_notebook(nb, name: str, timeout: int):
+    """Run ``nb`` top to bottom under nbval in a fresh process (its own session, killed afterwards with
+    whatever it started); returns (the per-cell records of the grading plugin, pytest's output)."""
+    with tempfile.TemporaryDirectory(prefix="flashcourse-grade-") as tmp:
+        tmp = Path(tmp)
+        target = tmp / f"{name}.ipynb"
+        nbformat.write(nb, target)
+        (tmp / "pytest.ini").write_text("[pytest]\n")
+        (tmp / "conftest.py").write_text(_PLUGIN)
+        results_path = tmp / "results.json"
+        env = grading_env()
+        env["FLASHCOURSE_GRADE_RESULTS"] = str(results_path)
+        cmd = [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "-p", "no:cacheprovider",
+               f"--nbval-cell-timeout={timeout}", "--color=no", "-q", "-c", str(tmp / "pytest.ini"),
+               "--rootdir", str(tmp), str(target)]
+        proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        out, err = proc.communicate()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)          # anything the notebook left running
+        output = out + err
+        if proc.returncode not in (0, 1) or not results_path.exists():
+            raise GradingError(f"pytest could not run the notebook (exit status {proc.returncode}):\n"
+                               + "\n".join(output.strip().splitlines()[-30:]))
+        return json.loads(results_path.read_text()), output
+
+
+def run_verdict(snapshot, job: dict, timeout: float) -> list[dict]:
+    """Run the checks of ``job`` in a fresh, isolated process importing the course from a copy of the
+    verified ``snapshot`` (:mod:`.verdict`); one ``{"name", "status", "message"}`` per check. A check the
+    process did not finish (a kernel that never returns, a crash) fails, saying so."""
+    from .worker import isolated_command, site_dirs
+    with tempfile.TemporaryDirectory(prefix="flashcourse-verdict-") as tmp:
+        tmp = Path(tmp)
+        (tmp / "scratch").mkdir()
+        path = [str(snapshot.write_copy(tmp / "verdict"))] + site_dirs()
+        job = dict(job, scratch=str(tmp / "scratch"), results=str(tmp / "results.json"),
+                   worker_path=[str(snapshot.write_copy(tmp / "worker"))] + site_dirs(), timeout=timeout)
+        (tmp / "job.json").write_text(json.dumps(job), encoding="utf-8")
+        cmd = isolated_command(f"from flashcourse.grading.verdict import main; main({str(tmp / 'job.json')!r})", path)
+        proc = subprocess.Popen(cmd, cwd=tmp / "scratch", env=grading_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=timeout * (len(job["checks"]) + 1))
+            why = f"the check process ended with exit status {proc.returncode}"
+        except subprocess.TimeoutExpired:
+            out, err = "", ""
+            why = f"timed out: the checks took longer than {timeout * (len(job['checks']) + 1)} s"
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        done = json.loads((tmp / "results.json").read_text()) if (tmp / "results.json").exists() else []
+    last = [line for line in (err or "").strip().splitlines() if line.strip()][-1:]
+    by_name = {r["name"]: r for r in done}
+    return [by_name.get(c["name"]) or {"name": c["name"], "status": FAILED,
+                                       "message": f"not finished: {why}" + (f" ({last[0][:300]})" if last else "")}
+            for c in job["checks"]]
+
+
+def _tampering(snapshot) -> list[str]:
+    """What student code changed in the installation (and, for the package, put back)."""
+    from .integrity import DEPENDENCIES, record_mismatches
+    found = [f"flashcourse/{rel} (restored)" for rel in snapshot.restore()]
+    for dist in DEPENDENCIES:
+        found += record_mismatches(dist)[0]
+    return found
+
+
 def grade(notebook: Path | str, *, checks_json: Path | str | None = None, exercise: str | None = None,
           timeout: int = 600) -> GradeReport:
-    """Grade an exercise notebook: restore its canonical checks, run it under nbval, report per check.
+    """Grade an exercise notebook: the notebook must run top to bottom under nbval, and the exercise's
+    checks, run in a process of their own on its solution cells, give the verdict.
 
-    ``timeout`` is the limit for one cell, in seconds.
+    ``timeout`` is the limit for one cell, and for one call of the student's code, in seconds.
 
     Example:
         >>> report = grade("exercises/01_online_softmax.ipynb")                       # doctest: +SKIP
         >>> report.passed, [c.status for c in report.checks]                   # doctest: +SKIP
         (False, ['not implemented', 'not implemented', 'not implemented'])
     """
+    from .integrity import Snapshot, TamperedError, verify_dependencies
     missing = [m for m in ("pytest", "nbval") if importlib.util.find_spec(m) is None]
     if missing:
         raise GradingError(f"grading runs the notebook under pytest and nbval, and {' and '.join(missing)} "
@@ -344,58 +455,43 @@ def grade(notebook: Path | str, *, checks_json: Path | str | None = None, exerci
         nb = nbformat.read(path, as_version=4)
     except Exception as e:
         raise GradingError(f"{path}: not a readable notebook ({type(e).__name__}: {e})") from e
+    try:                                     # before any of the student's code runs
+        snapshot = Snapshot.take()
+        verify_dependencies()
+    except TamperedError as e:
+        raise GradingError(f"cannot grade on this installation: {e}") from None
     canonical = load_canonical(checks_json)
     name = identify(path, canonical, exercise)
-    checks = canonical[name]
-    restored, notes = restore_checks(nb, checks)
-    check_ids = {c["id"]: c["name"] for c in checks}
-    for cell in restored.cells:  # the student's own outputs play no part (and an output without an
-        if cell.cell_type == "code" and cell.get("id") not in check_ids:  # execution count upsets nbval)
-            cell.outputs, cell.execution_count = [], None
-    with tempfile.TemporaryDirectory(prefix="flashcourse-grade-") as tmp:
-        tmp = Path(tmp)
-        target = tmp / f"{name}.ipynb"
-        nbformat.write(restored, target)
-        (tmp / "pytest.ini").write_text("[pytest]\n")
-        (tmp / "conftest.py").write_text(_PLUGIN)
-        results_path = tmp / "results.json"
-        env = grading_env()
-        env["FLASHCOURSE_GRADE_RESULTS"] = str(results_path)
-        cmd = [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "-p", "no:cacheprovider",
-               f"--nbval-cell-timeout={timeout}", "--color=no", "-q", "-c", str(tmp / "pytest.ini"),
-               "--rootdir", str(tmp), str(target)]
-        proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True)
-        output = proc.stdout + proc.stderr
-        if proc.returncode not in (0, 1) or not results_path.exists():
-            raise GradingError(f"pytest could not run the notebook (exit status {proc.returncode}):\n"
-                               + "\n".join(output.strip().splitlines()[-30:]))
-        results = json.loads(results_path.read_text())
+    checks, graded = canonical[name], load_grading(checks_json)[name]
+    runnable, numbers = without_checks(nb, checks)
+    results, output = run_notebook(runnable, name, timeout)
+    tampered = _tampering(snapshot)
+    cells, notes = solution_sources(nb, graded["solution_cells"])
+    job = {"exercise": name, "cells": [list(c) for c in cells], "setup": graded["setup"],
+           "checks": [{"name": c["name"], **graded["arguments"][c["name"]], "expected": _expected(c)} for c in checks]}
+    verdict = run_verdict(snapshot, job, timeout)
+    tampered += [t for t in _tampering(snapshot) if t not in tampered]
+    report = GradeReport(str(notebook), name, [], notes=notes, pytest_output=output, tampered=tampered)
+    for c, r in zip(checks, verdict):
+        report.checks.append(CheckResult(c["name"], c["id"], r["status"], r["message"]))
     by_cell = {}
     for r in results:  # a failure in setup or teardown counts as the cell's failure
         if r["cell"] is not None and (r["cell"] not in by_cell or r["outcome"] == "failed"):
             by_cell[r["cell"]] = r
-    code_cells = [c for c in restored.cells if c.cell_type == "code"]
-    report = GradeReport(str(notebook), name, [], notes=notes, pytest_output=output)
+    code_cells = [c for c in runnable.cells if c.cell_type == "code"]
     for num, cell in enumerate(code_cells):
         r = by_cell.get(num)
-        cid = cell.get("id", f"cell {num}")
-        if cid in check_ids:
-            if r is None:
-                report.checks.append(CheckResult(check_ids[cid], cid, NOT_RUN,
-                                                 "not run (an earlier cell timed out or the kernel died)"))
-            elif r["outcome"] == "passed":
-                report.checks.append(CheckResult(check_ids[cid], cid, PASSED))
-            elif r["outcome"] == "skipped":  # nbval skips (xfails) the cells after a timeout or a dead kernel
-                report.checks.append(CheckResult(check_ids[cid], cid, NOT_RUN,
-                                                 "not run (an earlier cell timed out or the kernel died)"))
-            else:
-                report.checks.append(CheckResult(check_ids[cid], cid, *failure_message(r)))
-        elif r is not None and r["outcome"] == "failed":
+        if r is not None and r["outcome"] == "failed":
             status, msg = failure_message(r)
             first = next((l for l in cell.source.splitlines() if l.strip() and not l.startswith("#")), "")
-            report.other_failures.append(CheckResult(f"cell {num + 1}", cid, status,
+            report.other_failures.append(CheckResult(f"cell {numbers[num]}", cell.get("id", ""), status,
                                                      f"({first.strip()[:60]} ...)\n{msg}"))
     return report
+
+
+def _expected(check: dict) -> str:
+    """The line a check cell printed in the solutions notebook (its expected output)."""
+    return "".join(o.get("text", "") for o in check["outputs"] if o.get("output_type") == "stream").strip()
 
 
 def add_arguments(parser) -> None:
@@ -427,7 +523,7 @@ def run(args) -> int:
     """Run ``flashcourse grade``: 0 when every check passed, 1 when one did not, 2 when it could not grade
     (in a batch: any notebook).
 
-    One notebook prints its report; several, a folder, or ``--out`` grade a batch (:func:`flashcourse.grading_batch.grade_batch`).
+    One notebook prints its report; several, a folder, or ``--out`` grade a batch (:func:`flashcourse.grading.batch.grade_batch`).
 
     Example:
         >>> import argparse
@@ -437,7 +533,7 @@ def run(args) -> int:
         2
     """
     if len(args.notebooks) > 1 or args.notebooks[0].is_dir() or args.out is not None:
-        from flashcourse.grading_batch import run_batch
+        from flashcourse.grading.batch import run_batch
         return run_batch(args)
     try:
         report = grade(args.notebooks[0], checks_json=args.checks_json, exercise=args.exercise,

@@ -1,0 +1,107 @@
+"""The verdict: an exercise's checks, run in a process of their own on the student's solution cells.
+
+``flashcourse grade`` starts this module in a fresh Python (``-I -S``) that imports the course from
+a verified copy of the package (:mod:`.integrity`) and has never run a line of the student's. There
+each check of the exercise is given
+
+* for a Triton kernel, the ``@triton.jit`` function rebuilt from the solution cells' text
+  (:func:`.kernel_source.load_kernel`: no Python of the student's runs), launched here; the kernel
+  checks run first, before any student code has run anywhere in this grade's verdict;
+* for a Python function, a stand-in that calls the student's function in a :class:`.worker.Worker`
+  process running the exercise's given set-up and the solution cells (extracted by cell id), with
+  plain data both ways.
+
+A check passes when it returns and printed exactly its expected line (the one the solutions
+notebook printed); the graded seed (``FLASHCOURSE_GRADED_SEED``) fixes its hidden cases. The results
+(one per check: name, status, message) go to a JSON file.
+
+Example:
+    >>> job = {"checks": [{"name": "merge", "argument": "merge", "kernel": False,
+    ...                    "expected": "merge: 30 cases passed (6 shown, 24 hidden) ✓"}],
+    ...        "setup": "import numpy as np", "cells": [["c", "def merge(m_a, l_a, m_b, l_b):\\n    raise NotImplementedError()"]]}
+    >>> [(r["name"], r["status"]) for r in run_checks(job)]                          # doctest: +SKIP
+    [('merge', 'not implemented')]
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+import tempfile
+
+__all__ = ["run_checks", "run_one", "main", "PASSED", "FAILED", "NOT_IMPLEMENTED"]
+
+PASSED, FAILED, NOT_IMPLEMENTED = "passed", "failed", "not implemented"
+
+
+def run_one(check, fn, expected: str) -> tuple[str, str]:
+    """(status, message) of ``check(fn)``: passed when it returns having printed ``expected``.
+
+    Example:
+        >>> from flashcourse import checks
+        >>> run_one(checks.merge, lambda *a: 1 / 0, "")[0]
+        'failed'
+    """
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            check(fn)
+    except NotImplementedError as e:
+        return NOT_IMPLEMENTED, str(e)
+    except AssertionError as e:
+        return FAILED, str(e)
+    except Exception as e:  # noqa: BLE001 - the check could not run: report it, never pass it
+        return FAILED, f"the check could not run: {type(e).__name__}: {e}"
+    printed = out.getvalue().strip()
+    if printed != expected.strip():
+        return FAILED, f"the check printed {printed!r}, expected {expected.strip()!r}"
+    return PASSED, ""
+
+
+def run_checks(job: dict) -> list[dict]:
+    """Run every check of ``job`` (see the module's docstring); kernel checks first, then the others
+    through one worker. Returns one ``{"name", "status", "message"}`` per check, in the job's order."""
+    from flashcourse import checks
+    from .kernel_source import KernelSourceError, load_kernel
+    from .worker import Worker
+
+    cells = [tuple(c) for c in job["cells"]]
+    results = {}
+    scratch = job.get("scratch") or tempfile.mkdtemp(prefix="flashcourse-verdict-")
+    for chk in (c for c in job["checks"] if c["kernel"]):
+        try:
+            kernel = load_kernel(cells, chk["argument"], scratch)
+        except KernelSourceError as e:
+            results[chk["name"]] = (FAILED, str(e))
+            continue
+        results[chk["name"]] = run_one(getattr(checks, chk["name"]), kernel, chk["expected"])
+    functions = [c for c in job["checks"] if not c["kernel"]]
+    if functions:
+        with Worker(job["setup"], cells, path=job.get("worker_path"), timeout=job.get("timeout", 600)) as worker:
+            try:
+                errors = worker.start()
+            except Exception as e:  # noqa: BLE001 - the cells did not even set up: every check fails with why
+                for chk in functions:
+                    results[chk["name"]] = (FAILED, f"your solution cells could not be run: {type(e).__name__}: {e}")
+                errors = None
+            if errors is not None:
+                cell_errors = "; ".join(f"{e['where']} raised {e['ename']}: {e['evalue']}" for e in errors)
+                for chk in functions:
+                    status, message = run_one(getattr(checks, chk["name"]), worker.function(chk["argument"]),
+                                              chk["expected"])
+                    if status == FAILED and cell_errors and "is not defined" in message:
+                        message += f"\n  (when the grader ran your solution cells: {cell_errors})"
+                    results[chk["name"]] = (status, message)
+    return [{"name": c["name"], "status": results[c["name"]][0], "message": results[c["name"]][1]}
+            for c in job["checks"]]
+
+
+def main(job_path: str) -> None:
+    """The verdict process's entry: read the job, run the checks, write the results next to it."""
+    with open(job_path, encoding="utf-8") as f:
+        job = json.load(f)
+    results = run_checks(job)
+    with open(job["results"], "w", encoding="utf-8") as f:
+        json.dump(results, f)
+    sys.stdout.flush()

@@ -1,0 +1,236 @@
+"""The process that runs a student's Python, and the handle the grader calls it through.
+
+The checks never run in a process that ran the student's code: a student's function could patch
+them, or NumPy, or the comparison. :class:`Worker` starts a fresh Python (``-I -S``: no
+``sitecustomize``, no ``.pth`` files, no user site), which executes the exercise's given set-up and
+the student's solution cells, then answers calls: the grader sends a function's name and its
+arguments, the worker returns what the function returned, both as plain data (:mod:`.wire`). What the
+student's code prints goes nowhere; it may not write files (``RLIMIT_FSIZE`` 0); it runs in a
+session of its own, which the grader kills when it is done. A call that does not return within the
+time limit kills the worker (the next call starts a new one), and one that kills it (``os._exit``,
+a crash) is reported as such.
+
+Example:
+    >>> import numpy as np
+    >>> with Worker(setup="import numpy as np", cells=[("a", "def double(x):\\n    return 2 * x")]) as w:
+    ...     w.function("double")(np.arange(3.0))
+    array([0., 2., 4.])
+"""
+from __future__ import annotations
+
+import builtins
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from .wire import decode, encode
+
+__all__ = ["Worker", "WorkerDied", "WorkerTimeout", "site_dirs", "isolated_command", "python_of", "serve"]
+
+
+class WorkerDied(RuntimeError):
+    """The process running the student's code ended while the grader waited for it."""
+
+
+class WorkerTimeout(RuntimeError):
+    """A call of the student's code did not return within the time limit."""
+
+
+def site_dirs() -> list[str]:
+    """The directories this Python imports installed packages from (NumPy, torch, Triton, ...).
+
+    Example:
+        >>> any(Path(d, "numpy").is_dir() for d in site_dirs())
+        True
+    """
+    paths = sysconfig.get_paths()
+    return list(dict.fromkeys(str(Path(p).resolve()) for p in (paths["purelib"], paths["platlib"])))
+
+
+def isolated_command(code: str, path: list[str]) -> list[str]:
+    """The command that runs ``code`` in a fresh Python that imports only from ``path``: ``-I`` (no
+    ``PYTHON*`` variables, no user site, not the current folder) and ``-S`` (no ``site``, so no
+    ``sitecustomize`` and no ``.pth`` file runs).
+
+    Example:
+        >>> isolated_command("print(1)", ["/x"])[1:3]
+        ['-I', '-S']
+    """
+    return [sys.executable, "-I", "-S", "-c", f"import sys; sys.path[:0] = {list(path)!r}; {code}"]
+
+
+# --- the worker's side --------------------------------------------------------------------------
+
+class _NoIPython:
+    """``get_ipython()`` in the worker: a cell's magics (``%timeit``, ``%%time``) do nothing there."""
+
+    def run_line_magic(self, *args, **kwargs):
+        return None
+
+    def run_cell_magic(self, *args, **kwargs):
+        return None
+
+    def system(self, *args, **kwargs):
+        return None
+
+
+def python_of(source: str) -> str:
+    """A cell's source as plain Python (IPython's magics become calls of ``get_ipython()``).
+
+    Example:
+        >>> python_of("%timeit f()")
+        "get_ipython().run_line_magic('timeit', 'f()')\\n"
+    """
+    try:
+        from IPython.core.inputtransformer2 import TransformerManager
+        return TransformerManager().transform_cell(source)
+    except ImportError:  # pragma: no cover - IPython is installed with the course
+        return source
+
+
+def _error(e: BaseException) -> dict:
+    return {"ename": type(e).__name__, "evalue": str(e)[:4000]}
+
+
+def serve(fd: int) -> None:
+    """The worker's main loop (run by :class:`Worker` in the new process): set up, then answer calls."""
+    import resource
+    conn = Connection(fd)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    os.dup2(devnull, 0)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))   # the student's code writes no file
+    job = decode(conn.recv_bytes())
+    namespace = {"__name__": "__main__", "__builtins__": builtins, "get_ipython": _NoIPython,
+                 "display": lambda *a, **k: None}
+    errors = []
+    for where, source in [("set-up", job["setup"])] + [(f"cell {cid}", src) for cid, src in job["cells"]]:
+        try:
+            exec(compile(python_of(source), f"<{where}>", "exec"), namespace)
+        except BaseException as e:    # a cell that fails still lets the others define their functions
+            errors.append({"where": where, **_error(e)})
+    conn.send_bytes(encode({"errors": errors}))
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except EOFError:
+            return
+        try:
+            request = decode(data)
+            fn = namespace.get(request["name"])
+            if not callable(fn):
+                raise NameError(f"name {request['name']!r} is not defined")
+            reply = {"value": fn(*request["args"])}
+        except BaseException as e:
+            reply = {"error": _error(e)}
+        try:
+            conn.send_bytes(encode(reply))
+        except Exception as e:  # noqa: BLE001 - a value that cannot even be encoded: say so
+            conn.send_bytes(encode({"error": {"ename": "TypeError", "evalue": f"the value could not be sent: {e}"}}))
+
+
+# --- the grader's side --------------------------------------------------------------------------
+
+def _exception(err: dict) -> BaseException:
+    """The exception the student's code raised, rebuilt (as the same built-in class where there is one)."""
+    ename = err.get("ename") if re.fullmatch(r"[A-Za-z_]\w{0,60}", str(err.get("ename"))) else "Exception"
+    evalue = str(err.get("evalue", ""))
+    cls = getattr(builtins, ename, None)
+    if not (isinstance(cls, type) and issubclass(cls, Exception)):
+        cls = type(ename, (Exception,), {})
+    try:
+        return cls(evalue)
+    except Exception:  # pragma: no cover - a built-in that takes other arguments
+        return type(ename, (Exception,), {})(evalue)
+
+
+class Worker:
+    """A process running a student's solution cells (after ``setup``), whose functions the grader calls.
+
+    ``cells`` are (cell id, source) pairs; ``path`` the directories it imports from (default: this
+    package's parent and :func:`site_dirs`); ``timeout`` the seconds one call may take; ``env`` its
+    environment variables.
+    """
+
+    def __init__(self, setup: str, cells, path: list[str] | None = None, timeout: float = 600,
+                 env: dict | None = None):
+        self.setup, self.cells = setup, [tuple(c) for c in cells]
+        self.path = path or [str(Path(__file__).resolve().parents[2])] + site_dirs()
+        self.timeout, self.env = timeout, env
+        self.proc, self.conn, self.errors = None, None, []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def start(self) -> list[dict]:
+        """Start the process and run the cells; returns the errors the cells raised (where, ename, evalue)."""
+        mine, theirs = socket.socketpair()
+        env = dict(self.env if self.env is not None else os.environ)
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        self.proc = subprocess.Popen(
+            isolated_command(f"from flashcourse.grading.worker import serve; serve({theirs.fileno()})", self.path),
+            pass_fds=(theirs.fileno(),), env=env, start_new_session=True,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        theirs.close()
+        self.conn = Connection(mine.detach())
+        self.conn.send_bytes(encode({"setup": self.setup, "cells": [list(c) for c in self.cells]}))
+        self.errors = self._receive(f"setting up the solution cells took more than {self.timeout:g} s")["errors"]
+        return self.errors
+
+    def _receive(self, late: str):
+        if not self.conn.poll(self.timeout):
+            self.close()
+            raise WorkerTimeout(late)
+        try:
+            data = self.conn.recv_bytes()
+        except (EOFError, OSError):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=2)     # it is ending: let it, to report its own exit status
+            code = self.close()
+            raise WorkerDied(f"the process running your code ended (exit status {code}): os._exit, "
+                             f"sys.exit in a cell, or a crash") from None
+        return decode(data)
+
+    def call(self, name: str, *args):
+        """``name(*args)`` in the worker: its value, or the exception it raised (rebuilt here)."""
+        if self.proc is None:
+            self.start()
+        self.conn.send_bytes(encode({"name": name, "args": list(args)}))
+        reply = self._receive(f"{name} did not return within {self.timeout:g} s (an endless loop?)")
+        if "error" in reply:
+            raise _exception(reply["error"])
+        return reply["value"]
+
+    def function(self, name: str):
+        """A function that calls ``name`` in the worker (what a check is given in place of the student's)."""
+        def student_function(*args):
+            return self.call(name, *args)
+        student_function.__name__ = student_function.__qualname__ = name
+        return student_function
+
+    def close(self):
+        """Kill the worker's whole session (whatever it started too); returns its exit status."""
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+        code = None
+        if self.proc is not None:
+            code = self.proc.poll()             # it may have ended on its own: keep its exit status
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            code = self.proc.wait() if code is None else code
+            self.proc = None
+        return code
