@@ -45,7 +45,6 @@ import importlib.util
 import json
 import os
 import re
-import signal
 import site
 import subprocess
 import sys
@@ -58,6 +57,7 @@ from pathlib import Path
 import nbformat
 
 from ..chapters import renamed
+from .contain import TIMED_OUT, run_contained
 from ..checks.cases import GRADED_SEED_ENV
 
 __all__ = ["CheckResult", "GradeReport", "GradingError", "load_canonical", "load_grading", "identify",
@@ -65,6 +65,8 @@ __all__ = ["CheckResult", "GradeReport", "GradingError", "load_canonical", "load
 
 CHECKS_JSON = Path(__file__).resolve().parents[1] / "exercise_checks.json"
 GRADING_JSON = CHECKS_JSON.with_name("exercise_grading.json")
+#: The most seconds a whole notebook may run under nbval (each cell has ``--timeout`` besides).
+_NOTEBOOK_LIMIT = 3600
 #: The seed of the graded hidden cases (the checks' ``seed_of`` reads it from the environment).
 GRADED_SEED = 20_251_123
 PASSED, FAILED, NOT_IMPLEMENTED, NOT_RUN = "passed", "failed", "not implemented", "not run"
@@ -365,8 +367,9 @@ def solution_sources(nb, solution_cells: list[dict]):
 
 
 def run_notebook(nb, name: str, timeout: int):
-    """Run ``nb`` top to bottom under nbval in a fresh process (its own session, killed afterwards with
-    whatever it started); returns (the per-cell records of the grading plugin, pytest's output)."""
+    """Run ``nb`` top to bottom under nbval in a fresh process (:func:`.contain.run_contained`: whatever
+    it starts is killed when it ends); returns (the per-cell records of the grading plugin, pytest's
+    output), the records None when the run was stopped before pytest could write them."""
     with tempfile.TemporaryDirectory(prefix="flashcourse-grade-") as tmp:
         tmp = Path(tmp)
         target = tmp / f"{name}.ipynb"
@@ -379,15 +382,13 @@ def run_notebook(nb, name: str, timeout: int):
         cmd = [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "-p", "no:cacheprovider",
                f"--nbval-cell-timeout={timeout}", "--color=no", "-q", "-c", str(tmp / "pytest.ini"),
                "--rootdir", str(tmp), str(target)]
-        proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
-        out, err = proc.communicate()
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)          # anything the notebook left running
-        output = out + err
-        if proc.returncode not in (0, 1) or not results_path.exists():
+        proc = run_contained(cmd, timeout=_NOTEBOOK_LIMIT, cwd=tmp, env=env)
+        output = proc.stdout + proc.stderr
+        if proc.returncode in (2, 3, 4):   # pytest's own usage / internal errors: the grader is broken
             raise GradingError(f"pytest could not run the notebook (exit status {proc.returncode}):\n"
                                + "\n".join(output.strip().splitlines()[-30:]))
+        if proc.returncode not in (0, 1) or not results_path.exists():
+            return None, output    # the run itself was stopped: by the notebook (it killed pytest), or the limit
         return json.loads(results_path.read_text()), output
 
 
@@ -404,16 +405,11 @@ def run_verdict(snapshot, job: dict, timeout: float) -> list[dict]:
                    worker_path=[str(snapshot.write_copy(tmp / "worker"))] + site_dirs(), timeout=timeout)
         (tmp / "job.json").write_text(json.dumps(job), encoding="utf-8")
         cmd = isolated_command(f"from flashcourse.grading.verdict import main; main({str(tmp / 'job.json')!r})", path)
-        proc = subprocess.Popen(cmd, cwd=tmp / "scratch", env=grading_env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            out, err = proc.communicate(timeout=timeout * (len(job["checks"]) + 1))
-            why = f"the check process ended with exit status {proc.returncode}"
-        except subprocess.TimeoutExpired:
-            out, err = "", ""
-            why = f"timed out: the checks took longer than {timeout * (len(job['checks']) + 1)} s"
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        limit = timeout * (len(job["checks"]) + 1)
+        proc = run_contained(cmd, timeout=limit, cwd=tmp / "scratch", env=grading_env())
+        why = (f"timed out: the checks took longer than {limit:g} s" if proc.returncode == TIMED_OUT
+               else f"the check process ended with exit status {proc.returncode}")
+        err = proc.stderr
         done = json.loads((tmp / "results.json").read_text()) if (tmp / "results.json").exists() else []
     last = [line for line in (err or "").strip().splitlines() if line.strip()][-1:]
     by_name = {r["name"]: r for r in done}
@@ -422,10 +418,11 @@ def run_verdict(snapshot, job: dict, timeout: float) -> list[dict]:
             for c in job["checks"]]
 
 
-def _tampering(snapshot) -> list[str]:
-    """What student code changed in the installation (and, for the package, put back)."""
+def _tampering(snapshot, startup) -> list[str]:
+    """What student code changed in the installation (the package and the start-up files put back)."""
     from .integrity import DEPENDENCIES, record_mismatches
     found = [f"flashcourse/{rel} (restored)" for rel in snapshot.restore()]
+    found += [f"{path} (a Python start-up file: put back as it was)" for path in startup.restore()]
     for dist in DEPENDENCIES:
         found += record_mismatches(dist)[0]
     return found
@@ -443,7 +440,7 @@ def grade(notebook: Path | str, *, checks_json: Path | str | None = None, exerci
         >>> report.passed, [c.status for c in report.checks]                   # doctest: +SKIP
         (False, ['not implemented', 'not implemented', 'not implemented'])
     """
-    from .integrity import Snapshot, TamperedError, verify_dependencies
+    from .integrity import Snapshot, StartupFiles, TamperedError, verify_dependencies
     missing = [m for m in ("pytest", "nbval") if importlib.util.find_spec(m) is None]
     if missing:
         raise GradingError(f"grading runs the notebook under pytest and nbval, and {' and '.join(missing)} "
@@ -456,7 +453,7 @@ def grade(notebook: Path | str, *, checks_json: Path | str | None = None, exerci
     except Exception as e:
         raise GradingError(f"{path}: not a readable notebook ({type(e).__name__}: {e})") from e
     try:                                     # before any of the student's code runs
-        snapshot = Snapshot.take()
+        snapshot, startup = Snapshot.take(), StartupFiles()
         verify_dependencies()
     except TamperedError as e:
         raise GradingError(f"cannot grade on this installation: {e}") from None
@@ -465,17 +462,20 @@ def grade(notebook: Path | str, *, checks_json: Path | str | None = None, exerci
     checks, graded = canonical[name], load_grading(checks_json)[name]
     runnable, numbers = without_checks(nb, checks)
     results, output = run_notebook(runnable, name, timeout)
-    tampered = _tampering(snapshot)
+    tampered = _tampering(snapshot, startup)
     cells, notes = solution_sources(nb, graded["solution_cells"])
     job = {"exercise": name, "cells": [list(c) for c in cells], "setup": graded["setup"],
            "checks": [{"name": c["name"], **graded["arguments"][c["name"]], "expected": _expected(c)} for c in checks]}
     verdict = run_verdict(snapshot, job, timeout)
-    tampered += [t for t in _tampering(snapshot) if t not in tampered]
+    tampered += [t for t in _tampering(snapshot, startup) if t not in tampered]
     report = GradeReport(str(notebook), name, [], notes=notes, pytest_output=output, tampered=tampered)
     for c, r in zip(checks, verdict):
         report.checks.append(CheckResult(c["name"], c["id"], r["status"], r["message"]))
+    if results is None:
+        report.other_failures.append(CheckResult("notebook", "", FAILED, "the run of the notebook was stopped before "
+                                                 "it finished (a cell killed the process running it?)"))
     by_cell = {}
-    for r in results:  # a failure in setup or teardown counts as the cell's failure
+    for r in results or []:  # a failure in setup or teardown counts as the cell's failure
         if r["cell"] is not None and (r["cell"] not in by_cell or r["outcome"] == "failed"):
             by_cell[r["cell"]] = r
     code_cells = [c for c in runnable.cells if c.cell_type == "code"]

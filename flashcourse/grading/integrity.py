@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import site
+import sysconfig
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["PACKAGE_DIR", "TamperedError", "Snapshot", "record_mismatches", "verify_dependencies",
+__all__ = ["PACKAGE_DIR", "TamperedError", "Snapshot", "StartupFiles", "record_mismatches", "verify_dependencies",
            "DEPENDENCIES"]
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -153,3 +155,48 @@ class Snapshot:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
         return parent
+
+
+class StartupFiles:
+    """The files every normal Python start runs (``sitecustomize.py``, ``usercustomize.py`` and the
+    ``*.pth`` files of the site directories), as they were when the grade began: a notebook that adds
+    one would run its code in every later Python of the machine, the next grade's included.
+
+    Example:
+        >>> s = StartupFiles()
+        >>> s.changed()
+        []
+    """
+
+    def __init__(self):
+        dirs = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+        try:
+            dirs |= set(site.getsitepackages()) | {site.getusersitepackages()}
+        except AttributeError:  # pragma: no cover - some old virtualenvs lack these
+            pass
+        self.dirs = sorted(Path(d) for d in dirs)
+        self.files = self._read()
+
+    def _read(self) -> dict:
+        found = {}
+        for d in self.dirs:
+            if d.is_dir():
+                for p in d.iterdir():
+                    if p.is_file() and (p.suffix == ".pth" or p.name in ("sitecustomize.py", "usercustomize.py")):
+                        found[str(p)] = p.read_bytes()
+        return found
+
+    def changed(self) -> list[str]:
+        """The start-up files added, changed or removed since the grade began."""
+        now = self._read()
+        return sorted(p for p in set(now) | set(self.files) if now.get(p) != self.files.get(p))
+
+    def restore(self) -> list[str]:
+        """Put the start-up files back as they were (an added one is removed); returns what changed."""
+        changed = self.changed()
+        for p in changed:
+            if p in self.files:
+                Path(p).write_bytes(self.files[p])
+            else:
+                Path(p).unlink(missing_ok=True)
+        return changed

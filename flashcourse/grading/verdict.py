@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import sys
 import tempfile
 
@@ -59,15 +60,16 @@ def run_one(check, fn, expected: str) -> tuple[str, str]:
     return PASSED, ""
 
 
-def run_checks(job: dict) -> list[dict]:
+def run_checks(job: dict, on_result=None) -> list[dict]:
     """Run every check of ``job`` (see the module's docstring); kernel checks first, then the others
-    through one worker. Returns one ``{"name", "status", "message"}`` per check, in the job's order."""
+    through one worker. Returns one ``{"name", "status", "message"}`` per check, in the job's order;
+    ``on_result(results so far)`` is called after each check (so that a crash loses none of them)."""
     from flashcourse import checks
     from .kernel_source import KernelSourceError, load_kernel
     from .worker import Worker
 
     cells = [tuple(c) for c in job["cells"]]
-    results = {}
+    results = _Results(on_result)
     scratch = job.get("scratch") or tempfile.mkdtemp(prefix="flashcourse-verdict-")
     for chk in (c for c in job["checks"] if c["kernel"]):
         try:
@@ -93,15 +95,33 @@ def run_checks(job: dict) -> list[dict]:
                     if status == FAILED and cell_errors and "is not defined" in message:
                         message += f"\n  (when the grader ran your solution cells: {cell_errors})"
                     results[chk["name"]] = (status, message)
-    return [{"name": c["name"], "status": results[c["name"]][0], "message": results[c["name"]][1]}
-            for c in job["checks"]]
+    return results.rows()
+
+
+class _Results(dict):
+    """check name -> (status, message), telling ``on_result`` each time one is set."""
+
+    def __init__(self, on_result):
+        super().__init__()
+        self.on_result = on_result
+
+    def __setitem__(self, name, value):
+        super().__setitem__(name, value)
+        if self.on_result is not None:
+            self.on_result(self.rows())
+
+    def rows(self) -> list[dict]:
+        return [{"name": n, "status": s, "message": m} for n, (s, m) in self.items()]
 
 
 def main(job_path: str) -> None:
     """The verdict process's entry: read the job, run the checks, write the results next to it."""
     with open(job_path, encoding="utf-8") as f:
         job = json.load(f)
-    results = run_checks(job)
-    with open(job["results"], "w", encoding="utf-8") as f:
-        json.dump(results, f)
+
+    def write(rows):
+        with open(job["results"] + ".part", "w", encoding="utf-8") as f:
+            json.dump(rows, f)
+        os.replace(job["results"] + ".part", job["results"])
+    write(run_checks(job, on_result=write))
     sys.stdout.flush()

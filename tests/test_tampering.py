@@ -1,0 +1,325 @@
+"""The tampering corpus: notebooks that try to pass ``flashcourse grade`` without a correct solution.
+
+Each is the unfinished exercise (nothing implemented) plus one trick, added as a cell of its own or
+inside a solution cell (where the verdict's worker runs it): IPython hooks, exception handlers,
+rebinding or patching the checks, NumPy, builtins, the installed package and its JSON files,
+``sitecustomize``, metadata and cell-id swaps, deleted, moved and duplicated check cells, processes
+that die or kill the grader, kernels in disguise. All are graded in one batch, in a subprocess that
+imports the course from a copy of the package (the tricks that edit the installation edit that copy),
+and after them the untampered unfinished notebook, which must still fail. Every check of every
+tampered notebook must come out *not passed*, and the copy of the package must end unchanged.
+"""
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from flashcourse.grading.worker import site_dirs
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME = "01_online_softmax"
+CHECKS = ["online_softmax", "merge", "softmax_kernel"]
+LINES = {"online_softmax": "online_softmax: 40 cases passed (8 shown, 32 hidden) ✓",
+         "merge": "merge: 30 cases passed (6 shown, 24 hidden) ✓",
+         "softmax_kernel": "softmax_kernel: 24 cases passed (6 shown, 18 hidden) ✓"}
+SOLUTION_CELL = "01-online-softmax-online-softmax"
+MARK = "FLASHCOURSE_TAMPER_TEST"
+
+
+def exercise():
+    return nbformat.read(ROOT / "exercises" / f"{NAME}.ipynb", as_version=4)
+
+
+def success_lines() -> str:
+    return "\\n".join(LINES.values())
+
+
+def added(source: str, after: str = "01-online-softmax-imports"):
+    """The exercise with a cell of the student's after cell ``after``."""
+    def build():
+        nb = exercise()
+        at = next(i for i, c in enumerate(nb.cells) if c.get("id") == after)
+        nb.cells.insert(at + 1, nbformat.v4.new_code_cell(textwrap.dedent(source)))
+        return nb
+    return build
+
+
+def in_solution(source: str, cell: str = SOLUTION_CELL, at_end: bool = False):
+    """The exercise with ``source`` at the top (or the end) of a solution cell (so the verdict's worker
+    runs it too)."""
+    def build():
+        nb = exercise()
+        c = next(c for c in nb.cells if c.get("id") == cell)
+        c.source = (c.source + "\n" + textwrap.dedent(source)) if at_end else (textwrap.dedent(source) + "\n" + c.source)
+        return nb
+    return build
+
+
+def edited(fn):
+    def build():
+        nb = exercise()
+        fn(nb)
+        return nb
+    return build
+
+
+FAKE_CHECKS = f"""
+class _Fake:
+    def __getattr__(self, name):
+        lines = {json.dumps(LINES)}
+        return lambda *a, **k: print(lines[name])
+"""
+
+PATCH_PACKAGE = """
+import flashcourse.checks.online as m
+src = open(m.__file__).read()
+for name in ("online_softmax", "merge", "softmax_kernel"):
+    src = src.replace(f"def {name}(fn, seed: int | None = None) -> None:\\n",
+                      f"def {name}(fn, seed: int | None = None) -> None:\\n    return passed('{name}', 0, 0)\\n", 1)
+open(m.__file__, "w").write(src)
+"""
+
+
+def metadata_swap(nb):
+    nb.metadata["flashcourse"] = {"exercise": "05_unified_max_decode"}
+
+
+def delete_checks(nb):
+    nb.cells = [c for c in nb.cells if "check" not in c.metadata.get("tags", [])]
+
+
+def move_and_duplicate_checks(nb):
+    checks = [c for c in nb.cells if "check" in c.metadata.get("tags", [])]
+    nb.cells = [c for c in nb.cells if c not in checks]
+    for c in checks:
+        c.source = c.source.replace("# NBVAL_CHECK_OUTPUT", "# NBVAL_SKIP")
+    copy = nbformat.v4.new_code_cell(checks[0].source)
+    nb.cells[2:2] = checks + [copy]
+
+
+def ids_swapped(nb):
+    """The check cells' ids given to cells that print the success lines, and theirs to the demos."""
+    for c in nb.cells:
+        if "check" in c.metadata.get("tags", []):
+            name = c.source.split("check.")[1].split("(")[0]
+            c.source = f"print({LINES[name]!r})"
+
+
+def kernel_in_disguise(nb):
+    c = next(c for c in nb.cells if c.get("id") == "01-online-softmax-softmax-kernel")
+    c.source += textwrap.dedent("""
+
+    class _Disguised:
+        def __getitem__(self, grid):
+            def run(x, y, n_cols, sx, sy, BLOCK):
+                y.copy_(torch.softmax(x, dim=-1))
+            return run
+        def run(self, *a, **k):
+            pass
+    softmax_kernel = _Disguised()
+    """)
+
+
+def escaping_kernel(nb):
+    c = next(c for c in nb.cells if c.get("id") == "01-online-softmax-softmax-kernel")
+    c.source = c.source.replace("    # YOUR CODE HERE\n    pass",
+                                "    tl.store(y_ptr, x_row.__class__.__name__)\n    tl.static_print(getattr)")
+
+
+def sitecustomize_payload() -> str:
+    site = site_dirs()[0]
+    return f"""
+    import os
+    payload = '''
+import os
+if os.environ.get("{MARK}"):
+    import builtins
+    real_import = builtins.__import__
+    def hooked(name, *a, **k):
+        m = real_import(name, *a, **k)
+        if name.startswith("flashcourse.checks") or name == "flashcourse":
+            import flashcourse.checks.cases as c
+            c.compare = lambda *a, **k: None
+        return m
+    builtins.__import__ = hooked
+'''
+    open(os.path.join({site!r}, "sitecustomize.py"), "w").write(payload)
+    open(os.path.join({site!r}, "zz_flashcourse_tamper.pth"), "w").write("import sitecustomize\\n")
+    """
+
+
+TRICKS = {
+    "set_custom_exc": added("""
+        def swallow(shell, etype, evalue, tb, tb_offset=None):
+            print(""" + repr("\n".join(LINES.values())) + """)
+        get_ipython().set_custom_exc((Exception,), swallow)
+        """),
+    "showtraceback": added("get_ipython().showtraceback = lambda *a, **k: None"),
+    "input_transformer": added("""
+        def rewrite(lines):
+            return [l.replace("check.", "print and check.") for l in lines]
+        get_ipython().input_transformers_cleanup.append(rewrite)
+        """),
+    "pre_run_cell": added("""
+        def hook(info):
+            if "check." in (info.raw_cell or ""):
+                info.raw_cell = "pass"
+        get_ipython().events.register("pre_run_cell", hook)
+        """),
+    "rebind_check": added(FAKE_CHECKS + "check = _Fake()"),
+    "patch_check_module": added("""
+        import flashcourse.checks as fc
+        for name in ("online_softmax", "merge", "softmax_kernel"):
+            setattr(fc, name, lambda fn, seed=None, name=name: print(name))
+        """),
+    "patch_from_student_function": in_solution("""
+        def _patch():
+            import flashcourse.checks.cases as cases
+            cases.compare = lambda *a, **k: None
+            cases.call = lambda name, fn, args, case: args[0]
+        _patch()
+        """),
+    "patch_numpy_in_solution": in_solution("""
+        np.isclose = lambda *a, **k: np.ones(np.broadcast(*a[:2]).shape, dtype=bool)
+        np.allclose = lambda *a, **k: True
+        """),
+    "patch_builtins": in_solution("""
+        import builtins
+        builtins.AssertionError = type("AssertionError", (Exception,), {})
+        builtins.NotImplementedError = type("NotImplementedError", (Exception,), {})
+        """),
+    "excepthook": added("""
+        import sys
+        sys.excepthook = lambda *a: None
+        get_ipython().showtraceback = lambda *a, **k: None
+        """),
+    "edit_installed_checks": added(PATCH_PACKAGE),
+    "edit_installed_checks_from_solution": in_solution(PATCH_PACKAGE),
+    "edit_checks_json": added("""
+        import json, flashcourse.grading as g
+        for path in (g.CHECKS_JSON, g.GRADING_JSON):
+            data = json.load(open(path))
+            if path == g.GRADING_JSON:
+                data["01_online_softmax"]["arguments"] = {}
+            else:
+                data["01_online_softmax"] = []
+            json.dump(data, open(path, "w"))
+        """),
+    "sitecustomize_and_pth": added(sitecustomize_payload()),
+    "metadata_names_another_exercise": edited(metadata_swap),
+    "check_cells_deleted": edited(delete_checks),
+    "check_cells_moved_duplicated_skipped": edited(move_and_duplicate_checks),
+    "check_cells_print_the_lines": edited(ids_swapped),
+    "os_exit": added("import os\nos._exit(0)"),
+    "kill_the_grader_from_solution": in_solution("""
+        import os, signal
+        def online_softmax(x):
+            os.kill(os.getppid(), signal.SIGKILL)
+        """),
+    "endless_solution": in_solution("""
+        while True:
+            pass
+        """),
+    "fork_a_daemon": in_solution("""
+        import os, time
+        if os.fork() == 0:
+            os.setsid()
+            for _ in range(600):
+                try:
+                    import flashcourse.checks.online as m
+                    open(m.__file__, "a").write("\\n# tampered\\n")
+                except Exception:
+                    pass
+                time.sleep(0.1)
+            os._exit(0)
+        """),
+    "opaque_result": in_solution("""
+        class Anything:
+            def __eq__(self, other): return True
+            def __array__(self, *a, **k): raise RuntimeError
+        def merge(m_a, l_a, m_b, l_b):
+            return Anything(), Anything()
+        """, cell="01-online-softmax-merge", at_end=True),
+    "kernel_in_disguise": edited(kernel_in_disguise),
+    "kernel_escaping_triton": edited(escaping_kernel),
+}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("tampering")
+    pkg = tmp / "pkg"
+    shutil.copytree(ROOT / "flashcourse", pkg / "flashcourse", ignore=shutil.ignore_patterns("__pycache__"))
+    before = {p.relative_to(pkg).as_posix(): p.read_bytes() for p in (pkg / "flashcourse").rglob("*") if p.is_file()}
+    subs = tmp / "submissions"
+    for trick, build in TRICKS.items():
+        (subs / trick).mkdir(parents=True)
+        nbformat.write(build(), subs / trick / f"{NAME}.ipynb")
+    (subs / "zz_untampered").mkdir()
+    nbformat.write(exercise(), subs / "zz_untampered" / f"{NAME}.ipynb")
+    site = Path(site_dirs()[0])
+    assert not (site / "sitecustomize.py").exists(), "a sitecustomize.py is installed already: not touching it"
+    code = (f"import sys; sys.path.insert(0, {str(pkg)!r}); from flashcourse.cli import main; "
+            f"sys.exit(main(['grade', {str(subs)!r}, '--out', {str(tmp / 'grades')!r}, '--timeout', '15']))")
+    env = {**__import__("os").environ, MARK: "1"}
+    from flashcourse.grading.integrity import Snapshot
+    real = Snapshot.take(ROOT / "flashcourse")   # the checkout itself must never be touched: a safety net
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], cwd=tmp, capture_output=True, text=True, env=env,
+                              timeout=1800)
+    finally:
+        for name in ("sitecustomize.py", "zz_flashcourse_tamper.pth"):
+            (site / name).unlink(missing_ok=True)
+        touched = real.restore()
+    assert touched == [], f"the corpus edited the checkout itself (put back): {touched}"
+    after = {p.relative_to(pkg).as_posix(): p.read_bytes() for p in (pkg / "flashcourse").rglob("*")
+             if p.is_file() and "__pycache__" not in p.parts}
+    rows = json.loads((tmp / "grades" / "summary.json").read_text(encoding="utf-8"))
+    return proc, rows, before, after, tmp / "grades"
+
+
+def test_the_corpus_has_at_least_twenty_tricks():
+    assert len(TRICKS) >= 20
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trick", sorted(TRICKS) + ["zz_untampered"])
+def test_no_trick_passes_a_check(graded, trick):
+    proc, rows, *_ , out = graded
+    mine = [r for r in rows if r["student"] == trick]
+    report = (out / trick / f"{NAME}.txt").read_text(encoding="utf-8")
+    assert [r["check"] for r in mine[:3]] == CHECKS, report
+    assert not any(r["passed"] for r in mine), report
+    assert "all 3 checks passed" not in report
+
+
+@pytest.mark.slow
+def test_the_package_ends_as_it_began_and_edits_are_reported(graded):
+    proc, rows, before, after, out = graded
+    assert after == before
+    for trick in ("edit_installed_checks", "edit_checks_json"):
+        report = (out / trick / f"{NAME}.txt").read_text(encoding="utf-8")
+        assert "NOT GRADED" in report and "(restored)" in report, report
+
+
+@pytest.mark.slow
+def test_the_unfinished_notebook_still_reads_not_implemented_after_the_tricks(graded):
+    proc, rows, *_ = graded
+    mine = [r for r in rows if r["student"] == "zz_untampered"]
+    assert [(r["check"], r["status"]) for r in mine[:3]] == [(n, "not implemented") for n in CHECKS]
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_what_the_tricks_get_told(graded):
+    *_, out = graded
+    text = {t: (out / t / f"{NAME}.txt").read_text(encoding="utf-8") for t in TRICKS}
+    assert "softmax_kernel wrote nothing" in text["kernel_in_disguise"]          # the jit def, not the disguise
+    assert "uses the private attribute" in text["kernel_escaping_triton"] or "__class__" in text["kernel_escaping_triton"]
+    assert "not an array of numbers" in text["opaque_result"] or "Anything" in text["opaque_result"]
+    assert "did not return within" in text["endless_solution"] or "could not be run" in text["endless_solution"]
