@@ -1,0 +1,223 @@
+"""The parts of the verdict's isolation, each shown to refuse what it exists to refuse: the wire takes
+plain data only, the worker survives (and reports) what a student's function does to it, kernels are
+rebuilt only when written in Triton's language, the installation is verified against a wheel's
+RECORD, and no process a command starts outlives it."""
+import base64
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flashcourse.grading import contain, integrity, kernel_source, wire
+from flashcourse.grading.worker import Worker, WorkerDied, WorkerTimeout, site_dirs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# the wire
+
+@pytest.mark.parametrize("message, why", [
+    (b'{"$": "nd", "dtype": "|O", "shape": [1], "data": "AAAAAAAAAAA="}', "dtype object"),
+    (b'{"$": "nd", "dtype": "<f8", "shape": [2], "data": "AAAAAAAAAAA="}', "does not match its shape"),
+    (b'{"$": "f", "v": "__import__(\'os\')"}', "a float"),
+    (b'{"$": "pickle", "v": "gASVAAAAAAAAAAA="}', "unknown tag"),
+    (b"\x80\x04\x95", "not a message"),
+    (b"[" * 100 + b"]" * 100, "nested too deeply"),
+])
+def test_the_wire_refuses_anything_but_plain_data(message, why):
+    with pytest.raises(wire.WireError, match=why):
+        wire.decode(message)
+
+
+def test_the_wire_keeps_values_dtypes_and_specials():
+    value = {"a": (np.float32(1.5), np.arange(6, dtype=np.int16).reshape(2, 3), [True, None, "s"]),
+             "b": np.array([np.nan, -np.inf, 1e-310]), "c": float("nan"), "d": 3}
+    back = wire.decode(wire.encode(value))
+    assert back["a"][0].dtype == np.float32 and back["a"][1].dtype == np.int16 and back["a"][1].shape == (2, 3)
+    assert np.array_equal(back["b"], value["b"], equal_nan=True) and np.isnan(back["c"]) and back["d"] == 3
+    assert isinstance(wire.decode(wire.encode(iter([1]))), wire.Opaque)
+
+
+# ---------------------------------------------------------------------------------------------
+# the worker
+
+def test_what_a_student_function_does_stays_in_the_worker(tmp_path):
+    target = tmp_path / "written.txt"
+    cells = [("a", textwrap.dedent(f"""
+        import numpy as np, builtins, os
+        np.isclose = lambda *a, **k: True          # patches the worker's NumPy only
+        builtins.print = None
+        def f(x):
+            open({str(target)!r}, "w").write("x" * 100)   # no file may grow in the worker
+            return x + 1
+        def dies(x):
+            os._exit(7)
+        def loops(x):
+            while True:
+                pass
+        def lies(x):
+            return (i for i in range(3))
+        """))]
+    with Worker("import numpy as np", cells, timeout=3) as w:
+        assert w.start() == []
+        assert np.array_equal(w.call("f", np.zeros(2)), np.ones(2))
+        assert np.isclose(1.0, 2.0) is np.False_                            # not patched here
+        assert isinstance(w.call("lies", 0), wire.Opaque)
+        with pytest.raises(WorkerDied, match="exit status 7"):
+            w.call("dies", 0)
+        assert w.call("f", 1.0) == 2.0                                        # a new worker
+        t = time.perf_counter()
+        with pytest.raises(WorkerTimeout, match="did not return within 3 s"):
+            w.call("loops", 0)
+        assert time.perf_counter() - t < 10
+        with pytest.raises(NameError):
+            w.call("undefined", 0)
+    assert not target.exists() or target.stat().st_size == 0
+
+
+def test_a_student_exception_comes_back_as_its_own_kind():
+    cells = [("a", "def f(x):\n    raise NotImplementedError()\ndef g(x):\n    raise KeyError('k')\n"
+                   "class Mine(Exception): pass\ndef h(x):\n    raise Mine('m')")]
+    with Worker("", cells) as w:
+        for name, kind, text in [("f", NotImplementedError, ""), ("g", KeyError, "'k'"), ("h", Exception, "m")]:
+            with pytest.raises(kind) as e:
+                w.call(name, 0)
+            assert type(e.value).__name__ in (kind.__name__, "Mine") and str(e.value).strip("\"") == text
+
+
+# ---------------------------------------------------------------------------------------------
+# kernels from their text
+
+KERNEL = '''
+@triton.jit
+def k(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=float("-inf")).to(tl.float32)
+    tl.store(y_ptr + offs, tl.exp(x - tl.max(x, axis=0)), mask=offs < n)
+'''
+
+
+@pytest.mark.parametrize("change, message", [
+    (("tl.exp(x", "np.exp(x"), "uses `np`"),
+    (("offs = tl.arange(0, BLOCK)", "offs = tl.arange(0, BLOCK)\n    q = x_ptr.__class__"), "private attribute"),
+    (("offs = tl.arange(0, BLOCK)", "offs = tl.arange(0, BLOCK)\n    import os"), "Import"),
+    (("offs = tl.arange(0, BLOCK)", "offs = [i for i in tl.arange(0, BLOCK)]"), "ListComp"),
+    (("tl.exp(x", "tl.core.exp(x"), "module `tl.core`"),
+    (("tl.exp(x", "triton.compile(x"), "triton.compile"),
+    (("x = tl.load", "x = (lambda: 0)() + tl.load"), "Lambda"),
+    (("offs = tl.arange(0, BLOCK)", "offs = tl.arange(0, BLOCK)\n    h = x_ptr.handle"), "`.handle`"),
+    (("@triton.jit", "@triton.autotune(configs=[], key=[])\n@triton.jit"), "decorators besides"),
+    (("BLOCK: tl.constexpr", "BLOCK: print('x')"), "annotates BLOCK"),
+])
+def test_a_kernel_outside_tritons_language_is_refused(tmp_path, change, message):
+    with pytest.raises(kernel_source.KernelSourceError, match=message):
+        kernel_source.load_kernel([("c", KERNEL.replace(*change))], "k", tmp_path)
+
+
+def test_a_kernel_is_rebuilt_from_its_text_with_its_jit_helpers_and_constants(tmp_path):
+    src = KERNEL.replace("tl.exp(x - tl.max(x, axis=0))", "helper(x) * SCALE") + textwrap.dedent('''
+        SCALE: tl.constexpr = 2.0
+        @triton.jit
+        def helper(x):
+            return tl.exp(x - tl.max(x, axis=0))
+        k = "a disguise assigned later does not count"
+        ''')
+    kernel = kernel_source.load_kernel([("c", "import numpy as np\nBAD = np.zeros(3)"), ("d", src)], "k", tmp_path)
+    text = (tmp_path / "graded_k.py").read_text()
+    assert "def helper" in text and "SCALE: tl.constexpr = 2.0" in text and "np" not in text
+    import torch
+    x = torch.randn(10)
+    y = torch.empty(10)
+    kernel[(1,)](x, y, 10, BLOCK=16)
+    assert torch.allclose(y, 2 * torch.exp(x - x.max()))
+    with pytest.raises(kernel_source.KernelSourceError, match="no @triton.jit function named missing"):
+        kernel_source.load_kernel([("d", src)], "missing", tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# the installation
+
+def _record_line(path: Path, rel: str) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(path.read_bytes()).digest()).rstrip(b"=").decode()
+    return f"{rel},sha256={digest},{path.stat().st_size}"
+
+
+def test_a_wheel_install_is_verified_against_its_record(tmp_path):
+    site = tmp_path / "site"
+    shutil.copytree(ROOT / "flashcourse", site / "flashcourse", ignore=shutil.ignore_patterns("__pycache__"))
+    info = site / "flashcourse-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flashcourse\nVersion: 0.1.0\n")
+    lines = [_record_line(p, p.relative_to(site).as_posix()) for p in sorted((site / "flashcourse").rglob("*")) if p.is_file()]
+    (info / "RECORD").write_text("\n".join(lines + ["flashcourse-0.1.0.dist-info/RECORD,,"]) + "\n")
+    code = (f"import sys; sys.path[:0] = [{str(site)!r}] + {site_dirs()!r}\n"
+            "from flashcourse.grading.integrity import Snapshot, TamperedError\n"
+            "try:\n    s = Snapshot.take()\n    print(s.verified_by, s.root)\n"
+            "except TamperedError as e:\n    print('TAMPERED', e)\n")
+    def run():
+        return subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True).stdout
+    assert run().startswith(f"RECORD {site / 'flashcourse'}")
+    checks = site / "flashcourse" / "checks" / "online.py"
+    checks.write_text(checks.read_text() + "\n# edited\n")
+    assert "TAMPERED" in run() and "changed: checks/online.py" in run()
+    checks.write_text((ROOT / "flashcourse" / "checks" / "online.py").read_text())
+    (site / "flashcourse" / "checks" / "extra.py").write_text("x = 1\n")
+    assert "added: checks/extra.py" in run()
+
+
+def test_a_snapshot_puts_back_what_changed(tmp_path):
+    root = tmp_path / "flashcourse"
+    shutil.copytree(ROOT / "flashcourse", root, ignore=shutil.ignore_patterns("__pycache__"))
+    snap = integrity.Snapshot.take(root)
+    (root / "checks" / "cases.py").write_text("# gone\n")
+    (root / "exercise_checks.json").unlink()
+    (root / "new.py").write_text("x = 1\n")
+    assert snap.changed() == ["checks/cases.py", "exercise_checks.json", "new.py"]
+    assert snap.restore() == ["checks/cases.py", "exercise_checks.json", "new.py"] and snap.changed() == []
+    assert (root / "checks" / "cases.py").read_bytes() == (ROOT / "flashcourse" / "checks" / "cases.py").read_bytes()
+
+
+def test_a_changed_dependency_is_found_by_its_record(monkeypatch):
+    real = Path(np.__file__).with_name("_globals.py")
+    data = real.read_bytes()
+    try:
+        real.write_bytes(data + b"\n# tampered\n")
+        with pytest.raises(integrity.TamperedError, match="_globals.py"):
+            integrity.verify_dependencies(["numpy"])
+    finally:
+        real.write_bytes(data)
+    integrity.verify_dependencies(["numpy"])
+
+
+# ---------------------------------------------------------------------------------------------
+# processes
+
+def test_no_process_outlives_a_contained_command(tmp_path):
+    flag = tmp_path / "alive"
+    daemon = textwrap.dedent(f"""
+        import os, time
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                time.sleep(3)
+                open({str(flag)!r}, "w").write("still here")
+            os._exit(0)
+        print("parent done")
+        """)
+    r = contain.run_contained([sys.executable, "-c", daemon], timeout=30)
+    assert r.returncode == 0 and r.stdout == "parent done\n"
+    time.sleep(4)
+    assert not flag.exists()
+    r = contain.run_contained([sys.executable, "-c", "import time; time.sleep(30)"], timeout=1)
+    assert r.returncode == contain.TIMED_OUT
+    r = contain.run_contained([sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"], timeout=10)
+    assert r.returncode == 128 + 9
