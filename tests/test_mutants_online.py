@@ -191,11 +191,13 @@ needs_interpreter = pytest.mark.skipif(not backend.INTERPRET, reason="the loads 
     # loops and masks, one column or one block off at either end
     pytest.param(((PASS1, PASS1.replace("n_cols,", "n_cols - 1,")),), ("range(0, n_cols - 1",),
                  id="pass-1-to-n_cols-1"),
-    pytest.param(((PASS1, PASS1.replace("n_cols,", "n_cols - BLOCK,")),), ("pass 1 leaves out", "range(0, n_cols, BLOCK)"),
+    pytest.param(((PASS1, PASS1.replace("n_cols,", "n_cols - BLOCK,")),),
+                 ("pass 1 leaves out", "range(0, n_cols, BLOCK)"),
                  id="pass-1-one-block-short"),
     pytest.param(((PASS1, PASS1.replace("n_cols,", "n_cols // BLOCK * BLOCK,")),), ("the last, partial block",),
                  id="pass-1-drops-the-partial-block"),
-    pytest.param(((PASS1, PASS1.replace("range(0,", "range(BLOCK,")),), ("pass 1",), id="pass-1-skips-the-first-block"),
+    pytest.param(((PASS1, PASS1.replace("range(0,", "range(BLOCK,")),), ("pass 1",),
+                 id="pass-1-skips-the-first-block"),
     pytest.param(((PASS2, PASS2.replace("n_cols,", "n_cols - 1,")),),
                  ("never wrote", "pass 2 stops one block early"), id="pass-2-to-n_cols-1"),
     pytest.param(((PASS2, PASS2.replace("n_cols,", "n_cols // BLOCK * BLOCK,")),), ("the row's only block",),
@@ -211,7 +213,8 @@ needs_interpreter = pytest.mark.skipif(not backend.INTERPRET, reason="the loads 
     pytest.param(((STORE, "tl.store(y_row + cols, tl.exp(x - tl.max(x, axis=0)) / tl.sum(tl.exp(x - tl.max(x, "
                           "axis=0)), axis=0), mask=cols < n_cols)"),),
                  ("normalised by its own sum",), id="each-block-normalised-alone"),
-    pytest.param((("l = l * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe), axis=0)", "l = l + tl.sum(tl.exp(x), axis=0)"),
+    pytest.param((("l = l * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe), axis=0)",
+                   "l = l + tl.sum(tl.exp(x), axis=0)"),
                   ("tl.exp(x - m) / l", "tl.exp(x) / l")),
                  ("large logits", "no maximum is subtracted"), id="no-max-at-all"),
     # float16 where the lesson needs float32
@@ -240,7 +243,8 @@ def test_kernel_reads_are_counted_under_the_interpreter(tmp_path, seed, replace,
 
 
 def test_a_kernel_with_exp2_and_its_own_guard_passes(tmp_path, seed):
-    """Correct variants: e^t as 2^(t log2 e), as the course's kernels compute it, and the guard written the other way."""
+    """Correct variants: e^t as 2^(t log2 e), as the course's kernels compute it; the guard written the
+    other way."""
     fn = mutant(tmp_path, "softmax-kernel", "softmax_kernel",
                 ("tl.exp(m - m_safe)", "tl.exp2((m - m_safe) * 1.4426950408889634)"),
                 ("tl.exp(x - m_safe)", "tl.exp2((x - m_safe) * 1.4426950408889634)"),

@@ -285,7 +285,8 @@ def _merge_hint(args, got_m, got_l) -> str:
                 "safe m instead (0 where m is -inf), so that l = 0.")
     safe = np.where(np.isneginf(m), 0.0, m)
     rescale = ("each l is relative to its own block's maximum: bring both to m = max(m_a, m_b), "
-               "l = l_a e^(m_a - m) + l_b e^(m_b - m) (the l of the block with the smaller maximum was kept as it was).")
+               "l = l_a e^(m_a - m) + l_b e^(m_b - m) (the l of the block with the smaller maximum was kept "
+               "as it was).")
     with np.errstate(all="ignore"):
         e = np.exp
         return _diagnose(got_l, [
