@@ -5,14 +5,15 @@ changed the way a student might get it wrong), so the checks are tested against 
 student is asked to write. The kernels run under Triton's interpreter on a machine without a GPU.
 """
 
+import re
+
 import numpy as np
 import pytest
 
 import flashcourse  # noqa: F401  (before triton: switches on the interpreter without a GPU)
 from flashcourse import checks
-from flashcourse.checks.cases import softmax64
 import solution_cells as cells
-from solution_cells import ROOT, SUCCESS, fails, fails_on_a_hidden_case, passes_with_one_line  # noqa: F401
+from solution_cells import SUCCESS, fails, passes_with_one_line
 
 SOFTMAX = "01_online_softmax"
 
@@ -25,77 +26,104 @@ def load(tmp_path, cell: str, attr: str, replace=(), exercise: bool = False):
 # the solutions pass, with one deterministic line
 
 @pytest.mark.parametrize("cell, attr, check", [
-    ("online-softmax", "online_softmax", checks.online_softmax),
+    ("online-softmax", "online_step", checks.online_softmax),
     ("merge", "merge", checks.merge),
     ("softmax-kernel", "softmax_kernel", checks.softmax_kernel),
 ])
 def test_solution_passes_with_one_line_that_is_the_same_every_run(tmp_path, capsys, cell, attr, check):
     fn = load(tmp_path, cell, attr)
-    passes_with_one_line(check, fn, attr, capsys)
+    passes_with_one_line(check, fn, check.__name__, capsys)
+
+
+def step(m, d, x_j):
+    """A correct online step, written as a student might."""
+    m_new = max(m, x_j)
+    return m_new, (d * np.exp(m - m_new) + np.exp(x_j - m_new) if m_new > -np.inf else d)
 
 
 def test_hidden_cases_are_drawn_fresh_each_run_and_a_seed_draws_them_again():
     def recorder(seen):
-        def fn(x):
-            seen.append(np.array(x))
-            return softmax64(x)
+        def fn(m, d, x_j):
+            seen.append(float(x_j))
+            return step(m, d, x_j)
         return fn
     a, b, c, d = [], [], [], []
     checks.online_softmax(recorder(a))
     checks.online_softmax(recorder(b))
     checks.online_softmax(recorder(c), seed=7)
     checks.online_softmax(recorder(d), seed=7)
-    shown = 8
-    assert all(np.array_equal(x, y, equal_nan=True) for x, y in zip(a[:shown], b[:shown]))
-    assert not all(x.shape == y.shape and np.array_equal(x, y, equal_nan=True) for x, y in zip(a[shown:], b[shown:]))
-    assert all(np.array_equal(x, y, equal_nan=True) for x, y in zip(c, d))
-    kinds = " ".join(repr(x) for x in a[shown:])
-    assert "inf" in kinds and max(x.size for x in a) > 50 and min(x.size for x in a) == 1
+    shown = 3 + 4 + 1 + 3 + 3 + 4 + 4 + 3                     # the shown vectors' elements, one step each
+    assert np.array_equal(a[:shown], b[:shown], equal_nan=True)
+    assert not np.array_equal(a[shown:], b[shown:], equal_nan=True)
+    assert np.array_equal(c, d, equal_nan=True)
+    assert -np.inf in a[shown:] and max(a) > 700 and min(v for v in a if v > -np.inf) < -700
 
 
 # ---------------------------------------------------------------------------------------------
-# exercise 1: the online normaliser
+# exercise 1: the online normaliser, one step at a time
 
-def test_online_softmax_rejects_softmax_without_max_subtraction():
-    def naive(x):
-        return np.exp(x) / np.exp(x).sum()
-    msg = fails(checks.online_softmax, naive, "large logits", "first wrong element: y[0] = nan",
-                "expected 0.7310585786300049", "x = [1000.0, 999.0, 0.0]", "running maximum")
-    assert msg.startswith("online_softmax: wrong value on shown case 4 of 8")
+def test_online_softmax_drives_the_step_one_element_at_a_time():
+    calls = []
+
+    def spy(m, d, x_j):
+        calls.append((m, d, x_j))
+        return step(m, d, x_j)
+    checks.online_softmax(spy, seed=3)
+    assert all(np.ndim(v) == 0 and isinstance(v, np.floating) for call in calls for v in call)
+    assert calls[:3] == [(-np.inf, 0.0, 1.0), (1.0, 1.0, 2.0), (2.0, 1.0 + np.exp(-1.0), 3.0)]
+
+
+def test_online_softmax_rejects_a_step_without_max_subtraction():
+    def naive(m, d, x_j):
+        return max(m, x_j), d + np.exp(x_j)
+    msg = fails(checks.online_softmax, naive, "step 1 of 3: from m = -inf, d = 0.0, the next element x[0] = 1.0",
+                "first wrong element: d = 2.718281828459045, expected 1.0", "no maximum is subtracted")
+    assert msg.startswith("online_softmax: wrong value on shown case 1 of 8 (a short vector), x = [1.0, 2.0, 3.0]")
 
 
 @pytest.mark.parametrize("old, new, expected", [
     # the rescale of d with the wrong sign: e^(m_new - m) instead of e^(m - m_new)
-    ("d * np.exp(m - m_new)", "d * np.exp(m_new - m)", "wrong value"),
+    ("d * np.exp(m - m_new)", "d * np.exp(m_new - m)", "the sign is wrong"),
     # the rescale forgotten: d keeps sums taken against an old maximum
     ("d * np.exp(m - m_new)", "d", "shown case 1 of 8 (a short vector)"),
     # no guard for a leading -inf: -inf - (-inf) = nan poisons d
     ("if m_new > -np.inf:", "if True:", "leading -inf"),
     # the maximum never updated
-    ("m = m_new", "pass", "wrong value"),
+    ("return m_new, d", "return m, d", "m did not move up to x_j"),
 ])
 def test_online_softmax_rejects_wrong_updates(tmp_path, old, new, expected):
-    fn = load(tmp_path, "online-softmax", "online_softmax", ((old, new),))
+    fn = load(tmp_path, "online-softmax", "online_step", ((old, new),))
     fails(checks.online_softmax, fn, expected, "first wrong element")
 
 
-def test_online_softmax_reports_not_implemented_shape_dtype_and_none():
-    def stub(x):
-        raise NotImplementedError()
+def test_online_softmax_reports_not_implemented_wrong_returns_and_a_whole_vector_function(tmp_path):
+    stub = load(tmp_path, "online-softmax", "online_step", exercise=True)
     msg = fails(checks.online_softmax, stub, exc=NotImplementedError)
     assert msg.startswith("online_softmax is not implemented yet")
-    fails(checks.online_softmax, lambda x: softmax64(x)[:-1], "returned y of shape (2,), expected shape (3,)")
-    fails(checks.online_softmax, lambda x: (x > 0).astype(int), "dtype int64")
-    fails(checks.online_softmax, lambda x: None, "returned None", "forget `return`")
-    fails(checks.online_softmax, lambda x: 1 / 0, "raised ZeroDivisionError", "shown case 1 of 8")
-    fails(checks.online_softmax, 3, "expects your function")
+    fails(checks.online_softmax, lambda m, d, x: (m, d, x), "your step must return the pair (m, d)")
+    fails(checks.online_softmax, lambda m, d, x: None, "returned None", "forget `return")
+    fails(checks.online_softmax, lambda m, d, x: (np.array([x]), d), "not one real number")
+    fails(checks.online_softmax, lambda m, d, x: 1 / 0, "raised ZeroDivisionError", "shown case 1 of 8")
+    fails(checks.online_softmax, 3, "expects your function", "check.online_softmax(online_step)")
+    whole = load(tmp_path, "online-softmax", "online_softmax")      # the whole-vector function, by mistake
+    fails(checks.online_softmax, whole, "raised TypeError", "check.online_softmax(online_step)")
+
+
+def test_online_softmax_accepts_an_integer_zero_for_d():
+    def int_zero(m, d, x_j):
+        m_new = max(m, x_j)
+        return (m_new, 0) if m_new == -np.inf else (m_new, d * np.exp(m - m_new) + np.exp(x_j - m_new))
+    checks.online_softmax(int_zero)
 
 
 def test_a_failing_hidden_case_names_its_seed_which_reproduces_it():
-    def wrong_on_long_rows(x):
-        y = softmax64(x)
-        return y * (1.5 if x.size > 100 else 1.0)
-    fails_on_a_hidden_case(checks.online_softmax, wrong_on_long_rows)
+    def wrong_on_long_rows(m, d, x_j):
+        m_new, d_new = step(m, d, x_j)
+        return m_new, d_new * (1.5 if d > 4 else 1.0)
+    msg = fails(checks.online_softmax, wrong_on_long_rows, "hidden case")
+    seed = int(re.search(r"seed (\d+)", msg).group(1))
+    assert f"check.online_softmax(online_step, seed={seed})" in msg
+    assert fails(lambda f: checks.online_softmax(f, seed=seed), wrong_on_long_rows) == msg
 
 
 # ---------------------------------------------------------------------------------------------
@@ -107,7 +135,7 @@ def test_a_failing_hidden_case_names_its_seed_which_reproduces_it():
      "l = 3.0, expected 2.135335283236613"),
     # the rescale with the wrong sign
     ("l = l_a * np.exp(m_a - m_safe) + l_b * np.exp(m_b - m_safe)",
-     "l = l_a * np.exp(m_safe - m_a) + l_b * np.exp(m_safe - m_b)", "shown case 1 of 6"),
+     "l = l_a * np.exp(m_safe - m_a) + l_b * np.exp(m_safe - m_b)", "shown case 1 of 7"),
     # the minimum instead of the maximum
     ("m = np.maximum(m_a, m_b)", "m = np.minimum(m_a, m_b)", "first wrong element: m = 1.0, expected 3.0"),
     # no guard: merging two empty blocks gives nan
@@ -124,7 +152,7 @@ def test_merge_explains_that_it_works_on_arrays():
         if m == -np.inf:
             return m, 0.0
         return m, l_a * np.exp(m_a - m) + l_b * np.exp(m_b - m)
-    fails(checks.merge, scalar_only, "raised ValueError", "hidden case", "np.maximum / np.where")
+    fails(checks.merge, scalar_only, "raised ValueError", "shown case 5 of 7", "np.maximum / np.where")
     fails(checks.merge, lambda *a: 0.0, "must return the pair (m, l)")
 
     def stub(m_a, l_a, m_b, l_b):
@@ -176,9 +204,9 @@ def test_softmax_kernel_wants_the_kernel_not_the_launcher(tmp_path):
 
 
 def test_a_leftover_debug_print_does_not_change_the_line(capsys):
-    def chatty(x):
-        print("debug", x)
-        return softmax64(x)
+    def chatty(m, d, x_j):
+        print("debug", x_j)
+        return step(m, d, x_j)
     checks.online_softmax(chatty)
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and SUCCESS.match(out.strip())

@@ -3,7 +3,7 @@
 A check cell of an exercise notebook is a one-liner::
 
     # NBVAL_CHECK_OUTPUT
-    check.online_softmax(online_softmax)
+    check.online_softmax(online_step)
 
 Each check runs your function on *shown* cases (fixed; a failure prints their input) and on
 *hidden* cases drawn afresh on every run (ragged sizes, large logits, -inf entries, rows that see
@@ -12,14 +12,15 @@ no key), compares with a float64 reference, and prints one line that is the same
 output under nbval, so the cell passes only when every case does.
 
 On failure it raises an AssertionError that names the case (its kind, its shape, and for a hidden
-case the seed that draws it again: ``check.online_softmax(online_softmax, seed=...)``), the first
+case the seed that draws it again: ``check.online_softmax(online_step, seed=...)``), the first
 wrong element (index, expected, got) or the wrong shape/dtype, and a hint. A function that still
 raises NotImplementedError (or a Triton kernel whose body is still ``pass``, so that it writes
 nothing) is reported as not implemented yet.
 
 The checks, by chapter:
 
-* :mod:`.online` (chapter 1): :func:`online_softmax`, :func:`merge`, :func:`softmax_kernel`;
+* :mod:`.online` (chapter 1): :func:`online_softmax` (the online normaliser's step, driven one element
+  at a time), :func:`merge`, :func:`softmax_kernel`;
 * :mod:`.attention` (chapters 2 and 3): :func:`fa1_step` (FlashAttention-1's inner step, run
   inside FA1's loops), :func:`fa2_attention` (FlashAttention-2's deferred rescale, in NumPy) and
   :func:`fa2_kernel` (the inner loop of the FA2 Triton kernel);
@@ -43,7 +44,10 @@ besides (float64 references, case generators) is public in the module but stays 
 Example:
     >>> import numpy as np
     >>> from flashcourse import checks
-    >>> checks.online_softmax(lambda x: np.exp(x - x.max()) / np.exp(x - x.max()).sum())
+    >>> def online_step(m, d, x_j):
+    ...     m_new = max(m, x_j)
+    ...     return m_new, (d * np.exp(m - m_new) + np.exp(x_j - m_new) if m_new > -np.inf else d)
+    >>> checks.online_softmax(online_step)
     online_softmax: 40 cases passed (8 shown, 32 hidden) ✓
 """
 from .. import chapters
