@@ -24,9 +24,9 @@ from flashcourse.grading.worker import site_dirs
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "01_online_softmax"
 CHECKS = ["online_softmax", "merge", "softmax_kernel"]
-LINES = {"online_softmax": "online_softmax: 40 cases passed (8 shown, 32 hidden) ✓",
-         "merge": "merge: 30 cases passed (6 shown, 24 hidden) ✓",
-         "softmax_kernel": "softmax_kernel: 24 cases passed (6 shown, 18 hidden) ✓"}
+#: The line each check prints when it passes (what a faked check prints).
+LINES = {c["name"]: "".join(o.get("text", "") for o in c["outputs"]).strip()
+         for c in json.loads((ROOT / "flashcourse" / "exercise_checks.json").read_text(encoding="utf-8"))[NAME]}
 SOLUTION_CELL = "01-online-softmax-online-softmax"
 MARK = "FLASHCOURSE_TAMPER_TEST"
 

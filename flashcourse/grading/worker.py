@@ -35,6 +35,10 @@ from .wire import decode, encode
 __all__ = ["Worker", "WorkerDied", "WorkerTimeout", "site_dirs", "isolated_command", "python_of", "serve"]
 
 
+#: The least time the worker is given to run the set-up and the solution cells (imports included).
+SETUP_SECONDS = 120
+
+
 class WorkerDied(RuntimeError):
     """The process running the student's code ended while the grader waited for it."""
 
@@ -185,11 +189,13 @@ class Worker:
         theirs.close()
         self.conn = Connection(mine.detach())
         self.conn.send_bytes(encode({"setup": self.setup, "cells": [list(c) for c in self.cells]}))
-        self.errors = self._receive(f"setting up the solution cells took more than {self.timeout:g} s")["errors"]
+        setup_limit = max(self.timeout, SETUP_SECONDS)        # importing torch alone takes seconds
+        self.errors = self._receive(f"setting up the solution cells took more than {setup_limit:g} s",
+                                    setup_limit)["errors"]
         return self.errors
 
-    def _receive(self, late: str):
-        if not self.conn.poll(self.timeout):
+    def _receive(self, late: str, limit: float | None = None):
+        if not self.conn.poll(self.timeout if limit is None else limit):
             self.close()
             raise WorkerTimeout(late)
         try:
