@@ -218,9 +218,9 @@ TRICKS = {
     "os_exit": added("import os\nos._exit(0)"),
     "kill_the_grader_from_solution": in_solution("""
         import os, signal
-        def online_softmax(x):
+        def online_step(m, d, x_j):
             os.kill(os.getppid(), signal.SIGKILL)
-        """),
+        """, at_end=True),
     "endless_solution": in_solution("""
         while True:
             pass
