@@ -76,6 +76,11 @@ def runs(tmp_path_factory):
     demo = next(c for c in done.cells if c.id.endswith("online-demo"))
     demo.outputs = [nbformat.v4.new_output("stream", text="stale\n")]
     done.cells.insert(done.cells.index(demo) + 1, nbformat.v4.new_code_cell("print('trying things')"))
+    # ... a debug line to stderr, and the merge check's call moved into a cell of their own
+    done.cells.insert(2, nbformat.v4.new_code_cell("import sys\nprint('debugging', file=sys.stderr)"))
+    merge_check = next(c for c in done.cells if c.id.endswith("check-merge"))
+    merge_check.id, merge_check.metadata = "my-own-cell", {}
+    merge_check.source = "print('my merge:')\ncheck.merge(merge)"
     (tmp / "completed").mkdir()
     nbformat.write(done, tmp / "completed" / f"{NAME}.ipynb")   # the exercise is known by its file name
     nbformat.write(tampered_exercise(), tmp / f"{NAME}.ipynb")

@@ -396,7 +396,7 @@ def run_verdict(snapshot, job: dict, timeout: float) -> list[dict]:
     """Run the checks of ``job`` in a fresh, isolated process importing the course from a copy of the
     verified ``snapshot`` (:mod:`.verdict`); one ``{"name", "status", "message"}`` per check. A check the
     process did not finish (a kernel that never returns, a crash) fails, saying so."""
-    from .worker import isolated_command, site_dirs
+    from .worker import SETUP_SECONDS, isolated_command, site_dirs
     with tempfile.TemporaryDirectory(prefix="flashcourse-verdict-") as tmp:
         tmp = Path(tmp)
         (tmp / "scratch").mkdir()
@@ -405,7 +405,7 @@ def run_verdict(snapshot, job: dict, timeout: float) -> list[dict]:
                    worker_path=[str(snapshot.write_copy(tmp / "worker"))] + site_dirs(), timeout=timeout)
         (tmp / "job.json").write_text(json.dumps(job), encoding="utf-8")
         cmd = isolated_command(f"from flashcourse.grading.verdict import main; main({str(tmp / 'job.json')!r})", path)
-        limit = timeout * (len(job["checks"]) + 1)
+        limit = timeout * (len(job["checks"]) + 1) + 2 * SETUP_SECONDS
         proc = run_contained(cmd, timeout=limit, cwd=tmp / "scratch", env=grading_env())
         why = (f"timed out: the checks took longer than {limit:g} s" if proc.returncode == TIMED_OUT
                else f"the check process ended with exit status {proc.returncode}")

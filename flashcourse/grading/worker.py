@@ -35,8 +35,9 @@ from .wire import decode, encode
 __all__ = ["Worker", "WorkerDied", "WorkerTimeout", "site_dirs", "isolated_command", "python_of", "serve"]
 
 
-#: The least time the worker is given to run the set-up and the solution cells (imports included).
-SETUP_SECONDS = 120
+#: The time the worker is given, besides the per-call limit, to run the set-up and the solution cells
+#: (importing torch alone takes seconds).
+SETUP_SECONDS = 30
 
 
 class WorkerDied(RuntimeError):
@@ -189,7 +190,7 @@ class Worker:
         theirs.close()
         self.conn = Connection(mine.detach())
         self.conn.send_bytes(encode({"setup": self.setup, "cells": [list(c) for c in self.cells]}))
-        setup_limit = max(self.timeout, SETUP_SECONDS)        # importing torch alone takes seconds
+        setup_limit = self.timeout + SETUP_SECONDS
         self.errors = self._receive(f"setting up the solution cells took more than {setup_limit:g} s",
                                     setup_limit)["errors"]
         return self.errors
