@@ -59,7 +59,8 @@ KINDS = ["ragged: N is not a multiple of the blocks", "causal", "causal, N_q > N
          "causal, N_q < N_k: aligned bottom-right", "large logits (Q x 30)", "the maximum moves in every block",
          "N_q != N_k", "causal, large logits (Q x 30)"]
 JUMP, DROP = "the maximum jumps up by {} between key blocks", "the maximum drops by {} between key blocks"
-BOUNDARY = ["causal, N_k = {c} - 1, N_q = {r} + 1", "causal, N_k = {c}, N_q = {r}", "causal, N_k = 2 {c} + 1, N_q = {r} - 1"]
+BOUNDARY = ["causal, N_k = {c} - 1, N_q = {r} + 1", "causal, N_k = {c}, N_q = {r}",
+            "causal, N_k = 2 {c} + 1, N_q = {r} - 1"]
 
 
 def draw(rng, kind: str, blocks, n_max: int = 100, ds=(16, 32, 64), size: float = 1000.0, c: float = 1.0,
