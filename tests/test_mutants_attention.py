@@ -219,6 +219,6 @@ def test_the_long_row_breaks_the_course_error_rule_with_fp16_accumulation_only(t
         ("acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)", "acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float16)"),
         (K_ACC, "acc = (acc * alpha[:, None] + tl.dot(p.to(tl.float16), V_j)).to(tl.float16)")))
     good, bad = (error_rule(_run(kern, q, k, v, 16, 32), ref, torch_got) for kern in (solution, fp16))
-    atol = attention_checks._kernel_atol(q, k, v, 0.25)
+    atol = attention_checks.kernel_atol(q, k, v, 0.25)
     assert good.ok and good.error < 0.01 * atol, good
     assert not bad.ok and bad.error > 5 * atol and bad.error > 20 * bad.bound, bad

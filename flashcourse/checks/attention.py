@@ -56,9 +56,9 @@ RTOL_ATTN_F64, ATOL_ATTN_F64 = 1e-9, 1e-9
 #   * P is rounded to fp16 for the dot with V_j (as every fp16 FlashAttention does): <= u16 max|V|;
 #   * the fp32 accumulator and exp2: <= (N_k + 8) u32 max|V|; O stored as fp16: <= u16 max|V|.
 # B = max|V| (2 u16 + 2 ln2 dt + (N_k + 8) u32), about 1e-3 max|V|; the check allows 2 B, since the
-# analysis is first order. Measured under the interpreter over 100 seeds (21 cases each), the solution's
-# error is at most 0.41 B (median 0.11 B, i.e. ~1e-4 to 1e-3); a kernel that forgets a rescale, skips the ragged
-# mask or masks the wrong keys is off by 0.05 or more (tests/test_checks_attention.py).
+# analysis is first order. Measured under the interpreter over 100 seeds (21 cases each), the
+# solution's error is at most 0.41 B (median 0.11 B, i.e. ~1e-4 to 1e-3); a kernel that forgets a
+# rescale, skips the ragged mask or masks the wrong keys is off by 0.05 or more (tests/test_checks_attention.py).
 # The adversarial cases stay inside this analysis. A jump or drop of 200 (logits ~300 at d = 16) gives
 # dt ~ 4e-4, so 2 B ~ 3e-3 max|V|. The long row (N_k = 2048, attention_cases.long_row) has O = V
 # exactly; a correct kernel errs by ~1e-5 max|V| there (P rounded to fp16 on 2% of the weight), under
@@ -353,7 +353,7 @@ def fa2_attention(fn, seed: int | None = None) -> None:
         ("one block of queries, one of keys", _loop_inputs(g, 4, 4, 4, False), 4, 4),
         ("the maximum moves in every block", inc, 4, 2),
         ("ragged: N is not a multiple of the blocks", _loop_inputs(g, 10, 7, 4, False), 4, 3),
-        ("causal", _loop_inputs(g, 8, 8, 4, True), 4, 3),    # diagonal blocks of every kind: straddling, past
+        ("causal", _loop_inputs(g, 8, 8, 4, True), 4, 3),    # B_c = 3: diagonal blocks of every sort
         ("causal, N_q < N_k: aligned bottom-right", _loop_inputs(g, 5, 9, 4, True), 2, 3),
         ("causal, N_q > N_k: rows that see no key", _loop_inputs(g, 7, 4, 4, True), 4, 2),
         ("large logits (Q x 30)", (big[0] * 30, *big[1:]), 4, 4),
@@ -399,8 +399,13 @@ _KERNEL_HINTS = {
 }
 
 
-def _kernel_atol(q, k, v, scale: float) -> float:
-    """2 B, with B the error bound of a correct fp16 kernel (see the comment on the tolerances above)."""
+def kernel_atol(q, k, v, scale: float) -> float:
+    """2 B, B the error bound of a correct fp16 kernel (the tolerances above) on q (B*H, N_q, d), k, v (B*H, N_k, d).
+
+    Example:
+        >>> round(kernel_atol(np.zeros((1, 4, 16)), np.zeros((1, 8, 16)), np.ones((1, 8, 16)), 0.25) / U16, 2)
+        4.0
+    """
     a = max(float((np.abs(q[h]) @ np.abs(k[h]).T).max()) for h in range(len(q))) * scale * LOG2E
     dt = (q.shape[-1] + 5) * U32 * a
     return 2.0 * float(np.abs(v).max()) * (2 * U16 + 2 * math.log(2) * dt + (k.shape[1] + 8) * U32)
@@ -536,7 +541,7 @@ def _check_fa2_kernel_case(name: str, kernel, case: _AttnCase, first: bool, pad:
     expected = np.stack([attention64(q[h], k[h], v[h], causal, scale) for h in range(bh)])
     kind_hint = next((h for key, h in _KERNEL_HINTS.items() if key in case.kind), "") or _kind_hint(case.kind)
     again = f"check.fa2_kernel(fa2_kernel, seed={seed}) draws this hidden case again." if case.hidden else ""
-    got, atol = out[:, :n_q, :d], _kernel_atol(q, k, v, scale)
+    got, atol = out[:, :n_q, :d], kernel_atol(q, k, v, scale)
 
     def variant(mistake):
         return (np.stack([kernel_variant(q[h], k[h], v[h], bm, bn, causal, scale, mistake) for h in range(bh)]),)
