@@ -4,7 +4,12 @@ the inner loop of the FlashAttention-2 Triton kernel.
 Every case is compared with attention in float64 (:func:`flashcourse.reference.attention.attention_float64`:
 causal masking aligned bottom-right, so that query r sees keys c <= r + N_k - N_q; a row that sees no
 key gives 0). The hidden cases draw ragged sizes (N not a multiple of the block), N_q != N_k, causal
-masks with rows that see no key, large logits (q scaled by 30), and d in {16, 32, 64}.
+masks with rows that see no key, large logits (q scaled by 30), and d in {16, 32, 64}. Every run has,
+whatever the seed, the cases each lesson is about (:mod:`.attention_cases`): a maximum that jumps up
+between key blocks by far more than the exponent range and one that drops as far (a stale or per-block
+maximum overflows), N at both sides of a block, and for the kernel rows on which fp16 accumulation
+fails. A wrong result is compared with what the known mistakes give on that very case
+(:mod:`.attention_mistakes`), and the hint names the one it matches.
 
 Example:
     >>> import numpy as np
@@ -14,7 +19,7 @@ Example:
     >>> checks.fa2_attention(zeros)                            # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    AssertionError: fa2_attention: wrong value on shown case 1 of 7 (one block of queries, one of keys): ...
+    AssertionError: fa2_attention: wrong value on shown case 1 of 9 (one block of queries, one of keys): ...
     ...
 """
 from __future__ import annotations
@@ -24,6 +29,10 @@ import math
 import numpy as np
 
 from ..reference.attention import attention_float64
+from .attention_cases import (BOUNDARY, DROP, FA1_STEP_KINDS, JUMP, KERNEL_KINDS, KINDS, LoadCount, block_shifts, draw,
+                              fa1_step_inputs, head, large_v, long_row, one_pass_loads, shift_logits)
+from .attention_mistakes import (FA1_MISTAKES, FA2_MISTAKES, KERNEL_MISTAKES, diagnose, fa1_loops, fa1_step_variant,
+                                 fa2_variant, kernel_variant, matches, visible)
 from .cases import (ATTENTION_DTYPE_NOTE, LOG2E, U16, U32, Case, as_array, call, compare, compile_after, join_lines,
                     launch, passed, poisoned, require_callable, require_kernel, seed_of, value_summary)
 
@@ -47,9 +56,15 @@ RTOL_ATTN_F64, ATOL_ATTN_F64 = 1e-9, 1e-9
 #   * P is rounded to fp16 for the dot with V_j (as every fp16 FlashAttention does): <= u16 max|V|;
 #   * the fp32 accumulator and exp2: <= (N_k + 8) u32 max|V|; O stored as fp16: <= u16 max|V|.
 # B = max|V| (2 u16 + 2 ln2 dt + (N_k + 8) u32), about 1e-3 max|V|; the check allows 2 B, since the
-# analysis is first order. Measured under the interpreter over 25 seeds, the solution's error is at
-# most 0.35 B (median 0.1 B, i.e. ~1e-4 to 1e-3); a kernel that forgets a rescale, skips the ragged
-# mask or masks the wrong keys is off by 0.05 or more (tests/test_checks_attention.py).
+# analysis is first order. Measured under the interpreter over 100 seeds (21 cases each), the
+# solution's error is at most 0.41 B (median 0.11 B, i.e. ~1e-4 to 1e-3); a kernel that forgets a
+# rescale, skips the ragged mask or masks the wrong keys is off by 0.05 or more (tests/test_checks_attention.py).
+# The adversarial cases stay inside this analysis. A jump or drop of 200 (logits ~300 at d = 16) gives
+# dt ~ 4e-4, so 2 B ~ 3e-3 max|V|. The long row (N_k = 2048, attention_cases.long_row) has O = V
+# exactly; a correct kernel errs by ~1e-5 max|V| there (P rounded to fp16 on 2% of the weight), under
+# 2 B = 4.5e-3 max|V|, while an fp16 accumulator (or l kept in fp16) rounds away every block after the
+# first, 2.1% of O: 9x 2 B, and 40x the course's error rule (torch's fp16 error there is ~1e-13). With
+# |V| ~ 7500 (attention_cases.large_v), an fp16 accumulator or an fp16 dot overflows 65504.
 
 # The fp16 bit pattern the kernel check poisons O with: a NaN that no arithmetic produces
 # (computed fp16 NaNs are 0x7e00 or 0xfe00), so "never written" and "wrote nan" differ.
@@ -75,16 +90,9 @@ class _AttnCase(Case):
                 f"Q, K, V {vals}")
 
 
-def _visible(n_q: int, n_k: int, causal: bool) -> np.ndarray:
-    """(n_q, n_k) boolean: True where query r sees key c; causal is aligned bottom-right."""
-    if not causal:
-        return np.ones((n_q, n_k), dtype=bool)
-    return np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + (n_k - n_q)
-
-
 def _stats64(q, k, causal: bool, scale: float):
     """The final (m, l) of each query row: its largest visible logit, and sum of e^(s - m) (-inf, 0 if none)."""
-    s = np.where(_visible(len(q), len(k), causal), q @ k.T * scale, -np.inf)
+    s = np.where(visible(len(q), len(k), causal), q @ k.T * scale, -np.inf)
     m = s.max(axis=1)
     safe = np.where(np.isneginf(m), 0.0, m)
     return m, np.exp(s - safe[:, None]).sum(axis=1)
@@ -103,33 +111,6 @@ def attention64(q, k, v, causal: bool, scale: float) -> np.ndarray:
                [2., 3.]])
     """
     return attention_float64(q[None, None], k[None, None], v[None, None], causal=causal, sm_scale=scale)[0, 0]
-
-
-_KINDS = ["ragged: N is not a multiple of the blocks", "causal", "causal, N_q > N_k: rows that see no key",
-          "causal, N_q < N_k: aligned bottom-right", "large logits (Q x 30)", "the maximum moves in every block",
-          "N_q != N_k", "causal, large logits (Q x 30)"]
-
-
-def _draw(rng, kind: str, n_max: int = 100, ds=(16, 32, 64)):
-    """Random (Q, K, V, causal, sm_scale) of the given kind, float64."""
-    d = int(rng.choice(ds))
-    n_q, n_k = (int(t) for t in rng.integers(1, n_max + 1, size=2))
-    if "N_q > N_k" in kind:
-        n_k = int(rng.integers(1, n_max // 2))
-        n_q = n_k + int(rng.integers(2, n_max // 2))
-    elif "N_q < N_k" in kind:
-        n_q = int(rng.integers(1, n_max // 2))
-        n_k = n_q + int(rng.integers(2, n_max // 2))
-    elif kind == "causal":
-        n_k = n_q = max(n_q, 2)
-    q, k, v = rng.normal(size=(n_q, d)), rng.normal(size=(n_k, d)), rng.normal(size=(n_k, d))
-    if "large logits" in kind:
-        q = q * 30.0
-    elif "maximum moves" in kind:  # later keys line up better and better with every query
-        q[:, 0] = np.abs(q[:, 0]) + 2.0
-        k[:, 0] = np.linspace(-3.0, 3.0, n_k)
-    scale = 1.0 / math.sqrt(d) if rng.random() < 0.7 else float(rng.uniform(0.05, 0.5))
-    return q, k, v, kind.startswith("causal"), scale
 
 
 # hints, by what a case stresses (the first that applies to the case's kind)
@@ -164,17 +145,7 @@ def fa1_step64(Q_i, K_j, V_j, O_i, l_i, m_i, mask, scale):
         >>> fa1_step64(np.zeros((1, 2)), np.zeros((2, 2)), np.eye(2), *start, np.ones((1, 2), bool), 1.0)
         (array([[0.5, 0.5]]), array([2.]), array([0.]))
     """
-    with np.errstate(all="ignore"):
-        S = np.where(mask, Q_i @ K_j.T * scale, -np.inf)
-        m_t = S.max(axis=1)
-        P = np.exp(S - np.where(np.isneginf(m_t), 0.0, m_t)[:, None])
-        l_t = P.sum(axis=1)
-        m_new = np.maximum(m_i, m_t)
-        safe = np.where(np.isneginf(m_new), 0.0, m_new)
-        a, b = np.exp(m_i - safe), np.exp(m_t - safe)
-        l_new = a * l_i + b * l_t
-        O_new = ((l_i * a)[:, None] * O_i + b[:, None] * (P @ V_j)) / np.where(l_new == 0, 1.0, l_new)[:, None]
-    return O_new, l_new, m_new
+    return fa1_step_variant(Q_i, K_j, V_j, O_i, l_i, m_i, mask, scale)
 
 
 _FA1_HINTS = {
@@ -195,53 +166,55 @@ def _fa1_got(name, got, B_r, d, case):
     return [as_array(name, w, g, s, case, ATTENTION_DTYPE_NOTE).astype(np.float64) for w, g, s in zip(("O_i", "l_i", "m_i"), got, shapes)]
 
 
-def _fa1_loop(name, fn, case: Case):
-    """FA1's loops around the student's step: K/V tiles outer, Q tiles inner, O/l/m kept in 'HBM'."""
-    q, k, v = case.inputs
-    e = case.extra
-    B_r, B_c, scale = e["B_r"], e["B_c"], e["sm_scale"]
-    n_q, d = q.shape
-    vis = _visible(n_q, len(k), e["causal"])
-    O, l, m = np.zeros((n_q, d)), np.zeros(n_q), np.full(n_q, -np.inf)
-    for j in range(0, len(k), B_c):
-        for i in range(0, n_q, B_r):
-            mask = vis[i:i + B_r, j:j + B_c]
-            if not mask.any():  # causal: a tile entirely above the diagonal is skipped, as in the notebook
-                continue
-            got = call(name, fn, (q[i:i + B_r], k[j:j + B_c], v[j:j + B_c], O[i:i + B_r], l[i:i + B_r],
-                                   m[i:i + B_r], mask, scale), case)
-            O[i:i + B_r], l[i:i + B_r], m[i:i + B_r] = _fa1_got(name, got, len(mask), d, case)
-    return O, l, m
-
-
-def _fa1_step_case(rng, kind: str, number: int, of: int, seed: int, hidden: bool = True) -> Case:
-    """One step on its own: a state (O_i, l_i, m_i) from a real earlier tile, and a new tile."""
-    d = int(rng.choice([16, 32, 64]))
-    B_r, B_c = (int(t) for t in rng.integers(1, 17, size=2))
-    s = 30.0 if "large" in kind else 1.0
-    Q_i = rng.normal(size=(B_r, d)) * s
-    K_0, V_0, K_j, V_j = (rng.normal(size=(B_c, d)) for _ in range(4))
-    scale = 1.0 / math.sqrt(d)
-    if "raises" in kind:
-        K_j = K_j + 2.0 * np.sign(Q_i.sum(axis=0))  # this tile lines up better with every query
-    if "start" in kind:
-        O_i, l_i, m_i = np.zeros((B_r, d)), np.zeros(B_r), np.full(B_r, -np.inf)
+def _compare_all(name, checks, case, variant, mistakes: dict, history: list, fallback: str, again: str,
+                 rtol: float = RTOL_ATTN_F64) -> None:
+    """``compare`` each ``(what, got, expected, atol)`` of ``checks``, in order. When one is wrong, the hint is
+    the known mistake of ``mistakes`` whose result ``variant(name)`` (a tuple in the order of ``checks``) is
+    what the code gave, among those that every case it passed before (``history``) would have passed too;
+    else ``fallback``. A case that passes joins ``history``."""
+    got, expected, atols = (tuple(c[i] for c in checks) for i in (1, 2, 3))
+    if matches(got, expected, rtol, atols):
+        history.append((variant, expected, atols, rtol))
+        hint = ""
     else:
-        first = rng.random((B_r, B_c)) < 0.8
-        O_i, l_i, m_i = fa1_step64(Q_i, K_0, V_0, np.zeros((B_r, d)), np.zeros(B_r), np.full(B_r, -np.inf),
-                                    first, scale)
-    mask = np.ones((B_r, B_c), dtype=bool)
-    if "mask" in kind:
-        mask = rng.random((B_r, B_c)) < 0.6
-        mask[rng.integers(B_r)] = False   # a row that sees no key of this tile
-    inputs = (Q_i, K_j, V_j, O_i, l_i, m_i, mask, scale)
-    return Case(kind, inputs, number=number, of=of, hidden=hidden, seed=seed if hidden else None,
-                names=("Q_i", "K_j", "V_j", "O_i", "l_i", "m_i", "mask", "sm_scale"))
+        def plausible(mistake):
+            return all(matches(v(mistake), e, r, a) for v, e, a, r in history)
+        hint = join_lines(diagnose(got, variant, mistakes, rtol, atols, plausible) or fallback, again)
+    for what, g, e, a in checks:
+        compare(name, what, g, e, case, rtol, a, hint, ATTENTION_DTYPE_NOTE)
 
 
-_FA1_STEP_KINDS = ["one step, from the start (m_i = -inf, l_i = 0, O_i = 0)", "one step: this tile raises the maximum",
-                   "one step, masked: a row sees no key of this tile (rows that see no key)",
-                   "one step, large logits (Q x 30)"]
+def _fa1_verdict(name, fn, case, seed, history) -> None:
+    """One case of :func:`fa1_step`: a single step, or a whole run of FA1's loops with the step inside."""
+    again = f"check.fa1_step(fa1_step, seed={seed}) draws this hidden case again." if case.hidden else ""
+    if isinstance(case, _AttnCase):
+        q, k, v = case.inputs
+        e = case.extra
+        loops = (q, k, v, e["B_r"], e["B_c"], e["causal"], e["sm_scale"])
+        got = fa1_loops(lambda *a: _fa1_got(name, call(name, fn, a, case), len(a[0]), q.shape[1], case), *loops)
+        m, l = _stats64(q, k, e["causal"], e["sm_scale"])
+        expected = (attention64(q, k, v, e["causal"], e["sm_scale"]), l, m)
+        atols = (ATOL_ATTN_F64 * max(1.0, np.abs(v).max()), ATOL_ATTN_F64, ATOL_ATTN_F64)
+        names = ("O", "l", "m")
+        variant = lambda mistake: fa1_loops(lambda *a: fa1_step_variant(*a, mistake=mistake), *loops)  # noqa: E731
+    else:
+        Q_i, K_j, V_j, O_i, l_i, m_i, mask, scale = case.inputs
+        got = _fa1_got(name, call(name, fn, case.inputs, case), len(Q_i), Q_i.shape[1], case)
+        expected = fa1_step64(*case.inputs)
+        atols = (ATOL_ATTN_F64 * max(1.0, np.abs(V_j).max(), np.abs(O_i).max()), ATOL_ATTN_F64, ATOL_ATTN_F64)
+        names = ("new O_i", "new l_i", "new m_i")
+        variant = lambda mistake: fa1_step_variant(*case.inputs, mistake=mistake)  # noqa: E731
+    first_wrong = next((w for w in (2, 1, 0) if not matches(got[w], expected[w], RTOL_ATTN_F64, atols[w])), 0)
+    fallback = join_lines(_kind_hint(case.kind), _FA1_HINTS[("O_i", "l_i", "m_i")[first_wrong]])
+    _compare_all(name, [(names[w], got[w], expected[w], atols[w]) for w in (2, 1, 0)], case,  # the maximum first
+                 lambda mistake: variant(mistake)[::-1], FA1_MISTAKES, history, fallback, again)
+
+
+def _jump_then_drop(g, n_q, n_k, d, B_c, size):
+    """Inputs of FA1's loops whose maximum jumps up by ``size`` at the second K/V tile and drops back at the third."""
+    q, k, v, causal, scale = _loop_inputs(g, n_q, n_k, d, False)
+    shifts = block_shifts(n_k, B_c, 1, True, size) - block_shifts(n_k, B_c, 2, True, size)
+    return (*shift_logits(q, k, scale, shifts), v, causal, scale)
 
 
 def fa1_step(fn, seed: int | None = None) -> None:
@@ -252,10 +225,11 @@ def fa1_step(fn, seed: int | None = None) -> None:
     running output, normaliser and maximum read back from HBM; ``mask`` is a (B_r, B_c) boolean, False
     where a query may not see a key (causal). The step returns the new ``(O_i, l_i, m_i)``, O_i normalised.
 
-    7 shown cases and 20 hidden ones: 5 and 6 single steps (each output compared with a float64 step),
-    2 and 14 whole runs of FA1's loops (K/V tiles outer, Q tiles inner, tiles of B_r x B_c, as in the
+    10 shown cases and 20 hidden ones: 7 and 6 single steps (each output compared with a float64 step),
+    3 and 14 whole runs of FA1's loops (K/V tiles outer, Q tiles inner, tiles of B_r x B_c, as in the
     notebook) with your step inside, compared with float64 attention: ragged N, N_q != N_k, causal
-    (rows that see no key give 0), large logits, d in {16, 32, 64}.
+    (rows that see no key give 0), large logits, d in {16, 32, 64}, and in every run a tile whose
+    maximum lies over 1000 above the earlier ones (e^1000 overflows), and one over 1000 below them.
 
     Example:
         >>> import numpy as np
@@ -267,7 +241,7 @@ def fa1_step(fn, seed: int | None = None) -> None:
         >>> checks.fa1_step(forgets_the_old_max)             # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        AssertionError: fa1_step: wrong value on shown case 2 of 7 (one step: this tile raises the maximum), ...
+        AssertionError: fa1_step: wrong value on shown case 2 of 10 (one step: this tile raises the maximum), ...
         ...
     """
     name = "fa1_step"
@@ -283,6 +257,8 @@ def fa1_step(fn, seed: int | None = None) -> None:
     ones = np.ones((2, 3), dtype=bool)
     start = (np.zeros((2, 4)), np.zeros(2), np.full(2, -np.inf))
     after_0 = fa1_step64(Q_i, K_0, V_0, *start, ones, 0.5)
+    up = 4000.0 * np.sign(Q_i.sum(0))          # moves the logits of both queries up by 1000 and 6000
+    after_up = fa1_step64(Q_i, K_0 + up, V_0, *start, ones, 0.5)
     row_masked = np.array([[True, True, False], [False, False, False]])
     shown_steps = [
         ("one step, from the start (m_i = -inf, l_i = 0, O_i = 0)", (Q_i, K_j, V_j, *start, ones, 0.5)),
@@ -291,10 +267,15 @@ def fa1_step(fn, seed: int | None = None) -> None:
         ("one step, masked: the second row sees no key of this tile (rows that see no key)",
          (Q_i, K_j, V_j, *after_0, row_masked, 0.5)),
         ("one step, masked: rows that see no key yet, and none here", (Q_i, K_j, V_j, *start, row_masked, 0.5)),
+        ("one step: this tile raises the maximum by over 1000 (e^1000 overflows)",
+         (Q_i, K_j + up, V_j, *after_0, ones, 0.5)),
+        ("one step: this tile's maximum is over 1000 below m_i", (Q_i, K_j, V_j, *after_up, ones, 0.5)),
     ]
     shown_loops = [
         ("ragged: N is not a multiple of the blocks", _loop_inputs(g, 10, 10, 4, False), 4, 3),
         ("causal, N_q > N_k: rows that see no key", _loop_inputs(g, 7, 5, 4, True), 2, 2),
+        ("the maximum jumps up by 1000 at the second K/V tile and drops back at the third",
+         _jump_then_drop(g, 6, 11, 4, 4, 1000.0), 3, 4),
     ]
     n_shown = len(shown_steps) + len(shown_loops)
     cases = [Case(k, args, number=i + 1, of=n_shown, names=names) for i, (k, args) in enumerate(shown_steps)]
@@ -302,40 +283,23 @@ def fa1_step(fn, seed: int | None = None) -> None:
         cases.append(_AttnCase(kind, (q, k, v), len(shown_steps) + i + 1, n_shown, what="FA1's loops around your step over",
                                extra=dict(N_q=len(q), N_k=len(k), d=q.shape[1], B_r=B_r, B_c=B_c, causal=causal,
                                           sm_scale=scale)))
-    n_steps, n_loops = 6, 14
+    kinds = KINDS + [JUMP.format(1000), DROP.format(1000)]
+    n_steps, n_loops = len(FA1_STEP_KINDS), 14
     n_hidden = n_steps + n_loops
-    for i in range(n_steps):
-        cases.append(_fa1_step_case(rng, _FA1_STEP_KINDS[i % len(_FA1_STEP_KINDS)], i + 1, n_hidden, seed))
+    for i, kind in enumerate(FA1_STEP_KINDS):
+        cases.append(Case(kind, fa1_step_inputs(rng, kind), number=i + 1, of=n_hidden, hidden=True, seed=seed,
+                          names=names))
     for i in range(n_loops):
-        kind = _KINDS[i % len(_KINDS)]
-        q, k, v, causal, scale = _draw(rng, kind)
+        kind = kinds[i % len(kinds)]
         B_r, B_c = (int(t) for t in rng.integers(1, 17, size=2))
+        q, k, v, causal, scale = draw(rng, kind, (B_r, B_c))
         cases.append(_AttnCase(kind, (q, k, v), n_steps + i + 1, n_hidden, hidden=True, seed=seed,
                                what="FA1's loops around your step over",
                                extra=dict(N_q=len(q), N_k=len(k), d=q.shape[1], B_r=B_r, B_c=B_c, causal=causal,
                                           sm_scale=scale)))
-    replay = f"check.fa1_step(fa1_step, seed={seed}) draws this hidden case again."
+    history = []
     for case in cases:
-        again = replay if case.hidden else ""
-        if isinstance(case, _AttnCase):
-            q, k, v = case.inputs
-            got = _fa1_loop(name, fn, case)
-            m, l = _stats64(q, k, case.extra["causal"], case.extra["sm_scale"])
-            expected = (attention64(q, k, v, case.extra["causal"], case.extra["sm_scale"]), l, m)
-            atol_o = ATOL_ATTN_F64 * max(1.0, np.abs(v).max())
-            for what, w in (("m", 2), ("l", 1), ("O", 0)):  # the maximum first: its error explains the others
-                hint = join_lines(_kind_hint(case.kind), _FA1_HINTS[f"{what}_i"], again)
-                compare(name, what, got[w], expected[w], case, RTOL_ATTN_F64,
-                         atol_o if what == "O" else ATOL_ATTN_F64, hint, ATTENTION_DTYPE_NOTE)
-            continue
-        Q_i, K_j, V_j, O_i, l_i, m_i, mask, scale = case.inputs
-        got = _fa1_got(name, call(name, fn, case.inputs, case), len(Q_i), Q_i.shape[1], case)
-        expected = fa1_step64(*case.inputs)
-        atol_o = ATOL_ATTN_F64 * max(1.0, np.abs(V_j).max(), np.abs(O_i).max())
-        for what, w in (("m_i", 2), ("l_i", 1), ("O_i", 0)):
-            hint = join_lines(_kind_hint(case.kind), _FA1_HINTS[what], again)
-            compare(name, f"new {what}", got[w], expected[w], case, RTOL_ATTN_F64,
-                     atol_o if what == "O_i" else ATOL_ATTN_F64, hint, ATTENTION_DTYPE_NOTE)
+        _fa1_verdict(name, fn, case, seed, history)
     passed(name, n_shown, n_hidden)
 
 
@@ -352,15 +316,22 @@ _FA2_HINT = ("per K/V block: m_new = max(m_i, rowmax(S_ij)), alpha = e^(m_i - m_
              "(once, not at every step).")
 
 
+def _shifted(g, n_q, n_k, d, B_c, up: bool, size: float):
+    """Inputs whose maximum jumps up (``up``) or drops by ``size`` at the second key block of ``B_c`` keys."""
+    q, k, v, causal, scale = _loop_inputs(g, n_q, n_k, d, False)
+    return (*shift_logits(q, k, scale, block_shifts(n_k, B_c, 1, up, size)), v, causal, scale)
+
+
 def fa2_attention(fn, seed: int | None = None) -> None:
     """Check ``fn(Q, K, V, B_r, B_c, causal, sm_scale) -> O``, FlashAttention-2 in NumPy: query blocks of
     B_r rows in the outer loop, K/V blocks of B_c rows inside, an unnormalised accumulator rescaled by
     e^(m_old - m_new) at each block, and O_i = acc / l_i once at the end.
 
     ``Q`` is (N_q, d), ``K`` and ``V`` (N_k, d); causal masking is aligned bottom-right (query r sees keys
-    c <= r + N_k - N_q) and a row that sees no key gives 0. 7 shown cases and 20 hidden ones (ragged N,
+    c <= r + N_k - N_q) and a row that sees no key gives 0. 9 shown cases and 20 hidden ones (ragged N,
     N_q != N_k, causal, rows that see no key, large logits, d in {16, 32, 64}, B_r and B_c from 1 to 16),
-    compared with float64 attention.
+    compared with float64 attention; in every run, key blocks whose maximum jumps up by 1000 (e^1000
+    overflows) and drops by 1000, and causal cases with N_k at B_c - 1, B_c and 2 B_c + 1.
 
     Example:
         >>> import numpy as np
@@ -368,7 +339,7 @@ def fa2_attention(fn, seed: int | None = None) -> None:
         >>> from flashcourse.reference.attention import attention_float64
         >>> checks.fa2_attention(lambda Q, K, V, B_r, B_c, causal, sm_scale:
         ...                      attention_float64(Q, K, V, causal, sm_scale))
-        fa2_attention: 27 cases passed (7 shown, 20 hidden) ✓
+        fa2_attention: 29 cases passed (9 shown, 20 hidden) ✓
     """
     name = "fa2_attention"
     require_callable(name, fn, "check.fa2_attention(fa2_attention)")
@@ -382,10 +353,12 @@ def fa2_attention(fn, seed: int | None = None) -> None:
         ("one block of queries, one of keys", _loop_inputs(g, 4, 4, 4, False), 4, 4),
         ("the maximum moves in every block", inc, 4, 2),
         ("ragged: N is not a multiple of the blocks", _loop_inputs(g, 10, 7, 4, False), 4, 3),
-        ("causal", _loop_inputs(g, 8, 8, 4, True), 4, 4),
+        ("causal", _loop_inputs(g, 8, 8, 4, True), 4, 3),    # B_c = 3: diagonal blocks of every sort
         ("causal, N_q < N_k: aligned bottom-right", _loop_inputs(g, 5, 9, 4, True), 2, 3),
         ("causal, N_q > N_k: rows that see no key", _loop_inputs(g, 7, 4, 4, True), 4, 2),
         ("large logits (Q x 30)", (big[0] * 30, *big[1:]), 4, 4),
+        (JUMP.format(1000) + " (e^1000 overflows)", _shifted(g, 6, 10, 4, 4, True, 1000.0), 3, 4),
+        (DROP.format(1000), _shifted(g, 6, 10, 4, 4, False, 1000.0), 3, 4),
     ]
 
     def case_of(kind, inputs, B_r, B_c, number, of, hidden):
@@ -395,21 +368,23 @@ def fa2_attention(fn, seed: int | None = None) -> None:
                                     sm_scale=scale))
 
     cases = [case_of(k, x, br, bc, i + 1, len(shown), False) for i, (k, x, br, bc) in enumerate(shown)]
+    kinds = KINDS + [JUMP.format(1000), DROP.format(1000)] + [b.format(c="B_c", r="B_r") for b in BOUNDARY]
     n_hidden = 20
     for i in range(n_hidden):
-        kind = _KINDS[i % len(_KINDS)]
-        inputs = _draw(rng, kind)
-        B_r, B_c = (int(t) for t in rng.integers(1, 17, size=2))
-        cases.append(case_of(kind, inputs, B_r, B_c, i + 1, n_hidden, True))
+        kind = kinds[i % len(kinds)]
+        B_r, B_c = (int(t) for t in rng.integers(2 if "N_k = " in kind else 1, 17, size=2))
+        cases.append(case_of(kind, draw(rng, kind, (B_r, B_c)), B_r, B_c, i + 1, n_hidden, True))
+    history = []
     for case in cases:
         q, k, v = case.inputs
         e = case.extra
-        got = call(name, fn, (q, k, v, e["B_r"], e["B_c"], e["causal"], e["sm_scale"]), case)
+        args = (q, k, v, e["B_r"], e["B_c"], e["causal"], e["sm_scale"])
         expected = attention64(q, k, v, e["causal"], e["sm_scale"])
-        hint = join_lines(_kind_hint(case.kind), _FA2_HINT,
-                     f"check.fa2_attention(fa2_attention, seed={seed}) draws this hidden case again." if case.hidden else "")
-        compare(name, "O", got, expected, case, RTOL_ATTN_F64, ATOL_ATTN_F64 * max(1.0, np.abs(v).max()),
-                 hint, ATTENTION_DTYPE_NOTE)
+        got = as_array(name, "O", call(name, fn, args, case), expected.shape, case, ATTENTION_DTYPE_NOTE)
+        atol = ATOL_ATTN_F64 * max(1.0, np.abs(v).max())
+        again = f"check.fa2_attention(fa2_attention, seed={seed}) draws this hidden case again." if case.hidden else ""
+        _compare_all(name, [("O", got, expected, atol)], case, lambda m, args=args: (fa2_variant(*args, mistake=m),),
+                     FA2_MISTAKES, history, join_lines(_kind_hint(case.kind), _FA2_HINT), again)
     passed(name, len(shown), n_hidden)
 
 
@@ -424,17 +399,16 @@ _KERNEL_HINTS = {
 }
 
 
-def _kernel_atol(q, k, v, scale: float) -> float:
-    """2 B, with B the error bound of a correct fp16 kernel (see the comment on the tolerances above)."""
+def kernel_atol(q, k, v, scale: float) -> float:
+    """2 B, B the error bound of a correct fp16 kernel (the tolerances above) on q (B*H, N_q, d), k, v (B*H, N_k, d).
+
+    Example:
+        >>> round(kernel_atol(np.zeros((1, 4, 16)), np.zeros((1, 8, 16)), np.ones((1, 8, 16)), 0.25) / U16, 2)
+        4.0
+    """
     a = max(float((np.abs(q[h]) @ np.abs(k[h]).T).max()) for h in range(len(q))) * scale * LOG2E
     dt = (q.shape[-1] + 5) * U32 * a
     return 2.0 * float(np.abs(v).max()) * (2 * U16 + 2 * math.log(2) * dt + (k.shape[1] + 8) * U32)
-
-
-_KERNEL_KINDS = ["ragged: N_q != N_k, neither a multiple of the block", "causal, N_q < N_k: aligned bottom-right",
-                 "large logits (Q x 30)", "causal, N_q > N_k: rows that see no key",
-                 "the maximum moves in every block, ragged", "causal, ragged", "fewer keys than BLOCK_N (ragged)",
-                 "causal, large logits (Q x 30)"]
 
 
 def fa2_kernel(kernel, seed: int | None = None) -> None:
@@ -446,14 +420,17 @@ def fa2_kernel(kernel, seed: int | None = None) -> None:
     (row stride > d), with BLOCK_M and BLOCK_N of 16 or 32 and d of 16, 32 or 64. K and V are followed
     by NaN rows, so a load past N_k without a mask shows; O is filled with a marker NaN first, so an
     element never written is reported (and a kernel that writes nothing, as not implemented yet), and
-    so is a write past row N_q. 4 shown cases, 8 hidden ones (ragged N, N_q != N_k, causal, rows that
-    see no key, large logits), compared with float64 attention of the same fp16 values; the error
-    allowed comes from an error analysis of fp16 inputs with fp32 accumulation (about 2e-3 max|V|).
+    so is a write past row N_q. 8 shown cases, 13 hidden ones (ragged N, N_q != N_k, causal, rows that
+    see no key, large logits, N at BLOCK_N - 1, BLOCK_N and 2 BLOCK_N + 1), compared with float64
+    attention of the same fp16 values; in every run, a maximum that jumps up by 200 between key blocks
+    (2^288 overflows float32) and one that drops by as much, a row of 2048 keys and values near 7500
+    (on which an fp16 accumulator fails). The error allowed comes from an error analysis of fp16 inputs
+    with fp32 accumulation (about 2e-3 max|V|).
 
     Example:
         >>> from flashcourse import checks
         >>> checks.fa2_kernel(fa2_kernel)                  # doctest: +SKIP
-        fa2_kernel: 12 cases passed (4 shown, 8 hidden) ✓
+        fa2_kernel: 21 cases passed (8 shown, 13 hidden) ✓
     """
     name = "fa2_kernel"
     require_kernel(name, kernel)
@@ -464,30 +441,34 @@ def fa2_kernel(kernel, seed: int | None = None) -> None:
     def heads(g, bh, n_q, n_k, d, s=1.0):
         return g.normal(size=(bh, n_q, d)) * s, g.normal(size=(bh, n_k, d)), g.normal(size=(bh, n_k, d))
 
+    def shifted(up):
+        q, k, v = heads(g, 1, 20, 40, 16)
+        return (*shift_logits(q[0], k[0], 0.25, block_shifts(40, 16, 1, up, 200.0), c=16.0)[:2], v[0])
+
     shown = [  # kind, (q, k, v), causal, BLOCK_M, BLOCK_N
         ("one block of queries, one of keys", heads(g, 1, 16, 16, 16), False, 16, 16),
         ("ragged: N_q != N_k, neither a multiple of the block", heads(g, 2, 40, 50, 32), False, 16, 16),
         ("causal", heads(g, 1, 48, 48, 16), True, 16, 16),
         ("causal, N_q > N_k: rows that see no key", heads(g, 1, 40, 30, 16), True, 16, 16),
+        (JUMP.format(200) + " (2^288 overflows float32)", tuple(t[None] for t in shifted(True)), False, 16, 16),
+        (DROP.format(200), tuple(t[None] for t in shifted(False)), False, 16, 16),
+        ("a long row: 2048 keys, 97% of the weight in the first block (fp16 accumulation loses the rest)",
+         long_row(), False, 16, 32),
+        ("large values in V (|V| ~ 7500): a block's P V is over 65504", large_v(g), False, 16, 16),
     ]
     raw = [(k, x, c, bm, bn, False) for k, x, c, bm, bn in shown]
-    n_hidden = 8
-    for i in range(n_hidden):
-        kind = _KERNEL_KINDS[i]
+    n_hidden = len(KERNEL_KINDS)
+    for kind in KERNEL_KINDS:
         bm, bn = int(rng.choice([16, 32])), int(rng.choice([16, 32]))
-        q, k, v, causal, _ = _draw(rng, kind, n_max=90)
+        q, k, v, causal, scale = draw(rng, kind, (bm, bn), n_max=90, size=200.0, c=16.0, kernel=True)
         if "fewer keys" in kind:
             n_k = min(len(k), int(rng.integers(1, bn)))
             k, v = k[:n_k], v[:n_k]
         if "ragged" in kind and len(k) % bn == 0 and len(k) > 1:
             k, v = k[:-1], v[:-1]
-        bh = int(rng.integers(1, 4))
-        extra = [rng.normal(size=(bh - 1, *t.shape)) * (30.0 if t is q and "large" in kind else 1.0)
-                 for t in (q, k, v)]
-        if "maximum moves" in kind:
-            extra[0][:, :, 0] = np.abs(extra[0][:, :, 0]) + 2.0
-            extra[1][:, :, 0] = np.linspace(-3.0, 3.0, len(k))
-        qkv = tuple(np.concatenate([t[None], x]) for t, x in zip((q, k, v), extra))
+        more = [head(rng, kind, len(q), len(k), q.shape[1], bn, scale, 200.0, 16.0)
+                for _ in range(int(rng.integers(0, 3)))]
+        qkv = tuple(np.stack([t] + [h[j] for h in more]) for j, t in enumerate((q, k, v)))
         raw.append((kind, qkv, causal, bm, bn, True))
     cases = []
     for i, (kind, qkv, causal, bm, bn, hidden) in enumerate(raw):
@@ -497,13 +478,15 @@ def fa2_kernel(kernel, seed: int | None = None) -> None:
                                extra=dict(N_q=q.shape[1], N_k=k.shape[1], d=q.shape[2], BLOCK_M=bm, BLOCK_N=bn,
                                           **{"B*H": q.shape[0]}, causal=causal,
                                           sm_scale=1.0 / math.sqrt(q.shape[2]))))
+    history = []
     with compile_after(name, kernel):                  # then compiled for sm_80 and sm_90
         for i, case in enumerate(cases):
-            _check_fa2_kernel_case(name, kernel, case, first=i == 0, pad=int(rng.integers(1, 9)), seed=seed)
+            _check_fa2_kernel_case(name, kernel, case, first=i == 0, pad=int(rng.integers(1, 9)), seed=seed,
+                                   history=history)
     passed(name, len(shown), n_hidden)
 
 
-def _check_fa2_kernel_case(name: str, kernel, case: _AttnCase, first: bool, pad: int, seed: int) -> None:
+def _check_fa2_kernel_case(name: str, kernel, case: _AttnCase, first: bool, pad: int, seed: int, history=None) -> None:
     import torch
 
     from .. import backend
@@ -529,9 +512,12 @@ def _check_fa2_kernel_case(name: str, kernel, case: _AttnCase, first: bool, pad:
     ob = poisoned((bh, q_rows, d + pad), _POISON16, half=True).to(backend.DEVICE)
     q_t, k_t, v_t, o_t = qb[:, :n_q, :d], kb[:, :n_k, :d], vb[:, :n_k, :d], ob[:, :n_q, :d]
     grid = (-(-n_q // bm), bh)
-    launch(name, kernel, grid, (q_t, k_t, v_t, o_t, scale, q_t.stride(0), q_t.stride(1), k_t.stride(0), k_t.stride(1),
-                                v_t.stride(0), v_t.stride(1), o_t.stride(0), o_t.stride(1), n_q, n_k),
-           dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal), case)
+    elements = np.arange(bh)[:, None, None] * kb.stride(0) + np.arange(n_k)[:, None] * kb.stride(1) + np.arange(d)
+    regions = [(t, (b.data_ptr() + 2 * elements.ravel()).astype(np.uint64)) for t, b in (("K", kb), ("V", vb))]
+    with LoadCount(regions) as loads:
+        launch(name, kernel, grid, (q_t, k_t, v_t, o_t, scale, q_t.stride(0), q_t.stride(1), k_t.stride(0),
+                                    k_t.stride(1), v_t.stride(0), v_t.stride(1), o_t.stride(0), o_t.stride(1), n_q, n_k),
+               dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal), case)
     bits = ob.cpu().view(torch.int16).numpy().astype(np.int64) & 0xFFFF
     out = ob.cpu().float().numpy().astype(np.float64)
     untouched = bits[:, :n_q, :d] == _POISON16
@@ -554,6 +540,21 @@ def _check_fa2_kernel_case(name: str, kernel, case: _AttnCase, first: bool, pad:
                              f"{case.describe()}\n  hint: mask the store with rows[:, None] < N_q.")
     expected = np.stack([attention64(q[h], k[h], v[h], causal, scale) for h in range(bh)])
     kind_hint = next((h for key, h in _KERNEL_HINTS.items() if key in case.kind), "") or _kind_hint(case.kind)
-    hint = join_lines(kind_hint, _FA2_HINT.replace("e^(", "2^(").replace("S_ij", "qk"),
-                 f"check.fa2_kernel(fa2_kernel, seed={seed}) draws this hidden case again." if case.hidden else "")
-    compare(name, "O", out[:, :n_q, :d], expected, case, 0.0, _kernel_atol(q, k, v, scale), hint, ATTENTION_DTYPE_NOTE)
+    again = f"check.fa2_kernel(fa2_kernel, seed={seed}) draws this hidden case again." if case.hidden else ""
+    got, atol = out[:, :n_q, :d], kernel_atol(q, k, v, scale)
+
+    def variant(mistake):
+        return (np.stack([kernel_variant(q[h], k[h], v[h], bm, bn, causal, scale, mistake) for h in range(bh)]),)
+    _compare_all(name, [("O", got, expected, atol)], case, variant, KERNEL_MISTAKES, [] if history is None else history,
+                 join_lines(kind_hint, _FA2_HINT.replace("e^(", "2^(").replace("S_ij", "qk")), again, rtol=0.0)
+    once = one_pass_loads(n_q, n_k, bm, bn, causal)          # right, and in one pass? (under the interpreter)
+    for (what, _), count in zip(loads.regions, loads.counts):
+        over = count.reshape(bh, n_k, d) > once[None, :, None]
+        if loads.active and over.any():
+            b, r, c = (int(t) for t in np.argwhere(over)[0])
+            raise AssertionError(
+                f"{name} loaded {what}[{b}, {r}, {c}] {count.reshape(bh, n_k, d)[b, r, c]} times, where one pass "
+                f"loads it {once[r]} time(s) (once per block of queries) on {case.describe()}\n"
+                f"  hint: FlashAttention-2 reads each K/V block once "
+                f"per block of queries, in one pass that carries the running maximum m_i; a first pass for the "
+                f"row maximum (or a second load of a block) reads it again.")

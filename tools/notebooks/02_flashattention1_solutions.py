@@ -20,7 +20,8 @@ CELLS = [
 
     You write that fold — the inner step, lines 9–12 of Algorithm 1 in the FlashAttention paper —
     and the notebook runs it inside the two loops. A **check cell** runs your step on a few cases you
-    can see and on hidden random ones (ragged sizes, $N_q \\ne N_k$, causal masks, huge logits). It
+    can see and on hidden random ones (ragged sizes, $N_q \\ne N_k$, causal masks, huge logits), and
+    on tiles whose maximum lies over 1000 above or below the others' (where $e^{1000}$ overflows). It
     prints one line ending in ✓ when everything passes. Then grade the notebook from a terminal:
     `flashcourse grade exercises/02_flashattention1.ipynb`.
 

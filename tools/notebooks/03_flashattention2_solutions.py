@@ -22,9 +22,10 @@ CELLS = [
        interpreter on the CPU.
 
     Under each exercise a **check cell** runs your code on a few cases you can see and on hidden random
-    ones (ragged sizes, $N_q \\ne N_k$, causal masks with rows that see no key, huge logits) and prints
-    one line ending in ✓ when everything passes. Then grade the notebook from a terminal:
-    `flashcourse grade exercises/03_flashattention2.ipynb`.
+    ones (ragged sizes, $N_q \\ne N_k$, causal masks with rows that see no key, huge logits, a row
+    maximum that jumps up or drops by far more than $e^x$ can hold) and prints one line ending in ✓
+    when everything passes; when it fails, the hint names the mistake your result matches. Then grade
+    the notebook from a terminal: `flashcourse grade exercises/03_flashattention2.ipynb`.
 
     *Source: Dao, "FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning"
     (2023), Algorithm 1; the Triton tutorial `06-fused-attention.py`.*
@@ -140,6 +141,9 @@ CELLS = [
       same guard for rows that have seen no key;
 
     and the end: `O_i = acc / l_i` (0 where `l_i` is 0), stored with `mask=rows[:, None] < N_q`.
+    Keep `acc` and `l_i` in fp32: the check has a row of 2048 keys on which an fp16 accumulator rounds
+    away everything after the first block. And read each K/V block once, in one pass: under the
+    interpreter the check counts the loads, and a first pass for the row maximum reads K twice.
     """, "slide", name="kernel-intro"),
 
     code("""
