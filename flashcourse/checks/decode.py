@@ -261,11 +261,11 @@ _KERNEL_HINT = ("per block of keys: qk = (q . K_j) * qk_scale, -inf where a key 
                 "lse_s = (m_i + log2(l_i)) ln 2.")
 _KERNEL_MISTAKES = [
     ("block max", "m_new is each block's own maximum: keep the running one, m_new = max(m_i, max(qk)); else alpha = "
-                  "2^(m_i - m_new) overflows to inf when a block's logits lie far below the previous block's (here "
-                  "they drop by hundreds)."),
+                  "2^(m_i - m_new) overflows to inf when a block's logits lie far below the previous block's (a "
+                  "drop of more than ~90, as here)."),
     ("no rescale", "l_i and acc are not rescaled: when a block raises the maximum, scale both by alpha = "
-                   "2^(m_i - m_new) before adding it (here the logits jump up by hundreds, so the earlier blocks "
-                   "must weigh ~0, not 1)."),
+                   "2^(m_i - m_new) before adding it (the earlier blocks were summed against a lower maximum; "
+                   "after a jump of hundreds they must weigh ~0, not 1)."),
     ("block max no rescale", "each block is summed against its own maximum and added as it is: keep the running "
                              "maximum m_i, and rescale l_i and acc by alpha = 2^(m_i - m_new) whenever it grows."),
     ("acc no rescale", "acc is not rescaled when the maximum rises: acc = acc * alpha + sum_j p_j V_j, with "

@@ -287,13 +287,14 @@ def split_kv_problem(rng, kind):
         if rng.integers(2):                       # or up, then down: the largest block in the middle
             steps = [0.0, j1, j1 - j2] if "jump up" in kind else [j2, j1 + j2, 0.0]
         _logit_steps(rng, q, k, kv_lens, chunk, BLOCK_N, steps)
-    elif "edges" in kind:                         # 2 blocks a chunk; keys s chunk + 1, + BLOCK_N - 1, + BLOCK_N + 1
+    elif "edges" in kind:                         # 2 blocks a chunk; kv_len a block + 1, a chunk + 1, a chunk - 1, a block
         chunk = 2 * BLOCK_N
-        c = rng.integers(0, 2, size=3)
-        kv_lens = np.array([c[0] * chunk + BLOCK_N + 1, (c[1] + 1) * chunk + 1, c[2] * chunk + BLOCK_N - 1])
+        c = rng.integers(0, 2, size=4)
+        kv_lens = np.array([c[0] * chunk + BLOCK_N + 1, (c[1] + 1) * chunk + 1, (c[2] + 1) * chunk - 1,
+                            c[3] * chunk + BLOCK_N])
         L = int(kv_lens.max()) + int(rng.integers(0, 3))
-        q = rng.normal(size=(3, 2, int(rng.choice([16, 32]))))
-        k, v = (rng.normal(size=(3, 1, L, q.shape[2])) for _ in range(2))
+        q = rng.normal(size=(4, 2, int(rng.choice([16, 32]))))
+        k, v = (rng.normal(size=(4, 1, L, q.shape[2])) for _ in range(2))
     num_splits = -(-L // chunk)
     if "more splits" in kind:
         num_splits += int(rng.integers(1, 3))
@@ -320,8 +321,8 @@ def split_kv_shown():
         ("GQA (2 query heads per KV head), kv_len not a multiple of the chunk", prob(2, 4, 2, 32, 70, [70, 66], 32, 3, 16)),
         ("more splits than chunks: empty splits", prob(2, 2, 1, 16, 40, [40, 9], 16, 4, 16)),
         ("chunk not a multiple of BLOCK_N", prob(1, 2, 1, 16, 60, [60], 24, 3, 16)),
-        ("kv_lens at the edges: a chunk + 1, a block + 1, a block - 1, a chunk",
-         prob(4, 2, 1, 16, 50, [33, 49, 47, 32], 32, 2, 16)),
+        ("kv_lens at the edges: a chunk + 1, a chunk and a block + 1, a chunk - 1, a chunk, a chunk and a block - 1",
+         prob(5, 2, 1, 16, 50, [33, 49, 31, 32, 47], 32, 2, 16)),
         ("the logits jump up by hundreds, then drop by 250, from block to block of a chunk (GQA)", jumps),
     ]
 
