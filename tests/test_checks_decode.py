@@ -16,6 +16,7 @@ import pytest
 import flashcourse  # noqa: F401  (before triton: switches on the interpreter without a GPU)
 from flashcourse import checks
 from flashcourse.checks import decode as decode_checks
+from flashcourse.checks import decode_cases
 from flashcourse.grading import grade
 from solution_cells import ROOT, SUCCESS, completed, fails, fails_on_a_hidden_case, passes_with_one_line, load, solution_source  # noqa: F401
 
@@ -46,8 +47,8 @@ def test_the_float64_references_agree_with_each_other():
     rng = np.random.default_rng(0)
     q, k, v = rng.normal(size=(2, 4, 8)), rng.normal(size=(2, 2, 30, 8)), rng.normal(size=(2, 2, 30, 8))
     k[1, :, 7:] = np.nan                    # past kv_len: never read
-    o_s, lse_s = decode_checks.partials64(q, k, v, [30, 7], 0.3, chunk=8, num_splits=5)
-    o, lse = decode_checks.decode64(q, k, v, [30, 7], 0.3)
+    o_s, lse_s = decode_cases.partials64(q, k, v, [30, 7], 0.3, chunk=8, num_splits=5)
+    o, lse = decode_cases.decode64(q, k, v, [30, 7], 0.3)
     assert np.isneginf(lse_s[4]).all() and np.isneginf(lse_s[1:, 1]).all() and (o_s[1:, 1] == 0).all()
     w = np.exp(lse_s - lse)
     assert np.allclose((w[..., None] * o_s).sum(0), o) and np.allclose(np.logaddexp.reduce(lse_s, axis=0), lse)
@@ -62,7 +63,8 @@ def test_hidden_cases_cover_what_the_exercises_promise():
     def recorder(o_s, lse_s):
         seen.append((o_s.shape, lse_s.copy()))
         lse = np.logaddexp.reduce(lse_s, axis=0)
-        return (np.exp(lse_s - lse)[..., None] * o_s).sum(axis=0), lse
+        with np.errstate(invalid="ignore"):
+            return np.nan_to_num((np.exp(lse_s - lse)[..., None] * o_s).sum(axis=0)), lse
     checks.lse_combine(recorder, seed=1)
     first = [(s, lse.tobytes()) for s, lse in seen]
     seen.clear()
@@ -70,18 +72,18 @@ def test_hidden_cases_cover_what_the_exercises_promise():
     assert [(s, lse.tobytes()) for s, lse in seen] == first          # a seed draws the same cases
     seen.clear()
     checks.lse_combine(recorder, seed=2)
-    assert [s for s, _ in seen[:6]] == [s for s, _ in first[:6]] and seen[6:] != first[6:]
-    hidden = seen[6:]
+    assert [s for s, _ in seen[:7]] == [s for s, _ in first[:7]] and seen[7:] != first[7:]
+    hidden = seen[7:]
     heads = [(s[2], s[1]) for s, _ in hidden]                         # (H_q, B)
     assert any(np.isneginf(lse).all(axis=(1, 2)).any() for _, lse in hidden)          # an empty split
     assert any(np.isneginf(lse).any() and not np.isneginf(lse).all(axis=(1, 2)).any() for _, lse in hidden)
     assert max(np.nanmax(np.where(np.isfinite(lse), lse, np.nan)) for _, lse in hidden) > 710   # e^lse overflows
     assert len({s[0] for s, _ in hidden}) >= 3 and max(h for h, _ in heads) >= 4      # split counts, heads
-    lens = decode_checks.decode_problem(np.random.default_rng(0), "kv_len of 1")[3]
+    lens = decode_cases.decode_problem(np.random.default_rng(0), "kv_len of 1")[3]
     assert (lens == 1).any() and _combine_kinds_cover("kv_len of 1", "MQA", "MHA", "GQA", "huge logits")
     # the kernel's hidden problems: GQA, MQA and MHA, a kv_len of 1, empty splits, chunks off the block grid
     rng = np.random.default_rng(3)
-    probs = [(kind, decode_checks.split_kv_problem(rng, kind)) for kind in decode_checks.SPLIT_KV_KINDS]
+    probs = [(kind, decode_cases.split_kv_problem(rng, kind)) for kind in decode_cases.SPLIT_KV_KINDS]
     groups = {q.shape[1] // k.shape[1] for _, (q, k, *_rest) in probs}
     assert 1 in groups and len(groups) >= 2
     assert any(k.shape[1] == 1 for _, (q, k, *_r) in probs)
@@ -91,29 +93,33 @@ def test_hidden_cases_cover_what_the_exercises_promise():
 
 
 def _combine_kinds_cover(*kinds):
-    return all(any(k in kind for kind in decode_checks.LSE_COMBINE_KINDS) for k in kinds)
+    return all(any(k in kind for kind in decode_cases.LSE_COMBINE_KINDS) for k in kinds)
 
 
 # ---------------------------------------------------------------------------------------------
 # chapter 4, exercise 1: the log-sum-exp combine
 
-COMBINE_O = "o = (w[..., None] * o_s).sum(axis=0)"
-COMBINE_LSE = "lse = m + np.log(np.exp(lse_s - m).sum(axis=0))"
+COMBINE_O = "o = (w[..., None] * o_s).sum(axis=0) / np.where(total == 0, 1.0, total)[..., None]"
+COMBINE_LSE = "lse = m + np.log(total)"
 
 
 @pytest.mark.parametrize("old, new, expected", [
     # averages the partials
-    (COMBINE_O, "o = o_s.mean(axis=0)", ("shown case 1 of 6 (two splits)", "first wrong element: o[")),
+    (COMBINE_O, "o = o_s.mean(axis=0)", ("shown case 1 of 7 (two splits)", "first wrong element: o[",
+                                          "an average of the o_s weighs every split alike")),
     # adds them up without the weights e^(lse_s - lse)
-    (COMBINE_O, "o = o_s.sum(axis=0)", ("shown case 1 of 6 (two splits)", "first wrong element: o[")),
+    (COMBINE_O, "o = o_s.sum(axis=0)", ("shown case 1 of 7 (two splits)", "first wrong element: o[", "without weights")),
     # lse = max_s lse_s instead of the log-sum-exp (so the weights do not sum to 1 either)
-    (COMBINE_LSE, "lse = m", ("shown case 1 of 6", "first wrong element: lse = ")),
+    (COMBINE_LSE, "lse = m", ("shown case 1 of 7", "first wrong element: lse = ", "not max_s lse_s")),
     # no maximum subtracted: e^lse_s overflows for the large logits
     (COMBINE_LSE, "lse = np.log(np.exp(lse_s).sum(axis=0))",
-     ("shown case 5 of 6 (large logits", "lse = inf", "subtract m = max_s lse_s")),
-    # shifts by the smallest lse_s ("any shift works"): -inf for an empty split, so nan
+     ("shown case 5 of 7 (the logits jump up by 1500", "lse = inf", "with m = max_s lse_s")),
+    # shifts by the smallest lse_s ("any shift works"): 0 once an empty split's -inf is guarded, then e^1500
     ("m = lse_s.max(axis=0)", "m = lse_s.min(axis=0)",
-     ("shown case 3 of 6 (an empty split", "= nan", "its weight e^(-inf - lse) is 0")),
+     ("shown case 5 of 7 (the logits jump up by 1500", "lse = inf", "or the smallest")),
+    # the head with no keys unguarded: -inf - (-inf) = nan
+    ("m = np.where(np.isneginf(m), 0.0, m)", "m = m", ("shown case 7 of 7 (a sequence with no keys", "lse = nan",
+                                                      "every split of this head is empty")),
 ])
 def test_lse_combine_rejects_wrong_combines(tmp_path, old, new, expected):
     fn = load(tmp_path, FD, "lse-combine", "lse_combine", ((old, new),))
@@ -129,7 +135,7 @@ def test_lse_combine_not_implemented_bad_returns_and_a_hidden_case_replays(tmp_p
 
     def wrong_with_many_heads(o_s, lse_s):
         lse = np.logaddexp.reduce(lse_s, axis=0)
-        o = (np.exp(lse_s - lse)[..., None] * o_s).sum(axis=0)
+        o = np.nan_to_num((np.exp(lse_s - lse)[..., None] * o_s).sum(axis=0))
         return o + (1e-6 if o.ndim == 3 and o.shape[1] > 4 else 0.0), lse
     fails_on_a_hidden_case(checks.lse_combine, wrong_with_many_heads, "H_q = ")
 
@@ -150,22 +156,23 @@ def _masks(bound):
 
 @pytest.mark.parametrize("replace, expected", [
     # ignores kv_len: masks only the chunk's end, so it reads the stale cache past kv_len
-    (_masks("lo + CHUNK"), ("shown case 2 of 4 (GQA", "kv_len", "stale cache")),
+    (_masks("lo + CHUNK"), ("shown case 2 of 6 (GQA", "kv_len", "stale cache")),
     # ignores the chunk's end: masks only kv_len, so the last block of a chunk reads into the next chunk
-    (_masks("kv_len"), ("shown case 4 of 4 (chunk not a multiple of BLOCK_N)", "cols < hi")),
+    (_masks("kv_len"), ("shown case 4 of 6 (chunk not a multiple of BLOCK_N)", "cols < hi", "into the next chunk")),
     # forgets to rescale acc by alpha = 2^(m_old - m_new)
-    (((KV_ACC, "acc = acc + tl.sum(p[:, None] * V_j, 0)"),), ("shown case 2 of 4", "first wrong element: O_part")),
+    (((KV_ACC, "acc = acc + tl.sum(p[:, None] * V_j, 0)"),), ("shown case 2 of 6", "first wrong element: O_part",
+                                                                       "acc is not rescaled")),
     # forgets to rescale l
-    ((("l_i = l_i * alpha + tl.sum(p, 0)", "l_i = l_i + tl.sum(p, 0)"),), ("shown case 2 of 4", "LSE_part")),
+    ((("l_i = l_i * alpha + tl.sum(p, 0)", "l_i = l_i + tl.sum(p, 0)"),), ("shown case 2 of 6", "LSE_part", "l_i is not rescaled")),
     # an empty split divides 0 by 0: nan
     ((("tl.store(O_ptrs, acc / l_safe)", "tl.store(O_ptrs, acc / l_i)"),),
-     ("shown case 3 of 4 (more splits than chunks: empty splits)", "= nan", "store o_s = 0 there")),
+     ("shown case 3 of 6 (more splits than chunks: empty splits)", "= nan", "store o_s = 0 there")),
     # lse in base 2 (the log2 units of the loop), not the natural log the combine expects
     ((("(m_i + tl.log2(l_safe)) * 0.6931471805599453", "m_i + tl.log2(l_safe)"),),
-     ("shown case 1 of 4", "first wrong element: LSE_part")),
+     ("shown case 1 of 6", "first wrong element: LSE_part", "natural log")),
     # no masks on the loads, only on the logits: 0 x the NaN rows past the cache is nan
     (((K_LOAD, "K_j = tl.load(K_ptrs + cols[:, None] * stride_kn)"),
-      (V_LOAD, "V_j = tl.load(V_ptrs + cols[:, None] * stride_vn)")), ("shown case 2 of 4", "= nan")),
+      (V_LOAD, "V_j = tl.load(V_ptrs + cols[:, None] * stride_vn)")), ("shown case 2 of 6", "= nan")),
 ])
 def test_split_kv_kernel_rejects_wrong_kernels(tmp_path, replace, expected):
     kernel = load(tmp_path, FD, "split-kv-kernel", "split_kv_kernel", replace)
@@ -200,7 +207,7 @@ def test_split_kv_kernel_tolerance_is_well_above_the_solution_error(tmp_path, mo
         return compare(name, what, got, expected, case, rtol, atol, *rest)
     monkeypatch.setattr(decode_checks, "compare", record)
     checks.split_kv_kernel(kernel, seed=1)
-    assert len(ratios) == 24 and max(ratios) < 0.5, ratios
+    assert len(ratios) == 32 and max(ratios) < 0.5, ratios
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,26 +218,26 @@ DETECT = "overflow = bool(t.max() > b or t.max() < a)"
 
 @pytest.mark.parametrize("old, new, expected", [
     # a detection that never fires
-    (DETECT, "overflow = False", ("shown case 3 of 6 (one score above b)", "got overflow = False, expected True")),
+    (DETECT, "overflow = False", ("shown case 4 of 7 (one score above b)", "got overflow = False, expected True")),
     # the wrong sign of a bound: -a = 60, so it fires on almost every chunk
-    ("t.max() < a", "t.max() < -a", ("shown case 1 of 6 (scores inside the window", "got overflow = True",
+    ("t.max() < a", "t.max() < -a", ("shown case 1 of 7 (scores inside the window", "got overflow = True",
                                      "must not be flagged")),
     # the wrong sign of the other bound: t > -b fires on almost every chunk too
-    ("t.max() > b", "t.max() > -b", ("shown case 1 of 6", "got overflow = True")),
+    ("t.max() > b", "t.max() > -b", ("shown case 1 of 7", "got overflow = True", "not > -b")),
     # only the upper bound: misses a phi so large that every logit underflows
-    (DETECT, "overflow = bool(t.max() > b)", ("shown case 6 of 6 (adversarial: every score underflows",
+    (DETECT, "overflow = bool(t.max() > b)", ("shown case 7 of 7 (adversarial: every score underflows",
                                               "got overflow = False, expected True", "below a")),
     # tests x itself, not x - phi
     ("t.max() > b or t.max() < a", "x.max() > b or x.max() < a",
-     ("shown case 2 of 6 (scores close to the bounds, inside)", "got overflow = True")),
+     ("shown case 2 of 7 (scores close to the bounds, inside)", "got overflow = True", "subtract phi")),
     # FlashDecoding++'s literal check (any x - phi outside): a false alarm on a harmless low score
     (DETECT, "overflow = bool(np.any((t < a) | (t > b)))",
-     ("shown case 4 of 6 (one score below a, next to a safe max)", "got overflow = True", "does not count")),
+     ("shown case 5 of 7 (one score below a, next to a safe max)", "got overflow = True", "does not count")),
     # the smallest x - phi where the largest belongs
-    (DETECT, "overflow = bool(t.min() > b or t.min() < a)", ("shown case 3 of 6 (one score above b)",
+    (DETECT, "overflow = bool(t.min() > b or t.min() < a)", ("shown case 4 of 7 (one score above b)",
                                                             "got overflow = False, expected True")),
     # adds up e^x instead of e^(x - phi)
-    ("e = np.exp(t)", "e = np.exp(x)", ("shown case 1 of 6", "first wrong element: l")),
+    ("e = np.exp(t)", "e = np.exp(x)", ("shown case 1 of 7", "first wrong element: l", "not x")),
 ])
 def test_unified_max_partials_rejects_wrong_detections(tmp_path, old, new, expected):
     fn = load(tmp_path, UM, "unified-max-partials", "unified_max_partials", ((old, new),))
@@ -245,7 +252,7 @@ def test_a_detection_that_never_fires_gives_inf_or_nan_on_the_adversarial_logits
     rng = np.random.default_rng(0)
     for kind in ("adversarial: a score beyond e^709 (x - phi > 720)",
                  "adversarial: every score underflows (x - phi < -750)"):
-        x, V, phi, chunk = decode_checks.unified_max_head(rng, kind)
+        x, V, phi, chunk = decode_cases.unified_max_head(rng, kind)
         # the driver computes logits q . k / sqrt(d): q = e_0 * sqrt(d), k_i = x_i e_0 gives logits x
         d = V.shape[1]
         q = np.zeros((1, d), dtype=np.float32)

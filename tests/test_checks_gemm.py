@@ -15,6 +15,7 @@ import pytest
 import flashcourse  # noqa: F401  (before triton: switches on the interpreter without a GPU)
 from flashcourse import backend, checks
 from flashcourse.checks import gemm as gemm_checks
+from flashcourse.checks import gemm_cases
 from flashcourse.grading import grade
 from flashcourse.reference.gemm import choose_block_n as reference_choose_block_n
 from solution_cells import ROOT, completed, fails, fails_on_a_hidden_case, load, passes_with_one_line, solution_source  # noqa: F401
@@ -43,11 +44,11 @@ def test_the_checks_are_exported_where_the_notebooks_look_for_them():
 def test_the_checks_rule_is_the_courses_choose_block_n():
     """The check's own statement of the rule agrees with flashcourse.reference.gemm.choose_block_n."""
     rng = np.random.default_rng(0)
-    for kind in gemm_checks.CHOOSE_BLOCK_N_KINDS * 20:
-        M, K, N, sms, cands = gemm_checks.choose_block_n_problem(rng, kind)
-        assert gemm_checks.expected_block_n(M, K, N, sms, cands) == reference_choose_block_n(M, K, N, sms, cands)
-    for _, args in gemm_checks.choose_block_n_shown():
-        assert gemm_checks.expected_block_n(*args) == reference_choose_block_n(*args)
+    for kind in gemm_cases.CHOOSE_BLOCK_N_KINDS * 20:
+        M, K, N, sms, cands = gemm_cases.choose_block_n_problem(rng, kind)
+        assert gemm_cases.expected_block_n(M, K, N, sms, cands) == reference_choose_block_n(M, K, N, sms, cands)
+    for _, args in gemm_cases.choose_block_n_shown():
+        assert gemm_cases.expected_block_n(*args) == reference_choose_block_n(*args)
 
 
 def test_hidden_cases_cover_what_the_exercises_promise():
@@ -55,7 +56,7 @@ def test_hidden_cases_cover_what_the_exercises_promise():
 
     def recorder(M, K, N, num_sms, candidates):
         seen.append((M, K, N, num_sms, tuple(candidates)))
-        return gemm_checks.expected_block_n(M, K, N, num_sms, candidates)
+        return gemm_cases.expected_block_n(M, K, N, num_sms, candidates)
     checks.choose_block_n(recorder, seed=1)
     first = list(seen)
     seen.clear()
@@ -63,8 +64,8 @@ def test_hidden_cases_cover_what_the_exercises_promise():
     assert seen == first                                               # a seed draws the same cases
     seen.clear()
     checks.choose_block_n(recorder, seed=2)
-    assert seen[:8] == first[:8] and seen[8:] != first[8:]
-    hidden = seen[8:]
+    assert seen[:9] == first[:9] and seen[9:] != first[9:]
+    hidden = seen[9:]
     assert {40, 108, 132} <= {s for _, _, _, s, _ in hidden}
     assert any(-(-N // min(c)) < s for _, _, N, s, c in hidden)       # parallelism-bound: none fills
     assert any(-(-N // max(c)) >= s for _, _, N, s, c in hidden)      # memory-bound: the largest fills
@@ -73,7 +74,7 @@ def test_hidden_cases_cover_what_the_exercises_promise():
     assert len({c for *_, c in hidden}) >= 2
     # the kernel's hidden problems: M of 1 and 16, ragged K and N, both layouts, N < BLOCK_N, K < BLOCK_K
     rng = np.random.default_rng(3)
-    probs = [gemm_checks.flat_gemm_problem(rng, kind) for kind in gemm_checks.FLAT_GEMM_KINDS]
+    probs = [gemm_cases.flat_gemm_problem(rng, kind) for kind in gemm_cases.FLAT_GEMM_KINDS]
     assert {1, 16} <= {M for M, *_ in probs}
     assert any(K % bk for M, K, N, lay, bn, bk in probs) and any(N % bn for M, K, N, lay, bn, bk in probs)
     assert "nk" in {lay for M, K, N, lay, bn, bk in probs}
@@ -91,22 +92,22 @@ FALLBACK = "if filling else min(candidates)"
 
 @pytest.mark.parametrize("replace, expected", [
     # always the smallest candidate (the most programs)
-    (((FILLING, "filling = []"),), ("shown case 1 of 8 (memory-bound: a large N)", "got 16, expected 256")),
+    (((FILLING, "filling = []"),), ("shown case 1 of 9 (memory-bound: a large N)", "got 16, expected 256")),
     # always the largest candidate (the best ratio, whatever the parallelism)
     (((FILLING, "filling = list(candidates)"),),
-     ("shown case 2 of 8 (parallelism-bound: a small N)", "got 256, expected 16")),
+     ("shown case 2 of 9 (parallelism-bound: a small N)", "got 256, expected 16")),
     # the largest one when none fills the SMs
-    (((FALLBACK, FALLBACK.replace("min", "max")),), ("shown case 2 of 8", "got 256, expected 16",
-                                                               "take the smallest B_N")),
+    (((FALLBACK, FALLBACK.replace("min", "max")),), ("shown case 2 of 9", "got 256, expected 16",
+                                                               "return the smallest candidate")),
     # ignores the SM count: an H100's 132 everywhere
     (((FILLING, FILLING.replace(">= num_sms", ">= 132")),),
-     ("shown case 4 of 8 (A100: the same shape on 108 SMs)", "got 16, expected 32", "num_sms")),
+     ("shown case 4 of 9 (A100: the same shape on 108 SMs)", "got 16, expected 32", "compare with num_sms")),
     # > instead of >=: one program per SM does fill the SMs
     (((FILLING, FILLING.replace(">=", ">")),),
-     ("shown case 6 of 8 (N / B_N exactly the number of SMs)", "got 32, expected 64", ">=, not >")),
+     ("shown case 6 of 9 (N / B_N exactly the number of SMs)", "got 32, expected 64", ">= num_sms, not >")),
     # N // B_N instead of ceil(N / B_N): the last, partial tile is a program too
     (((FILLING, FILLING.replace("math.ceil(N / b)", "N // b")),),
-     ("shown case 7 of 8 (ragged N", "got 16, expected 32", "ceil(N / B_N)")),
+     ("shown case 8 of 9 (ragged N", "got 16, expected 32", "ceil(N / B_N)")),
 ])
 def test_choose_block_n_rejects_wrong_choices(tmp_path, replace, expected):
     fn = load(tmp_path, FG, ["ratio", "choose-block-n"], "choose_block_n", replace)
@@ -122,13 +123,13 @@ def test_choose_block_n_not_implemented_bad_returns_and_a_hidden_case_replays(tm
     fails(checks.choose_block_n, 3, "expects your function")
 
     def wrong_on_t4(M, K, N, num_sms, candidates):
-        return min(candidates) if num_sms == 40 and N > 4000 else gemm_checks.expected_block_n(M, K, N, num_sms, candidates)
-    fails(checks.choose_block_n, wrong_on_t4, "shown case 5 of 8 (T4: 40 SMs)")
+        return min(candidates) if num_sms == 40 and N > 4000 else gemm_cases.expected_block_n(M, K, N, num_sms, candidates)
+    fails(checks.choose_block_n, wrong_on_t4, "shown case 5 of 9 (T4: 40 SMs)")
 
-    shown = {args[:4] for _, args in gemm_checks.choose_block_n_shown()}
+    shown = {args[:4] for _, args in gemm_cases.choose_block_n_shown()}
 
     def wrong_when_hidden(M, K, N, num_sms, candidates):          # right on the shown cases only
-        right = gemm_checks.expected_block_n(M, K, N, num_sms, candidates)
+        right = gemm_cases.expected_block_n(M, K, N, num_sms, candidates)
         if (M, K, N, num_sms) in shown:
             return right
         return max(candidates) if right == min(candidates) else min(candidates)
@@ -147,27 +148,27 @@ INTERPRETER_ONLY = pytest.mark.skipif(not backend.INTERPRET, reason="reads past 
 
 @pytest.mark.parametrize("replace, expected", [
     # no accumulation: only the last K tile survives
-    (((ACC, "acc = tl.dot(x, w)"),), ("wrong value on shown case 1 of 4 (several K tiles", "first wrong element: y[",
+    (((ACC, "acc = tl.dot(x, w)"),), ("wrong value on shown case 1 of 5 (several K tiles", "first wrong element: y[",
                                       "acc += tl.dot(x, w)")),
     # the K mask forgotten on x (W masked): the ragged last tile reads past K
     (((X_LOAD, X_LOAD.replace("(rows[:, None] < M) & (k + ks[None, :] < K)", "rows[:, None] < M")),),
-     ("shown case 2 of 4 (ragged K", "x[0, 100] (x has K = 100 columns)", "k + ks < K")),
+     ("shown case 2 of 5 (ragged K", "x[0, 100] (x has K = 100 columns)", "k + ks < K")),
     # the K mask forgotten on W
     (((W_LOAD, W_LOAD.replace("(k + ks[:, None] < K) & (cols[None, :] < N)", "cols[None, :] < N")),),
-     ("shown case 2 of 4 (ragged K", "W[100, 0] (as (K, N); W has K = 100 rows)")),
+     ("shown case 2 of 5 (ragged K", "W[100, 0] (as (K, N); W has K = 100 rows)")),
     # the K mask forgotten on both: the product of the overshoot is NaN (the value check sees it too)
     (((X_LOAD, X_LOAD.replace("(rows[:, None] < M) & (k + ks[None, :] < K)", "rows[:, None] < M")),
       (W_LOAD, W_LOAD.replace("(k + ks[:, None] < K) & (cols[None, :] < N)", "cols[None, :] < N"))),
-     ("shown case 2 of 4 (ragged K", "has K = 100")),
+     ("shown case 2 of 5 (ragged K", "has K = 100")),
     # the tile of W does not move down with k: the K stride forgotten (k elements on, not k rows)
-    (((W_LOAD, W_LOAD.replace("w_ptrs + k * stride_wk", "w_ptrs + k")),), ("shown case 1 of 4 (several K tiles",
+    (((W_LOAD, W_LOAD.replace("w_ptrs + k * stride_wk", "w_ptrs + k")),), ("shown case 1 of 5 (several K tiles",
                                                                           "k * stride_wk")),
     # W's layout hard-wired: (K, N) contiguous, ignoring the strides it is given
     (((W_LOAD, W_LOAD.replace("w_ptrs + k * stride_wk", "W + (k + ks[:, None]) * N + cols[None, :]")),),
-     ("shown case 1 of 4",)),
+     ("shown case 1 of 5",)),
     # x's and W's K offsets swapped into the wrong stride: the W tile steps along N
     (((W_LOAD, W_LOAD.replace("w_ptrs + k * stride_wk", "w_ptrs + k * stride_wn")),),
-     ("shown case 1 of 4 (several K tiles",)),
+     ("shown case 1 of 5 (several K tiles",)),
 ])
 def test_flat_gemm_kernel_rejects_wrong_kernels(tmp_path, replace, expected):
     kernel = load(tmp_path, FG, "flat-gemm-kernel", "flat_gemm_kernel", replace)
@@ -178,10 +179,10 @@ def test_flat_gemm_kernel_rejects_wrong_kernels(tmp_path, replace, expected):
 @pytest.mark.parametrize("replace, expected", [
     # the row mask forgotten: loads x's rows M .. 15 (past the tensor) into the padded tile
     (((X_LOAD, X_LOAD.replace("(rows[:, None] < M) & (k + ks[None, :] < K)", "k + ks[None, :] < K")),),
-     ("read x[4, 0] (x has M = 4 rows), outside the data, on shown case 1 of 4", "rows < M")),
+     ("read x[4, 0] (x has M = 4 rows), outside the data, on shown case 1 of 5", "rows < M")),
     # the column mask forgotten: the last program reads W's columns past N
     (((W_LOAD, W_LOAD.replace("(k + ks[:, None] < K) & (cols[None, :] < N)", "k + ks[:, None] < K")),),
-     ("read W[0, 70] (as (K, N); W has N = 70 columns)", "shown case 2 of 4", "cols < N")),
+     ("read W[0, 70] (as (K, N); W has N = 70 columns)", "shown case 2 of 5", "cols < N")),
 ])
 def test_flat_gemm_kernel_rejects_reads_past_m_and_n(tmp_path, replace, expected):
     """A read past M or N changes no element of y (row i of y needs row i of x only, column j column j
@@ -215,7 +216,7 @@ def test_flat_gemm_kernel_tolerance_is_well_above_the_solution_error(tmp_path, m
         return compare(name, what, got, expected, case, rtol, atol, *rest)
     monkeypatch.setattr(gemm_checks, "compare", record)
     checks.flat_gemm_kernel(kernel, seed=1)
-    assert len(ratios) == 12 and max(ratios) < 0.6, ratios
+    assert len(ratios) == 18 and max(ratios) < 0.6, ratios
 
 
 # ---------------------------------------------------------------------------------------------

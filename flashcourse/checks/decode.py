@@ -8,9 +8,13 @@ Decoding has one query token per sequence and head: ``q`` is (B, H_q, d), the KV
 is split along L into chunks of ``chunk`` keys: split s covers keys ``s * chunk <= c < min((s + 1) *
 chunk, kv_len)``, possibly none (an *empty split*: its lse is -inf and its output 0).
 
-The float64 references live here (:func:`decode64`, :func:`partials64`), so that these checks do
-not depend on the course's own decode references or kernels; only the fallback rule, which is the
-exercise's specification, comes from :mod:`flashcourse.reference.decode`.
+The cases and the float64 references (:func:`~flashcourse.checks.decode_cases.decode64`,
+:func:`~flashcourse.checks.decode_cases.partials64`) live in :mod:`flashcourse.checks.decode_cases`, so
+that these checks depend on neither the course's decode references nor its kernels; only the fallback
+rule, which is the exercise's specification, comes from :mod:`flashcourse.reference.decode`. When a
+result is wrong, the checks compute what the known mistakes (no running maximum, a forgotten rescale,
+a mask off by one, e^lse without the maximum, ``>=`` for ``>``...) give on that very case, and name
+the one the result matches.
 
 Example:
     >>> import numpy as np
@@ -20,7 +24,7 @@ Example:
     >>> checks.lse_combine(average)                           # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    AssertionError: lse_combine: wrong value on shown case 1 of 6 (two splits), ...
+    AssertionError: lse_combine: wrong value on shown case 1 of 7 (two splits), ...
     ...
 """
 from __future__ import annotations
@@ -32,81 +36,11 @@ import numpy as np
 from ..reference.decode import needs_fallback
 from .cases import (ATTENTION_DTYPE_NOTE, LOG2E, POISON_F32, U32, Case, call, compare, compile_after, fmt, join_lines,
                     launch, passed, poisoned, require_callable, require_kernel, seed_of)
+from .decode_cases import (LSE_COMBINE_KINDS, SPLIT_KV_KINDS, UM_KINDS, WINDOWS, LoadCount, combine_problem,
+                           combine_shown, heads_kv, partials64, sizes, split_kv_problem, split_kv_shown,
+                           unified_max_head, unified_max_shown)
 
 __all__ = ["lse_combine", "split_kv_kernel", "unified_max_partials"]
-
-# ---------------------------------------------------------------------------------------------
-# Float64 references: decode attention with GQA and valid lengths, and its per-split partials.
-
-
-def _heads_kv(q, k):
-    return q.shape[1] // k.shape[1]
-
-
-def _scores64(q, k, kv_lens, scale):
-    """(B, H_q, L) float64 logits, -inf past each sequence's kv_len; query head h reads KV head h // group."""
-    B, H_q, _ = q.shape
-    L = k.shape[2]
-    kk = np.repeat(np.asarray(k, dtype=np.float64), _heads_kv(q, k), axis=1)        # (B, H_q, L, d)
-    s = np.einsum("bhd,bhnd->bhn", np.asarray(q, dtype=np.float64), kk) * scale
-    valid = np.arange(L)[None, :] < np.asarray(kv_lens)[:, None]                   # (B, L)
-    return np.where(valid[:, None, :], s, -np.inf)
-
-
-def _softmax_out(s, v):
-    """(o, lse) of logits s (B, H_q, n) against values v (B, H_q, n, d); (0, -inf) where s is all -inf."""
-    with np.errstate(all="ignore"):
-        m = s.max(axis=-1)
-        safe = np.where(np.isneginf(m), 0.0, m)
-        p = np.exp(s - safe[..., None])
-        l = p.sum(axis=-1)
-        o = np.einsum("bhn,bhnd->bhd", p, np.nan_to_num(v, nan=0.0)) / np.where(l == 0, 1.0, l)[..., None]
-        lse = np.where(l == 0, -np.inf, safe + np.log(np.where(l == 0, 1.0, l)))
-    return o, lse
-
-
-def decode64(q, k, v, kv_lens, scale):
-    """Float64 decode attention, the reference of :func:`lse_combine`: ``(o (B, H_q, d), lse (B, H_q))`` of
-    ``q`` (B, H_q, d) against caches ``k``, ``v`` (B, H_kv, L, d) with ``kv_lens[b]`` valid keys (the
-    keys past it, even NaN ones, weigh nothing); ``lse`` is each head's natural log-sum-exp.
-
-    Example:
-        >>> rng = np.random.default_rng(0)
-        >>> q, k, v = rng.normal(size=(1, 2, 4)), rng.normal(size=(1, 1, 5, 4)), rng.normal(size=(1, 1, 5, 4))
-        >>> o, lse = decode64(q, k, v, [3], 0.5)
-        >>> bool(np.allclose(o, decode64(q, k[:, :, :3], v[:, :, :3], [3], 0.5)[0])), o.shape, lse.shape
-        (True, (1, 2, 4), (1, 2))
-    """
-    s = _scores64(q, k, kv_lens, scale)
-    vv = np.repeat(np.asarray(v, dtype=np.float64), _heads_kv(q, k), axis=1)
-    vv = np.where(np.isfinite(s)[..., None], vv, 0.0)       # stale or NaN rows past kv_len weigh nothing
-    return _softmax_out(s, vv)
-
-
-def partials64(q, k, v, kv_lens, scale, chunk, num_splits):
-    """Float64 partials of ``num_splits`` splits of ``chunk`` keys, the reference of :func:`split_kv_kernel`:
-    ``(o_s (S, B, H_q, d), lse_s (S, B, H_q))``, each o_s normalised over its chunk, (0, -inf) for an
-    empty split; the other arguments as for :func:`decode64`.
-
-    Example:
-        >>> rng = np.random.default_rng(0)
-        >>> q, k, v = rng.normal(size=(1, 1, 4)), rng.normal(size=(1, 1, 5, 4)), rng.normal(size=(1, 1, 5, 4))
-        >>> o_s, lse_s = partials64(q, k, v, [5], 0.5, chunk=2, num_splits=4)
-        >>> o_s.shape, bool(np.isneginf(lse_s[3]).all()), float(np.abs(o_s[3]).max())
-        ((4, 1, 1, 4), True, 0.0)
-    """
-    s = _scores64(q, k, kv_lens, scale)
-    vv = np.repeat(np.asarray(v, dtype=np.float64), _heads_kv(q, k), axis=1)
-    vv = np.where(np.isfinite(s)[..., None], vv, 0.0)
-    L = s.shape[-1]
-    os_, lses = [], []
-    for sp in range(num_splits):
-        cols = np.arange(L)
-        inside = (cols >= sp * chunk) & (cols < (sp + 1) * chunk)
-        o, lse = _softmax_out(np.where(inside, s, -np.inf), np.where(inside[:, None], vv, 0.0))
-        os_.append(o)
-        lses.append(lse)
-    return np.stack(os_), np.stack(lses)
 
 
 class _DecodeCase(Case):
@@ -125,125 +59,118 @@ class _DecodeCase(Case):
         return f"{where}: " + ", ".join(parts)
 
 
-def decode_problem(rng, kind: str, d_choices=(16, 32, 64), l_max: int = 300, small: bool = False):
-    """A random decode problem of a ``kind`` of :data:`LSE_COMBINE_KINDS` (or :data:`SPLIT_KV_KINDS`):
-    ``(q, k, v, kv_lens, num_splits, chunk)``, float64, as :func:`partials64` takes them. ``small``: at
-    most 2 sequences and 8 query heads (the kernel check runs in Triton's interpreter).
+def _isclose(got, want, rtol: float, atol: float):
+    """Elementwise ``got`` == ``want`` within the tolerance (nan matching nan, inf inf); None when the
+    shapes differ or ``got`` is not numbers."""
+    try:
+        g, w = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    except (TypeError, ValueError):
+        return None
+    with np.errstate(all="ignore"):
+        return np.isclose(g, w, rtol=rtol, atol=atol, equal_nan=True) if g.shape == w.shape else None
+
+
+def diagnose(mistakes, got: tuple, expected: tuple, tols: list, i: int) -> str:
+    """The hint of the known mistake that explains the wrong output ``got[i]``: ``mistakes`` yields ``(hint,
+    outputs)``, what that mistake computes on this case (an output None: it computes that one right);
+    ``got``, ``expected`` are the outputs, ``tols`` their (rtol, atol). First a mistake that gives every
+    output as ``got`` does, else one whose i-th output matches every wrong element of ``got[i]``; "" if none.
 
     Example:
-        >>> q, k, v, kv_lens, num_splits, chunk = decode_problem(np.random.default_rng(0), "MQA (one KV head)")
-        >>> k.shape[1], q.shape[1] > 1, num_splits * chunk >= k.shape[2] == int(max(kv_lens))
-        (1, True, True)
+        >>> o, want, tol = np.array([1.0, 2.0]), np.array([2.0, 2.0]), [(0, 1e-9)]
+        >>> diagnose([("no", (None,)), ("forgot the 2", (np.array([1.0, 1.0]),))], (o,), (want,), tol, 0)
+        'forgot the 2'
     """
-    B = int(rng.integers(1, 3 if small else 4))
-    H_kv = int(rng.choice([1, 2] if small else [1, 2, 4]))
-    group = int(rng.choice([1, 2, 4]))
-    if "MQA" in kind:
-        H_kv, group = 1, int(rng.choice([2, 4, 8]))
-    elif "MHA" in kind:
-        group = 1
-    elif "GQA" in kind:
-        H_kv, group = int(rng.choice([2] if small else [2, 4])), int(rng.choice([2, 4]))
-    H_q, d = H_kv * group, int(rng.choice(d_choices))
-    L = int(rng.integers(2, l_max + 1))
-    kv_lens = rng.integers(1, L + 1, size=B)
-    kv_lens[int(rng.integers(B))] = L
-    if "kv_len of 1" in kind:
-        kv_lens[int(rng.integers(B))] = 1
-    num_splits = int(rng.integers(1, 9))
-    chunk = -(-L // num_splits)
-    if "more splits" in kind:                     # splits past the longest sequence: empty for everyone
-        num_splits += int(rng.integers(1, 4))
-    if "not a multiple" in kind and L % chunk == 0 and chunk > 1:
-        chunk -= 1
-        num_splits = -(-L // chunk)
-    q = rng.normal(size=(B, H_q, d))
-    if "huge logits" in kind:
-        q *= 300.0
-    elif "large logits" in kind:
-        q *= 30.0
-    k, v = rng.normal(size=(B, H_kv, L, d)), rng.normal(size=(B, H_kv, L, d))
-    return q, k, v, kv_lens, num_splits, chunk
+    mistakes = [(hint, outs) for hint, outs in mistakes if outs[i] is not None]
+    right = _isclose(got[i], expected[i], *tols[i])
+    if right is None or right.all():
+        return ""
+    for hint, outs in mistakes:
+        if all((m := _isclose(g, e if o is None else o, *t)) is not None and m.all()
+               for g, o, e, t in zip(got, outs, expected, tols)):
+            return hint
+    for hint, outs in mistakes:
+        same = _isclose(got[i], outs[i], *tols[i])
+        if same is not None and same[~right].all():
+            return hint
+    return ""
 
 
-def _sizes(q, k, kv_lens, num_splits, chunk, scale):
-    s = _scores64(q, k, kv_lens, scale)
-    return dict(B=q.shape[0], H_q=q.shape[1], H_kv=k.shape[1], d=q.shape[2], L=k.shape[2],
-                kv_lens=[int(t) for t in kv_lens], num_splits=num_splits, chunk=chunk,
-                **{"max logit": float(s[np.isfinite(s)].max())})
+def _compare_all(name: str, pairs, case, hint_of) -> None:
+    """``compare`` each ``(what, got, expected, rtol, atol)``; the hint, ``hint_of(i)`` for the i-th pair, is
+    worked out only once that output is wrong (it computes what the known mistakes give on this case)."""
+    for i, (what, got, expected, rtol, atol) in enumerate(pairs):
+        try:
+            compare(name, what, got, expected, case, rtol, atol, "", ATTENTION_DTYPE_NOTE)
+        except AssertionError:
+            try:
+                hint = hint_of(i)
+            except Exception:  # pragma: no cover - a diagnosis must never hide the failure itself
+                hint = ""
+            compare(name, what, got, expected, case, rtol, atol, hint, ATTENTION_DTYPE_NOTE)
+            raise
 
 
 # ---------------------------------------------------------------------------------------------
 # Chapter 4, exercise 1: the log-sum-exp combine, in NumPy.
 #
 # Tolerances (float64, u = 1.1e-16): lse = m + log(sum_s e^(lse_s - m)) is a sum of S <= 12 positive
-# terms, each with a relative error of a few u times |lse_s - m| (the argument is rounded): for the
-# largest logits drawn (|lse| ~ 1000) that is ~1e-13 absolute, so lse passes at rtol 1e-9 +
-# atol 1e-9. o = sum_s e^(lse_s - lse) o_s is a convex combination of rows each bounded by max|V|:
-# its error is a few u |lse| max|V| ~ 1e-12 max|V|, so atol = 1e-9 max|V| leaves 1000x margin.
-# Every wrong combine we know (averaging, no weights, lse = max) is off by O(1).
+# terms, each with a relative error of a few u times |lse_s - m| (the argument is rounded); only the
+# terms with lse_s - m > -745 count, so that is <= 1e-13 absolute, plus the rounding of m + log(.),
+# u |lse|: ~1e-12 at the largest |lse| drawn (~1e4, logits that step by 1000s from split to split).
+# So lse passes at rtol 1e-9 + atol 1e-9. o = sum_s e^(lse_s - lse) o_s is a convex combination of rows
+# each bounded by max|V|, whose weights carry the same ~1e-12 relative error: atol = 1e-9 max|V| leaves
+# 1000x margin. Every wrong combine we know (averaging, no weights, lse = max) is off by O(1), or nan.
 RTOL_DEC64, ATOL_DEC64 = 1e-9, 1e-9
 
 _COMBINE_HINT = ("lse = log(sum_s e^(lse_s)), computed as m + log(sum_s e^(lse_s - m)) with m = max_s lse_s "
                  "(so that e^(.) cannot overflow); then o = sum_s e^(lse_s - lse) o_s: each partial is weighted "
                  "by its chunk's share of the softmax mass, and the weights sum to 1.")
-_COMBINE_KIND_HINTS = {
-    "empty": "an empty split has lse_s = -inf: its weight e^(-inf - lse) is 0, so it adds nothing.",
-    "huge logits": "lse_s is near 1000 here and e^1000 overflows: subtract m = max_s lse_s before "
-                   "exponentiating.",
-    "large logits": "lse_s is near 1000 here and e^1000 overflows: subtract m = max_s lse_s before "
-                    "exponentiating.",
-    "uneven": "the chunks hold different numbers of keys: an average of the o_s weighs them equally; the "
-              "weights e^(lse_s - lse) weigh each by its softmax mass.",
-}
+_ALL_EMPTY_HINT = ("every split of this head is empty (every lse_s is -inf): m = -inf and -inf - (-inf) is nan. "
+                   "Shift by 0 there (np.where(np.isneginf(m), 0.0, m)) and divide by 1 where the sum of the weights "
+                   "is 0, so that o = 0 and lse = -inf: the partial of no keys, which can be combined again.")
 
 
-def _combine_shown():
-    """The shown cases of lse_combine: partials of small one-head problems (split axis first)."""
-    g = np.random.default_rng(41)
+def _combine_mistakes(o_s, lse_s):
+    """(hint, lse, o) of the known wrong combines, computed on these partials as the student would; None
+    where a mistake does not touch that output."""
+    with np.errstate(all="ignore"):
+        m = lse_s.max(axis=0)
+        e = np.exp(lse_s)
 
-    def one_head(n, d, chunk, num_splits, scale=1.0, top=None):
-        q = g.normal(size=(1, 1, d)).round(2)
-        k, v = g.normal(size=(1, 1, n, d)).round(2), g.normal(size=(1, 1, n, d)).round(2)
-        if top is not None:                       # the largest logit is `top`
-            scale = top / float(_scores64(q, k, [n], 1.0).max())
-        return q, k, v, [n], num_splits, chunk, scale
+        def weighed(w):
+            return (w[..., None] * o_s).sum(axis=0)
 
-    cases = [
-        ("two splits", one_head(6, 4, 3, 2)),
-        ("one split: nothing to combine", one_head(5, 4, 5, 1)),
-        ("an empty split (lse_s = -inf, o_s = 0)", one_head(5, 4, 3, 3)),
-        ("uneven chunks: 1 key and 7 keys", None),
-        ("large logits: lse_s near 1000", one_head(6, 4, 2, 3, top=1000.0)),
-        ("batched: B = 2, H_q = 4 (GQA, 2 query heads per KV head), d = 8", None),
-    ]
-    q, k, v, _, _, _, _ = one_head(8, 4, 1, 2)
-    out = []
-    for kind, prob in cases:
-        if kind.startswith("uneven"):
-            s = _scores64(q, k, [8], 1.0)
-            vv = v[:, :, :8]
-            parts = [_softmax_out(s[..., :1], vv[:, :, :1]), _softmax_out(s[..., 1:], vv[:, :, 1:])]
-            o_s, lse_s = np.stack([p[0] for p in parts]), np.stack([p[1] for p in parts])
-            o, lse = decode64(q, k, v, [8], 1.0)
-            out.append((kind, o_s[:, 0, 0], lse_s[:, 0, 0], o[0, 0], lse[0, 0], 1.0))
-            continue
-        if kind.startswith("batched"):
-            qb, kb, vb = g.normal(size=(2, 4, 8)), g.normal(size=(2, 2, 20, 8)), g.normal(size=(2, 2, 20, 8))
-            o_s, lse_s = partials64(qb, kb, vb, [20, 7], 0.35, 5, 4)
-            o, lse = decode64(qb, kb, vb, [20, 7], 0.35)
-            out.append((kind, o_s, lse_s, o, lse, float(np.abs(vb).max())))
-            continue
-        qq, kk, vv, lens, S, chunk, scale = prob
-        o_s, lse_s = partials64(qq, kk, vv, lens, scale, chunk, S)
-        o, lse = decode64(qq, kk, vv, lens, scale)
-        out.append((kind, o_s[:, 0, 0], lse_s[:, 0, 0], o[0, 0], lse[0, 0], float(np.abs(vv).max())))
-    return out
-
-
-#: What the hidden cases of :func:`lse_combine` stress, in turn (the ``kind`` of :func:`decode_problem`).
-LSE_COMBINE_KINDS = ["GQA", "MQA (one KV head)", "MHA", "kv_len of 1", "more splits than chunks: empty splits",
-                     "kv_len not a multiple of the chunk", "large logits (q x 30)", "huge logits (q x 300)"]
+        def shifted(c):                               # the log-sum-exp shifted by c, and its weights, written two ways
+            w = np.exp(lse_s - c)
+            c_lse = c + np.log(w.sum(axis=0))
+            return ((c_lse, weighed(np.exp(lse_s - c_lse))), (c_lse, weighed(w) / w.sum(axis=0)[..., None]))
+        lse = np.logaddexp.reduce(lse_s, axis=0)
+        shift = ("e^(lse_s - c) overflows to inf, or is nan, unless the shift c is the largest lse_s: compute lse = "
+                 "m + log(sum_s e^(lse_s - m)) with m = max_s lse_s, not with no shift, the first or last split's lse_s "
+                 "or the smallest (-inf for an empty split, whose weight must be 0, not nan).")
+        guard = lambda c: np.where(np.isneginf(c), 0.0, c)   # noqa: E731  (the all-empty guard, if any)
+        return [
+            (shift, np.log(e.sum(axis=0)), None),
+            *((shift, *way) for c in (0.0, lse_s.min(axis=0), lse_s[0], lse_s[-1], guard(lse_s.min(axis=0)),
+                                      guard(lse_s[0]), guard(lse_s[-1])) for way in shifted(c)),
+            ("the weights e^lse_s / sum_s e^lse_s are computed without the maximum: e^lse_s is inf (or 0) here, so "
+             "they are inf / inf or 0 / 0 = nan; weigh by e^(lse_s - m) / sum_s e^(lse_s - m), m = max_s lse_s.",
+             None, weighed(e / e.sum(axis=0))),
+            ("the log of the sum is added to the maximum: lse = m + log(sum_s e^(lse_s - m)), not m - log(...).",
+             m - np.log(np.exp(lse_s - m).sum(axis=0)), None),
+            ("the exponent's sign: e^(lse_s - m) (<= 1), not e^(m - lse_s).", m + np.log(np.exp(m - lse_s).sum(axis=0)),
+             weighed(np.exp(m - lse_s) / np.exp(m - lse_s).sum(axis=0))),
+            ("the weights are e^(lse_s - lse) (a split's share of the mass, <= 1), not e^(lse - lse_s).", None,
+             weighed(np.exp(lse - lse_s))),
+            ("an average of the o_s weighs every split alike; weigh each by its share of the softmax mass, "
+             "e^(lse_s - lse).", None, o_s.mean(axis=0)),
+            ("the o_s are added up without weights: weigh each by e^(lse_s - lse), which sum to 1.", None,
+             o_s.sum(axis=0)),
+            ("the weights e^(lse_s - m) are not divided by their sum: o = sum_s e^(lse_s - m) o_s / sum_s "
+             "e^(lse_s - m), i.e. the weights e^(lse_s - lse), which sum to 1.", None, weighed(np.exp(lse_s - m))),
+            ("lse is log(sum_s e^(lse_s)), not max_s lse_s: add log(sum_s e^(lse_s - m)) to the maximum.", m, None),
+        ]
 
 
 def lse_combine(fn, seed: int | None = None) -> None:
@@ -252,40 +179,43 @@ def lse_combine(fn, seed: int | None = None) -> None:
     ``o_s`` is (S, ..., d): split s's output, normalised over its own chunk; ``lse_s`` is (S, ...):
     the log-sum-exp of that chunk's logits, -inf for an empty split (whose o_s is 0). Axis 0 is the
     split; the axes in between (batch, heads) are anything. The combine returns ``o`` (..., d) and
-    ``lse`` (...): ``lse = log sum_s e^(lse_s)``, ``o = sum_s e^(lse_s - lse) o_s``.
+    ``lse`` (...): ``lse = log sum_s e^(lse_s)``, ``o = sum_s e^(lse_s - lse) o_s``; a head whose
+    splits are all empty (no keys) gives o = 0 and lse = -inf.
 
-    6 shown cases and 20 hidden ones: partials of random decode problems (GQA, MQA, MHA, kv_lens of
-    1, lengths not a multiple of the chunk, more splits than chunks, logits up to ~1000), each compared
-    with float64 decode attention over the whole cache (o and lse).
+    7 shown cases and 20 hidden ones, each compared with float64 decode attention over the whole cache
+    (o and lse). In every run: logits that jump up, or drop, by 1000s from one split to the next, every
+    e^lse_s underflowing, empty splits first, in the middle and last, a sequence with no keys; and
+    random GQA, MQA and MHA problems, kv_lens of 1, lengths not a multiple of the chunk.
 
     Example:
         >>> import numpy as np
         >>> from flashcourse import checks
         >>> def combine(o_s, lse_s):
-        ...     lse = np.logaddexp.reduce(lse_s, axis=0)
-        ...     return (np.exp(lse_s - lse)[..., None] * o_s).sum(axis=0), lse
+        ...     m = lse_s.max(axis=0)
+        ...     m = np.where(np.isneginf(m), 0.0, m)
+        ...     w = np.exp(lse_s - m)
+        ...     l = w.sum(axis=0)
+        ...     with np.errstate(divide="ignore"):
+        ...         lse = m + np.log(l)
+        ...     return (w[..., None] * o_s).sum(axis=0) / np.where(l == 0, 1.0, l)[..., None], lse
         >>> checks.lse_combine(combine)
-        lse_combine: 26 cases passed (6 shown, 20 hidden) ✓
+        lse_combine: 27 cases passed (7 shown, 20 hidden) ✓
     """
     name = "lse_combine"
     require_callable(name, fn, "check.lse_combine(lse_combine)")
     seed = seed_of(seed)
     rng = np.random.default_rng(seed)
-    shown = _combine_shown()
+    shown = combine_shown()
     cases = []
     for i, (kind, o_s, lse_s, o, lse, vmax) in enumerate(shown):
-        c = Case(kind, (o_s, lse_s), number=i + 1, of=len(shown), names=("o_s", "lse_s"))
-        cases.append((c, o, lse, vmax))
+        cases.append((Case(kind, (o_s, lse_s), number=i + 1, of=len(shown), names=("o_s", "lse_s")), o, lse, vmax))
     n_hidden = 20
     for i in range(n_hidden):
         kind = LSE_COMBINE_KINDS[i % len(LSE_COMBINE_KINDS)]
-        q, k, v, kv_lens, S, chunk = decode_problem(rng, kind)
-        scale = 1.0 / math.sqrt(q.shape[2])
-        o_s, lse_s = partials64(q, k, v, kv_lens, scale, chunk, S)
-        o, lse = decode64(q, k, v, kv_lens, scale)
+        o_s, lse_s, o, lse, vmax, info = combine_problem(rng, kind)
         c = _DecodeCase(kind, (o_s, lse_s), i + 1, n_hidden, hidden=True, seed=seed, names=("o_s", "lse_s"),
-                        extra=_sizes(q, k, kv_lens, S, chunk, scale))
-        cases.append((c, o, lse, float(np.abs(v).max())))
+                        extra=info)
+        cases.append((c, o, lse, vmax))
     replay = f"check.lse_combine(lse_combine, seed={seed}) draws this hidden case again."
     for case, o, lse, vmax in cases:
         got = call(name, fn, case.inputs, case)
@@ -293,10 +223,18 @@ def lse_combine(fn, seed: int | None = None) -> None:
             what = f"{len(got)} values" if isinstance(got, (tuple, list)) else f"a {type(got).__name__}"
             raise AssertionError(f"{name} must return the two values (o, lse); it returned {what} on "
                                  f"{case.describe()}")
-        kind_hint = next((h for key, h in _COMBINE_KIND_HINTS.items() if key in case.kind), "")
-        hint = join_lines(kind_hint, _COMBINE_HINT, replay if case.hidden else "")
-        compare(name, "lse", got[1], lse, case, RTOL_DEC64, ATOL_DEC64, hint, ATTENTION_DTYPE_NOTE)
-        compare(name, "o", got[0], o, case, RTOL_DEC64, ATOL_DEC64 * max(1.0, vmax), hint, ATTENTION_DTYPE_NOTE)
+        pairs = [("lse", got[1], lse, RTOL_DEC64, ATOL_DEC64), ("o", got[0], o, RTOL_DEC64, ATOL_DEC64 * max(1.0, vmax))]
+
+        def hint_of(i, case=case, pairs=pairs):
+            _, g, want, rtol, atol = pairs[i]
+            empty = np.isneginf(np.asarray(lse)) if i == 0 else np.isneginf(np.asarray(lse))[..., None] & (np.asarray(o) == 0)
+            if empty.any() and not _isclose(np.asarray(g, dtype=np.float64)[empty], np.asarray(want)[empty], rtol, atol).all():
+                found = _ALL_EMPTY_HINT                        # wrong on a head with no keys
+            else:
+                found = diagnose(((h, tuple(outs)) for h, *outs in _combine_mistakes(*case.inputs)),
+                                 *zip(*[(p[1], p[2], p[3:]) for p in pairs]), i)
+            return join_lines(found or _COMBINE_HINT, replay if case.hidden else "")
+        _compare_all(name, pairs, case, hint_of)
     passed(name, len(shown), n_hidden)
 
 
@@ -311,67 +249,105 @@ def lse_combine(fn, seed: int | None = None) -> None:
 #   * l and acc are sums of <= chunk terms, rescaled once per block: <= (chunk + 8) u32 max|V| for o_s;
 #   * lse_s = (m + log2 l) ln2: <= ln2 dt + (chunk + 8) u32 + 2 u32 |lse_s| (absolute).
 # The check allows twice these first-order bounds. On a GPU exp2 is approximate (a few ulp): already
-# inside the margin. A kernel that forgets a rescale, reads keys past kv_len or past its chunk, or
-# writes nan for an empty split is off by 0.01 or more (tests/test_checks_decode.py); the solution's
-# error is measured there as a fraction of the allowance.
+# inside the margin. The adversarial cases (logits stepping by hundreds between blocks) have A ~ 1000,
+# so an allowance of ~1e-2 max|V|; there a kernel with no running maximum gives inf or nan, and one
+# that forgets a rescale weighs blocks worth e^-200 as 1: off by O(1). A kernel that reads keys past
+# kv_len or past its chunk, or writes nan for an empty split, is off by 0.01 or more
+# (tests/test_checks_decode.py); the solution's error is measured there as a fraction of the allowance.
 
 _KERNEL_HINT = ("per block of keys: qk = (q . K_j) * qk_scale, -inf where a key is not in this chunk (cols >= hi); "
                 "m_new = max(m_i, max(qk)), alpha = 2^(m_i - m_new), p = 2^(qk - m_new), l_i = alpha l_i + sum(p), "
                 "acc = alpha acc + sum_j p_j V_j; at the end o_s = acc / l_i (0 where l_i = 0) and "
                 "lse_s = (m_i + log2(l_i)) ln 2.")
-_KERNEL_KIND_HINTS = {
-    "empty": "an empty split runs no iteration of the loop: m_i stays -inf and l_i 0, so acc / l_i is 0 / 0; "
-             "store o_s = 0 there (divide by 1 where l_i == 0) and lse_s = -inf.",
-    "not a multiple of BLOCK_N": "the chunk does not end on a block boundary: the last block of a chunk reaches "
-                                 "into the next chunk; mask with cols < hi (hi = the chunk's end), not only kv_len.",
-    "kv_len": "keys at or past kv_len are stale cache entries: mask the loads and the logits with cols < hi "
-              "(hi already includes kv_len).",
-    "ragged": "keys at or past kv_len are stale cache entries: mask the loads and the logits with cols < hi "
-              "(hi already includes kv_len).",
-    "maximum moves": "every block raises the maximum: l_i and acc were summed against the old m_i, so scale "
-                     "them by alpha = 2^(m_i - m_new) before adding this block.",
-}
+_KERNEL_MISTAKES = [
+    ("block max", "m_new is each block's own maximum: keep the running one, m_new = max(m_i, max(qk)); else alpha = "
+                  "2^(m_i - m_new) overflows to inf when a block's logits lie far below the previous block's (a "
+                  "drop of more than ~90, as here)."),
+    ("no rescale", "l_i and acc are not rescaled: when a block raises the maximum, scale both by alpha = "
+                   "2^(m_i - m_new) before adding it (the earlier blocks were summed against a lower maximum; "
+                   "after a jump of hundreds they must weigh ~0, not 1)."),
+    ("block max no rescale", "each block is summed against its own maximum and added as it is: keep the running "
+                             "maximum m_i, and rescale l_i and acc by alpha = 2^(m_i - m_new) whenever it grows."),
+    ("acc no rescale", "acc is not rescaled when the maximum rises: acc = acc * alpha + sum_j p_j V_j, with "
+                       "alpha = 2^(m_i - m_new)."),
+    ("l no rescale", "l_i is not rescaled when the maximum rises: l_i = l_i * alpha + sum(p), with alpha = "
+                     "2^(m_i - m_new)."),
+    ("kv_len only", "the last block of a chunk reaches into the next chunk: mask with cols < hi (hi = the "
+                    "chunk's end, or kv_len if sooner), not cols < kv_len."),
+    ("chunk only", "keys at or past kv_len are stale cache entries: mask the loads and the logits with cols < hi "
+                   "(hi already includes kv_len), not with the chunk's end only."),
+    ("one past", "the mask lets in one key too many (cols <= hi): the key at hi belongs to the next chunk or is "
+                 "stale; mask with cols < hi."),
+    ("one short", "the chunk's last key is left out: mask with cols < hi, not cols < hi - 1."),
+    ("gqa", "query head h reads KV head h // GROUP (GROUP consecutive query heads share one), not h % GROUP."),
+    ("base 2", "lse_s is the natural log: (m_i + log2(l_i)) * ln 2; m_i and log2(l_i) are in log2 units."),
+    *((key, "an empty split runs no iteration of the loop: m_i stays -inf and l_i 0, so acc / l_i is 0 / 0; "
+            "store o_s = 0 there (divide by 1 where l_i == 0) and lse_s = (m_i + log2(1)) ln 2 = -inf.")
+      for key in ("empty nan", "empty lse")),
+]
+
+
+def emulate_split_kv(q, k, v, kv_lens, chunk: int, num_splits: int, BLOCK_N: int, mistake: str = ""):
+    """The split-KV kernel's loop in float32 NumPy, as written right (``mistake`` "") or with one of the
+    known mistakes (the first items of :data:`_KERNEL_MISTAKES`); NaN keys past L, like the check's buffers.
+    Returns ``(o_s (S, B, H_q, d), lse_s (S, B, H_q))``.
+
+    Example:
+        >>> rng = np.random.default_rng(0)
+        >>> q, k, v = rng.normal(size=(1, 2, 16)), rng.normal(size=(1, 1, 40, 16)), rng.normal(size=(1, 1, 40, 16))
+        >>> o, lse = emulate_split_kv(q, k, v, [40], 24, 2, 16)
+        >>> bool(np.allclose(o, partials64(q, k, v, [40], 0.25, 24, 2)[0], atol=1e-5))
+        True
+    """
+    B, H_q, d = q.shape
+    G, L = heads_kv(q, k), k.shape[2]
+    heads = np.arange(H_q) % G if mistake == "gqa" else np.arange(H_q) // G
+    if heads.max() >= k.shape[1]:                      # that mistake reads outside the cache here: no emulation
+        return None, None
+    pad = np.full((B, k.shape[1], chunk + 2 * BLOCK_N, d), np.nan)
+    kk, vv = (np.concatenate([x, pad], axis=2)[:, heads].astype(np.float32) for x in (k, v))   # (B, H_q, L+, d)
+    q32, lens = np.asarray(q, dtype=np.float32), np.asarray(kv_lens)
+    scale = np.float32(1.0 / math.sqrt(d)) * np.float32(LOG2E)
+    o_s, lse_s = np.zeros((num_splits, B, H_q, d), np.float32), np.zeros((num_splits, B, H_q), np.float32)
+    with np.errstate(all="ignore"):
+        for s in range(num_splits):
+            lo = s * chunk
+            hi = np.minimum(lo + chunk, lens)                                                       # (B,)
+            bound = {"kv_len only": lens, "chunk only": np.full(B, lo + chunk), "one past": hi + 1,
+                     "one short": hi - 1}.get(mistake, hi)
+            m, l, acc = np.full((B, H_q), -np.inf, np.float32), np.zeros((B, H_q), np.float32), np.zeros((B, H_q, d), np.float32)
+            for start in range(lo, lo + chunk, BLOCK_N):
+                active = (start < hi)[:, None]
+                cols = start + np.arange(BLOCK_N)
+                valid = (cols[None, :] < bound[:, None])[:, None, :]                               # (B, 1, BLOCK_N)
+                K_j = np.where(valid[..., None], kk[:, :, np.minimum(cols, kk.shape[2] - 1)], np.float32(0))
+                V_j = np.where(valid[..., None], vv[:, :, np.minimum(cols, kk.shape[2] - 1)], np.float32(0))
+                qk = np.where(valid, np.einsum("bhd,bhnd->bhn", q32, K_j) * scale, np.float32(-np.inf))
+                m_new = qk.max(axis=-1) if mistake.startswith("block max") else np.maximum(m, qk.max(axis=-1))
+                alpha = np.exp2(m - m_new)
+                p = np.exp2(qk - m_new[..., None])
+                a_l = 1.0 if mistake in ("no rescale", "block max no rescale", "l no rescale") else alpha
+                a_acc = 1.0 if mistake in ("no rescale", "block max no rescale", "acc no rescale") else alpha
+                l = np.where(active, l * a_l + p.sum(axis=-1), l)
+                acc = np.where(active[..., None], acc * np.asarray(a_acc, np.float32)[..., None]
+                               + np.einsum("bhn,bhnd->bhd", p, V_j), acc)
+                m = np.where(active, m_new, m)
+            l_safe = l if mistake == "empty nan" else np.where(l == 0, np.float32(1), l)
+            o_s[s] = acc / l_safe[..., None]
+            lse_s[s] = (m + np.log2(l_safe)) * (1.0 if mistake == "base 2" else np.float32(math.log(2)))
+            if mistake == "empty lse":                 # anything finite will do: 0 is the likeliest
+                lse_s[s] = np.where(l == 0, np.float32(0), lse_s[s])
+    return o_s.astype(np.float64), lse_s.astype(np.float64)
 
 
 def _kernel_tols(q, k, chunk):
     """(atol for o_s / max|V|, atol for lse_s without its |lse| term), the 2x bounds above."""
-    kk = np.repeat(np.abs(k), _heads_kv(q, k), axis=1)
+    kk = np.repeat(np.abs(k), heads_kv(q, k), axis=1)
     a = float(np.einsum("bhd,bhnd->bhn", np.abs(q), kk).max()) / math.sqrt(q.shape[2]) * LOG2E
     dt = (q.shape[2] + 5) * U32 * a
     o_tol = 2.0 * (2 * math.log(2) * dt + (chunk + 8) * U32)
     lse_tol = 2.0 * (math.log(2) * dt + (chunk + 8) * U32)
     return o_tol, lse_tol
-
-
-#: What the 8 hidden cases of :func:`split_kv_kernel` stress, one each (the ``kind`` of :func:`split_kv_problem`).
-SPLIT_KV_KINDS = ["GQA, ragged kv_lens", "MQA (one KV head)", "MHA, kv_len of 1", "more splits than chunks: empty splits",
-                  "chunk not a multiple of BLOCK_N", "large logits (q x 30)", "the maximum moves in every block",
-                  "GQA, kv_len not a multiple of the chunk"]
-
-
-def split_kv_problem(rng, kind):
-    """A random problem of a ``kind`` of :data:`SPLIT_KV_KINDS` for :func:`split_kv_kernel`: ``(q, k, v,
-    kv_lens, num_splits, chunk, BLOCK_N)``, float64, small enough for Triton's interpreter.
-
-    Example:
-        >>> q, k, *_, S, chunk, BLOCK_N = split_kv_problem(np.random.default_rng(0), "chunk not a multiple of BLOCK_N")
-        >>> BLOCK_N in (16, 32), chunk % BLOCK_N != 0, S == -(-k.shape[2] // chunk)
-        (True, True, True)
-    """
-    BLOCK_N = int(rng.choice([16, 32]))
-    q, k, v, kv_lens, _, _ = decode_problem(rng, kind, d_choices=(16, 32, 64), l_max=100, small=True)
-    L = k.shape[2]
-    blocks = int(rng.integers(1, 4))
-    chunk = BLOCK_N * blocks
-    if "not a multiple of BLOCK_N" in kind:
-        chunk = BLOCK_N * blocks + int(rng.integers(1, BLOCK_N))
-    num_splits = -(-L // chunk)
-    if "more splits" in kind:
-        num_splits += int(rng.integers(1, 3))
-    if "maximum moves" in kind:   # later keys line up better and better with every query
-        q[..., 0] = np.abs(q[..., 0]) + 2.0
-        k[..., 0] = np.linspace(-3.0, 3.0, L)
-    return q, k, v, kv_lens, num_splits, chunk, BLOCK_N
 
 
 def split_kv_kernel(kernel, seed: int | None = None) -> None:
@@ -384,42 +360,31 @@ def split_kv_kernel(kernel, seed: int | None = None) -> None:
     The check launches the kernel itself: q (B, H_q, d) and caches (B, H_kv, L, d) in fp16 with
     padded rows (row stride > d), stale random keys past each ``kv_len`` and NaN rows past L, outputs
     (fp32) filled with a marker NaN first, so that an element never written is reported (all of them:
-    not implemented yet) and so is a write past the end. 4 shown cases and 8 hidden ones (GQA, MQA,
-    MHA, kv_lens of 1, lengths not a multiple of the chunk, chunks not a multiple of BLOCK_N, more
-    splits than chunks, large logits), each partial compared with float64 partials of the same fp16
-    values; the error allowed comes from an error analysis of fp32 arithmetic on fp16 inputs.
+    not implemented yet) and so is a write past the end. 6 shown cases and 10 hidden ones; in every run,
+    logits that jump up and drop by hundreds between the blocks of a chunk (no running maximum, or a
+    forgotten rescale, gives inf, nan or O(1) errors), kv_lens one key before and after the edges of
+    chunks and blocks, empty splits, GQA, MQA and MHA, chunks not a multiple of BLOCK_N. Each partial is
+    compared with float64 partials of the same fp16 values, within an error analysis of fp32 arithmetic
+    on fp16 inputs; under Triton's interpreter, the check also counts the keys the kernel loads: each
+    key of a chunk once (one pass, no second look at a block).
 
     Example:
         >>> from flashcourse import checks
         >>> checks.split_kv_kernel(split_kv_kernel)          # doctest: +SKIP
-        split_kv_kernel: 12 cases passed (4 shown, 8 hidden) ✓
+        split_kv_kernel: 16 cases passed (6 shown, 10 hidden) ✓
     """
     name = "split_kv_kernel"
     require_kernel(name, kernel)
     seed = seed_of(seed)
     rng = np.random.default_rng(seed)
-    g = np.random.default_rng(44)
-
-    def prob(B, H_q, H_kv, d, L, kv_lens, chunk, S, BLOCK_N):
-        q, k, v = g.normal(size=(B, H_q, d)), g.normal(size=(B, H_kv, L, d)), g.normal(size=(B, H_kv, L, d))
-        return q, k, v, np.array(kv_lens), S, chunk, BLOCK_N
-
-    raw = [
-        ("one split, one block of keys (MHA)", prob(1, 2, 2, 16, 16, [16], 16, 1, 16), False),
-        ("GQA (2 query heads per KV head), kv_len not a multiple of the chunk", prob(2, 4, 2, 32, 70, [70, 66], 32, 3,
-                                                                                     16), False),
-        ("more splits than chunks: empty splits", prob(2, 2, 1, 16, 40, [40, 9], 16, 4, 16), False),
-        ("chunk not a multiple of BLOCK_N", prob(1, 2, 1, 16, 60, [60], 24, 3, 16), False),
-    ]
-    n_shown, n_hidden = len(raw), 8
-    for i in range(n_hidden):
-        kind = SPLIT_KV_KINDS[i]
-        raw.append((kind, split_kv_problem(rng, kind), True))
+    raw = [(kind, prob, False) for kind, prob in split_kv_shown()]
+    n_shown, n_hidden = len(raw), len(SPLIT_KV_KINDS)
+    raw += [(kind, split_kv_problem(rng, kind), True) for kind in SPLIT_KV_KINDS]
     with compile_after(name, kernel):                  # then compiled for sm_80 and sm_90
         for i, (kind, (q, k, v, kv_lens, S, chunk, BLOCK_N), hidden) in enumerate(raw):
             q, k, v = (np.asarray(t, dtype=np.float16).astype(np.float64) for t in (q, k, v))
             number, of = (i - n_shown + 1, n_hidden) if hidden else (i + 1, n_shown)
-            extra = {**_sizes(q, k, kv_lens, S, chunk, 1.0 / math.sqrt(q.shape[2])), "BLOCK_N": BLOCK_N}
+            extra = {**sizes(q, k, kv_lens, S, chunk, 1.0 / math.sqrt(q.shape[2])), "BLOCK_N": BLOCK_N}
             case = _DecodeCase(kind, (q, k, v, kv_lens), number, of, hidden=hidden, seed=seed if hidden else None,
                                extra=extra, names=("q", "k", "v", "kv_lens"))
             _check_split_case(name, kernel, case, first=i == 0, pad=int(rng.integers(1, 9)), seed=seed)
@@ -457,8 +422,9 @@ def _check_split_case(name: str, kernel, case: _DecodeCase, first: bool, pad: in
     lens = torch.tensor(np.asarray(kv_lens), dtype=torch.int32).to(dev)
     q_t, k_t, v_t, o_t, l_t = qb[..., :d], kb[:, :, :L, :d], vb[:, :, :L, :d], ob[:S, ..., :d], lb[:S, :, :H_q]
     strides = (*q_t.stride()[:2], *k_t.stride()[:3], *v_t.stride()[:3], *o_t.stride()[:3], *l_t.stride()[:2])
-    launch(name, kernel, (S, B * H_q), (q_t, k_t, v_t, o_t, l_t, lens, scale, *strides, H_q, H_q // H_kv, chunk),
-           dict(HEAD_DIM=d, BLOCK_N=BLOCK_N), case)
+    with LoadCount({"K": kb, "V": vb}) as loads:
+        launch(name, kernel, (S, B * H_q), (q_t, k_t, v_t, o_t, l_t, lens, scale, *strides, H_q, H_q // H_kv, chunk),
+               dict(HEAD_DIM=d, BLOCK_N=BLOCK_N), case)
     o_bits = ob.cpu().view(torch.int32).numpy()
     l_bits = lb.cpu().view(torch.int32).numpy()
     o_un = o_bits[:S, ..., :d] == POISON_F32
@@ -491,22 +457,32 @@ def _check_split_case(name: str, kernel, case: _DecodeCase, first: bool, pad: in
     l_got = lb.cpu().numpy().astype(np.float64)[:S, :, :H_q]
     o_s, lse_s = partials64(q, k, v, kv_lens, scale, chunk, S)
     o_tol, lse_tol = _kernel_tols(q, k, chunk)
-    kind_hint = next((h for key, h in _KERNEL_KIND_HINTS.items() if key in case.kind), "")
-    if np.isneginf(lse_s).any() and "empty" not in case.kind:
-        kind_hint = join_lines(kind_hint, _KERNEL_KIND_HINTS["empty"])
-    hint = join_lines(kind_hint, _KERNEL_HINT,
-                 f"check.split_kv_kernel(split_kv_kernel, seed={seed}) draws this hidden case again."
-                 if case.hidden else "")
     # lse first: its error explains the output's; rtol 4 u32 covers the |lse_s| term of the bound
-    compare(name, "LSE_part", l_got, lse_s, case, 4 * U32, lse_tol, hint, ATTENTION_DTYPE_NOTE)
-    compare(name, "O_part", o_got, o_s, case, 0.0, o_tol * max(1.0, float(np.abs(v).max())), hint, ATTENTION_DTYPE_NOTE)
+    pairs = [("LSE_part", l_got, lse_s, 4 * U32, lse_tol), ("O_part", o_got, o_s, 0.0, o_tol * max(1.0, float(np.abs(v).max())))]
+    replay = f"check.split_kv_kernel(split_kv_kernel, seed={seed}) draws this hidden case again." if case.hidden else ""
+
+    def hint_of(i):
+        mistakes = ((h, emulate_split_kv(q, k, v, kv_lens, chunk, S, BLOCK_N, key)[::-1]) for key, h in _KERNEL_MISTAKES)
+        return join_lines(diagnose(mistakes, *zip(*[(p[1], p[2], p[3:]) for p in pairs]), i) or _KERNEL_HINT, replay)
+    _compare_all(name, pairs, case, hint_of)
+    if loads.counts is not None:                       # under the interpreter: each key of a chunk read once
+        want = H_q * d * int(np.sum(kv_lens))
+        for what, got in loads.counts.items():
+            if got != want:
+                raise AssertionError(join_lines(
+                    f"{name} read {got} elements of {what}, expected {want} = H_q x HEAD_DIM x sum(kv_lens), on "
+                    f"{case.describe()}",
+                    f"hint: each program reads each key of its chunk once, in one pass over its blocks: load "
+                    f"{what}_j once per block, masked with cols < hi; the online update needs no second look at "
+                    f"a block (its maximum so far is m_i) and no key outside the chunk.", replay))
 
 
 # ---------------------------------------------------------------------------------------------
 # Chapter 5: the unified maximum's partials and its overflow detection, in NumPy.
 #
 # The rule (flashcourse.reference.decode's fallback rule): a chunk is flagged exactly when its largest
-# x - phi lies outside [a, b] = [-60, 60]; a single x - phi below a next to a safe max is not.
+# x - phi lies outside [a, b] (closed: x - phi = b is safe); a single x - phi below a next to a safe max
+# is not. The windows are [-60, 60] and an asymmetric one, [-49.25, 56.125] (float32-exact bounds).
 #
 # Tolerances (float32 inputs; the student may compute in float32, u = 6e-8, or float64). For a safe
 # chunk: every x - phi <= 60 is rounded (error u |x - phi| <= 3.6e-6), which e^(.) turns into a
@@ -514,83 +490,34 @@ def _check_split_case(name: str, kernel, case: _DecodeCase, first: bool, pad: in
 # sum_i e_i |V_i|. A term far below a (x - phi down to -100) is subnormal or 0 in float32, off by at
 # most 2^-150 against l >= e^-60: 1e-19 relative. So l at rtol 1e-4, acc at atol 1e-4 max_j sum_i
 # e_i |V_ij| (rtol 0: acc may cancel), the final O at atol 1e-4 max|V|: 5x margin. The overflow flag
-# is exact: no x - phi of a case lies within 0.01 of a bound, far beyond float32 rounding. Every wrong
-# detection we know (never fires, a bound with the wrong sign, x instead of x - phi, only one side,
-# FlashDecoding++'s literal "any score outside" check) gets a flag wrong; one that never fires also
-# returns inf or nan on the adversarial cases.
+# is exact: a random case keeps every x - phi 0.01 or more from a bound; the edge cases put the largest
+# x - phi exactly on a bound or one float32 step off it, with x - phi exact in float32 and in float64
+# (phi a multiple of 1/8), so a flag computed either way is the rule's. Every wrong detection we know
+# (never fires, >= for >, a bound with the wrong sign, |x - phi| against b, x instead of x - phi, only
+# one side, FlashDecoding++'s literal "any score outside" check) gets a flag wrong.
 RTOL_UM, ATOL_UM = 1e-4, 1e-4
-_A, _B = -60.0, 60.0
 
 _UM_HINT = ("t = x - phi; only the chunk's largest t decides: the chunk is safe when a <= t.max() <= b, "
             "otherwise return overflow = True (the driver then recomputes the head with the max-based path). "
             "The partials are acc = sum_i e^(t_i) V_i and l = sum_i e^(t_i), with no maximum of their own.")
 
 
-def unified_max_head(rng, kind: str, g_scale: float = 3.0):
-    """A random head of a hidden ``kind`` of :func:`unified_max_partials`: ``(x (n,) float32, V (n, d)
-    float32, phi, chunk)``; every ``x - phi`` lies 0.01 or more from the bounds -60 and 60, so that the
-    overflow flag expected of each chunk is exact.
-
-    Example:
-        >>> x, V, phi, chunk = unified_max_head(np.random.default_rng(0), "one score above b")
-        >>> x.dtype, V.shape[0] == len(x), chunk in (16, 32, 64), bool((x - phi).max() > 60)
-        (dtype('float32'), True, True, True)
-    """
-    n = 1 if "kv_len of 1" in kind else int(rng.integers(2, 301))
-    d = int(rng.choice([8, 16, 32, 64]))
-    chunk = int(rng.choice([16, 32, 64]))
-    x = rng.normal(size=n) * g_scale
-    phi = float(np.round(x.max() + rng.uniform(-2.0, 8.0), 2))
-    if "above b" in kind:
-        x[int(rng.integers(n))] = phi + rng.uniform(_B + 0.5, _B + 25.0)
-    elif "beyond" in kind:
-        x[int(rng.integers(n))] = phi + rng.uniform(720.0, 900.0)
-    elif "one score below a" in kind:
-        x[int(rng.integers(n))] = phi + rng.uniform(_A - 40.0, _A - 0.5)
-    elif "too large" in kind:
-        phi = float(np.round(x.max() - _A + rng.uniform(1.0, 30.0), 2))
-    elif "underflow" in kind:
-        phi = float(np.round(x.max() + rng.uniform(760.0, 900.0), 2))
-    elif "last chunk" in kind:
-        j = n - 1 - int(rng.integers(n - (n - 1) // chunk * chunk))
-        x[j] = phi + rng.uniform(_B + 0.5, _B + 10.0)
-    elif "close to the bounds" in kind:
-        x = np.clip(x, -3, 3)
-        x[0] = phi + _B - 0.05
-        if n > 1:
-            x[-1] = phi + _A + 0.05
-    x = x.astype(np.float32)
-    t = x.astype(np.float64) - phi
-    for bound in (_A, _B):  # keep every x - phi at least 0.01 from a bound: the flag is then exact
-        near = np.abs(t - bound) < 0.01
-        x[near] = (phi + bound + np.sign(t[near] - bound + 1e-30) * 0.02).astype(np.float32)
+def _um_mistakes(x, V, phi):
+    """(hint, acc, l) of the known wrong partials of a safe chunk."""
+    with np.errstate(all="ignore"):
         t = x.astype(np.float64) - phi
-    V = rng.normal(size=(n, d)).astype(np.float32)
-    return x, V, phi, chunk
-
-
-_UM_KINDS = ["scores inside the window (phi chosen well)", "one score above b", "kv_len of 1",
-             "adversarial: a score beyond e^709 (x - phi > 720)", "phi too large: every score below a",
-             "one score below a, next to a safe max", "adversarial: every score underflows (x - phi < -750)",
-             "phi too small: one score above b, in the last chunk only", "scores close to the bounds, inside"]
-
-_UM_KIND_HINTS = {
-    "above b": "a score with x - phi > b, so the chunk's largest x - phi is above b: e^(x - phi) risks "
-               "overflowing (here the sum would not), but the rule is the rule: flag the chunk.",
-    "beyond": "e^(x - phi) overflows to inf for x - phi > 88 (float32) or 709 (float64): a detection that does "
-              "not fire here returns inf or nan.",
-    "one score below a": "one x - phi below a does not matter while the chunk's largest x - phi is inside [a, b]: "
-                         "the sum is at least that largest term, and the tiny one is off by less than float32's "
-                         "rounding of the sum. Flag only when the largest x - phi leaves the window (a chunk "
-                         "holding nothing but that score is such a case).",
-    "too large": "phi is too large: the chunk's largest x - phi is below a, so every e^(x - phi) has lost its "
-                 "digits (or is 0); flag the chunk.",
-    "underflow": "every e^(x - phi) is 0 here, so l = 0 and acc / l = nan unless the chunk is flagged.",
-    "inside": "every x - phi lies in [a, b] here: the chunk is safe and must not be flagged (each false "
-              "alarm costs a recompute).",
-    "well": "every x - phi lies in [a, b] here: the chunk is safe and must not be flagged (each false "
-            "alarm costs a recompute).",
-}
+        V = V.astype(np.float64)
+        out = []
+        for e, hint in ((np.exp(x.astype(np.float64)), "exponentiate x - phi, not x: the partials of every chunk "
+                                                       "share the offset phi."),
+                        (np.exp(-t), "t = x - phi, not phi - x."),
+                        (np.exp(t - t.max()), "subtract phi only, not the chunk's own maximum: the unified max "
+                                              "exists so that the chunks' partials add up with no rescale.")):
+            out.append((hint, e @ V, e.sum()))
+        e = np.exp(t)
+        out.append(("acc is the unnormalised sum_i e^(x_i - phi) V_i: the driver divides by the sum of l over "
+                    "the chunks.", e @ V / e.sum(), None))
+    return out
 
 
 def _um_flag(name, got, case):
@@ -606,6 +533,62 @@ def _um_flag(name, got, case):
     return bool(flag)
 
 
+def _um_why(t, a: float, b: float, expected: bool) -> str:
+    """Why a chunk's flag is ``expected``, from its largest (and smallest) x - phi."""
+    j, top = int(np.argmax(t)), float(t.max())
+    head = f"the largest x - phi, x[{j}] - phi = {fmt(top)},"
+    if expected:
+        side, bound = ("above b", b) if top > b else ("below a", a)
+        if abs(top - bound) < 1e-3:
+            return f"{head} is {side} by {abs(top - bound):.2g} (one float32 step), so the chunk must be flagged"
+        more = (": e^(x - phi) overflows here, so a detection that does not fire returns inf or nan" if top > 88 else
+                ": every e^(x - phi) has lost its digits (or is 0)" if top < a else "")
+        return f"{head} is {side}, so the chunk must be flagged{more}"
+    if top in (a, b):
+        return f"{head} equals {'b' if top == b else 'a'} exactly: the window [a, b] is closed, so the chunk is safe"
+    if t.min() < a:
+        return (f"{head} lies in [a, b], so the chunk is safe and must not be flagged (x[{int(np.argmin(t))}] - phi "
+                f"= {t.min():.6g} is below a, but a score below the chunk's max does not count)")
+    return "every x - phi lies in [a, b], so the chunk is safe and must not be flagged (a false alarm costs a recompute)"
+
+
+_CLOSED = ("the window is closed: a largest x - phi equal to a bound is safe; flag with t.max() > b or t.max() < a, "
+           "not >= or <=.")
+_EXACT = "compare with the bounds exactly, with no margin: one float32 step past a bound is out of the window."
+#: The known wrong detections: (hint, the flag it gives for t = x - phi (float64), x, a, b).
+_UM_FLAG_MISTAKES = [
+    *((_CLOSED, wrong) for wrong in (lambda t, x, a, b: t.max() >= b or t.max() < a,
+                                     lambda t, x, a, b: t.max() > b or t.max() <= a)),
+    *((_EXACT, wrong) for wrong in (lambda t, x, a, b: t.max() > b + 1e-5 or t.max() < a,
+                                    lambda t, x, a, b: t.max() > b or t.max() < a - 1e-5)),
+    ("a and b are two different bounds (here [a, b] = [{a}, {b}]): compare t.max() with each, not |t.max()| with b.",
+     lambda t, x, a, b: abs(t.max()) > b),
+    ("a is the lower bound and b the upper one: t.max() > b or t.max() < a.", lambda t, x, a, b: t.max() > -a or t.max() < -b),
+    ("the lower bound is a itself (a negative number): t.max() < a, not < -a.", lambda t, x, a, b: t.max() > b or t.max() < -a),
+    ("the upper bound is b itself: t.max() > b, not > -b.", lambda t, x, a, b: t.max() > -b or t.max() < a),
+    ("subtract phi: the window bounds x - phi, not x.", lambda t, x, a, b: x.max() > b or x.max() < a),
+    ("only the chunk's largest x - phi counts; a score below a next to a safe max is harmless (FlashDecoding++'s "
+     "literal check, any score outside, is stricter than the course's rule).",
+     lambda t, x, a, b: t.max() > b or t.min() < a),
+    ("the chunk's largest x - phi decides (t.max()), not its smallest or first.",
+     lambda t, x, a, b: t.min() > b or t.min() < a),
+    ("the chunk's largest x - phi decides (t.max()), not its smallest or first.", lambda t, x, a, b: t[0] > b or t[0] < a),
+    ("a largest x - phi below a must be flagged too: every e^(x - phi) has then lost its digits.",
+     lambda t, x, a, b: t.max() > b),
+    ("a largest x - phi above b must be flagged too: e^(x - phi) overflows first there.", lambda t, x, a, b: t.max() < a),
+]
+
+
+def _um_flag_hint(history, t, x, a, b, flag) -> str:
+    """The hints of the known wrong detections (two at most) that give ``flag`` on this chunk and agree with
+    the rule on every chunk before it (``history``: (t, x, a, b, expected) of the chunks that passed)."""
+    found = []
+    for hint, wrong in _UM_FLAG_MISTAKES:
+        if bool(wrong(t, x, a, b)) == flag and all(bool(wrong(*h[:4])) == h[4] for h in history):
+            found += [hint.format(a=fmt(a), b=fmt(b))] if hint.format(a=fmt(a), b=fmt(b)) not in found else []
+    return " Or: ".join(found[:2])
+
+
 class _UMCase(Case):
     def describe(self) -> str:
         where = self.where()
@@ -613,12 +596,9 @@ class _UMCase(Case):
         e = self.extra
         t = x.astype(np.float64) - phi
         part = f", chunk {e['chunk_no']} (scores {e['lo']}..{e['hi'] - 1} of {e['n']})" if "chunk_no" in e else ""
-        if x.size <= 8:
-            xs = "[" + ", ".join(fmt(t_) for t_ in x) + "]"
-        else:
-            xs = f"{x.size} scores"
+        xs = "[" + ", ".join(fmt(t_) for t_ in x) + "]" if x.size <= 8 else f"{x.size} scores"
         return (f"{where}{part}: x = {xs}, phi = {fmt(phi)}, [a, b] = [{fmt(a)}, {fmt(b)}], V of shape {V.shape}; "
-                f"x - phi in [{t.min():.4g}, {t.max():.4g}]")
+                f"x - phi in [{t.min():.4g}, {fmt(t.max()) if t.max() in (a, b) else format(t.max(), '.4g')}]")
 
 
 def unified_max_partials(fn, seed: int | None = None) -> None:
@@ -635,10 +615,11 @@ def unified_max_partials(fn, seed: int | None = None) -> None:
     The check splits each head's scores into chunks, calls ``fn`` on each, and compares the flag of
     every chunk with the exact rule, the partials of every safe chunk with float64, and the output of
     each head (partials added up, or the synchronised recomputation where a chunk was flagged) with
-    float64 attention. 6 shown heads and 18 hidden ones, with [a, b] = [-60, 60]: scores inside the
-    window, just inside its bounds, a score above b, a score below a next to a safe max (not flagged),
-    phi too large or too small, and adversarial logits whose e^(x - phi) overflows or underflows even
-    in float64.
+    float64 attention. 7 shown heads and 24 hidden ones, with [a, b] = [-60, 60] or [-49.25, 56.125]. In
+    every run: a chunk whose largest x - phi is exactly b, exactly a, and one float32 step above and
+    below each; scores inside the window, just inside its bounds, a score above b, a score below a next
+    to a safe max (not flagged), phi too large or too small, and adversarial logits whose e^(x - phi)
+    overflows or underflows even in float64.
 
     Example:
         >>> import numpy as np
@@ -649,80 +630,67 @@ def unified_max_partials(fn, seed: int | None = None) -> None:
         >>> checks.unified_max_partials(never_fires)             # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        AssertionError: unified_max_partials: wrong overflow flag on shown case 3 of 6 (one score above b), ...
+        AssertionError: unified_max_partials: wrong overflow flag on shown case 4 of 7 (one score above b), ...
         ...
     """
     name = "unified_max_partials"
     require_callable(name, fn, "check.unified_max_partials(unified_max_partials)")
     seed = seed_of(seed)
     rng = np.random.default_rng(seed)
-    g = np.random.default_rng(45)
-    V6 = g.normal(size=(6, 4)).round(2).astype(np.float32)
-    x6 = np.array([1.5, -0.25, 3.0, 0.75, -2.0, 2.25], dtype=np.float32)
-    shown = [
-        ("scores inside the window (phi chosen well)", x6, V6, 5.0, 3),
-        ("scores close to the bounds, inside", np.array([64.45, 4.0, -55.45, 10.0], dtype=np.float32), V6[:4], 4.5, 4),
-        ("one score above b", np.array([1.0, 70.0, -1.0, 2.0, 0.5, 0.0], dtype=np.float32), V6, 5.0, 3),
-        ("one score below a, next to a safe max", np.array([1.0, 2.0, -58.0, 0.5], dtype=np.float32), V6[:4], 5.0,
-         2),
-        ("adversarial: a score beyond e^709 (x - phi > 720)", np.array([0.0, 1.0, 800.0, 2.0], dtype=np.float32),
-         V6[:4], 5.0, 4),
-        ("adversarial: every score underflows (x - phi < -750)", x6, V6, 800.0, 3),
-    ]
-    heads = [(kind, x, V, phi, chunk, i + 1, len(shown), False) for i, (kind, x, V, phi, chunk) in enumerate(shown)]
-    n_hidden = 18
+    shown = unified_max_shown()
+    heads = [(kind, x, V, phi, chunk, w, i + 1, len(shown), False) for i, (kind, x, V, phi, chunk, w) in enumerate(shown)]
+    n_hidden = 24
     for i in range(n_hidden):
-        kind = _UM_KINDS[i % len(_UM_KINDS)]
-        x, V, phi, chunk = unified_max_head(rng, kind)
-        heads.append((kind, x, V, phi, chunk, i + 1, n_hidden, True))
+        kind = UM_KINDS[i % len(UM_KINDS)]
+        window = WINDOWS[1] if "largest x - phi" in kind else WINDOWS[i % 2]
+        heads.append((kind, *unified_max_head(rng, kind, window), window, i + 1, n_hidden, True))
     replay = f"check.unified_max_partials(unified_max_partials, seed={seed}) draws this hidden case again."
-    for kind, x, V, phi, chunk, number, of, hidden in heads:
+    history = []                                       # (t, x, a, b, flag) of the chunks whose flag was right
+    for kind, x, V, phi, chunk, (a, b), number, of, hidden in heads:
         n = len(x)
         acc_sum, l_sum, any_flag = np.zeros(V.shape[1]), 0.0, False
-        kind_hint = next((h for key, h in _UM_KIND_HINTS.items() if key in kind), "")
-        hint = join_lines(kind_hint, _UM_HINT, replay if hidden else "")
         for c, lo in enumerate(range(0, n, chunk)):
             hi = min(n, lo + chunk)
             xc, Vc = x[lo:hi], V[lo:hi]
             extra = dict(chunk_no=c + 1, lo=lo, hi=hi, n=n) if n > chunk else {}
-            case = _UMCase(kind, (xc, Vc, phi, _A, _B), number, of, hidden, seed if hidden else None,
+            case = _UMCase(kind, (xc, Vc, phi, a, b), number, of, hidden, seed if hidden else None,
                            ("x", "V", "phi", "a", "b"), extra)
-            got = call(name, fn, (xc, Vc, phi, _A, _B), case)
+            got = call(name, fn, (xc, Vc, phi, a, b), case)
             if not isinstance(got, (tuple, list)) or len(got) != 3:
                 what = f"{len(got)} values" if isinstance(got, (tuple, list)) else f"a {type(got).__name__}"
                 raise AssertionError(f"{name} must return the three values (acc, l, overflow); it returned {what} "
                                      f"on {case.describe()}")
             t = xc.astype(np.float64) - phi
-            expected = bool(needs_fallback(xc.astype(np.float64).max(), phi, (_A, _B)))
+            expected = bool(needs_fallback(xc.astype(np.float64).max(), phi, (a, b)))
             flag = _um_flag(name, got[2], case)
+            x64 = xc.astype(np.float64)
             if flag != expected:
-                j = int(np.argmax(t))
-                if expected:
-                    why = (f"the largest x - phi, x[{j}] - phi = {t[j]:.6g}, is {'above b' if t[j] > _B else 'below a'}, "
-                           f"so the chunk must be flagged")
-                elif t.min() < _A:
-                    why = (f"the largest x - phi, x[{j}] - phi = {t[j]:.6g}, lies in [a, b], so the chunk is safe and "
-                           f"must not be flagged (x[{int(np.argmin(t))}] - phi = {t.min():.6g} is below a, but a "
-                           f"score below the chunk's max does not count)")
-                else:
-                    why = "every x - phi lies in [a, b], so the chunk is safe and must not be flagged"
+                hint = _um_flag_hint(history, t, x64, a, b, flag) or _UM_HINT
                 raise AssertionError(f"{name}: wrong overflow flag on {case.describe()}\n  got overflow = {flag}, "
-                                     f"expected {expected}: {why}\n  hint: {hint}")
+                                     f"expected {expected}: {_um_why(t, a, b, expected)}\n  hint: "
+                                     f"{join_lines(hint, replay if hidden else '')}")
+            history.append((t, x64, a, b, expected))
             any_flag |= expected
             if expected:
                 continue
             e = np.exp(t)
-            compare(name, "l", got[1], np.array(e.sum()), case, RTOL_UM, 0.0, hint, ATTENTION_DTYPE_NOTE)
-            compare(name, "acc", got[0], e @ Vc.astype(np.float64), case, 0.0,
-                     ATOL_UM * float((e @ np.abs(Vc.astype(np.float64))).max()), hint, ATTENTION_DTYPE_NOTE)
+            pairs = [("l", got[1], np.array(e.sum()), RTOL_UM, 0.0),
+                     ("acc", got[0], e @ Vc.astype(np.float64), 0.0, ATOL_UM * float((e @ np.abs(Vc.astype(np.float64))).max()))]
+
+            def hint_of(i, xc=xc, Vc=Vc, pairs=pairs):
+                found = diagnose(((h, (l, acc)) for h, acc, l in _um_mistakes(xc, Vc, phi)),
+                                 *zip(*[(p[1], p[2], p[3:]) for p in pairs]), i)
+                return join_lines(found or _UM_HINT, replay if hidden else "")
+            _compare_all(name, pairs, case, hint_of)
             acc_sum += np.asarray(got[0], dtype=np.float64)
             l_sum += float(np.asarray(got[1], dtype=np.float64))
         x64 = x.astype(np.float64)
         p = np.exp(x64 - x64.max())
         expected_o = p @ V.astype(np.float64) / p.sum()
         o = expected_o if any_flag else acc_sum / l_sum    # flagged: the synchronised recomputation (exact)
-        case = _UMCase(kind, (x, V, phi, _A, _B), number, of, hidden, seed if hidden else None,
+        case = _UMCase(kind, (x, V, phi, a, b), number, of, hidden, seed if hidden else None,
                        ("x", "V", "phi", "a", "b"), {})
         compare(name, "O (the head's output, partials added up)", o, expected_o, case, 0.0,
-                 ATOL_UM * max(1.0, float(np.abs(V).max())), hint, ATTENTION_DTYPE_NOTE)
+                ATOL_UM * max(1.0, float(np.abs(V).max())), join_lines(_UM_HINT, replay if hidden else ""),
+                ATTENTION_DTYPE_NOTE)
     passed(name, len(shown), n_hidden)

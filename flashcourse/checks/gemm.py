@@ -7,18 +7,23 @@ a *flat* GEMM. One program computes B_N columns of y, walking K in tiles of B_K.
 * :func:`choose_block_n` checks ``fn(M, K, N, num_sms, candidates) -> B_N``: among the candidates
   whose ``ceil(N / B_N)`` programs fill the ``num_sms`` SMs, the one with the highest compute/memory
   ratio ``2 M K / (K + M K / B_N + M)`` (the largest); if none fills them, the smallest (the most
-  programs). The rule is written out here (:func:`expected_block_n`), so this check does not depend on the
-  course's own :func:`flashcourse.reference.gemm.choose_block_n` (tests/test_checks_gemm.py shows
-  they agree).
+  programs). The rule is written out in :mod:`flashcourse.checks.gemm_cases`
+  (:func:`~flashcourse.checks.gemm_cases.expected_block_n`), with the cases, so this check does not
+  depend on the course's own :func:`flashcourse.reference.gemm.choose_block_n` (tests/test_checks_gemm.py
+  shows they agree).
 * :func:`flat_gemm_kernel` launches the student's ``@triton.jit`` kernel itself and compares y with
   float64 NumPy on the same fp16 values; it never calls the course's kernels.
+
+When an answer is wrong, the checks work out what the known mistakes (``>`` or ``>= num_sms - 1`` for
+``>= num_sms``, N // B_N for the ceiling, a K loop one tile short, a float16 accumulator...) give on that
+very case, and name the one the answer matches.
 
 Example:
     >>> from flashcourse import checks
     >>> checks.choose_block_n(lambda M, K, N, num_sms, candidates: min(candidates))   # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    AssertionError: choose_block_n: wrong B_N on shown case 1 of 8 (memory-bound: a large N): ...
+    AssertionError: choose_block_n: wrong B_N on shown case 1 of 9 (memory-bound: a large N): ...
     ...
 """
 from __future__ import annotations
@@ -27,52 +32,67 @@ import numpy as np
 
 from .cases import (U16, U32, Case, call, compare, compile_after, join_lines, launch, passed, poisoned,
                     require_callable, require_kernel, seed_of)
+from .gemm_cases import (CHOOSE_BLOCK_N_KINDS, FLAT_GEMM_KINDS, choose_block_n_problem, choose_block_n_shown,
+                         expected_block_n, flat_gemm_problem, flat_gemm_shown, integer_operands, ratio)
 
 __all__ = ["choose_block_n", "flat_gemm_kernel"]
 
 
 # ---------------------------------------------------------------------------------------------
 # Exercise 1: choosing B_N from the compute/memory ratio and the number of SMs. The answer is an
-# integer, so it is compared exactly.
-
-def _ratio(M: int, K: int, block_n: int) -> float:
-    """FlashDecoding++'s compute/memory ratio of a flat GEMM: 2 M K / (K + M K / B_N + M)."""
-    return 2 * M * K / (K + M * K / block_n + M)
-
-
-def expected_block_n(M: int, K: int, N: int, num_sms: int, candidates) -> int:
-    """The B_N that :func:`choose_block_n` expects: the rule the exercise asks for, written out here as
-    its specification (in NumPy-free Python). Among the ``candidates`` whose ``ceil(N / B_N)``
-    programs fill the ``num_sms`` SMs, the one with the highest compute/memory ratio
-    ``2 M K / (K + M K / B_N + M)``; if none fills them, the smallest candidate.
-
-    Example:
-        >>> expected_block_n(4, 4096, 4096, 132, (16, 32, 64)), expected_block_n(4, 4096, 4096, 40, (16, 32, 64))
-        (16, 64)
-    """
-    filling = [b for b in candidates if -(-N // b) >= num_sms]
-    if not filling:
-        return min(candidates)
-    return max(filling, key=lambda b: _ratio(M, K, b))
-
-
-DEFAULT_CANDIDATES = (16, 32, 64, 128, 256)
+# integer, so it is compared exactly. The rule is :func:`~flashcourse.checks.gemm_cases.expected_block_n`.
 
 _BN_HINT = ("programs = ceil(N / B_N) for each candidate; keep the candidates with programs >= num_sms (every SM "
             "gets work); among those return the one with the highest ratio 2MK / (K + MK/B_N + M) -- the "
             "largest B_N, as the ratio grows with B_N; if no candidate fills the SMs, return the smallest "
             "candidate (the most programs).")
-_BN_KIND_HINTS = {
-    "memory-bound": "N is large: several candidates fill the SMs, and the one with the highest ratio wins.",
-    "parallelism-bound": "N is small: no candidate gives num_sms programs, so take the smallest B_N, which "
-                         "launches the most programs.",
-    "exactly": "here ceil(N / B_N) equals num_sms for one candidate: exactly one program per SM fills the "
-               "SMs, so that candidate counts (>=, not >).",
-    "ragged N": "N is not a multiple of B_N: the last program takes the leftover columns, so the count is "
-                "ceil(N / B_N) (-(-N // B_N)), not N // B_N.",
-    "SMs": "the number of SMs is an argument: a T4 has 40, an A100 108, an H100 132.",
-    "candidates": "use the candidates you are given (their smallest is not always 16).",
-}
+
+
+def _pick(M, K, N, sms, cands, programs=lambda N, b: -(-N // b), fills=lambda p, sms: p >= sms, fallback=min,
+          best=lambda filling, M, K, N: max(filling, key=lambda b: ratio(M, K, b))):
+    filling = [b for b in cands if fills(programs(N, b), sms)]
+    return best(filling, M, K, N) if filling else fallback(cands)
+
+
+_CEIL = "the last, partial tile is a program too: programs = ceil(N / B_N) = -(-N // B_N)"
+_FLOOR = f"{_CEIL}, not N // B_N, N / B_N (a fraction) or round(N / B_N)."
+#: The known wrong choices: (hint, the B_N it returns for (M, K, N, num_sms, candidates)).
+_BN_MISTAKES = [
+    ("ceil(N / B_N) = num_sms programs fill the SMs exactly (one program each): keep the candidates with "
+     "programs >= num_sms, not >.", lambda *a: _pick(*a, fills=lambda p, sms: p > sms)),
+    ("ceil(N / B_N) = num_sms - 1 programs leave an SM idle: keep only the candidates with programs >= num_sms "
+     "(not >= num_sms - 1).", lambda *a: _pick(*a, fills=lambda p, sms: p >= sms - 1)),
+    (_FLOOR, lambda *a: _pick(*a, programs=lambda N, b: N // b)),
+    (_FLOOR, lambda *a: _pick(*a, programs=lambda N, b: N / b)),
+    (_FLOOR, lambda *a: _pick(*a, programs=lambda N, b: round(N / b))),
+    (f"{_CEIL}, which is (N + B_N - 1) // B_N: (N + B_N) // B_N counts one too many when B_N divides N.",
+     lambda *a: _pick(*a, programs=lambda N, b: (N + b) // b)),
+    (f"{_CEIL}, which is (N - 1) // B_N + 1, not (N - 1) // B_N.", lambda *a: _pick(*a, programs=lambda N, b: (N - 1) // b)),
+    ("when no candidate fills the SMs, return the smallest candidate (the most programs), not the largest.",
+     lambda *a: _pick(*a, fallback=max)),
+    ("two candidates give the same number of programs here: among the candidates that fill the SMs, the highest "
+     "compute/memory ratio decides (the wider B_N), not the number of programs.",
+     lambda *a: _pick(*a, best=lambda f, M, K, N: min(f, key=lambda b: -(-N // b)))),
+    ("among the candidates that fill the SMs, the highest compute/memory ratio decides: the widest, not the one "
+     "whose programs come closest to num_sms.",
+     lambda M, K, N, sms, cands: min(cands, key=lambda b: abs(-(-N // b) - sms))),
+    ("among the candidates that fill the SMs, return the one with the highest ratio (the widest), not the "
+     "narrowest.", lambda *a: _pick(*a, best=lambda f, M, K, N: min(f))),
+    ("the number of SMs is an argument (a T4 has 40, an A100 108, an H100 132): compare with num_sms.",
+     lambda M, K, N, sms, cands: _pick(M, K, N, 132, cands)),
+    ("N is small here: no candidate gives num_sms programs, so take the smallest B_N, which launches the most "
+     "programs.", lambda M, K, N, sms, cands: max(cands)),
+    ("N is large here: several candidates fill the SMs, and the one with the highest ratio wins.",
+     lambda M, K, N, sms, cands: min(cands)),
+]
+
+
+def _bn_hint(history, args, got: int) -> str:
+    """The hints of the known wrong choices (two at most) that return ``got`` here and the right B_N on
+    every case before (``history``: the arguments of the cases that passed); else the rule."""
+    found = [hint for hint, wrong in _BN_MISTAKES
+             if wrong(*args) == got and all(wrong(*h) == expected_block_n(*h) for h in history)]
+    return " Or: ".join(list(dict.fromkeys(found))[:2]) or _BN_HINT
 
 
 class _BNCase(Case):
@@ -82,76 +102,13 @@ class _BNCase(Case):
         return f"{where}: M = {M}, K = {K}, N = {N}, num_sms = {sms}, candidates = {tuple(cands)}"
 
 
-def choose_block_n_shown():
-    """The shown cases of :func:`choose_block_n`, fixed: a list of ``(kind, (M, K, N, num_sms,
-    candidates))``, from memory-bound to parallelism-bound, on the SM counts of an H100, an A100 and a
-    T4, with N / B_N exactly the SM count, a ragged N, and another set of candidates.
-
-    Example:
-        >>> [(kind, expected_block_n(*args)) for kind, args in choose_block_n_shown()][:2]
-        [('memory-bound: a large N', 256), ('parallelism-bound: a small N', 16)]
-    """
-    c = DEFAULT_CANDIDATES
-    return [
-        ("memory-bound: a large N", (4, 4096, 65536, 132, c)),
-        ("parallelism-bound: a small N", (8, 4096, 1024, 132, c)),
-        ("H100, 132 SMs", (4, 4096, 4096, 132, c)),
-        ("A100: the same shape on 108 SMs", (4, 4096, 4096, 108, c)),
-        ("T4: 40 SMs", (1, 4096, 11008, 40, c)),
-        ("N / B_N exactly the number of SMs", (8, 11008, 8448, 132, c)),        # 8448 = 132 x 64
-        ("ragged N: ceil(N / B_N) reaches the SMs, N // B_N does not", (2, 4096, 4197, 132, c)),
-        ("other candidates, none fills the SMs", (16, 2048, 512, 108, (32, 64, 128))),
-    ]
-
-
-#: What the hidden cases of :func:`choose_block_n` stress, in turn (the ``kind`` of :func:`choose_block_n_problem`).
-CHOOSE_BLOCK_N_KINDS = ["memory-bound: a large N", "parallelism-bound: a small N", "N / B_N exactly the number of SMs",
-                        "ragged N: just past a multiple of the SMs", "other candidates", "a T4's 40 SMs",
-                        "an A100's 108 SMs", "N between the extremes"]
-
-
-def choose_block_n_problem(rng, kind: str):
-    """A random hidden case of :func:`choose_block_n` of the given ``kind`` (one of
-    :data:`CHOOSE_BLOCK_N_KINDS`): ``(M, K, N, num_sms, candidates)``, with M from 1 to 16, K one of
-    the hidden sizes of common models, 40, 108 or 132 SMs, and N drawn so that the kind holds.
-
-    Example:
-        >>> M, K, N, num_sms, candidates = choose_block_n_problem(np.random.default_rng(0), "parallelism-bound")
-        >>> 1 <= M <= 16, -(-N // min(candidates)) < num_sms, expected_block_n(M, K, N, num_sms, candidates)
-        (True, True, 16)
-    """
-    M = int(rng.integers(1, 17))
-    K = int(rng.choice([1024, 2048, 4096, 5120, 8192, 11008, 13824]))
-    sms = int(rng.choice([40, 108, 132]))
-    cands = DEFAULT_CANDIDATES
-    if "other candidates" in kind:
-        lo, hi = sorted(rng.choice(np.arange(3, 10), size=2, replace=False))   # powers of two 8 .. 512
-        cands = tuple(int(2 ** e) for e in range(lo, hi + 1))
-    if "T4" in kind:
-        sms = 40
-    elif "A100" in kind:
-        sms = 108
-    lo_b, hi_b = min(cands), max(cands)
-    if "memory-bound" in kind:
-        N = int(rng.integers(sms * hi_b, 4 * sms * hi_b + 1))
-    elif "parallelism-bound" in kind:
-        N = int(rng.integers(max(1, lo_b), lo_b * (sms - 1) + 1))
-    elif "exactly" in kind:
-        N = sms * int(rng.choice(cands))
-    elif "ragged" in kind:
-        N = (sms - 1) * int(rng.choice(cands)) + int(rng.integers(1, lo_b))
-    else:                                    # anywhere from parallelism- to memory-bound
-        N = int(rng.integers(lo_b * sms // 2, hi_b * sms * 2))
-    return M, K, N, sms, cands
-
-
 def _bn_why(M, K, N, sms, cands) -> str:
     progs = ", ".join(f"{b} -> {-(-N // b)}" for b in cands)
     filling = [b for b in cands if -(-N // b) >= sms]
     if filling:
         rest = (f"candidates with >= {sms} programs: {', '.join(map(str, filling))}; the highest ratio among them: "
-                f"B_N = {max(filling, key=lambda b: _ratio(M, K, b))} "
-                f"({max(_ratio(M, K, b) for b in filling):.4g} FLOP per element)")
+                f"B_N = {max(filling, key=lambda b: ratio(M, K, b))} "
+                f"({max(ratio(M, K, b) for b in filling):.4g} FLOP per element)")
     else:
         rest = f"no candidate gives {sms} programs, so the smallest: B_N = {min(cands)}"
     return f"programs ceil(N / B_N): {progs}; {rest}"
@@ -165,9 +122,11 @@ def choose_block_n(fn, seed: int | None = None) -> None:
     among the candidates whose programs are at least ``num_sms`` (every SM busy), the one with the
     highest ratio; when none fills the SMs (a small N: parallelism-bound), the smallest candidate.
 
-    8 shown cases and 24 hidden ones: large N (memory-bound), small N (parallelism-bound), N / B_N
-    exactly the SM count, N just past a multiple of it (a ragged last tile), 40, 108 and 132 SMs
-    (T4, A100, H100), other candidate sets; the answer is compared exactly.
+    9 shown cases and 24 hidden ones; in every run, N with ceil(N / B_N) one program short of the SM
+    count for a candidate, exactly the SM count, and one over, N one column past and short of a multiple
+    (a ragged last tile), two candidates with the same number of programs (only the ratio tells them
+    apart); large N (memory-bound), small N (parallelism-bound), 40, 108 and 132 SMs (T4, A100, H100),
+    other candidate sets. The answer is compared exactly.
 
     Example:
         >>> from flashcourse import checks
@@ -175,7 +134,7 @@ def choose_block_n(fn, seed: int | None = None) -> None:
         ...     filling = [b for b in candidates if -(-N // b) >= num_sms]
         ...     return max(filling) if filling else min(candidates)
         >>> checks.choose_block_n(largest_filling)
-        choose_block_n: 32 cases passed (8 shown, 24 hidden) ✓
+        choose_block_n: 33 cases passed (9 shown, 24 hidden) ✓
     """
     name = "choose_block_n"
     require_callable(name, fn, "check.choose_block_n(choose_block_n)")
@@ -188,6 +147,7 @@ def choose_block_n(fn, seed: int | None = None) -> None:
         kind = CHOOSE_BLOCK_N_KINDS[i % len(CHOOSE_BLOCK_N_KINDS)]
         cases.append(_BNCase(kind, choose_block_n_problem(rng, kind), i + 1, n_hidden, hidden=True, seed=seed))
     replay = f"check.choose_block_n(choose_block_n, seed={seed}) draws this hidden case again."
+    history = []                                       # the arguments of the cases passed so far
     for case in cases:
         M, K, N, sms, cands = case.inputs
         got = call(name, fn, case.inputs, case)
@@ -201,10 +161,11 @@ def choose_block_n(fn, seed: int | None = None) -> None:
                                  f"candidates {tuple(cands)}")
         expected = expected_block_n(M, K, N, sms, cands)
         if int(got) != expected:
-            kind_hint = next((h for key, h in _BN_KIND_HINTS.items() if key in case.kind), "")
+            hint = _bn_hint(history, case.inputs, int(got))
             raise AssertionError(join_lines(f"{name}: wrong B_N on {case.describe()}",
-                                       f"got {int(got)}, expected {expected}: {_bn_why(M, K, N, sms, cands)}",
-                                       f"hint: {join_lines(kind_hint, _BN_HINT, replay if case.hidden else '')}"))
+                                            f"got {int(got)}, expected {expected}: {_bn_why(M, K, N, sms, cands)}",
+                                            f"hint: {join_lines(hint, replay if case.hidden else '')}"))
+        history.append(case.inputs)
     passed(name, len(shown), n_hidden)
 
 
@@ -224,6 +185,11 @@ def choose_block_n(fn, seed: int | None = None) -> None:
 # and measured, by half the allowance at most (tests/test_checks_gemm.py). A kernel that drops a K tile,
 # overwrites acc, or reads a wrong element of W is off by O(1); one that reads past K without a mask
 # reads NaN (the check pads every tensor with NaN).
+# The long-K cases hold small integers (0 to 15, W's sign alternating between K tiles): every product is
+# an integer and every partial sum, in any order, an integer below sum |x| |W| < 2^24, so float32 adds
+# them *exactly*, and the only error left is the fp16 store: atol 2^-24, rtol 2 u16. An accumulator in
+# float16 (or a tile's sum rounded to float16) skips integers once a sum passes 2048, so it is off by 1 or
+# more on some element where |y| < 1024 (measured: 100x the allowance or more; tests/test_mutants_gemm.py).
 BLOCK_M = 16
 # fp16 bit pattern the check fills y with first: a NaN no arithmetic produces (computed fp16 NaNs are
 # 0x7E00 / 0xFE00), so "never written" and "wrote nan" differ.
@@ -231,21 +197,35 @@ _POISON16 = 0x7D5A
 
 _KERNEL_HINT = ("per K tile: x = tl.load(x_ptrs + k, mask=(rows[:, None] < M) & (k + ks[None, :] < K), other=0.0) "
                 "(BLOCK_M x BLOCK_K), w = tl.load(w_ptrs + k * stride_wk, mask=(k + ks[:, None] < K) & "
-                "(cols[None, :] < N), other=0.0) (BLOCK_K x BLOCK_N), then acc += tl.dot(x, w).")
-_KERNEL_KIND_HINTS = {
-    "several K tiles": "K spans several tiles: acc must add up every tile's product (acc += tl.dot(x, w)), and "
-                       "the k-th tile of W starts k rows down, k * stride_wk elements on.",
-    "ragged K": "K is not a multiple of BLOCK_K: the last tile reaches past K; mask x's columns and W's rows "
-                "with k + ks < K (other=0.0), or the loads read past the end of the rows.",
-    "K smaller": "K is smaller than BLOCK_K: the only tile reaches past K; mask it with k + ks < K.",
-    "layout": "W is nn.Linear's weight here, stored (N, K): element (k, n) is at k * stride_wk + n * stride_wn "
-              "with stride_wk = 1. Index W only through its strides.",
-    "ragged N": "N is not a multiple of BLOCK_N: the last program's columns reach past N; mask W's columns "
-                "with cols < N.",
-    "N smaller": "N is smaller than BLOCK_N: mask W's columns with cols < N.",
-    "GEMV": "x has fewer rows than the BLOCK_M = 16 of the tile: mask x's rows with rows < M (other=0.0).",
-    "one row": "x has fewer rows than the BLOCK_M = 16 of the tile: mask x's rows with rows < M (other=0.0).",
-}
+                "(cols[None, :] < N), other=0.0) (BLOCK_K x BLOCK_N), then acc += tl.dot(x, w) (acc stays float32).")
+_FP16_HINT = ("the sum is rounded to float16 along the way: the accumulator must stay float32 (acc = tl.zeros(..., "
+              "dtype=tl.float32), acc += tl.dot(x, w)). float16 keeps 11 significant bits (past 2048 it skips "
+              "integers, which float32 adds exactly), and the rounding errors of a long K add up.")
+
+
+def _gemm_mistakes(x, w, BK: int):
+    """(hint, y) of the known wrong K loops on this case, in float64 (float16 where the mistake is)."""
+    M, K = x.shape
+    last = (K - 1) // BK * BK                          # where the last K tile starts
+    with np.errstate(all="ignore"):
+        acc16, round16, acc32 = np.zeros((M, w.shape[1]), np.float16), np.zeros((M, w.shape[1]), np.float16), 0.0
+        for k in range(0, K, BK):
+            exact = x[:, k:k + BK] @ w[k:k + BK]
+            tile = exact.astype(np.float32).astype(np.float16)
+            acc16, acc32 = (acc16 + tile).astype(np.float16), acc32 + tile.astype(np.float64)
+            round16 = (round16 + exact).astype(np.float16)
+        short_n = x @ w
+        short_n[:, -1] = 0.0
+        return [
+            ("only the last K tile is in y: add every tile's product to acc (acc += tl.dot(x, w)), do not "
+             "overwrite it.", x[:, last:] @ w[last:]),
+            ("the last K tile is missing: the loop runs over every tile, range(0, K, BLOCK_K); the last, "
+             "partial one is masked (k + ks < K), not skipped.", x[:, :last] @ w[:last]),
+            ("column K - 1 of x (row K - 1 of W) is left out: mask with k + ks < K, not k + ks < K - 1.",
+             x[:, :K - 1] @ w[:K - 1]),
+            ("column N - 1 of y is 0: mask W's columns with cols < N, not cols < N - 1.", short_n),
+            *((_FP16_HINT, acc.astype(np.float64)) for acc in (acc16, round16, acc32)),
+        ]
 
 
 class _GemmCase(Case):
@@ -255,54 +235,9 @@ class _GemmCase(Case):
         where = self.where()
         e = self.extra
         lay = "W as (K, N)" if e["layout"] == "kn" else "W as (N, K), nn.Linear's layout"
-        return (f"{where}: M = {e['M']}, K = {e['K']}, N = {e['N']}, {lay}, BLOCK_N = {e['BLOCK_N']}, "
+        values = ", integers 0 to 15" if e.get("integers") else ""
+        return (f"{where}: M = {e['M']}, K = {e['K']}, N = {e['N']}, {lay}{values}, BLOCK_N = {e['BLOCK_N']}, "
                 f"BLOCK_K = {e['BLOCK_K']}, grid = (ceil(N / BLOCK_N),) = ({-(-e['N'] // e['BLOCK_N'])},)")
-
-
-#: What the 8 hidden cases of :func:`flat_gemm_kernel` stress, one each (the ``kind`` of :func:`flat_gemm_problem`).
-FLAT_GEMM_KINDS = ["M = 16: every row of the tile is real", "M = 1 (a GEMV)", "ragged K", "ragged N",
-                   "nn.Linear's layout (N, K), ragged", "N smaller than BLOCK_N", "many column tiles",
-                   "K smaller than BLOCK_K"]
-
-
-def flat_gemm_problem(rng, kind: str):
-    """The sizes of a hidden case of :func:`flat_gemm_kernel` of the given ``kind`` (one of
-    :data:`FLAT_GEMM_KINDS`): ``(M, K, N, layout, BLOCK_N, BLOCK_K)``, ``layout`` "kn" for W stored
-    (K, N) or "nk" for nn.Linear's (N, K); at most ~100 loop iterations in all (the interpreter runs
-    each in a few ms).
-
-    Example:
-        >>> M, K, N, layout, BLOCK_N, BLOCK_K = flat_gemm_problem(np.random.default_rng(0), "K smaller than BLOCK_K")
-        >>> 1 <= M <= 16, K < BLOCK_K, layout in ("kn", "nk")
-        (True, True, True)
-    """
-    M = int(rng.integers(1, 17))
-    BN, BK = int(rng.choice([16, 32, 64])), int(rng.choice([16, 32, 64]))
-    K = BK * int(rng.integers(1, 4))
-    N = BN * int(rng.integers(1, 4))
-    layout = str(rng.choice(["kn", "nk"]))
-    if kind.startswith("M = 16"):
-        M = 16
-    elif kind.startswith("M = 1"):
-        M = 1
-    if "ragged K" in kind or "ragged" in kind and "layout" in kind:
-        K += int(rng.integers(1, BK))
-    if "ragged N" in kind or "ragged" in kind and "layout" in kind:
-        N += int(rng.integers(1, BN))
-    if "layout" in kind:
-        layout = "nk"
-    if "N smaller" in kind:
-        BN = int(rng.choice([32, 64]))
-        N = int(rng.integers(1, BN))
-    if "many column tiles" in kind:
-        BN = 16
-        N = BN * int(rng.integers(6, 10)) + int(rng.integers(0, BN))
-        BK = 64
-        K = int(rng.integers(40, 129))
-    if "K smaller" in kind:
-        BK = int(rng.choice([32, 64]))
-        K = int(rng.integers(1, BK))
-    return M, K, N, layout, BN, BK
 
 
 def flat_gemm_kernel(kernel, seed: int | None = None) -> None:
@@ -317,40 +252,37 @@ def flat_gemm_kernel(kernel, seed: int | None = None) -> None:
     so a load past M, K or N without a mask shows; y filled with a marker first, so that an element
     never written, or written past the end, is reported. Under Triton's interpreter (no GPU) it also
     watches every address the kernel loads from and names the first element outside x (M, K) or W (K, N).
-    4 shown cases and 8 hidden ones (M from 1 to 16, K and N not multiples of the blocks, N or K smaller
-    than one block, many column tiles, both layouts of W), each compared with float64 NumPy on the same
-    fp16 values; the error allowed comes from an error analysis of fp32 accumulation (see the comment
-    above this function).
+    5 shown cases and 13 hidden ones; in every run, K and N one past and one short of a block, and a
+    long K of small integers, which float32 adds exactly and a float16 accumulator does not; M from 1 to
+    16, K and N not multiples of the blocks, N or K smaller than one block, many column tiles, both
+    layouts of W. Each is compared with float64 NumPy on the same fp16 values; the error allowed comes
+    from an error analysis of fp32 accumulation (see the comment above this function).
 
     Example:
         >>> from flashcourse import checks
         >>> checks.flat_gemm_kernel(flat_gemm_kernel)          # doctest: +SKIP
-        flat_gemm_kernel: 12 cases passed (4 shown, 8 hidden) ✓
+        flat_gemm_kernel: 18 cases passed (5 shown, 13 hidden) ✓
     """
     name = "flat_gemm_kernel"
     require_kernel(name, kernel)
     seed = seed_of(seed)
     rng = np.random.default_rng(seed)
-    raw = [
-        ("several K tiles, W as (K, N)", (4, 96, 64, "kn", 32, 32), False),
-        ("ragged K and ragged N: K = 100, N = 70, not multiples of the blocks", (3, 100, 70, "kn", 32, 32), False),
-        ("nn.Linear's layout: W stored (N, K), read through its strides", (8, 80, 48, "nk", 16, 32), False),
-        ("one row (M = 1), N smaller than BLOCK_N", (1, 50, 20, "kn", 32, 16), False),
-    ]
-    n_shown, n_hidden = len(raw), 8
-    for i in range(n_hidden):
-        kind = FLAT_GEMM_KINDS[i]
-        raw.append((kind, flat_gemm_problem(rng, kind), True))
+    raw = [(kind, sizes, False) for kind, sizes in flat_gemm_shown()]
+    n_shown, n_hidden = len(raw), len(FLAT_GEMM_KINDS)
+    raw += [(kind, flat_gemm_problem(rng, kind), True) for kind in FLAT_GEMM_KINDS]
     g = np.random.default_rng(46)
     with compile_after(name, kernel):                  # then compiled for sm_80 and sm_90
         for i, (kind, (M, K, N, layout, BN, BK), hidden) in enumerate(raw):
             r = rng if hidden else g
-            x = r.normal(size=(M, K)).astype(np.float16).astype(np.float64)
-            w = r.normal(size=(K, N)).astype(np.float16).astype(np.float64)
+            if "long K" in kind:
+                x, w = integer_operands(r, M, K, N, BK)
+            else:
+                x = r.normal(size=(M, K)).astype(np.float16).astype(np.float64)
+                w = r.normal(size=(K, N)).astype(np.float16).astype(np.float64)
             pads = [int(t) for t in r.integers(0, 9, size=3)]
             number, of = (i - n_shown + 1, n_hidden) if hidden else (i + 1, n_shown)
             case = _GemmCase(kind, (x, w), number, of, hidden, seed if hidden else None, ("x", "w"),
-                             dict(M=M, K=K, N=N, layout=layout, BLOCK_N=BN, BLOCK_K=BK))
+                             dict(M=M, K=K, N=N, layout=layout, BLOCK_N=BN, BLOCK_K=BK, integers="long K" in kind))
             _check_gemm_case(name, kernel, case, first=i == 0, pads=pads, seed=seed)
     passed(name, n_shown, n_hidden)
 
@@ -468,15 +400,13 @@ def _check_gemm_case(name: str, kernel, case: _GemmCase, first: bool, pads, seed
     with _ReadWatch(regions) as watch:
         launch(name, kernel, grid, (xb, wb, yb, M, N, K, sx, stride_wk, stride_wn, yb.stride(0)),
                dict(BLOCK_M=BLOCK_M, BLOCK_N=BN, BLOCK_K=BK), case)
-    kind_hint = next((h for key, h in _KERNEL_KIND_HINTS.items() if key in case.kind), "")
     replay = f"check.flat_gemm_kernel(flat_gemm_kernel, seed={seed}) draws this hidden case again." \
         if case.hidden else ""
-    hint = join_lines(kind_hint, _KERNEL_HINT, replay)
     if watch.first is not None:
         raise AssertionError(join_lines(f"{name} read {watch.first}, outside the data, on {case.describe()}",
-                                   "hint: every load needs a mask: rows < M for x's rows, k + ks < K for x's "
-                                   "columns and W's rows, cols < N for W's columns (other=0.0).",
-                                   f"hint: {hint}"))
+                                        "hint: every load needs a mask: rows < M for x's rows, k + ks < K for x's "
+                                        "columns and W's rows, cols < N for W's columns (other=0.0).",
+                                        f"hint: {join_lines(_KERNEL_HINT, replay)}"))
     bits = yb.cpu().view(torch.int16).numpy()
     unwritten = bits[:M, :N] == np.int16(_POISON16)
     if unwritten.any():
@@ -499,6 +429,14 @@ def _check_gemm_case(name: str, kernel, case: _GemmCase, first: bool, pads, seed
             raise NotImplementedError(msg)
         raise AssertionError(f"{msg}\n  on {case.describe()}")
     S = np.abs(x) @ np.abs(w)
-    atol = 2 * K * U32 * float(S.max()) + 2.0 ** -24
-    compare(name, "y", got, expected, case, 2 * U16, atol, hint,
-             "y is a matrix product of real numbers, so it must be a float array")
+    atol = (0.0 if e.get("integers") else 2 * K * U32 * float(S.max())) + 2.0 ** -24   # integers: float32 is exact
+    note = "y is a matrix product of real numbers, so it must be a float array"
+    try:
+        compare(name, "y", got, expected, case, 2 * U16, atol, "", note)
+    except AssertionError:                             # what went wrong: the known mistakes on this very case
+        hint = next((h for h, y in _gemm_mistakes(x, w, BK) if not np.allclose(y, expected, 2 * U16, atol)
+                     and np.allclose(got, y.astype(np.float16), 2 * U16, atol, equal_nan=True)), "")
+        if not hint and np.isfinite(got).all() and np.abs(got - expected).max() <= 2.0 ** -6 * np.abs(expected).max():
+            hint = _FP16_HINT                          # only rounding-sized errors (a GPU's float16 sums differ in order)
+        hint = hint or _KERNEL_HINT
+        compare(name, "y", got, expected, case, 2 * U16, atol, join_lines(hint, replay), note)

@@ -23,7 +23,8 @@ CELLS = [
     2. the loop over one chunk's keys, and the partial's store, inside the split-KV Triton kernel.
 
     Under each exercise a **check cell** runs your code on cases you can see and on hidden random ones
-    (grouped-query attention, sequences of length 1, more splits than the cache needs, huge logits)
+    (grouped-query attention, sequences of length 1 or 0, more splits than the cache needs, logits that
+    jump by hundreds from one block of keys to the next)
     and prints one line ending in ✓ when everything passes. Then grade the notebook from a terminal:
     `flashcourse grade exercises/04_flash_decode.ipynb`.
 
@@ -56,9 +57,13 @@ CELLS = [
     $$o = \sum_s e^{\mathrm{lse}_s - \mathrm{lse}}\; o_s .$$
 
     Compute $\mathrm{lse}$ the safe way, $m + \log \sum_s e^{\mathrm{lse}_s - m}$ with $m = \max_s \mathrm{lse}_s$:
-    logits can be large, and $e^{1000}$ is `inf`. A chunk with no keys (a short sequence, or more
-    splits than the cache needs) has $\mathrm{lse}_s = -\infty$ and $o_s = 0$; its weight is
-    $e^{-\infty} = 0$. At least one chunk of every head has keys.
+    logits can be large, and $e^{1000}$ is `inf` — and the $\mathrm{lse}_s$ of two chunks can lie
+    thousands apart. A chunk with no keys (a short sequence, or more splits than the cache needs) has
+    $\mathrm{lse}_s = -\infty$ and $o_s = 0$; its weight is $e^{-\infty} = 0$. A sequence with no keys
+    at all (`kv_len = 0`) has every chunk empty: then $m = -\infty$ and $-\infty - (-\infty)$ is `nan`,
+    so shift by 0 instead and divide by 1 where the weights sum to 0, as the kernel below does for an
+    empty chunk. Its result is $o = 0$, $\mathrm{lse} = -\infty$: the partial of no keys, which can be
+    combined again.
 
     `o_s` is `(S, ..., d)` and `lse_s` is `(S, ...)`: axis 0 is the split, anything in between (batch,
     heads) rides along. Return `o` `(..., d)` and `lse` `(...)`.
@@ -68,10 +73,13 @@ CELLS = [
     def lse_combine(o_s, lse_s):
         \"\"\"Flash-Decoding's combine: o_s (S, ..., d) normalised per split, lse_s (S, ...) -> (o, lse).\"\"\"
         ### BEGIN SOLUTION
-        m = lse_s.max(axis=0)                                   # finite: some split of every head has keys
-        lse = m + np.log(np.exp(lse_s - m).sum(axis=0))
-        w = np.exp(lse_s - lse)                                 # (S, ...): each split's share; empty splits: 0
-        o = (w[..., None] * o_s).sum(axis=0)
+        m = lse_s.max(axis=0)
+        m = np.where(np.isneginf(m), 0.0, m)                    # every split empty: shift by 0, not -inf
+        w = np.exp(lse_s - m)                                   # (S, ...): <= 1; an empty split's is 0
+        total = w.sum(axis=0)                                   # >= 1, or 0 when every split is empty
+        with np.errstate(divide="ignore"):
+            lse = m + np.log(total)                             # log 0 = -inf: the lse of no keys
+        o = (w[..., None] * o_s).sum(axis=0) / np.where(total == 0, 1.0, total)[..., None]
         ### END SOLUTION
         return o, lse
     """, tags=("solution",), name="lse-combine"),
@@ -118,7 +126,9 @@ CELLS = [
     * load `K_j` and `V_j` (`BLOCK_N × HEAD_DIM`) with `mask=cols[:, None] < hi, other=0.0` — the last
       block of a chunk is usually partial, and `CHUNK` need not be a multiple of `BLOCK_N`;
     * the logits, $-\infty$ where `cols >= hi`;
-    * the online-softmax update of chapter 3 with `tl.maximum`, `tl.max(qk, 0)`, `tl.exp2`, `tl.sum`;
+    * the online-softmax update of chapter 3 with `tl.maximum`, `tl.max(qk, 0)`, `tl.exp2`, `tl.sum`:
+      the maximum is the *running* one, since the logits of the next block may lie hundreds above or
+      below this block's, and each key is read once (the check counts the loads);
 
     and the end: store `o_s = acc / l_i` (0 where `l_i` is 0: an empty split runs no iteration) at `O_ptrs`,
     and the natural-log $\mathrm{lse}_s = (m_i + \log_2 \ell_i)\ln 2$ at `LSE_ptr` (`-inf` for an empty split).

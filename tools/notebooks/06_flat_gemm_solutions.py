@@ -22,7 +22,8 @@ CELLS = [
        `tl.dot` into a float32 accumulator.
 
     Under each exercise a **check cell** runs your code on cases you can see and on hidden random ones
-    (ragged K and N, M from 1 to 16, GPUs with 40, 108 and 132 SMs, both layouts of W) and prints one
+    (ragged K and N, M from 1 to 16, GPUs with 40, 108 and 132 SMs, N one program short of the SMs,
+    both layouts of W, a long K of integers that only a float32 accumulator adds up exactly) and prints one
     line ending in ✓ when everything passes. Then grade the notebook from a terminal:
     `flashcourse grade exercises/06_flat_gemm.ipynb`.
 
