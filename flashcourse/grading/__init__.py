@@ -54,8 +54,6 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import nbformat
-
 from ..chapters import renamed
 from .contain import TIMED_OUT, run_contained
 from ..checks.cases import GRADED_SEED_ENV
@@ -316,6 +314,7 @@ def without_checks(nb, checks: list[dict]):
     the ``In [N]`` JupyterLab shows after *Run All*).
 
     Example:
+        >>> import nbformat
         >>> nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("def f(): ...", id="a"),
         ...     nbformat.v4.new_code_cell("check.f(f)", id="c"), nbformat.v4.new_code_cell("f()", id="b")])
         >>> run, numbers = without_checks(nb, [{"id": "c", "name": "f"}])
@@ -343,6 +342,7 @@ def solution_sources(nb, solution_cells: list[dict]):
     those found the second way or not at all.
 
     Example:
+        >>> import nbformat
         >>> nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("def f(x):\\n    return x", id="new")])
         >>> solution_sources(nb, [{"id": "f-cell", "defines": ["f"]}])
         ([('new', 'def f(x):\\n    return x')], ['solution cell f-cell was not found by its id: graded the cell that defines f'])
@@ -373,6 +373,7 @@ def run_notebook(nb, name: str, timeout: int):
     with tempfile.TemporaryDirectory(prefix="flashcourse-grade-") as tmp:
         tmp = Path(tmp)
         target = tmp / f"{name}.ipynb"
+        import nbformat              # (here: the verdict process imports this package without it)
         nbformat.write(nb, target)
         (tmp / "pytest.ini").write_text("[pytest]\n")
         (tmp / "conftest.py").write_text(_PLUGIN)
@@ -449,6 +450,7 @@ def grade(notebook: Path | str, *, checks_json: Path | str | None = None, exerci
     if not path.is_file():
         raise GradingError(f"{path}: no such notebook")
     try:
+        import nbformat
         nb = nbformat.read(path, as_version=4)
     except Exception as e:
         raise GradingError(f"{path}: not a readable notebook ({type(e).__name__}: {e})") from e

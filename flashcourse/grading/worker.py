@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import importlib.util
 import os
 import re
 import signal
@@ -49,14 +50,23 @@ class WorkerTimeout(RuntimeError):
 
 
 def site_dirs() -> list[str]:
-    """The directories this Python imports installed packages from (NumPy, torch, Triton, ...).
+    """The directories the checks' libraries are imported from: where NumPy, torch and Triton are
+    installed (found without importing them; a system Python keeps them in ``dist-packages``), then
+    this Python's own ``site-packages``. Never the current folder, and the user's site only when a
+    library lives there.
 
     Example:
         >>> any(Path(d, "numpy").is_dir() for d in site_dirs())
         True
     """
+    found = []
+    for name in ("numpy", "torch", "triton"):
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin:
+            found.append(str(Path(spec.origin).resolve().parents[1]))
     paths = sysconfig.get_paths()
-    return list(dict.fromkeys(str(Path(p).resolve()) for p in (paths["purelib"], paths["platlib"])))
+    found += [str(Path(p).resolve()) for p in (paths["purelib"], paths["platlib"])]
+    return list(dict.fromkeys(found))
 
 
 def isolated_command(code: str, path: list[str]) -> list[str]:
