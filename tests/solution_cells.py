@@ -61,6 +61,16 @@ def fails(check, fn, *expected: str, exc=AssertionError) -> str:
     return msg
 
 
+def refused_by_the_gpu_compiler(name: str) -> tuple[str, ...]:
+    """What check ``name`` says of a kernel that only Triton's interpreter runs: on a CPU, after the
+    interpreter ran every case, that the ahead-of-time compile for sm_80 / sm_90 failed; on a GPU, at
+    the first launch, that this GPU's compiler refused it. Both name the construct and give the hint."""
+    from flashcourse import backend
+    head = (f"{name} runs under the interpreter but does not compile for sm_80 (A100) or sm_90 (H100)"
+            if backend.INTERPRET else f"{name} does not compile for sm_")
+    return head, "no `break`"
+
+
 def fails_on_a_hidden_case(check, fn, *expected: str) -> str:
     """``check(fn)`` fails on a hidden case; its message names the seed and the call that replays
     it (``check.NAME(NAME, seed=...)``), and that call fails with the same message. Returns it."""

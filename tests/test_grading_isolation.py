@@ -125,7 +125,8 @@ def test_a_kernel_outside_tritons_language_is_refused(tmp_path, change, message)
 
 def test_a_kernel_is_rebuilt_from_its_text_with_its_jit_helpers_and_constants(tmp_path):
     src = KERNEL.replace("tl.exp(x - tl.max(x, axis=0))", "helper(x) * SCALE") + textwrap.dedent('''
-        SCALE: tl.constexpr = 2.0
+        SCALE = tl.constexpr(2.0)
+        IGNORED: tl.constexpr = 3.0
         @triton.jit
         def helper(x):
             return tl.exp(x - tl.max(x, axis=0))
@@ -133,10 +134,11 @@ def test_a_kernel_is_rebuilt_from_its_text_with_its_jit_helpers_and_constants(tm
         ''')
     kernel = kernel_source.load_kernel([("c", "import numpy as np\nBAD = np.zeros(3)"), ("d", src)], "k", tmp_path)
     text = (tmp_path / "graded_k.py").read_text()
-    assert "def helper" in text and "SCALE: tl.constexpr = 2.0" in text and "np" not in text
+    assert "def helper" in text and "SCALE = tl.constexpr(2.0)" in text and "np" not in text and "IGNORED" not in text
     import torch
-    x = torch.randn(10)
-    y = torch.empty(10)
+    from flashcourse import backend
+    x = torch.randn(10, device=backend.DEVICE)
+    y = torch.empty(10, device=backend.DEVICE)
     kernel[(1,)](x, y, 10, BLOCK=16)
     assert torch.allclose(y, 2 * torch.exp(x - x.max()))
     with pytest.raises(kernel_source.KernelSourceError, match="no @triton.jit function named missing"):

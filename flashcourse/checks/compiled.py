@@ -211,6 +211,44 @@ def _interpreting() -> bool:
     return bool(backend.INTERPRET)
 
 
+#: What a kernel that runs under the interpreter but not on a GPU most likely did.
+SUBSET_HINT = ("the interpreter runs any Python, the GPU compiler only Triton's subset: no `break`, "
+               "`continue` or `return` inside a loop; loop with a condition instead.")
+
+
+def gpu_compile_failure(name: str, error: Exception, where: str) -> AssertionError:
+    """The AssertionError of check ``name`` when launching the kernel on this GPU stopped in Triton's
+    compiler with ``error`` (on case ``where``): the compiler's own last line, this GPU, and the hint.
+
+    Example:
+        >>> print(gpu_compile_failure("k", SyntaxError("unsupported AST node type: Break"),
+        ...                           "case 1")) # doctest: +ELLIPSIS
+        k does not compile for sm_... (...): unsupported AST node type: Break
+          on case 1
+          hint: the interpreter runs any Python, ...
+    """
+    from .. import backend
+    from ..kernels import aot
+    cc = backend.cached_compute_capability() or (0, 0)
+    last = [line.strip() for line in str(error).splitlines() if line.strip()][-1:] or [type(error).__name__]
+    return AssertionError(f"{name} does not compile for sm_{cc[0]}{cc[1]} ({aot.TARGETS.get(tuple(cc), 'this GPU')}): "
+                          f"{last[0]}\n  on {where}\n  hint: {SUBSET_HINT}")
+
+
+def is_compile_error(error: Exception) -> bool:
+    """Whether ``error`` was raised by Triton's compiler (its ``CompilationError`` and subclasses).
+
+    Example:
+        >>> is_compile_error(ZeroDivisionError())
+        False
+    """
+    try:
+        from triton.compiler.errors import CompilationError
+    except ImportError:  # pragma: no cover - another Triton
+        return False
+    return isinstance(error, CompilationError)
+
+
 def report_failure(name: str, results: list, constexprs: dict) -> None:
     """Raise the AssertionError of check ``name`` for the failed ``aot.Result`` s of one launch (its
     ``constexprs``): the targets a compile error stopped, with the compiler's line, else the first
@@ -234,9 +272,7 @@ def report_failure(name: str, results: list, constexprs: dict) -> None:
     if errors:
         raise AssertionError(
             f"{name} runs under the interpreter but does not compile for {' or '.join(map(target, errors))}: "
-            f"{errors[0].error}\n  (launched with {launch})\n  hint: the interpreter runs any Python, the GPU "
-            f"compiler only Triton's subset: no `break`, `continue` or `return` inside a loop; loop with a "
-            f"condition instead.")
+            f"{errors[0].error}\n  (launched with {launch})\n  hint: {SUBSET_HINT}")
     r = results[0]
     raise AssertionError(
         f"{name} compiles for {target(r)} but needs {r.shared} B of shared memory with {launch}; "

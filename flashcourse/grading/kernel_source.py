@@ -7,7 +7,7 @@ Triton's language only: the decorator is ``triton.jit``; the kernel uses its arg
 variables, ``tl``/``triton`` functions (no submodules but ``tl.math``), the tensor methods and
 attributes of ``tl.tensor`` and ``tl.dtype``, a few built-ins (``range``, ``min``, ``max``, ``float``,
 ``int``, ``bool``, ``len``, ``print``), other ``@triton.jit`` functions of the same cells and
-constants declared ``NAME: tl.constexpr = 3`` or ``NAME = tl.constexpr(3)``; no dunder or private
+constants defined ``NAME = tl.constexpr(3)`` (the form Triton's compiler accepts); no dunder or private
 names, imports, lambdas, comprehensions, ``with``, ``try``, ``raise``, ``global``. Then it writes
 those definitions, under ``import triton`` and ``import triton.language as tl`` alone, to a file and
 imports it: defining a function runs none of its body. (Triton's own compiler accepts less than
@@ -115,11 +115,9 @@ class _Definitions:
         if len(targets) != 1 or not isinstance(targets[0], ast.Name) or node.value is None:
             return
         name, value = targets[0].id, node.value
-        declared = (isinstance(node, ast.AnnAssign) and _tl_chain(node.annotation)
-                    and ast.unparse(node.annotation).endswith("constexpr") and _constant(value))
         wrapped = (isinstance(value, ast.Call) and ast.unparse(value.func) in ("tl.constexpr", "triton.language.constexpr")
                    and len(value.args) == 1 and not value.keywords and _constant(value.args[0]))
-        if declared or wrapped:
+        if wrapped:     # (``NAME: tl.constexpr = 3`` is not a constant to Triton's compiler: left out)
             self.constants[name] = "\n".join(lines[node.lineno - 1:node.end_lineno])
 
 
