@@ -29,12 +29,13 @@ import math
 import numpy as np
 
 from ..reference.attention import attention_float64
-from .attention_cases import (BOUNDARY, DROP, FA1_STEP_KINDS, JUMP, KERNEL_KINDS, KINDS, LoadCount, block_shifts, draw,
+from .attention_cases import (BOUNDARY, DROP, FA1_STEP_KINDS, JUMP, KERNEL_KINDS, KINDS, block_shifts, draw,
                               fa1_step_inputs, head, large_v, long_row, one_pass_loads, shift_logits)
 from .attention_mistakes import (FA1_MISTAKES, FA2_MISTAKES, KERNEL_MISTAKES, diagnose, fa1_loops, fa1_step_variant,
                                  fa2_variant, kernel_variant, matches, visible)
-from .cases import (ATTENTION_DTYPE_NOTE, LOG2E, U16, U32, Case, as_array, call, compare, compile_after, join_lines,
-                    launch, passed, poisoned, require_callable, require_kernel, seed_of, value_summary)
+from .cases import (ATTENTION_DTYPE_NOTE, LOG2E, U16, U32, Case, InterpreterLoads, as_array, call, compare,
+                    compile_after, join_lines, launch, passed, poisoned, require_callable, require_kernel, seed_of,
+                    value_summary)
 
 __all__ = ["fa1_step", "fa2_attention", "fa2_kernel"]
 
@@ -512,9 +513,7 @@ def _check_fa2_kernel_case(name: str, kernel, case: _AttnCase, first: bool, pad:
     ob = poisoned((bh, q_rows, d + pad), _POISON16, half=True).to(backend.DEVICE)
     q_t, k_t, v_t, o_t = qb[:, :n_q, :d], kb[:, :n_k, :d], vb[:, :n_k, :d], ob[:, :n_q, :d]
     grid = (-(-n_q // bm), bh)
-    elements = np.arange(bh)[:, None, None] * kb.stride(0) + np.arange(n_k)[:, None] * kb.stride(1) + np.arange(d)
-    regions = [(t, (b.data_ptr() + 2 * elements.ravel()).astype(np.uint64)) for t, b in (("K", kb), ("V", vb))]
-    with LoadCount(regions) as loads:
+    with InterpreterLoads() as loads:
         launch(name, kernel, grid, (q_t, k_t, v_t, o_t, scale, q_t.stride(0), q_t.stride(1), k_t.stride(0),
                                     k_t.stride(1), v_t.stride(0), v_t.stride(1), o_t.stride(0), o_t.stride(1), n_q, n_k),
                dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal), case)
@@ -548,12 +547,13 @@ def _check_fa2_kernel_case(name: str, kernel, case: _AttnCase, first: bool, pad:
     _compare_all(name, [("O", got, expected, atol)], case, variant, KERNEL_MISTAKES, [] if history is None else history,
                  join_lines(kind_hint, _FA2_HINT.replace("e^(", "2^(").replace("S_ij", "qk")), again, rtol=0.0)
     once = one_pass_loads(n_q, n_k, bm, bn, causal)          # right, and in one pass? (under the interpreter)
-    for (what, _), count in zip(loads.regions, loads.counts):
-        over = count.reshape(bh, n_k, d) > once[None, :, None]
-        if loads.active and over.any():
+    for what, view in (("K", k_t), ("V", v_t)) if loads.active else ():
+        count = loads.counts(view)                            # (bh, n_k, d): the loads of each element
+        over = count > once[None, :, None]
+        if over.any():
             b, r, c = (int(t) for t in np.argwhere(over)[0])
             raise AssertionError(
-                f"{name} loaded {what}[{b}, {r}, {c}] {count.reshape(bh, n_k, d)[b, r, c]} times, where one pass "
+                f"{name} loaded {what}[{b}, {r}, {c}] {count[b, r, c]} times, where one pass "
                 f"loads it {once[r]} time(s) (once per block of queries) on {case.describe()}\n"
                 f"  hint: FlashAttention-2 reads each K/V block once "
                 f"per block of queries, in one pass that carries the running maximum m_i; a first pass for the "

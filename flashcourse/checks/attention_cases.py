@@ -5,7 +5,8 @@ that every run has, whatever the seed.
   maximum that jumps up, or drops, between two blocks by far more than the exponent range;
 * :func:`draw`, :func:`head` and :func:`fa1_step_inputs` draw the hidden cases of a kind;
 * :func:`long_row` and :func:`large_v` are the kernel's fp16-accumulation cases;
-* :class:`LoadCount` counts what a kernel loads under the interpreter (one pass over K and V).
+* :func:`one_pass_loads` is how often one pass over K and V loads each key (the kernel check counts the
+  loads with :class:`~flashcourse.checks.cases.InterpreterLoads`).
 
 Example:
     >>> q, k = shift_logits(np.zeros((2, 3)), np.zeros((4, 3)), 0.5, block_shifts(4, 2, 1, up=True, size=1000.0))
@@ -194,63 +195,6 @@ def large_v(g, n_k: int = 64, d: int = 16):
     q, k = g.uniform(-0.05, 0.05, size=(1, 16, d)), g.uniform(-1.0, 1.0, size=(1, n_k, d))
     v = g.uniform(7000.0, 8000.0, size=(1, n_k, d)) * np.where(g.random(d) < 0.5, -1.0, 1.0)
     return q, k, v
-
-
-class LoadCount:
-    """Under Triton's interpreter: how many times a launch loads each element of some tensors.
-
-    ``regions`` is ``[(label, sorted valid byte addresses)]``; after the ``with`` block ``counts[i][j]``
-    is how many loads read the j-th address of region i (masked-off lanes not counted). It replaces
-    ``triton.runtime.interpreter._interpreter`` (Triton's own private hook, as :mod:`.gemm` does) with a
-    proxy whose ``load`` counts; on a GPU it counts nothing and ``active`` stays False.
-
-    Example:
-        >>> with LoadCount([("x", np.array([8, 16], dtype=np.uint64))]) as c:
-        ...     c.count(np.array([16, 16, 24], dtype=np.uint64))
-        >>> c.counts[0].tolist()
-        [0, 2]
-    """
-
-    def __init__(self, regions):
-        self.regions = regions
-        self.counts = [np.zeros(len(a), dtype=np.int64) for _, a in regions]
-        self.active = False
-        self._module = None
-
-    def count(self, addrs) -> None:
-        addrs = np.asarray(addrs, dtype=np.uint64).ravel()
-        for (_, valid), count in zip(self.regions, self.counts):
-            pos = np.minimum(np.searchsorted(valid, addrs), len(valid) - 1)
-            hit = valid[pos] == addrs
-            np.add.at(count, pos[hit], 1)
-
-    def __enter__(self):
-        from .. import backend
-        if not backend.INTERPRET:
-            return self
-        try:
-            import triton.runtime.interpreter
-            inner = triton.runtime.interpreter._interpreter
-        except (ImportError, AttributeError):  # pragma: no cover - another Triton
-            return self
-        counter = self
-
-        class Proxy:
-            def __getattr__(self, attr):
-                return getattr(inner, attr)
-
-            def load(self, ptrs, mask, *args, **kwargs):
-                counter.count(np.asarray(ptrs)[np.asarray(mask, dtype=bool)])
-                return inner.load(ptrs, mask, *args, **kwargs)
-
-        self._module, self._inner, self.active = triton.runtime.interpreter, inner, True
-        self._module._interpreter = Proxy()
-        return self
-
-    def __exit__(self, *exc):
-        if self._module is not None:
-            self._module._interpreter = self._inner
-        return False
 
 
 def one_pass_loads(n_q: int, n_k: int, BLOCK_M: int, BLOCK_N: int, causal: bool) -> np.ndarray:

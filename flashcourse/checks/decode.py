@@ -34,9 +34,9 @@ import math
 import numpy as np
 
 from ..reference.decode import needs_fallback
-from .cases import (ATTENTION_DTYPE_NOTE, LOG2E, POISON_F32, U32, Case, call, compare, compile_after, fmt, join_lines,
-                    launch, passed, poisoned, require_callable, require_kernel, seed_of)
-from .decode_cases import (LSE_COMBINE_KINDS, SPLIT_KV_KINDS, UM_KINDS, WINDOWS, LoadCount, combine_problem,
+from .cases import (ATTENTION_DTYPE_NOTE, LOG2E, POISON_F32, U32, Case, InterpreterLoads, call, compare, compile_after,
+                    fmt, join_lines, launch, passed, poisoned, require_callable, require_kernel, seed_of)
+from .decode_cases import (LSE_COMBINE_KINDS, SPLIT_KV_KINDS, UM_KINDS, WINDOWS, combine_problem,
                            combine_shown, heads_kv, partials64, sizes, split_kv_problem, split_kv_shown,
                            unified_max_head, unified_max_shown)
 
@@ -422,7 +422,7 @@ def _check_split_case(name: str, kernel, case: _DecodeCase, first: bool, pad: in
     lens = torch.tensor(np.asarray(kv_lens), dtype=torch.int32).to(dev)
     q_t, k_t, v_t, o_t, l_t = qb[..., :d], kb[:, :, :L, :d], vb[:, :, :L, :d], ob[:S, ..., :d], lb[:S, :, :H_q]
     strides = (*q_t.stride()[:2], *k_t.stride()[:3], *v_t.stride()[:3], *o_t.stride()[:3], *l_t.stride()[:2])
-    with LoadCount({"K": kb, "V": vb}) as loads:
+    with InterpreterLoads() as loads:
         launch(name, kernel, (S, B * H_q), (q_t, k_t, v_t, o_t, l_t, lens, scale, *strides, H_q, H_q // H_kv, chunk),
                dict(HEAD_DIM=d, BLOCK_N=BLOCK_N), case)
     o_bits = ob.cpu().view(torch.int32).numpy()
@@ -465,9 +465,9 @@ def _check_split_case(name: str, kernel, case: _DecodeCase, first: bool, pad: in
         mistakes = ((h, emulate_split_kv(q, k, v, kv_lens, chunk, S, BLOCK_N, key)[::-1]) for key, h in _KERNEL_MISTAKES)
         return join_lines(diagnose(mistakes, *zip(*[(p[1], p[2], p[3:]) for p in pairs]), i) or _KERNEL_HINT, replay)
     _compare_all(name, pairs, case, hint_of)
-    if loads.counts is not None:                       # under the interpreter: each key of a chunk read once
+    if loads.active:                                   # under the interpreter: each key of a chunk read once
         want = H_q * d * int(np.sum(kv_lens))
-        for what, got in loads.counts.items():
+        for what, got in (("K", loads.loaded(kb)), ("V", loads.loaded(vb))):
             if got != want:
                 raise AssertionError(join_lines(
                     f"{name} read {got} elements of {what}, expected {want} = H_q x HEAD_DIM x sum(kv_lens), on "

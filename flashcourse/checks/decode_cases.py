@@ -9,7 +9,7 @@ they are judged against.
 * :func:`split_kv_shown` and :func:`split_kv_problem`: those of ``split_kv_kernel``, among them keys
   whose logits jump up and drop by hundreds between the blocks of a chunk (so that a kernel with no
   running maximum overflows or forgets a rescale on every run), and kv_lens one key before and after
-  the edges of a chunk and of a block; :class:`LoadCount` counts what the kernel loads.
+  the edges of a chunk and of a block.
 * :func:`unified_max_shown` and :func:`unified_max_head`: those of ``unified_max_partials``, among them
   chunks whose largest ``x - phi`` is exactly a bound of the window or one float32 step off it.
 
@@ -325,57 +325,6 @@ def split_kv_shown():
          prob(5, 2, 1, 16, 50, [33, 49, 31, 32, 47], 32, 2, 16)),
         ("the logits jump up by hundreds, then drop by 250, from block to block of a chunk (GQA)", jumps),
     ]
-
-
-class LoadCount:
-    """Under Triton's interpreter: how many elements the loads of a kernel read from each of the
-    ``buffers`` (a dict name -> torch tensor), counting only the lanes whose mask is True. It wraps the
-    interpreter's ``load`` (Triton's private hook, as :mod:`flashcourse.checks.gemm` does) for the
-    duration of a ``with``; on a GPU it counts nothing and ``counts`` stays None.
-
-    Example:
-        >>> import torch
-        >>> with LoadCount({"K": torch.zeros(4)}) as watch:
-        ...     pass
-        >>> watch.counts in (None, {"K": 0})
-        True
-    """
-
-    def __init__(self, buffers: dict):
-        self.regions = [(name, t.data_ptr(), t.numel() * t.element_size()) for name, t in buffers.items()]
-        self.counts = None
-        self._module = None
-
-    def __enter__(self):
-        from .. import backend
-        if not backend.INTERPRET:
-            return self
-        try:
-            import triton.runtime.interpreter
-            inner = triton.runtime.interpreter._interpreter
-        except (ImportError, AttributeError):  # pragma: no cover - another Triton
-            return self
-        self.counts = {name: 0 for name, _, _ in self.regions}
-        watch = self
-
-        class Proxy:
-            def __getattr__(self, attr):
-                return getattr(inner, attr)
-
-            def load(self, ptrs, mask, *args, **kwargs):
-                addrs = np.asarray(ptrs)[np.asarray(mask, dtype=bool)].astype(np.uint64)
-                for name, base, nbytes in watch.regions:
-                    watch.counts[name] += int(((addrs >= base) & (addrs < base + nbytes)).sum())
-                return inner.load(ptrs, mask, *args, **kwargs)
-
-        self._module, self._inner = triton.runtime.interpreter, inner
-        self._module._interpreter = Proxy()
-        return self
-
-    def __exit__(self, *exc):
-        if self._module is not None:
-            self._module._interpreter = self._inner
-        return False
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cases import (U16, U32, Case, call, compare, compile_after, join_lines, launch, passed, poisoned,
-                    require_callable, require_kernel, seed_of)
+from .cases import (U16, U32, Case, InterpreterLoads, call, compare, compile_after, join_lines, launch, passed,
+                    poisoned, require_callable, require_kernel, seed_of)
 from .gemm_cases import (CHOOSE_BLOCK_N_KINDS, FLAT_GEMM_KINDS, choose_block_n_problem, choose_block_n_shown,
                          expected_block_n, flat_gemm_problem, flat_gemm_shown, integer_operands, ratio)
 
@@ -287,67 +287,6 @@ def flat_gemm_kernel(kernel, seed: int | None = None) -> None:
     passed(name, n_shown, n_hidden)
 
 
-class _ReadWatch:
-    """Under the interpreter: record the first element outside the valid parts of x and W that a load reads.
-
-    Replaces ``triton.runtime.interpreter._interpreter`` for the duration of a launch with a proxy whose
-    ``load`` looks at the addresses whose mask is True. On a GPU (or an interpreter without that
-    attribute) it does nothing.
-    """
-
-    def __init__(self, regions):
-        # regions: [(label, base address, buffer bytes, sorted valid addresses, decode(addr) -> text)]
-        self.regions = regions
-        self.first = None
-        self._module = None
-
-    def __enter__(self):
-        from .. import backend
-        if not backend.INTERPRET:
-            return self
-        try:  # Triton's own private hook (it has no public one), spelled out in full
-            import triton.runtime.interpreter
-            inner = triton.runtime.interpreter._interpreter
-        except (ImportError, AttributeError):  # pragma: no cover - another Triton
-            return self
-        watch = self
-
-        class Proxy:
-            def __getattr__(self, attr):
-                return getattr(inner, attr)
-
-            def load(self, ptrs, mask, *args, **kwargs):
-                if watch.first is None:
-                    watch._look(np.asarray(ptrs)[np.asarray(mask, dtype=bool)])
-                return inner.load(ptrs, mask, *args, **kwargs)
-
-        self._module, self._inner = triton.runtime.interpreter, inner
-        self._module._interpreter = Proxy()
-        return self
-
-    def __exit__(self, *exc):
-        if self._module is not None:
-            self._module._interpreter = self._inner
-        return False
-
-    def _look(self, addrs):
-        if addrs.size == 0:
-            return
-        addrs = np.unique(addrs.astype(np.uint64))
-        for label, base, nbytes, valid, decode in self.regions:
-            inside = (addrs >= base) & (addrs < base + nbytes)
-            a = addrs[inside]
-            if a.size:
-                pos = np.minimum(np.searchsorted(valid, a), valid.size - 1)
-                bad = a[valid[pos] != a]
-                if bad.size:
-                    self.first = decode(int(bad[0]))
-                    return
-            addrs = addrs[~inside]
-        if addrs.size:
-            self.first = "an address outside the x and W tensors"
-
-
 def _check_gemm_case(name: str, kernel, case: _GemmCase, first: bool, pads, seed: int) -> None:
     import torch
 
@@ -373,13 +312,6 @@ def _check_gemm_case(name: str, kernel, case: _GemmCase, first: bool, pads, seed
     dev = backend.DEVICE
     xb, wb, yb = (t.to(dev) for t in (xb, wb, yb))
 
-    def region(label, t, valid, decode):
-        base = t.data_ptr()
-        return (label, base, t.numel() * 2, np.sort((base + 2 * valid).astype(np.uint64)), decode)
-
-    ii, kk = np.meshgrid(np.arange(M), np.arange(K), indexing="ij")
-    kw, nw = np.meshgrid(np.arange(K), np.arange(N), indexing="ij")
-
     def x_at(addr):
         i, k = divmod((addr - xb.data_ptr()) // 2, sx)
         why = f"x has M = {M} rows" if i >= M else f"x has K = {K} columns"
@@ -394,16 +326,26 @@ def _check_gemm_case(name: str, kernel, case: _GemmCase, first: bool, pads, seed
         why = f"W has K = {K} rows" if k >= K else f"W has N = {N} columns"
         return f"W[{k}, {n}] (as (K, N); {why})"
 
-    regions = [region("x", xb, (ii * sx + kk).ravel(), x_at),
-               region("W", wb, (kw * stride_wk + nw * stride_wn).ravel(), w_at)]
+    def read_outside(loads):
+        """What the first load to stray outside the valid parts of x and W read there (x's before W's), or None."""
+        stray = loads.first_stray(xb[:M, :K], wb[:K, :N] if layout == "kn" else wb[:N, :K])
+        if stray is None or not stray.size:
+            return None
+        for t, at in ((xb, x_at), (wb, w_at)):
+            mine = stray[(stray >= t.data_ptr()) & (stray < t.data_ptr() + t.numel() * 2)]
+            if mine.size:
+                return at(int(mine[0]))
+        return "an address outside the x and W tensors"
+
     grid = (-(-N // BN),)
-    with _ReadWatch(regions) as watch:
+    with InterpreterLoads() as loads:
         launch(name, kernel, grid, (xb, wb, yb, M, N, K, sx, stride_wk, stride_wn, yb.stride(0)),
                dict(BLOCK_M=BLOCK_M, BLOCK_N=BN, BLOCK_K=BK), case)
     replay = f"check.flat_gemm_kernel(flat_gemm_kernel, seed={seed}) draws this hidden case again." \
         if case.hidden else ""
-    if watch.first is not None:
-        raise AssertionError(join_lines(f"{name} read {watch.first}, outside the data, on {case.describe()}",
+    strayed = read_outside(loads)
+    if strayed is not None:
+        raise AssertionError(join_lines(f"{name} read {strayed}, outside the data, on {case.describe()}",
                                         "hint: every load needs a mask: rows < M for x's rows, k + ks < K for x's "
                                         "columns and W's rows, cols < N for W's columns (other=0.0).",
                                         f"hint: {join_lines(_KERNEL_HINT, replay)}"))

@@ -2,9 +2,9 @@
 
 What the kernel is judged on, case by case: that it writes every column of every row and nothing
 past them; that it reads each element of x at most twice (counted under Triton's interpreter by
-:class:`LoadCount`: the online softmax is two passes over x, the safe softmax three); and that its
-values match a float64 softmax. A wrong value gets the hint of the known mistake whose float32
-emulation (:func:`emulate`) gives this very row, when one does.
+:class:`~flashcourse.checks.cases.InterpreterLoads`: the online softmax is two passes over x, the
+safe softmax three); and that its values match a float64 softmax. A wrong value gets the hint of the
+known mistake whose float32 emulation (:func:`emulate`) gives this very row, when one does.
 
 Example:
     >>> import numpy as np
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cases import (ATOL_F32, POISON_F32, RTOL_F32, Case, KernelCase, compare, launch, poisoned, softmax64,
-                    value_summary)
+from .cases import (ATOL_F32, POISON_F32, RTOL_F32, Case, InterpreterLoads, KernelCase, compare, launch, poisoned,
+                    softmax64, value_summary)
 
 _NINF = -np.inf
 
@@ -225,64 +225,6 @@ def kernel_cases(rng, seed: int) -> tuple[list, int, int]:
 
 
 # ---------------------------------------------------------------------------------------------
-# counting the loads
-
-class LoadCount:
-    """Under Triton's interpreter, how many times a launch loads each float32 element of one tensor.
-
-    ``with LoadCount(t) as reads: kernel[grid](...)``: afterwards ``reads.counts`` holds, for each
-    element of ``t``'s storage from ``t.data_ptr()`` on (``t.numel()`` of them), the number of loads
-    whose mask was True at its address. On a GPU, or with a Triton whose interpreter lacks the private
-    hook it wraps (``triton.runtime.interpreter._interpreter``), ``reads.counts`` is None.
-
-    Example:
-        >>> import torch
-        >>> with LoadCount(torch.zeros(4)) as reads:
-        ...     pass                                       # softmax_kernel[(rows,)](...) here
-        >>> reads.counts is None or reads.counts.tolist() == [0, 0, 0, 0]
-        True
-    """
-
-    def __init__(self, tensor):
-        self.base, self.size = tensor.data_ptr(), tensor.numel()
-        self.counts = None
-        self._module = None
-
-    def __enter__(self):
-        from .. import backend
-        if not backend.INTERPRET:
-            return self
-        try:  # Triton's own private hook (it has no public one), spelled out in full
-            import triton.runtime.interpreter
-            inner = triton.runtime.interpreter._interpreter
-        except (ImportError, AttributeError):  # pragma: no cover - another Triton
-            return self
-        counter = self
-        self.counts = np.zeros(self.size, dtype=np.int64)
-
-        class Proxy:
-            def __getattr__(self, attr):
-                return getattr(inner, attr)
-
-            def load(self, ptrs, mask, *args, **kwargs):
-                counter._add(np.asarray(ptrs)[np.asarray(mask, dtype=bool)])
-                return inner.load(ptrs, mask, *args, **kwargs)
-
-        self._module, self._inner = triton.runtime.interpreter, inner
-        self._module._interpreter = Proxy()
-        return self
-
-    def __exit__(self, *exc):
-        if self._module is not None:
-            self._module._interpreter = self._inner
-        return False
-
-    def _add(self, addrs):
-        off = (addrs.astype(np.int64) - self.base) // 4
-        np.add.at(self.counts, off[(off >= 0) & (off < self.size)], 1)
-
-
-# ---------------------------------------------------------------------------------------------
 # one case
 
 def _unwritten_hint(untouched: np.ndarray, n: int, block: int) -> str:
@@ -325,14 +267,15 @@ def check_kernel_case(name: str, kernel, case: Case, before: list, pad: tuple[in
                 f"x of shape {(rows, n)}, row stride {sx}, BLOCK = {block}, {value_summary(x)}")
     again = (f"\n  check.softmax_kernel(softmax_kernel, seed={seed}) draws this hidden case again."
              if case.hidden else "")
-    with LoadCount(xbuf) as reads:
+    with InterpreterLoads() as loads:
         launch(name, kernel, (rows,), (x_t, y_t, n, x_t.stride(0), y_t.stride(0)), dict(BLOCK=block),
                KernelCase(case, describe))
-    if reads.counts is not None:           # under the interpreter: a load past the end of a row
-        outside = np.ones(reads.counts.shape, dtype=bool)
+    reads = loads.counts(xbuf)             # how many times each element of xbuf was loaded (None: on a GPU)
+    if reads is not None:                  # under the interpreter: a load past the end of a row
+        outside = np.ones(reads.shape, dtype=bool)
         outside[: rows * sx].reshape(rows, sx)[:, :n] = False
-        if (reads.counts[outside] > 0).any():
-            r, c = divmod(int(np.flatnonzero(outside & (reads.counts > 0))[0]), sx)
+        if (reads[outside] > 0).any():
+            r, c = divmod(int(np.flatnonzero(outside & (reads > 0))[0]), sx)
             raise AssertionError(f"{name} read x past the end of row {r} (column {c} of a row of {n}) on {describe}"
                                  f"\n  hint: mask every load with cols < n_cols, other=float(\"-inf\"), and read row r "
                                  f"from x_ptr + r * stride_x.{again}")
@@ -341,7 +284,7 @@ def check_kernel_case(name: str, kernel, case: Case, before: list, pad: tuple[in
     grid = ybits[: rows * sy].reshape(rows, sy)
     untouched = grid[:, :n] == POISON_F32
     if untouched.all():
-        read_x = reads.counts is not None and reads.counts.any()   # the stub `pass` reads nothing either
+        read_x = reads is not None and reads.any()      # the stub `pass` reads nothing either
         if not before and not read_x:
             raise NotImplementedError(f"{name} wrote nothing to y: not implemented yet? Write the kernel's "
                                       f"body under `# YOUR CODE HERE` (it stores e^(x - m) / l into y_ptr).")
@@ -363,8 +306,8 @@ def check_kernel_case(name: str, kernel, case: Case, before: list, pad: tuple[in
     with np.errstate(all="ignore"):
         hint = kernel_hint(x, got.astype(np.float64), block, [(c.inputs[0], c.extra["block"]) for c in before])
     compare(name, "y", got, softmax64(x), KernelCase(case, describe), RTOL_F32, ATOL_F32, hint + again)
-    if reads.counts is not None:
-        counts = reads.counts[: rows * sx].reshape(rows, sx)[:, :n]
+    if reads is not None:
+        counts = reads[: rows * sx].reshape(rows, sx)[:, :n]
         if counts.max() > 2:
             r, c = (int(i) for i in np.argwhere(counts == counts.max())[0])
             raise AssertionError(
