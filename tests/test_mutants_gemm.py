@@ -159,7 +159,7 @@ def test_flat_gemm_kernel_that_reads_one_column_past_n_is_rejected(tmp_path, see
                                   for n in FP16_MUTANTS])
 def test_a_float16_accumulator_breaks_the_error_rule_on_the_long_k_integers(tmp_path, seed, name):
     """The long-K case alone (the notebook's launcher, 32 tiles of integers): every float16 accumulation
-    is off by 100x the allowance or more on every seed, float32 by half of it at most (the fp16 store)."""
+    is off by 10x the allowance or more on every seed (95x and more on the seeds tried), float32 by half of it at most (the fp16 store)."""
     good = cells.load(tmp_path, FG, "flat-gemm-kernel", "flat_gemm")
     bad = cells.load(tmp_path, FG, "flat-gemm-kernel", "flat_gemm", FP16_MUTANTS[name])
     for s in seeds_of(seed):
@@ -168,4 +168,4 @@ def test_a_float16_accumulator_breaks_the_error_rule_on_the_long_k_integers(tmp_
         allowed = 2 * U16 * np.abs(ref) + 2.0 ** -24        # float32 adds these integers exactly
         xt, wt = (torch.from_numpy(t.astype(np.float16)).to(backend.DEVICE) for t in (x, w))
         ratio = [float((np.abs(f(xt, wt).cpu().double().numpy() - ref) / allowed).max()) for f in (good, bad)]
-        assert ratio[0] <= 0.5 and ratio[1] >= 100, (s, ratio)
+        assert ratio[0] <= 0.5 and ratio[1] >= 10, (s, ratio)    # (>= 95x on every seed tried so far)

@@ -57,8 +57,7 @@ POISON_F32 = 0x7FC0DEAD
 #: checks' error analyses; and log2(e), by which the kernels scale their logits to use exp2.
 U16, U32 = 2.0 ** -11, 2.0 ** -24
 from ..formulas.counting import LOG2E  # noqa: E402  (its one home)
-from .compiled import (compile_after, gpu_compile_failure, is_compile_error, record,  # noqa: E402,F401
-                       require_jit)  # (compile_after: for the checks)
+from .compiled import compile_after, launch_failure, record, require_jit  # noqa: E402,F401  (compile_after: for the checks)
 
 #: What a check of attention outputs says of an integer or boolean array (the ``dtype_note`` of
 #: :func:`compare` and :func:`as_array`; the default note speaks of softmax values).
@@ -231,10 +230,7 @@ def launch(name: str, kernel, grid: tuple, args: tuple, meta: dict, case: Case) 
     except NotImplementedError:
         raise NotImplementedError(not_implemented_message(name)) from None
     except Exception as e:
-        from .. import backend
-        if not backend.INTERPRET and is_compile_error(e):      # on a GPU: Triton's compiler refused it
-            raise gpu_compile_failure(name, e, case.describe()) from None
-        raise AssertionError(f"{name} failed to run: {type(e).__name__}: {e}\n  on {case.describe()}") from e
+        raise launch_failure(name, e, case.describe()) from e
 
 
 _FRACTIONS = "softmax values are fractions, so it must be a float array"

@@ -249,6 +249,22 @@ def is_compile_error(error: Exception) -> bool:
     return isinstance(error, CompilationError)
 
 
+def launch_failure(name: str, error: Exception, where: str) -> AssertionError:
+    """The AssertionError of check ``name`` when launching the student's kernel raised ``error`` on case
+    ``where``: on a GPU, when Triton's compiler refused the kernel, :func:`gpu_compile_failure`; else
+    that the kernel failed to run, with the exception.
+
+    Example:
+        >>> print(launch_failure("k", ZeroDivisionError("division by zero"), "case 1"))
+        k failed to run: ZeroDivisionError: division by zero
+          on case 1
+    """
+    from .. import backend
+    if not backend.INTERPRET and is_compile_error(error):
+        return gpu_compile_failure(name, error, where)
+    return AssertionError(f"{name} failed to run: {type(error).__name__}: {error}\n  on {where}")
+
+
 def report_failure(name: str, results: list, constexprs: dict) -> None:
     """Raise the AssertionError of check ``name`` for the failed ``aot.Result`` s of one launch (its
     ``constexprs``): the targets a compile error stopped, with the compiler's line, else the first
