@@ -132,7 +132,7 @@ def _is_check(cell) -> bool:
 def _check_name(cell, where: str) -> str:
     found = _CHECK_CALL.findall(cell.source)
     if len(found) != 1:
-        raise ValueError(f"{where}: a check cell calls exactly one check, like `check.online_softmax(online_softmax)`")
+        raise ValueError(f"{where}: a check cell calls exactly one check, like `check.merge(merge)`")
     return found[0]
 
 
