@@ -96,3 +96,52 @@ def test_every_generated_notebook_says_so():
         nb = json.loads(path.read_text())
         assert nb["metadata"]["flashcourse"]["generated_from"] == str(source.relative_to(ROOT))
         assert f"# Generated from {source.relative_to(ROOT)}" in "".join(nb["cells"][1]["source"])
+
+
+# ---------------------------------------------------------------------------------------------
+# LaTeX in Python strings: `\approx` in a string that is not raw is a bell and "pprox"
+
+def _cell_literals(path: Path):
+    """(line, source text, is raw) of every string literal given to md() or code() in a notebook source."""
+    import ast
+    text = path.read_text(encoding="utf-8")
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("md", "code") and node.args:
+            arg = node.args[0]
+            segment = ast.get_source_segment(text, arg) or ""
+            prefix = segment[:segment.find(segment.lstrip("rRbBuUfF")[0])] if segment else ""
+            yield arg.lineno, segment, "r" in prefix.lower()
+
+
+def test_no_notebook_holds_a_control_character():
+    import json
+    bad = []
+    for folder in ("notebooks", "solutions", "exercises"):
+        for path in sorted((ROOT / folder).glob("*.ipynb")):
+            for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+                text = "".join(cell["source"])
+                found = sorted({hex(ord(c)) for c in text if (ord(c) < 32 and c != "\n") or c == "\x7f"})
+                if found:
+                    bad.append(f"{path.relative_to(ROOT)} cell {cell.get('id')}: {found}")
+    assert bad == []
+
+
+def test_a_latex_command_in_a_notebook_source_is_never_a_python_escape():
+    import re
+    lone = re.compile(r"(?<!\\)(?:\\\\)*\\[a-zA-Z]")   # an odd run of backslashes before a letter
+    bad = [f"{path.relative_to(ROOT)}:{line}: {lone.search(seg).group()!r} in {seg[:50]!r}"
+           for path in sorted((ROOT / "tools" / "notebooks").glob("*.py"))
+           for line, seg, raw in _cell_literals(path) if not raw and lone.search(seg)]
+    assert bad == []
+
+
+def test_the_notebook_builder_refuses_a_control_character():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("nbtools_for_test", ROOT / "tools" / "nbtools.py")
+    nbtools = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nbtools)
+    with pytest.raises(ValueError, match="control character 0x7 .* not raw"):
+        nbtools.md("$a \approx b$", name="x")
+    with pytest.raises(ValueError, match="control character 0x9"):
+        nbtools.md("$a \times b$")
+    assert nbtools.md(r"$a \approx b$").source == r"$a \approx b$"

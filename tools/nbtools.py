@@ -39,16 +39,40 @@ def _meta(slide, tags, name):
     return meta
 
 
+def no_control_characters(text: str, where: str) -> str:
+    r'''``text``, or a ValueError naming ``where`` if it holds a control character other than a newline:
+    what a LaTeX command becomes in a Python string that is not raw (``\approx`` a bell and ``pprox``,
+    ``\times`` a tab and ``imes``, ``\frac`` a form feed and ``rac``).
+
+    Example:
+        >>> no_control_characters("$a \\approx b$", "cell")
+        '$a \\approx b$'
+        >>> no_control_characters("$a \approx b$", "cell x")
+        Traceback (most recent call last):
+        ...
+        ValueError: cell x: control character 0x7 at line 1 ($a \x07pprox b$): a LaTeX command in a string that is not raw? Double the backslash, or write the string r"""..."""
+    '''
+    for k, ch in enumerate(text):
+        if (ord(ch) < 32 and ch != "\n") or ch == "\x7f":
+            line = text.count("\n", 0, k) + 1
+            shown = text.splitlines()[line - 1].encode("unicode_escape").decode()
+            raise ValueError(f"{where}: control character {hex(ord(ch))} at line {line} ({shown[:60]}): a LaTeX "
+                             f'command in a string that is not raw? Double the backslash, or write the string r"""..."""')
+    return text
+
+
 def md(text: str, slide: str = "-", *, name: str | None = None):
-    """A markdown cell (text is dedented and stripped)."""
+    """A markdown cell (text is dedented and stripped); a control character in it is an error."""
     import textwrap
-    return nbformat.v4.new_markdown_cell(textwrap.dedent(text).strip(), metadata=_meta(slide, (), name))
+    text = no_control_characters(textwrap.dedent(text).strip(), f"markdown cell {name or text[:30]!r}")
+    return nbformat.v4.new_markdown_cell(text, metadata=_meta(slide, (), name))
 
 
 def code(src: str, slide: str = "-", *, tags=(), name: str | None = None):
     """A code cell. ``tags`` may hold "check" (an exercise check cell) or "solution"."""
     import textwrap
-    return nbformat.v4.new_code_cell(textwrap.dedent(src).strip(), metadata=_meta(slide, tags, name))
+    src = no_control_characters(textwrap.dedent(src).strip(), f"code cell {name or src[:30]!r}")
+    return nbformat.v4.new_code_cell(src, metadata=_meta(slide, tags, name))
 
 
 def check(name: str, arg: str | None = None, slide: str = "fragment", *, cell: str | None = None):
