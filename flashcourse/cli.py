@@ -17,7 +17,7 @@ COMMANDS = {
     "doctor": ("flashcourse.doctor", "what this machine runs the course on, and what to expect"),
     "lab": ("flashcourse.lab", "open JupyterLab on the course notebooks"),
     "bench": ("flashcourse.bench.cli", "benchmark the course kernels against PyTorch (needs a GPU)"),
-    "grade": ("flashcourse.grading", "grade an exercise notebook with its canonical check cells"),
+    "grade": ("flashcourse.grading", "grade exercise notebooks: each must run, and its checks run apart on its solution cells"),
     "exercises": ("flashcourse.exercises", "build exercises/ from solutions/, or check they agree"),
 }
 
@@ -34,7 +34,11 @@ def main(argv=None) -> int:
     module = importlib.import_module(module_name)  # only the command used is imported
     sub = argparse.ArgumentParser(prog=f"flashcourse {ns.command}", description=help_)
     module.add_arguments(sub)
-    return int(module.run(sub.parse_args(ns.args)) or 0)
+    if getattr(module, "PASS_THROUGH", False) and not {"-h", "--help"} & set(ns.args):
+        args = argparse.Namespace(argv=list(ns.args))     # e.g. lab: its options go on to JupyterLab as they are
+    else:
+        args = sub.parse_args(ns.args)
+    return int(module.run(args) or 0)
 
 
 if __name__ == "__main__":
