@@ -95,8 +95,9 @@ def done(text: str, exercise: str = "{exercise}"):
     import textwrap
     return md("## Done?\n\nWhen the checks print ✓, save the notebook and grade it:\n\n"
               f"```bash\nflashcourse grade {exercise}\n```\n\n"
-              "The grader puts the original check cells back before it runs your notebook top to bottom, "
-              "so what counts is your code, not the check cells' text. " + textwrap.dedent(text).strip(),
+              "The grader runs your notebook top to bottom (every cell must run), then runs the checks itself, "
+              "apart from your notebook, on the cells where you wrote your code: what counts is that code, "
+              "not the check cells or any other cell. " + textwrap.dedent(text).strip(),
               "slide", name="done")
 
 
