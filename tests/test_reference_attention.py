@@ -155,6 +155,45 @@ def test_fa1_traffic_equals_the_formula_exactly(seed):
     assert mem.passes("K") == mem.passes("V") == {"read": 1.0, "write": 0.0}
 
 
+@pytest.mark.parametrize("sram_kib", [8, 16, 24, 32, 64, 192])
+def test_fa1_traffic_at_chapter_2s_size_is_the_closed_form_for_every_sram(sram_kib):
+    """Chapter 2's "Try it": N = 512, d = 64, fp16. Whatever sram_bytes is, the run's blocks come from
+    M = sram_bytes / 2 by line 1, and the count equals 2 N d + T_c (3 N d + 4 N) + N d + 2 N."""
+    N, d, sram_bytes = 512, 64, sram_kib * 1024
+    mem = Memory(dtype_bytes=2)
+    fa1_attention(*np.random.default_rng(sram_kib).normal(size=(3, N, d)), sram_bytes=sram_bytes, memory=mem)
+    M = sram_bytes // 2
+    B_c = -(-M // (4 * d))                                            # line 1, written out
+    assert formulas.fa1_block_sizes(M, d) == (min(B_c, d), B_c)
+    T_c = -(-N // B_c)
+    closed = 2 * N * d + T_c * (3 * N * d + 4 * N) + N * d + 2 * N
+    assert mem.accesses() == closed == formulas.fa1_accesses(N, d, B_c), f"sram_bytes={sram_bytes}"
+    assert mem.totals("elements") == formulas.fa1_traffic(N, d, B_c)
+    assert {64: 500736, 16: 1704960}.get(sram_kib, closed) == closed      # the numbers chapter 2 prints
+
+
+def test_chapter_2s_count_cell_holds_for_another_sram():
+    """The chapter's count cell, run with the sram_bytes its "Try it" suggests: the equation it prints holds."""
+    import contextlib
+    import io
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "tools"))
+    import nbtools
+    cells = {c["metadata"].get("name"): "".join(c["source"])
+             for c in nbtools.load_source(root / "tools/notebooks/02_flashattention1.py").CELLS}
+    count = cells["count"]
+    assert "sram_bytes = 64 * 1024" in count
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(cells["blocks"] + "\nfrom flashcourse.reference import fa1_attention\n"
+             "rng = np.random.default_rng(0)\n" + count.replace("sram_bytes = 64 * 1024", "sram_bytes = 16 * 1024"), {})
+    printed = out.getvalue()
+    assert "M = 8192 elements:  B_c = 32, B_r = 32, T_c = 16" in printed, printed
+    assert "total: counted 1704960, formula 1704960, equal: True" in printed, printed
+
+
 def test_fa1_reads_are_the_seeds_expression_when_B_c_divides_N(seed):
     rng = np.random.default_rng(seed)
     d = int(rng.choice(D))
