@@ -233,7 +233,7 @@ CELLS = [
     Every kernel is charged those bytes, one read and one write, whatever it really moves. These
     are the course's kernels beside `torch.softmax` on an H100, fp16, 256 MB per call
     (`flashcourse/bench/results/h100/online.json`); `kernels.softmax (online, two passes)` is the
-    online kernel forced on rows that would fit in one block:
+    online kernel, forced even on rows the one-pass kernel could hold:
     """, "slide", name="bench-md"),
     code("""
     # NBVAL_IGNORE_OUTPUT
