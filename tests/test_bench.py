@@ -283,7 +283,7 @@ def test_matmul_check_rejects_a_wrong_product():
 
 def test_softmax_suite_sizes_and_bytes():
     ws = bench.get_suite("online").workloads()
-    assert [w.params["cols"] for w in ws] == [1024, 2048, 4096, 8192, 16384, 32768]
+    assert [w.params["cols"] for w in ws] == [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144]
     for w in ws:
         nbytes = w.params["rows"] * w.params["cols"] * 2
         assert nbytes >= 256 * 2**20 and w.params["dtype"] == "float16"
@@ -307,30 +307,43 @@ def test_softmax_suite_accounting_and_baseline(monkeypatch):
         assert r.get("kernels.softmax", cols=cols).error is None
         for rec in r.select(impl="kernels.softmax (online, two passes)", cols=cols):
             online = formulas.softmax_accesses("online", rows, cols)
-            assert rec.extra == {"passes": "online", "algorithm_bytes": 3 * rows * cols * 2}
+            block = {64: 32, 96: 64}[cols]                   # half the row's power of two
+            assert rec.extra == {"passes": "online", "algorithm_bytes": 3 * rows * cols * 2, "block": block}
             assert rec.extra["algorithm_bytes"] == (online["read"] + online["write"]) * 2
             assert rec.error is None
+            assert safe.extra["block"] == block            # the same block as the online kernel's
 
 
 def test_softmax_suite_finds_the_kernels_two_pass_path(monkeypatch):
-    """The suite times the kernel's own pick and forces the online path with a block narrower than the row."""
+    """The suite times the kernel's own pick, and the online path and the 3-pass kernel with one block."""
     from flashcourse.bench import online
-    calls = []
+    calls, calls3 = [], []
 
     def spy(x, *, block_size=None):
         calls.append((x.shape[-1], block_size))
         return real(x, block_size=block_size)
-    real = online.softmax
+
+    def spy3(x, *, block_size=None):
+        calls3.append((x.shape[-1], block_size))
+        return real3(x, block_size=block_size)
+    real, real3 = online.softmax, online.safe_softmax_3pass
     monkeypatch.setattr(online, "softmax", spy)
-    monkeypatch.setattr(online, "KERNELS", [(n, spy if f is real else f, a) for n, f, a in online.KERNELS])
+    monkeypatch.setattr(online, "safe_softmax_3pass", spy3)
+    monkeypatch.setattr(online, "KERNELS", [(n, spy if f is real else f, a, b) for n, f, a, b in online.KERNELS])
     r = bench.run("online", timer=FakeTimer(), progress=False, device=DEV, cols=(64, 40000), bytes_per_call=40000)
     assert r.impls() == ["kernels.softmax", "kernels.softmax (online, two passes)",
                          "kernels.safe_softmax_3pass", "torch.softmax"]
     assert all(rec.ok for rec in r.records), [rec.error for rec in r.records]
-    # its own pick: no block; forced online: half the row's power of two (64 -> 32; 40000 -> 32768, capped at 4096)
-    assert set(calls) == {(64, None), (64, 32), (40000, None), (40000, 4096)}
+    # its own pick: no block; forced online and 3-pass: half the row's power of two, capped at
+    # STREAM_BLOCK (64 -> 32; 40000 -> 65536 / 2, capped at 16384), the same block for both
+    assert set(calls) == {(64, None), (64, 32), (40000, None), (40000, 16384)}
+    assert set(calls3) == {(64, 32), (40000, 16384)}
     assert r.get("kernels.softmax", cols=64).extra["passes"] == "one-pass"
     assert r.get("kernels.softmax", cols=40000).extra["passes"] == "online"
+    for cols, own in ((64, 64), (40000, 16384)):
+        assert r.get("kernels.softmax", cols=cols).extra["block"] == own
+        assert (r.get("kernels.softmax (online, two passes)", cols=cols).extra["block"]
+                == r.get("kernels.safe_softmax_3pass", cols=cols).extra["block"] == online.stream_block(cols))
 
 
 def test_softmax_check_rejects_wrong_outputs():

@@ -28,12 +28,16 @@ CELLS = [
 
     | what | speed |
     | --- | --- |
-    | an 8192 × 8192 × 8192 matrix multiplication | about **700 TFLOP/s** |
-    | attention written out plainly, `softmax(Q Kᵀ / √d) V`, N = 2048, d = 64 | about **24 TFLOP/s** |
-    | the same attention through PyTorch's fused FlashAttention-2 kernel | about **300 TFLOP/s** |
+    | an 8192 × 8192 × 8192 matrix multiplication (cuBLAS) | **664 TFLOP/s** |
+    | attention written out plainly, `softmax(Q Kᵀ / √d) V`, N = 2048, d = 64 | about **50 TFLOP/s** |
+    | the same attention through PyTorch's fused FlashAttention-2 kernel | about **295 TFLOP/s** |
 
-    Same GPU, same FLOPs, a factor of 12 between the last two rows. Nothing about the arithmetic
+    Same GPU, same FLOPs, a factor of 6 between the last two rows. Nothing about the arithmetic
     changed. What changed is **how many bytes went back and forth to memory**.
+
+    *Measured with `flashcourse bench roofline` and `flashcourse bench attention` (batch 8, 32 heads);
+    the results ship with the course: `flashcourse/bench/results/h100/roofline.json` and
+    `attention.json`.*
     """, "slide", name="question"),
 
     code("""
@@ -212,7 +216,7 @@ CELLS = [
     Put the pieces together: the GPU's two ceilings (here the H100 numbers shipped with the
     course) and attention's steps at $N = 2048$, $d = 64$, each placed at its intensity, counted
     from the log above. Open markers sit on the roof — the best each step could possibly do.
-    Filled markers are what PyTorch actually reached on the H100.
+    Filled markers are what PyTorch actually reached on the H100 (the shipped `attention` results).
     """, "slide", name="roofline-md"),
     code("""
     import dataclasses
@@ -220,7 +224,10 @@ CELLS = [
     h100 = bench.shipped("roofline")
     steps = viz.attention_ops(N=2048, d=64, memory=mems[2048])
     # measured on an H100 for the course (PyTorch 2.11, fp16, B = 8, H = 32, N = 2048, d = 64)
-    measured = {"standard attention": 24.4e12, "fused attention": 298.7e12}
+    attention = bench.shipped("attention")
+    shape = dict(B=8, H=32, N=2048, d=64, causal=False)
+    measured = {"standard attention": attention.get("naive (torch)", **shape).TFLOPs * 1e12,
+                "fused attention": attention.get("sdpa (flash)", **shape).TFLOPs * 1e12}
     steps = [dataclasses.replace(op, achieved=measured.get(op.name)) for op in steps]
     fp16 = h100.get(op="matmul", dtype="float16")
     ops = [viz.matmul_op(8192, achieved=fp16.TFLOPs * 1e12)] + steps
@@ -235,9 +242,9 @@ CELLS = [
       they still sit left of the ridge, because each writes or reads an $N \times N$ matrix.
     * **standard attention** as a whole ($I \approx 32$) is capped at about 95 TFLOP/s by HBM
       alone. Our count is the *least* three separate kernels can move; PyTorch's plain version
-      falls well short even of that cap, at 24.
+      falls well short even of that cap, at about 50.
     * **fused attention** — read $Q, K, V$, write $O$, keep $S$ and $P$ on chip — has
-      $I \approx 1000$: right of the ridge. PyTorch's FlashAttention-2 kernel gets 300 TFLOP/s.
+      $I \approx 1000$: right of the ridge. PyTorch's FlashAttention-2 kernel gets about 295 TFLOP/s.
 
     The FLOPs are identical in the last two. Only the bytes differ.
     """, "subslide", name="roofline-moral"),
@@ -289,6 +296,27 @@ CELLS = [
     """, "fragment", name="ridge"),
 
     md(r"""
+    ### Spec sheet says / we measure: the H100's roofline
+
+    | | NVIDIA's spec sheet (H100 SXM5 80 GB) | measured for the course | measured / spec |
+    | --- | --- | --- | --- |
+    | HBM bandwidth | 3.35 TB/s | 3.02 TB/s (a device copy of 2 GiB) | 90% |
+    | fp16 tensor cores | 989 TFLOP/s (dense) | 664 TFLOP/s (8192³ matmul, cuBLAS) | 67% |
+    | bf16 tensor cores | 989 TFLOP/s (dense) | 714 TFLOP/s (8192³ matmul, cuBLAS) | 72% |
+    | ridge point, fp16 | 295 FLOPs per byte | 220 FLOPs per byte | |
+
+    The spec sheet prints 1,979 TFLOP/s for fp16 and bf16: that figure assumes 2:4 structured
+    sparsity; dense matrices get half. Neither peak is reached in practice: a plain copy gets 90% of
+    the bandwidth, cuBLAS's largest matmul two thirds of the fp16 peak. So the course draws its
+    roofs at the *measured* ceilings: "on the roof" means "as fast as a copy" or "as fast as
+    cuBLAS", not the spec sheet's number. The spec sheet's other numbers that later chapters use:
+    132 SMs, 50 MB of L2 cache, up to 228 KB of shared memory per SM.
+
+    *Measured: `flashcourse/bench/results/h100/roofline.json` (`flashcourse bench roofline`, torch 2.11,
+    do_bench's method: median, L2 flushed between runs).*
+    """, "subslide", name="spec-vs-measured"),
+
+    md(r"""
     ## What it costs to keep S and P
 
     Time is not the only price. $S$ and $P$ each hold $N^2$ elements per head, in HBM, at once.
@@ -331,7 +359,7 @@ CELLS = [
     ## What we learned
 
     * HBM is large and slow, SRAM small and fast; every kernel pays for what it moves through HBM.
-    * An operation with fewer FLOPs per byte than the ridge point ($\pi/\beta$, a few hundred on
+    * An operation with fewer FLOPs per byte than the ridge point ($\pi/\beta$, about 150 to 300 on
       current GPUs) is limited by memory, however fast the arithmetic.
     * Standard attention moves $4Nd + 4N^2$ elements; for long sequences almost all of it is $S$
       and $P$ going out to HBM and straight back. We counted it, and it matched the formula exactly.
