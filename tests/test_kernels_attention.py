@@ -285,8 +285,12 @@ _SM90_PTX = textwrap.dedent("""
     for d in (64, 128):
         launch = fa2_config(d, torch.float16, (9, 0))
         src = ASTSource(kernel, signature, {**launch.constexprs, "CAUSAL": False, "STORE_LSE": False}, attrs)
-        ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=launch.options()).asm["ptx"]
-        out[d] = {"BLOCK_N": launch.constexprs["BLOCK_N"], "num_warps": launch.num_warps,
+        asm = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=launch.options()).asm
+        ptx = asm["ptx"]
+        out[d] = {"BLOCK_M": launch.constexprs["BLOCK_M"], "BLOCK_N": launch.constexprs["BLOCK_N"],
+                  "num_warps": launch.num_warps,
+                  "mma_layouts": sorted(set(re.findall(r"nvidia_mma<\\{versionMajor = (\\d+).*?warpsPerCTA = \\[(\\d+), (\\d+)\\]",
+                                                       asm["ttgir"]))),
                   "wgmma": len(re.findall(r"\\bwgmma\\.mma_async\\.", ptx)),
                   "wgmma_shapes": sorted(set(re.findall(r"wgmma\\.mma_async\\.sync\\.aligned\\.(m\\d+n\\d+k\\d+)", ptx))),
                   "wait_pending": sorted(set(re.findall(r"wgmma\\.wait_group\\.sync\\.aligned (\\d+)", ptx))),
@@ -318,7 +322,7 @@ def sm90_ptx():
 def test_fa2_on_an_h100_uses_wgmma_but_not_tma(sm90_ptx):
     """Chapter 3's facts about the kernel's sm_90 code (Triton 3.6.0 and 3.9.0 give the same counts).
 
-    Hopper's warpgroup MMA (``wgmma.mma_async``), no Ampere ``mma.sync``: each warpgroup (4 warps)
+    Split-Q: the 8 warps split the 128 rows of Q_i (two warpgroups of 64 rows). Hopper's warpgroup MMA (``wgmma.mma_async``), no Ampere ``mma.sync``: each warpgroup (4 warps)
     owns 64 rows of Q_i, and per K/V block issues d/16 instructions m64 x B_c x k16 for Q_i K_j^T
     and B_c/16 instructions m64 x d x k16 for P~ V_j; the loop body appears twice (the unmasked
     and the masked blocks). No TMA (``cp.async.bulk.tensor``): K_j and V_j come through Ampere's
@@ -327,7 +331,10 @@ def test_fa2_on_an_h100_uses_wgmma_but_not_tma(sm90_ptx):
     """
     for d, c in sm90_ptx.items():
         B_c = c["BLOCK_N"]
-        assert c["num_warps"] == 8, c
+        assert c["num_warps"] == 8 and c["BLOCK_M"] == 128, c
+        # both dots in Hopper's MMA layout (version 3) with the 8 warps stacked along the rows of
+        # Q_i, none along the columns: each warpgroup owns 64 whole rows (split-Q, FA2 paper §3.3)
+        assert c["mma_layouts"] == [["3", "8", "1"]], (d, c)
         assert c["wgmma"] == 2 * (d // 16 + B_c // 16), (d, c)
         assert set(c["wgmma_shapes"]) == {f"m64n{B_c}k16", f"m64n{d}k16"}, (d, c)
         assert c["mma_sync"] == 0 and c["tma"] == 0 and c["setmaxnreg"] == 0, (d, c)
