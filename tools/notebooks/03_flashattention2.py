@@ -76,8 +76,8 @@ CELLS = [
     print(f"matmul FLOPs {mm}: non-matmul share FA1 {t1 / (t1 + mm):.1%}, FA2 {t2 / (t2 + mm):.1%}")
     """, "subslide", name="flops"),
     md("""
-    The division per element becomes one per row, one rescale of $O_i$ goes: a fifth fewer
-    non-matmul FLOPs, on top of matmuls that do not change. At the paper's 16× price on an A100 that
+    FA1 divides every element of $O_i$ at every step, FA2 once at the end; one rescale of $O_i$ per
+    step goes too: a fifth fewer non-matmul FLOPs, on top of matmuls that do not change. At the paper's 16× price on an A100 that
     saving is worth having — but it cannot make a kernel several times faster. The measurements
     below show where FA2's speed comes from.
     """, "fragment", name="flops-moral"),
@@ -248,10 +248,10 @@ CELLS = [
       backend is FA2's CUTLASS code, written for the A100: from sm_80 on it uses `mma.sync`
       (m16n8k16) and `cp.async` (`aten/src/ATen/native/transformers/cuda/flash_attn/kernel_traits.h`),
       so on an H100 it runs Ampere code. Triton gives our `tl.dot` Hopper's `wgmma`.
-    * **Against cuDNN**: cuDNN is ahead (ours reaches 0.64–0.93 of it without the mask). Its kernels are closed, so
-      we cannot read their instructions. What is left for a kernel on Hopper is what our PTX lacks
-      and FlashAttention-3 uses: TMA copies, warp specialisation, softmax overlapped with the matmuls
-      (FlashAttention-3, below).
+    * **Against cuDNN**: cuDNN is ahead (ours reaches 0.64–0.93 of it without the mask, 0.66–0.98
+      causal). Its kernels are closed, so we cannot read their instructions. What is left for a
+      kernel on Hopper is what our PTX lacks and FlashAttention-3 (below) uses: TMA copies, warp
+      specialisation, softmax overlapped with the matmuls.
     * **Causal** saves time as the block count says: a causal run visits $T_r(T_r+1)$ of the
       $2T_r^2$ key blocks, so it can be at most $2T_r/(T_r+1)$ times faster — 1.6× at $N$ = 512,
       1.98× at 16k. Short sequences fall further below that: their masked diagonal blocks are a
@@ -333,7 +333,8 @@ CELLS = [
     """, "slide", name="paper-vs-measured-md"),
     code("""
     # NBVAL_CHECK_OUTPUT
-    peak, gemm = 989e12, bench.shipped("roofline").ceilings()["float16 TFLOPs"] * 1e12   # data sheet; measured
+    peak = 989e12                                                        # H100 SXM data sheet, dense fp16
+    gemm = bench.shipped("roofline").ceilings()["float16 TFLOPs"] * 1e12   # cuBLAS, measured on this H100
     def span(values, fmt="{:.0f}"):
         return f"{fmt.format(min(values))}–{fmt.format(max(values))}"
     for causal in (False, True):
@@ -342,8 +343,10 @@ CELLS = [
         print(f"{'causal' if causal else 'not causal':10s}: FA2 {span(fa2)} TFLOP/s"
               f" ({span([t * 1e12 / peak for t in fa2], '{:.0%}')} of 989, {span([t * 1e12 / gemm for t in fa2], '{:.0%}')}"
               f" of cuBLAS' {gemm / 1e12:.0f}); flash {span([r['sdpa (flash)'] for r in rs])};"
-              f" cuDNN {span([r['sdpa (cudnn)'] for r in rs])};"
-              f" FA2/FA1 {span([r['kernels.fa2_forward'] / r['kernels.fa1_forward'] for r in rs], '{:.1f}')}x")
+              f" cuDNN {span([r['sdpa (cudnn)'] for r in rs])}")
+        print(f"{'':10s}  FA2/FA1 {span([r['kernels.fa2_forward'] / r['kernels.fa1_forward'] for r in rs], '{:.1f}')}x,"
+              f" FA2/flash {span([r['kernels.fa2_forward'] / r['sdpa (flash)'] for r in rs], '{:.2f}')}x,"
+              f" FA2/cuDNN {span([r['kernels.fa2_forward'] / r['sdpa (cudnn)'] for r in rs], '{:.2f}')}x")
     speedup = {(d, N): 2 * rows[d, N, True]["kernels.fa2_forward"] / rows[d, N, False]["kernels.fa2_forward"]
                for (d, N, c) in rows if c}
     print(f"causal faster by {span(speedup.values(), '{:.2f}')}x;"
@@ -380,8 +383,8 @@ CELLS = [
       warps. Swapping the loops makes the last two possible.
     * The swap keeps $O_i$ on chip: $O$ is written once, $\\ell$ and $m$ never go to HBM. The re-reads
       move to $K$ and $V$; the traffic stays $\\Theta(N^2 d^2/M)$.
-    * Deferring the division leaves one rescale per step and one division per row: a fifth fewer
-      non-matmul FLOPs, counted.
+    * Deferring the division leaves one rescale per step and one division at the end: a fifth
+      fewer non-matmul FLOPs, counted.
     * Causal attention skips the blocks above the diagonal (FA1 can too) and masks only the
       diagonal ones.
     * On the H100, 5–50× over the FA1 loop order comes from the grid and $O$'s round trips; the lead
