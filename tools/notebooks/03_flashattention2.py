@@ -388,7 +388,7 @@ CELLS = [
     * Causal attention skips the blocks above the diagonal (FA1 can too) and masks only the
       diagonal ones.
     * On the H100, 5–50× over the FA1 loop order comes from the grid and $O$'s round trips; the lead
-      over PyTorch's FA2 from `wgmma`. FlashAttention-3's asynchrony is what is left.
+      over PyTorch's FA2 goes with `wgmma` against its `mma.sync`. FlashAttention-3's asynchrony is what is left.
 
     **Exercises:** `exercises/03_flashattention2.ipynb` — the deferred rescale in NumPy, and the inner
     loop of the Triton kernel.
@@ -396,7 +396,7 @@ CELLS = [
     md("""
     Instructor notes: about 55 minutes. Ask the room to predict the speed-up over FA1 from the
     non-matmul FLOP table (a fifth fewer), then show 5–50×: the program counts and the round trips
-    explain it, not the FLOPs. The PTX slide shows that what separates our kernel from PyTorch's FA2
-    is an instruction, not the algorithm.
+    explain it, not the FLOPs. The PTX slide shows that what most visibly separates our kernel from
+    PyTorch's FA2 is an instruction, not the algorithm.
     """, "notes", name="notes"),
 ]
