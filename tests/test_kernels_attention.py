@@ -257,6 +257,92 @@ def test_configs_per_compute_capability():
     assert fa2_config(64, torch.float16, None).constexprs == {"HEAD_DIM": 64, "BLOCK_M": 64, "BLOCK_N": 64}
 
 
+# ---------------------------------------------------------------------------------------------
+# What Triton makes of fa2_forward for an H100 (sm_90), compiled on the CPU: chapter 3 quotes it.
+# Compiling needs real JIT kernels, so it runs in a fresh process with the interpreter off (as
+# aot.check does). Counted in the PTX of the launch fa2_config picks on sm_90, d = 64 and 128.
+
+_SM90_PTX = textwrap.dedent("""
+    import json, os, re, sys
+    import flashcourse.backend              # switches the interpreter on when there is no GPU ...
+    os.environ["TRITON_INTERPRET"] = "0"    # ... off again before triton is imported
+    import torch, triton
+    from triton.backends import backends
+    if "nvidia" not in backends:
+        print(json.dumps({"skip": "this Triton has no CUDA backend"})); sys.exit()
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from flashcourse.kernels import aot, fa2_config
+    kernel = aot.kernel_of("fa2_fwd")
+    strides = {f"stride_{t}{s}": "i32" for t, n in (("q", "m"), ("k", "n"), ("v", "n"), ("o", "m")) for s in ("b", "h", n)}
+    signature = {"Q": "*fp16", "K": "*fp16", "V": "*fp16", "O": "*fp16", "LSE": "*fp32", "qk_scale": "fp32",
+                 "N_q": "i32", "N_k": "i32", **strides, "HEAD_DIM": "constexpr", "BLOCK_M": "constexpr",
+                 "BLOCK_N": "constexpr", "CAUSAL": "constexpr", "STORE_LSE": "constexpr"}
+    # pointers and strides divisible by 16, as a real launch specialises them (aot.compile_launch does the same)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(kernel.arg_names)
+             if signature[a].startswith("*") or a.startswith("stride")}
+    out = {}
+    for d in (64, 128):
+        launch = fa2_config(d, torch.float16, (9, 0))
+        src = ASTSource(kernel, signature, {**launch.constexprs, "CAUSAL": False, "STORE_LSE": False}, attrs)
+        asm = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=launch.options()).asm
+        ptx = asm["ptx"]
+        out[d] = {"BLOCK_M": launch.constexprs["BLOCK_M"], "BLOCK_N": launch.constexprs["BLOCK_N"],
+                  "num_warps": launch.num_warps,
+                  "mma_layouts": sorted(set(re.findall(r"nvidia_mma<\\{versionMajor = (\\d+).*?warpsPerCTA = \\[(\\d+), (\\d+)\\]",
+                                                       asm["ttgir"]))),
+                  "wgmma": len(re.findall(r"\\bwgmma\\.mma_async\\.", ptx)),
+                  "wgmma_shapes": sorted(set(re.findall(r"wgmma\\.mma_async\\.sync\\.aligned\\.(m\\d+n\\d+k\\d+)", ptx))),
+                  "wait_pending": sorted(set(re.findall(r"wgmma\\.wait_group\\.sync\\.aligned (\\d+)", ptx))),
+                  "mma_sync": len(re.findall(r"\\bmma\\.sync\\.", ptx)),
+                  "tma": len(re.findall(r"\\bcp\\.async\\.bulk\\.tensor", ptx)),
+                  "cp_async": len(re.findall(r"\\bcp\\.async\\.c[ag]\\.", ptx)),
+                  "setmaxnreg": len(re.findall(r"\\bsetmaxnreg", ptx))}
+    print(json.dumps(out))
+""")
+
+
+@pytest.fixture(scope="module")
+def sm90_ptx():
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+    proc = subprocess.run([sys.executable, "-c", _SM90_PTX], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    if "skip" in out:
+        pytest.skip(out["skip"])
+    return {int(d): counts for d, counts in out.items()}
+
+
+def test_fa2_on_an_h100_uses_wgmma_but_not_tma(sm90_ptx):
+    """Chapter 3's facts about the kernel's sm_90 code (Triton 3.6.0 and 3.9.0 give the same counts).
+
+    Split-Q: the 8 warps split the 128 rows of Q_i (two warpgroups of 64 rows). Hopper's warpgroup MMA (``wgmma.mma_async``), no Ampere ``mma.sync``: each warpgroup (4 warps)
+    owns 64 rows of Q_i, and per K/V block issues d/16 instructions m64 x B_c x k16 for Q_i K_j^T
+    and B_c/16 instructions m64 x d x k16 for P~ V_j; the loop body appears twice (the unmasked
+    and the masked blocks). No TMA (``cp.async.bulk.tensor``): K_j and V_j come through Ampere's
+    ``cp.async``; no ``setmaxnreg`` (no warp specialisation); every wgmma is waited for at once
+    (``wgmma.wait_group 0``): no softmax runs while its warpgroup's matmul is in flight.
+    """
+    for d, c in sm90_ptx.items():
+        B_c = c["BLOCK_N"]
+        assert c["num_warps"] == 8 and c["BLOCK_M"] == 128, c
+        # both dots in Hopper's MMA layout (version 3) with the 8 warps stacked along the rows of
+        # Q_i, none along the columns: each warpgroup owns 64 whole rows (split-Q, FA2 paper §3.3)
+        assert c["mma_layouts"] == [["3", "8", "1"]], (d, c)
+        assert c["wgmma"] == 2 * (d // 16 + B_c // 16), (d, c)
+        assert set(c["wgmma_shapes"]) == {f"m64n{B_c}k16", f"m64n{d}k16"}, (d, c)
+        assert c["mma_sync"] == 0 and c["tma"] == 0 and c["setmaxnreg"] == 0, (d, c)
+        assert c["cp_async"] > 0, (d, c)
+        assert c["wait_pending"] == ["0"], (d, c)
+    assert {d: c["wgmma"] for d, c in sm90_ptx.items()} == {64: 16, 128: 24}
+
+
 def test_a_given_launch_runs_instead_of_the_config(device, gen):
     """``launch=``: what the tuning script times, the kernels under other tiles."""
     q, k, v = qkv(1, 2, 100, 130, 32, gen, device)
