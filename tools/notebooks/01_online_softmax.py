@@ -260,26 +260,20 @@ CELLS = [
         print(f"{cols:7d} " + "".join(f"{r.TBps:11.2f}" for r in recs) + f"   {own:11.2f}")
     """, "fragment", name="bench-rows"),
     md("""
-    What the shipped run shows (rows of 1k to 32k columns):
+    What the shipped run shows (H100, fp16, 1k to 256k columns; the online and 3-pass kernels get
+    the same block at every width, `flashcourse.bench.online.stream_block`):
 
-    * `softmax()` — the one-pass kernel at all these widths — runs at 2.85–2.95 TB/s, 94–98% of the
-      copy ceiling: it moves each byte once.
-    * The 3-pass kernel reads each row three times, yet it runs at 2.34–2.90 TB/s. Its own traffic,
-      three reads and one write, comes to 4.7–5.8 TB/s: more than the H100's HBM can deliver
-      (3.35 TB/s on the spec sheet, chapter 0). So the second and third reads do not come from
-      HBM: a row of at most 32k fp16 columns is at most 64 KB, still in the on-chip caches (the
-      50 MB L2) when the next pass comes back for it. At these widths the number of passes hardly
-      shows in the time.
-    * At 16k and 32k columns the forced online kernel is *behind* the 3-pass one (2.48 against 2.90,
-      2.18 against 2.72 TB/s). That run did not compare like with like: it forced the online path
-      with 4k-column blocks, while the 3-pass kernel used 16k-column blocks. The suite now gives
-      both kernels the same block (`flashcourse.bench.online.stream_block`).
-    * Two passes against three shows when a row no longer stays in the caches between passes:
-      vocabulary-sized rows. The issue report that changed the suite (issue 13) measured, on an
-      H100, online 2.23 / 2.07 / 1.97 TB/s against 3-pass 1.65 / 1.49 / 1.47 TB/s at
-      64k / 128k / 256k columns: 1.35–1.39× for the online kernel.
-      **To be re-measured:** those widths are not in the shipped results yet;
-      `flashcourse bench online` now runs them.
+    * `softmax()` reads a row once while it fits in one block (up to 32k columns): 2.84–2.94 TB/s,
+      94–98% of the copy ceiling.
+    * Up to 32k columns the online two-pass kernel and the 3-pass one run alike (2.47–2.94 against
+      2.43–2.94 TB/s). The 3-pass kernel's own traffic, three reads and one write, comes to
+      4.9–5.9 TB/s there: more than the H100's HBM can deliver (3.35 TB/s on the spec sheet,
+      chapter 0). So its second and third reads come from the caches: a row of at most 32k fp16
+      columns is at most 64 KB, still in the 50 MB L2 when the next pass comes back for it.
+    * From 64k columns (vocabulary-sized rows) a row no longer waits in the caches between passes,
+      and the count of passes shows: online 2.24 / 2.07 / 1.97 TB/s against 3-pass
+      1.65 / 1.49 / 1.47 TB/s at 64k / 128k / 256k columns, 1.34–1.39× for the online kernel. The
+      3-pass kernel's own traffic there is 2.9–3.3 TB/s: every one of its reads now comes from HBM.
     * On a GPU the dashed lines in the plot are your own card, measured just now, at every width
       up to 256k columns.
     """, "fragment", name="bench-notes"),
@@ -298,9 +292,9 @@ CELLS = [
 
     * rows of 1k–32k columns (shipped results): the count of passes hardly matters — the
       re-reads come from the caches. What does pay is reading a row once: the one-pass kernel
-      is 1.02–1.26× faster than the 3-pass one;
-    * rows of 64k–256k columns (issue 13's measurement, to be re-measured): online against
-      3-pass, 1.35–1.39× — about the paper's 4/3, once the third read has to go to HBM.
+      is 1.00–1.21× faster than the 3-pass one;
+    * rows of 64k–256k columns (shipped results): online against 3-pass, 1.34–1.39× — about the
+      paper's 4/3, once the third read has to go to HBM.
     """, "subslide", name="paper-vs-measured"),
 
     md("""
