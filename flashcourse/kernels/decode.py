@@ -91,7 +91,8 @@ def _pv(acc, p, V_j, USE_DOT: tl.constexpr, P_FP32: tl.constexpr):
     # acc (B_G, d) += p (B_G, B_c) @ V_j (B_c, d)
     if USE_DOT:
         if P_FP32:      # p may be far from 1 (unified max): float32's range. p arrives rounded
-            # to TF32 (_round_tf32) and V_j is fp16, both exact in TF32: one TF32 pass is exact
+            # to TF32 (_round_tf32) and V_j is fp16: both are TF32 numbers, so this one TF32 pass
+            # rounds neither input and gives what tf32x3 would; only the fp32 accumulation rounds
             acc = tl.dot(p, V_j.to(tl.float32), acc, input_precision="tf32")
         else:           # p in [0, 1]: V_j's dtype, as FA2 does
             acc = tl.dot(p.to(V_j.dtype), V_j, acc)

@@ -13,9 +13,9 @@ from nbtools import check, code, done, md  # noqa: E402
 CELLS = [
     md("""
     When a model generates text it attends with **one** new query token per sequence and head
-    against the whole KV cache. FlashAttention-2 gives each (query block, head) one program, so with
-    one query there are only `B × H` programs — far fewer than a GPU has SMs — and each walks the
-    entire cache alone. Flash-Decoding also splits the **keys**: every chunk of the cache gets its own
+    against the whole KV cache. FlashAttention-2 gives each (query block, query head, sequence) one
+    program, so with one query there are only `B × H_q` programs — far fewer than a GPU has SMs — and
+    each walks the entire cache alone. Flash-Decoding also splits the **keys**: every chunk of the cache gets its own
     program, which returns a partial output and the log-sum-exp of its logits; a small second step
     combines the partials. You write:
 

@@ -14,7 +14,9 @@ CELLS = [
     add. If a chunk's largest score ever falls outside the safe range, detect it and recompute that
     head the synchronised way — so the answer is always exact.
 
-    *Sources: Hong et al., "FlashDecoding++: Faster Large Language Model Inference on GPUs" (2023), §3.*
+    *Sources: Hong et al., "FlashDecoding++: Faster Large Language Model Inference on GPUs" (2023), §3
+    — the source articles' "flash attention V4" (chapter 4's note on names says why that label is
+    theirs).*
     """, "slide", name="title"),
 
     md("""
@@ -56,6 +58,17 @@ CELLS = [
     print("the default of the reference and of the kernel:", DEFAULT_BOUNDS == kernel_decode.DEFAULT_BOUNDS
           == safe_bounds(np.float32, 2**31, 65504.0, flush_to_zero=True))
     """, "fragment", name="bounds"),
+    md("""
+    **Two windows.** The first line is the kernel's, `DEFAULT_BOUNDS` ≈ [−49.2, 56.2]. The kernel
+    holds $p = e^{x - \\varphi}$ in fp32's range (rounded to TF32, below) and adds it up in fp32:
+    $b$ is the log of fp32's largest number (88.7) less the room for $2^{31}$ keys times
+    $|v| \\le 65504$; $a$ is the log of fp32's smallest normal number (−87.3) plus the room for
+    $2^{31}$ terms flushed to zero to stay within fp32's rounding. The last line is fp16's plain range,
+    [−9.7, 11.1]: one $e^{x - \\varphi}$ between fp16's smallest normal number and 65504. That is
+    the window of a kernel that hands $p$ to the tensor cores in fp16, as FA2 does with its $P$ —
+    five times narrower (20.8 against 105.4). FlashDecoding++ too names float32 as the format of
+    the exponentials; it does not say which $a$ and $b$ its kernel uses.
+    """, "fragment", name="windows"),
 
     md("""
     ## Exact, with the fallback
@@ -129,26 +142,45 @@ CELLS = [
     """, "subslide", name="histograms"),
     md("""
     What matters for $\\varphi$ is each row's **maximum** (the rule above, with a whole row as one
-    chunk): it must lie in $[\\varphi + a, \\varphi + b]$. Here are the row maxima with fp16's window
-    (one term, `scores.FP16_BOUNDS`) around a few candidate $\\varphi$:
+    chunk): it must lie in $[\\varphi + a, \\varphi + b]$. Here are MiniLM's row maxima with the
+    kernel's window, `DEFAULT_BOUNDS`, around two candidate $\\varphi$ (top), and with fp16's,
+    `scores.FP16_BOUNDS`, around three (bottom):
     """, "subslide", name="rowmax-md"),
     code("""
-    viz.row_max_plot(stats, phis=[0.0, 4.0, 12.0])
+    fig, (top, bottom) = viz.new_figure(2, 1, figsize=(7, 6.4))
+    viz.row_max_plot(stats, phis=[0.0, 18.0], bounds=DEFAULT_BOUNDS, ax=top,
+                     title="the kernel's window: DEFAULT_BOUNDS (p in fp32's range)")
+    viz.row_max_plot(stats, phis=[0.0, 4.0, 12.0], bounds=scores.FP16_BOUNDS, ax=bottom,
+                     title="fp16's window: scores.FP16_BOUNDS (one fp16 term)")
+    fig
     """, "fragment", name="rowmax"),
     md("""
     ## Too small, too large
 
     Sweep $\\varphi$ and count the rows that would need the fallback: too small and the large scores
     overflow ($\\max x - \\varphi > b$); too large and whole rows underflow ($\\max x - \\varphi < a$).
-    In between there is a window —
-    for MiniLM in fp16 it is wide, except for one head of layer 0 whose row maxima range from 14 to
-    43, wider than fp16's whole window: that head would always fall back.
+    With the kernel's window MiniLM is easy: its row maxima run from −0.4 to 43.1, and every
+    $\\varphi$ in a stretch about 60 wide sends no row back; `choose_phi` takes its middle. With
+    fp16's window no $\\varphi$ serves every row: head 2 of layer 0 has row maxima from 14.4 to 43.1,
+    wider than fp16's whole window, so that head falls back whatever $\\varphi$ is.
     """, "slide", name="curve-md"),
     code("""
-    choice = scores.choose_phi(stats, target_fallback=0.02)
-    print(f"chosen phi = {choice.phi:.2f}, fallback rate {choice.fallback_rate:.2%}, acceptable window {choice.window}")
-    viz.fallback_curve(stats, chosen=choice.phi)
+    # NBVAL_CHECK_OUTPUT
+    choice = scores.choose_phi(stats, DEFAULT_BOUNDS, target_fallback=0.0)      # the kernel's window
+    print(f"kernel's window [{DEFAULT_BOUNDS[0]:.2f}, {DEFAULT_BOUNDS[1]:.2f}]: chosen phi = {choice.phi:.2f}, "
+          f"fallback {choice.fallback_rate:.2%}; every phi in {choice.window} gives 0%")
+    lowest = min(scores.fallback_rate(stats, phi, scores.FP16_BOUNDS) for phi in np.arange(-5.0, 20.0, 0.05))
+    fp16 = scores.choose_phi(stats, scores.FP16_BOUNDS, target_fallback=0.02)
+    print(f"fp16's window [{scores.FP16_BOUNDS[0]:.2f}, {scores.FP16_BOUNDS[1]:.2f}]: no phi sends fewer than "
+          f"{lowest:.2%} of the rows to the fallback;")
+    print(f"  with a 2% target, phi = {fp16.phi:.2f} ({fp16.fallback_rate:.2%}), the middle of {fp16.window}")
     """, "subslide", name="curve"),
+    code("""
+    fig, (top, bottom) = viz.new_figure(2, 1, figsize=(8, 6.4))
+    viz.fallback_curve(stats, bounds=DEFAULT_BOUNDS, chosen=choice.phi, ax=top)
+    viz.fallback_curve(stats, bounds=scores.FP16_BOUNDS, chosen=fp16.phi, ax=bottom)
+    fig
+    """, "fragment", name="curve-plot"),
 
     md("""
     ## The kernel, and what it buys
@@ -193,16 +225,72 @@ CELLS = [
     """, "fragment", name="bench"),
     md("""
     What the H100 shows. With one $\\varphi$ the kernel also needs no combine launch: the chunks add
-    their sums atomically and the last one divides. At batch 1 and short contexts, where a step is
-    a few tens of microseconds, that and the missing rescales make it **1.03–1.22× faster** than
-    Flash-Decoding (the paper reports about 1.1× for decode attention); at long contexts both stream
-    the cache at the copy ceiling and tie. At batch 32 one split per head already fills the GPU, so
-    Flash-Decoding runs a single kernel too, and the two land within 6% of each other. The trick that made it pay: $p = e^{x - \\varphi}$ can be
-    far from 1, so it is kept in fp32 range but *rounded to TF32* once, and the same rounded $p$ goes
-    into the sum $\\ell$ and into the $PV$ product -- one TF32 pass is then exact, where an
-    fp32-accurate three-pass product cost ~10%. A fallback on one head in eight costs 1.4–1.7×,
-    because the whole launch waits for the recomputed chunks.
+    their sums atomically and the last one divides. At batch 1 and up to 4k keys, where a step takes
+    11 to 32 µs, that and the missing rescales make it **1.03–1.22× faster** than Flash-Decoding;
+    from 16k keys on both stream the cache at the copy ceiling and tie, within 5%. At batch 32 one
+    split per head already fills the GPU, so Flash-Decoding runs a single kernel too, and the
+    unified kernel runs at 0.91–1.06× its speed. A fallback on one KV head in eight
+    costs 1.4–1.8× at batch 1, because the whole launch waits for the recomputed chunks.
     """, "fragment", name="bench-notes"),
+    md("""
+    **Why the $PV$ product is TF32.** With a unified $\\varphi$, $p = e^{x - \\varphi}$ is not bounded
+    by 1: inside the window it may reach $e^{56}$, far above fp16's 65504, so $p$ cannot go to the
+    tensor cores in fp16 as FA2's $P$ does. The kernel keeps $p$ in fp32's range and rounds it to
+    TF32 (fp32's 8 exponent bits, 10 mantissa bits) once; that same rounded $p$ goes into the sum
+    $\\ell$ and into the $PV$ product on TF32 tensor cores. The product then rounds neither input:
+    $p$ is already a TF32 number, and so is every fp16 value of $V$ (the same 10 mantissa bits, a
+    narrower exponent). So one TF32 pass gives what the three-pass product that emulates fp32
+    inputs (`tf32x3`) would: the extra passes multiply the inputs' rounding remainders, and those
+    are zero. It is not exact: the fp32 accumulation still rounds, as in any fp32-accumulated
+    product, and $p$ is within $2^{-11}$ of $e^{x - \\varphi}$ (relatively), the precision of FA2's fp16
+    $P$; since $\\ell$ adds the same rounded $p$, the weights still sum to one. In the course's earlier
+    H100 run with the three-pass product (the shipped `decode.json` before commit 4b831de) the
+    unified kernel took 10–14% longer than `flash_decode` at 64k and 128k keys; now they tie.
+    """, "fragment", name="tf32"),
+
+    md("""
+    ## Paper says / we measure: FlashDecoding++
+
+    **The paper says** (Hong et al., arXiv:2311.01282 v4, and its MLSys 2024 version):
+
+    * *The cost it removes.* The synchronised update of the partial softmax results takes 18.8% of
+      the attention time of Llama2-7B on an A100 with 1024 input tokens (their profiling); "~20%"
+      in the abstract.
+    * *The scores.* Over 99.99% of Llama2-7B's softmax inputs lie in [−16.8, 6.5]. OPT-6.7B's scores
+      spread so widely that the paper does not use the unified max for it. The MLSys version adds
+      CodeLlama-7B (99% in [−0.25, 17.6]) and Vicuna-7B (99% in [−0.8, 9.8]), and a recomputation
+      rate of 0.45% on average over ARC, HellaSwag and WinoGrande.
+    * *The unified max alone* (MLSys version): 1.14× on the attention of the decode stage. Its
+      decode-attention ablation runs on an A100 and an RTX 3090 at batch 1 and 4; there the whole
+      FlashDecoding++ attention kernel is up to 2.02× faster than FlashDecoding's at long contexts.
+    * *End to end*, with all three of its techniques (the unified max, flat GEMMs — chapter 6 — and
+      a heuristic dataflow): decoding up to 4.86× faster than Hugging Face on NVIDIA GPUs, and on
+      average 1.37× faster than FlashDecoding on the A100 (1.21× averaged over both NVIDIA GPUs;
+      FlashDecoding runs only the Llama2 models), at batch 1 to 8.
+
+    **We measure** (H100, fp16, 32 query heads, $d$ = 128, read flush; the shipped
+    `flashcourse/bench/results/h100/read-flush/decode.json`; MiniLM from the cells above):
+
+    * The unified kernel against `flash_decode` at batch 1: 1.15–1.22× at 1k keys, 1.03–1.21× at 4k,
+      within 5% from 16k keys on. What it removes — the rescales and the combine launch — is worth
+      up to 18% of a short step (1 − 1/1.22), about the paper's 18.8%, and nothing once the
+      cache read dominates the step.
+    * At batch 8 the unified kernel runs at 0.95–1.04× the speed of `flash_decode`, at batch 32 at
+      0.91–1.06×: with one or two splits per head there is little combine to save.
+    * A fallback on one KV head in eight: 1.4–1.8× the unified kernel's time, at batch 1.
+    * MiniLM-L6: in the kernel's window a whole stretch of $\\varphi$, about 60 wide, sends no row
+      back; in fp16's window the best $\\varphi$ still sends 1.3%.
+
+    **Why the numbers differ.**
+
+    * *What is compared.* The 2.02× sets FlashDecoding++'s whole attention kernel against
+      FlashDecoding's; our two kernels are the same but for the max, and at long contexts both sit
+      at the copy ceiling, where the rescales hide under the memory traffic.
+    * *What is timed.* The 4.86× and 1.37× are whole-model decoding, with the flat-GEMM and dataflow
+      work of chapter 6, against whole engines; we time attention alone.
+    * *The hardware.* The paper's numbers are from an A100 and an RTX 3090 (and AMD GPUs); ours from
+      an H100.
+    """, "slide", name="paper-vs-measured"),
 
     md("""
     ## What we learned
@@ -214,6 +302,8 @@ CELLS = [
     * What it removes is every multiplication by $e^{m_{old} - m_{new}}$, in the chunks and in the
       combine.
     * $\\varphi$ comes from the model's statistics; most heads sit in a narrow range, a few do not.
+      How narrow is narrow enough depends on the format $p$ is held in: fp32's window is 105 wide,
+      fp16's 21.
 
     **Exercise:** `exercises/05_unified_max_decode.ipynb` — the overflow detection and the add-up.
     """, "slide", name="summary"),
