@@ -230,11 +230,6 @@ def _top_level(source: str):
         return []
 
 
-def _is_jit_def(node) -> bool:
-    return isinstance(node, ast.FunctionDef) and any(
-        ast.unparse(d.func if isinstance(d, ast.Call) else d) == "triton.jit" for d in node.decorator_list)
-
-
 def grading_cells(nb, where: str = "notebook") -> dict:
     """What ``flashcourse grade`` needs to run an exercise's checks away from the student's notebook:
     the given ``setup`` (the imports, definitions and plain assignments of the cells that are neither
@@ -251,6 +246,7 @@ def grading_cells(nb, where: str = "notebook") -> dict:
         >>> g["setup"], g["solution_cells"], g["arguments"]
         ('import numpy as np', [{'id': 'f', 'defines': ['f']}], {'f': {'argument': 'f', 'kernel': False}})
     """
+    from .grading.kernel_source import is_jit_def   # the grader's own test of what is a kernel
     solution_idx = [k for k, c in enumerate(nb.cells) if c.cell_type == "code"
                     and SOLUTION_TAG in c.get("metadata", {}).get("tags", [])]
     last = solution_idx[-1] if solution_idx else -1
@@ -261,7 +257,7 @@ def grading_cells(nb, where: str = "notebook") -> dict:
         body = _top_level(cell.source)
         if k in solution_idx:
             defines = [n.name for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
-            kernels |= {n.name for n in body if _is_jit_def(n)}
+            kernels |= {n.name for n in body if is_jit_def(n)}
             solution_cells.append({"id": cell.get("id"), "defines": defines})
         elif _is_check(cell):
             for check_name, argument in _CHECK_ARGUMENT.findall(cell.source):

@@ -70,9 +70,10 @@ def lab_command(folder: str, extra=()) -> list[str]:
 
 
 def run(args) -> int:
-    """Run JupyterLab until it ends; SIGTERM (and Ctrl-C) reach it, so that it stops its kernels and its
+    """Run JupyterLab on ``args.argv`` (the command's raw arguments, see :func:`parse`) until it ends;
+    SIGTERM (and Ctrl-C) reach it, so that it stops its kernels and its
     server, and it is killed if it has not stopped within :data:`STOP_SECONDS`."""
-    folder, dry_run, extra = parse(args.argv) if hasattr(args, "argv") else (args.folder, args.dry_run, [])
+    folder, dry_run, extra = parse(args.argv)
     if folder not in ("notebooks", "exercises", "solutions"):
         print(f"flashcourse lab: folder is {folder!r}; expected notebooks, exercises or solutions", file=sys.stderr)
         return 2

@@ -61,6 +61,22 @@ def fails(check, fn, *expected: str, exc=AssertionError) -> str:
     return msg
 
 
+def seeds_of(seed) -> list[int]:
+    """The seeds a mutant must fail on: the graded one (``flashcourse grade``'s), ``seed`` and the two after it."""
+    from flashcourse.grading import GRADED_SEED
+    return [GRADED_SEED, seed, (seed + 1) % 2 ** 32, (seed + 2) % 2 ** 32]
+
+
+def rejected(check, fn, seed, *expected, exc=AssertionError):
+    """``check(fn, seed=s)`` fails for the graded seed and three fresh ones, each message containing ``expected``."""
+    for s in seeds_of(seed):
+        with pytest.raises(exc) as info:
+            check(fn, seed=s)
+        msg = str(info.value)
+        for text in expected:
+            assert text in msg, f"seed {s}: {text!r} not in the message:\n{msg}"
+
+
 def refused_by_the_gpu_compiler(name: str) -> tuple[str, ...]:
     """What check ``name`` says of a kernel that only Triton's interpreter runs: on a CPU, after the
     interpreter ran every case, that the ahead-of-time compile for sm_80 / sm_90 failed; on a GPU, at

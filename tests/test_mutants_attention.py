@@ -27,24 +27,10 @@ from flashcourse.checks.attention_cases import long_row
 from flashcourse.checks.attention_mistakes import FA1_MISTAKES, FA2_MISTAKES, KERNEL_MISTAKES
 from flashcourse.checks.cases import error_rule
 from flashcourse.checks.compiled import compile_after
-from flashcourse.grading import GRADED_SEED
+from solution_cells import rejected, seeds_of
 import solution_cells as cells
 
 FA1, FA2 = "02_flashattention1", "03_flashattention2"
-
-
-def seeds_of(seed):
-    return [GRADED_SEED, seed, (seed + 1) % 2 ** 32, (seed + 2) % 2 ** 32]
-
-
-def rejected(check, fn, seed, *expected):
-    """``check(fn, seed=s)`` fails for the graded seed and three fresh ones, each message containing ``expected``."""
-    for s in seeds_of(seed):
-        with pytest.raises(AssertionError) as info:
-            check(fn, seed=s)
-        msg = str(info.value)
-        for text in expected:
-            assert text in msg, f"seed {s}: {text!r} not in the message:\n{msg}"
 
 
 def accepted(check, fn, seed):

@@ -18,26 +18,12 @@ import flashcourse  # noqa: F401  (before triton: switches on the interpreter wi
 from flashcourse import backend, checks
 from flashcourse.checks import decode as decode_checks
 from flashcourse.checks import decode_cases
-from flashcourse.grading import GRADED_SEED
+from solution_cells import rejected, seeds_of
 from flashcourse.reference.decode import needs_fallback
 import solution_cells as cells
 
 FD, UM = "04_flash_decode", "05_unified_max_decode"
 INTERPRETER_ONLY = pytest.mark.skipif(not backend.INTERPRET, reason="the check counts the loads under the interpreter")
-
-
-def seeds_of(seed):
-    return [GRADED_SEED, seed, (seed + 1) % 2 ** 32, (seed + 2) % 2 ** 32]
-
-
-def rejected(check, fn, seed, *expected):
-    """``check(fn, seed=s)`` fails for the graded seed and three fresh ones, each message containing ``expected``."""
-    for s in seeds_of(seed):
-        with pytest.raises(AssertionError) as info:
-            check(fn, seed=s)
-        msg = str(info.value)
-        for text in expected:
-            assert text in msg, f"seed {s}: {text!r} not in the message:\n{msg}"
 
 
 @pytest.mark.parametrize("notebook, cell, attr, check", [

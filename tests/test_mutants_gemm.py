@@ -16,7 +16,7 @@ import flashcourse  # noqa: F401  (before triton: switches on the interpreter wi
 from flashcourse import backend, checks
 from flashcourse.checks import gemm_cases
 from flashcourse.checks.cases import U16
-from flashcourse.grading import GRADED_SEED
+from solution_cells import rejected, seeds_of
 import solution_cells as cells
 
 FG = "06_flat_gemm"
@@ -25,20 +25,6 @@ INTERPRETER_ONLY_COMPILE = pytest.mark.skipif(not backend.INTERPRET, reason="on 
                                               "(tests/test_checks_gemm.py tests that message)")
 INTERPRETER_ONLY = pytest.mark.skipif(not backend.INTERPRET, reason="a read past N changes no element of y: only "
                                       "the interpreter's address watch sees it")
-
-
-def seeds_of(seed):
-    return [GRADED_SEED, seed, (seed + 1) % 2 ** 32, (seed + 2) % 2 ** 32]
-
-
-def rejected(check, fn, seed, *expected):
-    """``check(fn, seed=s)`` fails for the graded seed and three fresh ones, each message containing ``expected``."""
-    for s in seeds_of(seed):
-        with pytest.raises(AssertionError) as info:
-            check(fn, seed=s)
-        msg = str(info.value)
-        for text in expected:
-            assert text in msg, f"seed {s}: {text!r} not in the message:\n{msg}"
 
 
 @pytest.mark.parametrize("cells_, attr, check", [

@@ -12,24 +12,10 @@ import pytest
 
 import flashcourse  # noqa: F401  (before triton: switches on the interpreter without a GPU)
 from flashcourse import backend, checks
-from flashcourse.grading import GRADED_SEED
+from solution_cells import rejected, seeds_of
 import solution_cells as cells
 
 NOTEBOOK = "01_online_softmax"
-
-
-def seeds_of(seed):
-    return [GRADED_SEED, seed, (seed + 1) % 2 ** 32, (seed + 2) % 2 ** 32]
-
-
-def rejected(check, fn, seed, *expected, exc=AssertionError):
-    """``check(fn, seed=s)`` fails for the graded seed and three fresh ones, each message containing ``expected``."""
-    for s in seeds_of(seed):
-        with pytest.raises(exc) as info:
-            check(fn, seed=s)
-        msg = str(info.value)
-        for text in expected:
-            assert text in msg, f"seed {s}: {text!r} not in the message:\n{msg}"
 
 
 def mutant(tmp_path, cell, attr, *replace):

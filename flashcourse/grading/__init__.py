@@ -45,10 +45,8 @@ import importlib.util
 import json
 import os
 import re
-import site
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import textwrap
 from dataclasses import dataclass, field
@@ -242,15 +240,10 @@ def grading_env() -> dict:
         True
     """
     env = dict(os.environ)
-    pkg_parent = str(Path(__file__).resolve().parents[2])
-    dirs = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
-    try:
-        dirs += site.getsitepackages() + [site.getusersitepackages()]
-    except AttributeError:  # pragma: no cover - some old virtualenvs lack these
-        pass
-    installed = {str(Path(p).resolve()) for p in dirs}
-    if pkg_parent not in installed:
-        env["PYTHONPATH"] = os.pathsep.join([pkg_parent] + [p for p in [env.get("PYTHONPATH")] if p])
+    from .integrity import site_directories
+    pkg_parent = Path(__file__).resolve().parents[2]
+    if pkg_parent not in site_directories():
+        env["PYTHONPATH"] = os.pathsep.join([str(pkg_parent)] + [p for p in [env.get("PYTHONPATH")] if p])
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env[GRADED_SEED_ENV] = str(GRADED_SEED)   # the same hidden cases on every grade: one verdict per notebook

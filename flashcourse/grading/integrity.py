@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["PACKAGE_DIR", "TamperedError", "Snapshot", "StartupFiles", "record_mismatches", "verify_dependencies",
+__all__ = ["PACKAGE_DIR", "TamperedError", "Snapshot", "StartupFiles", "site_directories", "record_mismatches", "verify_dependencies",
            "DEPENDENCIES"]
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -157,6 +157,22 @@ class Snapshot:
         return parent
 
 
+def site_directories() -> list[Path]:
+    """Every directory this Python installs packages in: its ``site-packages`` (``purelib``,
+    ``platlib``), the system's and the user's site directories; resolved, sorted.
+
+    Example:
+        >>> any((d / "numpy").is_dir() for d in site_directories())
+        True
+    """
+    dirs = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    try:
+        dirs |= set(site.getsitepackages()) | {site.getusersitepackages()}
+    except AttributeError:  # pragma: no cover - some old virtualenvs lack these
+        pass
+    return sorted({Path(d).resolve() for d in dirs})
+
+
 class StartupFiles:
     """The files every normal Python start runs (``sitecustomize.py``, ``usercustomize.py`` and the
     ``*.pth`` files of the site directories), as they were when the grade began: a notebook that adds
@@ -169,12 +185,7 @@ class StartupFiles:
     """
 
     def __init__(self):
-        dirs = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
-        try:
-            dirs |= set(site.getsitepackages()) | {site.getusersitepackages()}
-        except AttributeError:  # pragma: no cover - some old virtualenvs lack these
-            pass
-        self.dirs = sorted(Path(d) for d in dirs)
+        self.dirs = site_directories()
         self.files = self._read()
 
     def _read(self) -> dict:

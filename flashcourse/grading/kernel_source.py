@@ -36,7 +36,7 @@ import importlib.util
 import textwrap
 from pathlib import Path
 
-__all__ = ["KernelSourceError", "load_kernel", "SAFE_BUILTINS"]
+__all__ = ["KernelSourceError", "load_kernel", "is_jit_def", "SAFE_BUILTINS"]
 
 #: The built-ins a kernel may call.
 SAFE_BUILTINS = frozenset({"range", "min", "max", "float", "int", "bool", "len", "print"})
@@ -67,6 +67,16 @@ def _is_jit(decorator) -> bool:
         not decorator.args and all(isinstance(k.value, ast.Constant) for k in decorator.keywords))
     return (isinstance(target, ast.Attribute) and target.attr == "jit" and isinstance(target.value, ast.Name)
             and target.value.id == "triton" and ok_args)
+
+
+def is_jit_def(node) -> bool:
+    """Whether ``node`` (a statement of a cell's AST) defines a function under ``@triton.jit``.
+
+    Example:
+        >>> is_jit_def(ast.parse("@triton.jit\\ndef k(x_ptr):\\n    pass").body[0])
+        True
+    """
+    return isinstance(node, ast.FunctionDef) and any(_is_jit(d) for d in node.decorator_list)
 
 
 def _constant(node) -> bool:
@@ -103,7 +113,7 @@ class _Definitions:
                 continue
             lines = text.splitlines()
             for node in tree.body:
-                if isinstance(node, ast.FunctionDef) and any(_is_jit(d) for d in node.decorator_list):
+                if is_jit_def(node):
                     first = min([d.lineno for d in node.decorator_list] + [node.lineno])
                     self.jit[node.name] = (node, "\n".join(lines[first - 1:node.end_lineno]))
                     self.where[node.name] = (cid, first)
