@@ -1,6 +1,7 @@
 """The course's figures draw the numbers they are given: heights, lines and points are checked."""
 from __future__ import annotations
 
+import matplotlib.colors
 import numpy as np
 import pytest
 from matplotlib.figure import Figure
@@ -177,3 +178,192 @@ def test_memory_plot_bars_are_the_best_matmul_rates():
     copy_line = left.lines[0]
     assert max(copy_line.get_ydata()) == pytest.approx(h100.ceilings()["TBps"])
     assert list(left.lines[-1].get_ydata()) == [pytest.approx(2**21 / 1e-5 / 1e12)]
+
+
+def test_bench_plot_names_the_gpu_once_when_there_is_one():
+    h100 = _result("NVIDIA H100 80GB HBM3", 1.0)
+    ax = viz.bench_plot(h100, x="cols", ceiling=3.0).axes[0]
+    assert [line.get_label() for line in ax.lines] == ["kernels.softmax", "torch.softmax", "copy ceiling: 3"]
+    assert ax.get_legend().get_title().get_text() == "H100 80GB HBM3"
+    ax = viz.bench_plot(h100, _result("NVIDIA H100 80GB HBM3", 2.0), x="cols").axes[0]   # the same GPU twice
+    assert [line.get_label() for line in ax.lines] == [
+        "kernels.softmax (shipped)", "torch.softmax (shipped)", "kernels.softmax (this run)", "torch.softmax (this run)"]
+    assert ax.get_legend().get_title().get_text() == "H100 80GB HBM3"
+    mixed = viz.bench_plot(h100, _result("Tesla T4", 4.0), x="cols").axes[0]
+    assert mixed.get_legend().get_title().get_text() == ""
+
+
+# -- legends off the data ----------------------------------------------------------------------------
+def overlapping_legends(fig) -> list[str]:
+    """The legends of ``fig`` (its axes' and its own) whose box covers part of an axes' data area."""
+    fig.draw_without_rendering()
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None] + list(fig.legends)
+    assert legends, "the figure has no legend"
+    bad = []
+    for leg in legends:
+        box = leg.get_window_extent()
+        for ax in fig.axes:
+            area = ax.get_window_extent()
+            if min(box.x1, area.x1) - max(box.x0, area.x0) > 1 and min(box.y1, area.y1) - max(box.y0, area.y0) > 1:
+                bad.append(leg.texts[0].get_text() if leg.texts else "?")
+    return bad
+
+
+def _decode_figures():
+    from flashcourse.reference import decode_scores as S
+    stats = S.shipped_minilm_scores()
+    return {"score_histograms": lambda: viz.score_histograms(stats, n=200),
+            "row_max_plot": lambda: viz.row_max_plot(stats, phis=[0.0, 4.0]),
+            "fallback_curve": lambda: viz.fallback_curve(stats, chosen=4.0)}
+
+
+def _figures():
+    from flashcourse.bench import shipped
+    from flashcourse.viz.attention import count_attention
+    mem = count_standard_attention(N=16, d=4)
+    gemm = shipped("gemm", flush="read")
+    return {
+        "traffic_bars": lambda: viz.traffic_bars(mem),
+        "cumulative_traffic": lambda: viz.cumulative_traffic(mem),
+        "attention_traffic": lambda: viz.attention_traffic([16, 32], d=4),
+        "materialized_memory": lambda: viz.materialized_memory([1024, 4096]),
+        "roofline_plot": lambda: viz.roofline_plot(viz.attention_ops(N=64, d=16), result=shipped("roofline")),
+        "memory_plot": lambda: viz.memory_plot(shipped("roofline"), _result("Tesla T4", 1.0)),
+        "bench_plot": lambda: viz.bench_plot(shipped("attention"), x="N", metric="TFLOPs", where={"d": 64, "causal": False}),
+        "bench_bars": lambda: viz.bench_bars(gemm, ["kernels.flat_gemm", "torch.matmul (cuBLAS)"], groups="M",
+                                             where={"K": 4096, "N": 4096}, ceiling=3.0, floor="W read once (the floor)"),
+        "flash_traffic": lambda: viz.flash_traffic([16, 32], d=8, sram_sizes=(2048, 4096)),
+        "traffic_breakdown": lambda: viz.traffic_breakdown({"standard": count_attention("standard", 16, 4)}),
+        "block_n_tradeoff": lambda: viz.block_n_tradeoff(Ns=[1024, 65536]),
+        "padding_waste": lambda: viz.padding_waste(Ms=[1, 8, 9]),
+        **_decode_figures(),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_figures()))
+def test_every_legend_is_outside_the_axes(name):
+    assert overlapping_legends(_figures()[name]()) == []
+
+
+def test_the_legend_check_sees_a_legend_on_the_data():
+    fig, ax = viz.new_figure()
+    ax.plot([0, 1], [0, 1], label="line")
+    ax.legend(loc="upper left")
+    assert overlapping_legends(fig) == ["line"]
+
+
+def test_figure_legend_replaces_the_panels_legends_in_their_order():
+    from flashcourse.bench import shipped
+    fig, axes = viz.new_figure(1, 2, sharey=True)
+    h100 = shipped("decode", flush="read")
+    for ax, H_kv in zip(axes, (32, 8)):
+        viz.bench_bars(h100, {"kernels.flash_decode": "ours", "sdpa (flash)": "SDPA"}, groups="L",
+                       where={"B": 1, "H_kv": H_kv}, ceiling=3.0, ax=ax)
+    leg = viz.figure_legend(fig)
+    assert [ax.get_legend() for ax in axes] == [None, None]
+    assert [t.get_text() for t in leg.get_texts()] == ["ours", "SDPA", "copy ceiling: 3"]     # the bars first
+    assert leg.get_title().get_text() == "H100 80GB HBM3"
+    assert overlapping_legends(fig) == []
+
+
+# -- binary units --------------------------------------------------------------------------------------
+def tick_labels(axis) -> dict[float, str]:
+    axis.axes.figure.draw_without_rendering()
+    lo, hi = sorted(axis.get_view_interval())
+    return {t.get_position()[0 if axis.axis_name == "x" else 1]: t.get_text()
+            for t in axis.get_ticklabels() if lo <= t.get_position()[0 if axis.axis_name == "x" else 1] <= hi}
+
+
+def is_binary_step(values) -> bool:
+    """Values evenly spaced by a power of two (a linear axis) -- not 0, 2.4, 4.9 KiB."""
+    steps = set(np.diff(sorted(values)).tolist())
+    return len(steps) == 1 and np.log2(steps.pop()) % 1 == 0
+
+
+def test_linear_byte_axes_tick_at_binary_steps():
+    mem = count_standard_attention(N=64, d=16)
+    for fig in (viz.traffic_bars(mem), viz.cumulative_traffic(mem)):
+        ticks = tick_labels(fig.axes[0].yaxis)
+        assert is_binary_step(ticks), ticks
+        assert all(label == viz.human_bytes(v, digits=2) for v, label in ticks.items())
+    assert list(tick_labels(viz.traffic_bars(mem).axes[0].yaxis).values()) == ["0 B", "4 KiB", "8 KiB", "12 KiB", "16 KiB"]
+    fig, ax = viz.new_figure()
+    ax.bar([0], [17 * 1024])
+    assert not is_binary_step(tick_labels(ax.yaxis))             # matplotlib's own steps: 0, 2.5k, 5k ... bytes
+
+
+def test_binary_locator_and_labels():
+    assert viz.human_bytes(1280, digits=2) == "1.25 KiB"
+    loc = __import__("flashcourse.viz._common", fromlist=["BinaryLocator"]).BinaryLocator()
+    assert loc.tick_values(0, 1600).tolist() == [0, 512, 1024, 1536]
+    assert loc.tick_values(0, 700 * 1024).tolist() == [k * 128 * 1024 for k in range(6)]
+    assert [viz.binary_size(v) for v in (256, 1024, 11 * 1024, 2**17, 2**20)] == ["256", "1k", "11k", "128k", "1M"]
+
+
+@pytest.mark.parametrize("draw, first, last", [
+    (lambda: viz.attention_traffic([128, 2048], d=8, counted={128: 1, 2048: 2}).axes[0], "128", "2k"),
+    (lambda: viz.materialized_memory([512, 65536]).axes[0], "512", "64k"),
+    (lambda: viz.bench_plot(_result("G", 1.0), x="cols").axes[0], "1k", "2k"),
+], ids=["attention_traffic", "materialized_memory", "bench_plot"])
+def test_size_axes_are_log2_with_binary_labels(draw, first, last):
+    ax = draw()
+    assert ax.get_xscale() == "log" and ax.xaxis.get_transform().base == 2
+    ticks = tick_labels(ax.xaxis)
+    assert all(np.log2(v) % 1 == 0 and label == viz.binary_size(v) for v, label in ticks.items()), ticks
+    assert ticks[min(ticks)] == first and ticks[max(ticks)] == last
+    assert not any("$" in label for label in ticks.values())                    # no 2^10 in mathtext
+
+
+def test_programs_axis_of_the_tradeoff_is_binary():
+    fig = viz.block_n_tradeoff(Ns=[65536], block_ns=(16, 256))
+    ticks = tick_labels(fig.parallelism_ax.yaxis)
+    assert "4k" in ticks.values() and all(label == viz.binary_size(v) for v, label in ticks.items())
+
+
+# -- bar charts against the copy ceiling and the floor -----------------------------------------------
+def _gemm_result():
+    """Two shapes x M = 1, 2; 'ours' twice as fast as 'base'; the floor reads K N bytes; one case skipped."""
+    recs = []
+    for K, N in ((64, 128), (128, 64)):
+        for M in (1, 2):
+            p = {"op": "gemm", "M": M, "K": K, "N": N}
+            w = f"K={K} N={N} M={M}"
+            nbytes = 2 * (K * N + M * K + M * N)
+            recs += [Record(w, "ours", "course", p, 1e-3, 2 * M * K * N, nbytes),
+                     Record(w, "base", "baseline", p, 2e-3, 2 * M * K * N, nbytes),
+                     Record(w, "floor", "course", p, 0.5e-3, None, 2 * K * N)]
+    recs[-2] = Record(recs[-2].workload, "base", "baseline", recs[-2].params, None, skipped="no")
+    return Result("gemm", {"gpu": "NVIDIA H100 80GB HBM3"}, {}, recs)
+
+
+def test_bench_bars_draw_one_group_per_shape_against_the_ceiling_and_the_floor():
+    res = _gemm_result()
+    fig = viz.bench_bars(res, {"ours": "our kernel", "base": "baseline"}, groups=("K", "N", "M"),
+                         ceiling=3.0, floor="floor", floor_label="the floor")
+    ax = fig.axes[0]
+    shapes = sorted({(r.params["K"], r.params["N"], r.params["M"]) for r in res.records})
+    assert fig.groups == shapes and len(ax.get_xticks()) == len(shapes) == 4
+    assert [t.get_text() for t in ax.get_xticklabels()][0] == "K = 64, N = 128, M = 1"
+    for impl in ("ours", "base"):
+        want = [res.get(impl, K=K, N=N, M=M).TBps for K, N, M in shapes]
+        got = [b.get_height() for b in fig.bars[impl]]
+        np.testing.assert_allclose(got, [np.nan if w is None else w for w in want])   # the skipped case: no bar
+        assert all(b.get_facecolor() == fig.bars[impl][0].get_facecolor() for b in fig.bars[impl])
+    # each bar sits inside its group: one bar per implementation around each tick
+    for k, x in enumerate(ax.get_xticks()):
+        assert all(abs(fig.bars[impl][k].get_x() + fig.bars[impl][k].get_width() / 2 - x) < 0.5 for impl in fig.bars)
+    # the floor: the group's bytes at the floor's time; here twice "ours"
+    np.testing.assert_allclose(fig.floor, [2 * res.get("ours", K=K, N=N, M=M).TBps for K, N, M in shapes])
+    floor_lines = ax.collections[0].get_segments()
+    assert [seg[0][1] for seg in floor_lines] == pytest.approx(fig.floor)
+    assert list(ax.lines[-1].get_ydata()) == [3.0, 3.0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["our kernel", "baseline", "the floor", "copy ceiling: 3"]
+    assert ax.get_legend().get_title().get_text() == "H100 80GB HBM3"
+
+
+def test_bench_bars_filter_shapes_and_keep_each_implementations_colour():
+    res = _gemm_result()
+    fig = viz.bench_bars(res, ["base"], groups="M", where={"K": 64, "M": (2,)})
+    assert fig.groups == [(2,)] and not hasattr(fig, "floor")
+    line = viz.bench_plot(res, x="M", metric="TBps", log_x=False).axes[0].lines[1]     # "base" is second in res
+    assert fig.bars["base"][0].get_facecolor()[:3] == pytest.approx(matplotlib.colors.to_rgb(line.get_color()))

@@ -71,7 +71,47 @@ def test_standard_points_are_the_memorys_totals_and_the_formula():
         assert pts == [2 * formulas.standard_attention_accesses(N, d) for N in Ns]
     check_points_on_lines(fig, ("standard",), SIZES)
     asymptote = fig.axes[0].lines[-1]
-    np.testing.assert_allclose(asymptote.get_ydata(), asymptote.get_xdata() ** 2 * d * d / 1024 * 2)
+    np.testing.assert_allclose(asymptote.get_ydata(), 12 * asymptote.get_xdata() ** 2 * d * d / 1024 * 2)
+
+
+def fa1_leading_constant(d, M):
+    """``fa1_accesses x M / (N^2 d^2)`` at a large N that B_c divides: what the formulas say FA1's constant is."""
+    _, B_c = formulas.fa1_block_sizes(M, d)
+    N = B_c * 2**14
+    return formulas.fa1_accesses(N, d, B_c) * M / (N * N * d * d)
+
+
+@pytest.mark.parametrize("d", [16, 64, 128])
+def test_the_theta_line_has_fa1s_constant_from_the_formulas(d):
+    M = 256 * d                                                 # B_c = M / 4d = 64 exactly
+    constant = fa1_leading_constant(d, M)
+    assert constant == pytest.approx(F.FA1_CONSTANT + 16 / d, rel=1e-3)       # 12 N^2 d^2/M + 16 N^2 d/M + O(Nd)
+    assert F.FA1_CONSTANT == round(constant - 16 / d)
+    N = np.array([1024.0, 16384.0])
+    np.testing.assert_allclose(F.fa1_theta(N, d, M * 2, dtype_bytes=2),
+                               F.FA1_CONSTANT * formulas.flash_accesses_asymptote(N, d, M) * 2)
+    # the counted bytes sit on the formula, and above the Theta by a factor that falls to 1 + 4/3d
+    ratios = [F.formula_bytes("fa1", n, d, M * 2) / F.fa1_theta(n, d, M * 2) for n in (1024, 4096, 16384)]
+    assert ratios == sorted(ratios, reverse=True) and ratios[-1] == pytest.approx(1 + 4 / (3 * d), abs=0.02)
+    with pytest.raises(AssertionError):                         # the old guide, N^2 d^2/M, has no constant
+        assert fa1_leading_constant(d, M) == pytest.approx(1 + 16 / d, rel=1e-3)
+
+
+def test_formula_lines_run_to_n_max_with_the_counts_on_them():
+    fig = F.flash_traffic(Ns, d=d, sram_sizes=SIZES, algorithms=("standard", "fa1"), N_max=16384)
+    check_points_on_lines(fig, ("standard", "fa1"), SIZES)
+    for ax, M in zip(fig.axes, SIZES):
+        assert ax.collections[0].get_offsets()[:, 0].tolist() == Ns               # counted only where cheap
+        for line in ax.lines:
+            assert line.get_xdata()[0] == Ns[0] and line.get_xdata()[-1] == 16384
+        theta = ax.lines[-1]
+        assert "12 N²d²/M" in fig.legends[0].get_texts()[-1].get_text()
+        np.testing.assert_allclose(theta.get_ydata(), F.fa1_theta(theta.get_xdata(), d, M))
+        assert ax.get_xscale() == "log"
+        fig.draw_without_rendering()
+        ticks = {t.get_position()[0]: t.get_text() for t in ax.get_xticklabels() if Ns[0] <= t.get_position()[0] <= 16384}
+        assert {16, 16384} <= set(ticks) and all(np.log2(x) % 1 == 0 for x in ticks)      # powers of two
+        assert ticks[16384] == "16k" and ticks[16] == "16"
 
 
 @pytest.mark.parametrize("M", SIZES)

@@ -1,7 +1,8 @@
 """HBM traffic of standard attention, FlashAttention-1 and FlashAttention-2, counted and in closed form.
 
 :func:`flash_traffic` runs each reference on a counted :class:`~flashcourse.memory.Memory` at a few
-N (points) and draws :mod:`flashcourse.formulas` (lines) beside them, one panel per SRAM size;
+N (points) and draws :mod:`flashcourse.formulas` (lines) beside them, one panel per SRAM size, with
+FlashAttention's Theta drawn with FA1's constant (:data:`FA1_CONSTANT`);
 :func:`traffic_breakdown` stacks each algorithm's bytes by tensor and direction.
 
 The counting functions and the formulas are parameters (``counters=``, ``formulas_=``); by default
@@ -22,10 +23,10 @@ import numpy as np
 from .. import formulas
 from ..memory import Memory
 from ..reference.attention import fa1_attention, fa2_attention, standard_attention
-from ._common import bytes_axis, figure_of, human_bytes, new_figure
+from ._common import bytes_axis, figure_of, human_bytes, legend_outside, new_figure, size_axis
 
-__all__ = ["ALGORITHMS", "LABELS", "SRAM_SIZES", "count_attention", "formula_bytes", "flash_traffic",
-           "traffic_breakdown"]
+__all__ = ["ALGORITHMS", "LABELS", "SRAM_SIZES", "FA1_CONSTANT", "count_attention", "formula_bytes", "fa1_theta",
+           "flash_traffic", "traffic_breakdown"]
 
 #: The algorithms compared, and how the figures name them.
 ALGORITHMS = ("standard", "fa1", "fa2")
@@ -36,6 +37,12 @@ COLORS = {"standard": "black", "fa1": "#C44E52", "fa2": "#55A868"}
 #: about 3d^2/M of standard attention's 4N^2 (0.38x, then 0.13x). Below M = 12 d^2 elements
 #: (24 KiB here) tiling moves *more* than standard attention.
 SRAM_SIZES = (64 * 1024, 192 * 1024)
+#: FA1 makes about ``12 N^2 d^2 / M`` HBM accesses. From :func:`flashcourse.formulas.fa1_accesses`,
+#: ``2 N d + T_c (3 N d + 4 N) + N d + 2 N``: each of the ``T_c = N / B_c`` outer steps reads Q and O
+#: and writes O (3 N d), and Algorithm 1's ``B_c = M / 4d`` makes ``T_c = 4 N d / M``, so
+#: ``3 N d T_c = 12 N^2 d^2 / M``; the rest, ``16 N^2 d / M + 3 N d + 2 N``, is a factor ``4 / 3d``
+#: smaller or lower order.
+FA1_CONSTANT = 12
 _TENSOR_COLORS = {"Q": "#4C72B0", "K": "#55A868", "V": "#8172B3", "S": "#C44E52", "P": "#DD8452",
                   "O": "#937860", "l": "#DA8BC3", "m": "#8C8C8C", "L": "#CCB974"}
 
@@ -101,32 +108,52 @@ def formula_bytes(algorithm: str, N: int, d: int, sram_bytes: int | None = None,
     raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
 
 
+def fa1_theta(N, d: int, sram_bytes: int, dtype_bytes: int = 2):
+    """FA1's Theta with its constant, in bytes: ``12 N^2 d^2 / M`` accesses (M = sram_bytes / dtype_bytes) x size.
+
+    ``N`` may be an array. The counted traffic lies above it, by a factor that falls to ``1 + 4 / 3d``
+    as N grows (:data:`FA1_CONSTANT`).
+
+    Example:
+        >>> fa1_theta(N=16384, d=64, sram_bytes=65536) / 2**20         # MiB, at M = 32768 fp16 elements
+        768.0
+        >>> round(formula_bytes("fa1", N=16384, d=64, sram_bytes=65536) / fa1_theta(16384, 64, 65536), 3)
+        1.029
+    """
+    return FA1_CONSTANT * formulas.flash_accesses_asymptote(N, d, sram_bytes // dtype_bytes) * dtype_bytes
+
+
 def _total(mem: Memory) -> int:
     return mem.bytes_read() + mem.bytes_written()
 
 
 def flash_traffic(Ns=(128, 256, 512, 1024), d: int = 64, sram_sizes=SRAM_SIZES, *, dtype_bytes: int = 2,
                   algorithms=ALGORITHMS, counters=None, formulas_=None, asymptote: bool = True,
-                  title: str | None = None):
+                  N_max: int | None = None, title: str | None = None):
     """HBM bytes against N for each algorithm: counted (points) and the formula (lines), one panel per M.
 
     ``counters`` maps an algorithm to ``f(N, d, sram_bytes, dtype_bytes) -> Memory`` (default:
     :func:`count_attention`); ``formulas_`` maps it to ``f(N, d, sram_bytes, dtype_bytes) -> bytes``
-    (default: :func:`formula_bytes`). With ``asymptote`` a dotted line shows ``N^2 d^2 / M`` (in
-    bytes), FlashAttention's Theta. Returns the Figure; in each panel the first lines are the
-    formulas and the collections the counted points, both in the order of ``algorithms``;
+    (default: :func:`formula_bytes`). The lines run from the smallest N counted to ``N_max``
+    (default: the largest counted), so the counts can stay where they are cheap. With ``asymptote``
+    a dotted line shows FlashAttention's Theta with FA1's constant, ``12 N^2 d^2 / M`` in bytes
+    (:func:`fa1_theta`). Returns the Figure; in each panel the first lines are the formulas and the
+    collections the counted points, both in the order of ``algorithms``, then the Theta;
     ``fig.counted[(sram_bytes, algorithm)]`` maps N to the counted bytes.
 
     Example:
-        >>> fig = flash_traffic([16, 32], d=8, sram_sizes=(512,), algorithms=("standard",))
+        >>> fig = flash_traffic([16, 32], d=8, sram_sizes=(512,), algorithms=("standard",), N_max=128)
         >>> fig.counted[(512, "standard")]              # 2 B x (4Nd + 4N^2)
         {16: 3072, 32: 10240}
+        >>> int(fig.axes[0].lines[0].get_xdata()[-1])
+        128
     """
     Ns = sorted(int(n) for n in Ns)
+    N_max = max(Ns[-1], N_max or 0)
     counters = dict(counters or {})
     formulas_ = dict(formulas_ or {})
-    fig, axes = new_figure(1, len(sram_sizes), figsize=(4.2 * len(sram_sizes), 3.6), sharey=True, squeeze=False)
-    grid = np.unique(np.r_[np.geomspace(Ns[0], Ns[-1], 60).round(), Ns].astype(int))   # the Ns included
+    fig, axes = new_figure(1, len(sram_sizes), figsize=(4.4 * len(sram_sizes), 3.8), sharey=True, squeeze=False)
+    grid = np.unique(np.r_[np.geomspace(Ns[0], N_max, 80).round(), Ns, N_max].astype(int))   # the Ns included
     fig.counted = {}
     standard_counts = {}
     for ax, M in zip(axes[0], sram_sizes):
@@ -145,13 +172,14 @@ def flash_traffic(Ns=(128, 256, 512, 1024), d: int = 64, sram_sizes=SRAM_SIZES, 
             ax.scatter(Ns, [pts[N] for N in Ns], s=28, color=COLORS.get(alg), zorder=3, edgecolor="white",
                        lw=0.6, label=f"{LABELS.get(alg, alg)}: counted" if ax is axes[0][0] else None)
         if asymptote:
-            ax.plot(grid, grid.astype(float) ** 2 * d * d / (M // dtype_bytes) * dtype_bytes, ":",
-                    color="0.5", lw=1, label="N²d²/M (Θ of FlashAttention)" if ax is axes[0][0] else None)
-        ax.set_xscale("log", base=2)
+            ax.plot(grid, fa1_theta(grid.astype(float), d, M, dtype_bytes), ":", color="0.3", lw=1.2,
+                    label=f"Θ(N²d²/M) with FA1's constant: {FA1_CONSTANT} N²d²/M × {dtype_bytes} B"
+                    if ax is axes[0][0] else None)
+        size_axis(ax.xaxis)
         ax.set_yscale("log", base=2)
         bytes_axis(ax.yaxis)
         ax.set_xlabel("sequence length N")
-        ax.set_title(f"SRAM M = {human_bytes(M)}", fontsize=10)
+        ax.set_title(f"SRAM M = {human_bytes(M)} ({M // dtype_bytes} elements)", fontsize=10)
     axes[0][0].set_ylabel("HBM traffic")
     fig.legend(loc="outside lower center", ncols=len(algorithms) + 1, fontsize=7, frameon=False)
     fig.suptitle(title or f"HBM traffic of one head, d = {d}, {dtype_bytes}-byte elements", fontsize=10)
@@ -194,7 +222,7 @@ def traffic_breakdown(mems: dict, unit: str = "bytes", ax=None, title: str | Non
     handles, labels = ax.get_legend_handles_labels()
     handles += [Patch(facecolor="white", edgecolor="0.3", hatch="///")]
     labels += ["written (hatched)"]
-    ax.legend(handles, labels, fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    legend_outside(ax, handles, labels)
     ax.set_xticks(x, list(mems))
     if unit == "bytes":
         bytes_axis(ax.yaxis)

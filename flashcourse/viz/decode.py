@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..reference import decode_scores as S
-from ._common import figure_of, new_figure
+from ._common import figure_of, legend_outside, new_figure
 
 __all__ = ["score_histograms", "row_max_plot", "fallback_curve"]
 
@@ -43,7 +43,7 @@ def score_histograms(stats=None, synthetic=S.SYNTHETIC_KINDS, n: int = 2000, see
         (2, 4)
     """
     stats = _stats(stats)
-    fig, (ax_real, ax_syn) = new_figure(1, 2, figsize=(10, 3.6), sharex=True, sharey=True)
+    fig, (ax_real, ax_syn) = new_figure(1, 2, figsize=(12, 3.6), sharex=True, sharey=True)
     for layer, s in enumerate(stats["layers"]):
         _step(ax_real, s["hist"], f"layer {layer}  (max {s['max']:.1f})", _COLORS[layer % len(_COLORS)])
     ax_real.set_title("MiniLM-L6: scores x = q·k/√d, per layer")
@@ -54,7 +54,7 @@ def score_histograms(stats=None, synthetic=S.SYNTHETIC_KINDS, n: int = 2000, see
     for ax in (ax_real, ax_syn):
         ax.set_yscale("log")
         ax.set_xlabel("score x")
-        ax.legend(fontsize=8)
+        legend_outside(ax)
     ax_real.set_ylabel("density")
     return fig
 
@@ -81,7 +81,7 @@ def row_max_plot(stats=None, phis=None, bounds=S.FP16_BOUNDS, layer: int | None 
     a, b = bounds
     if phis is None:
         phis = [_best_phi(group, bounds, rule=rule)]
-    fig, ax = figure_of(ax, figsize=(6.4, 3.6))
+    fig, ax = figure_of(ax, figsize=(8.8, 3.6))
     _step(ax, group["row_max"]["hist"], "row max", "#333333", density=False)
     if rule == "any":
         _step(ax, group["row_min"]["hist"], "row min", "#999999", density=False, ls=":")
@@ -96,7 +96,7 @@ def row_max_plot(stats=None, phis=None, bounds=S.FP16_BOUNDS, layer: int | None 
     ax.set_ylabel("rows")
     ax.set_title(title or ("row maxima, " + ("all layers" if layer is None else f"layer {layer}")
                            + f"  (a = {a:.1f}, b = {b:.1f})"))
-    ax.legend(fontsize=8)
+    legend_outside(ax)
     return fig
 
 
@@ -163,5 +163,5 @@ def fallback_curve(stats=None, bounds=S.FP16_BOUNDS, chosen: float | None = None
     ax.set_xlabel("φ")
     ax.set_ylabel("fraction of rows")
     ax.set_title(title or f"fallback rate vs φ  (window [a, b] = [{a:.1f}, {b:.1f}], rule {rule!r})")
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    legend_outside(ax)
     return fig

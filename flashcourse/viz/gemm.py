@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import formulas
 from ..reference.gemm import H100_SMS, choose_block_n, pipeline
-from ._common import READ_COLOR, figure_of
+from ._common import READ_COLOR, binary_size, figure_of, legend_outside
 
 __all__ = ["block_n_tradeoff", "double_buffer_timeline", "padding_waste"]
 
@@ -41,7 +41,7 @@ def block_n_tradeoff(Ns=(1024, 4096, 16384, 65536), M: int = 8, K: int = 4096,
         >>> fig.choice, fig.axes[0].lines[0].get_ydata().round(1).tolist()[:3]
         ({4096: 32}, [8.0, 10.7, 12.8])
     """
-    fig, ax = figure_of(ax, figsize=(6.4, 3.8))
+    fig, ax = figure_of(ax, figsize=(8.0, 3.8))
     b = np.asarray(block_ns)
     ax.plot(b, formulas.flat_gemm_ratio(M, K, max(Ns), b), color="black", lw=2, marker="o", ms=4,
             label=f"ratio 2MK / (K + MK/B_N + M), M = {M}, K = {K}")
@@ -65,6 +65,7 @@ def block_n_tradeoff(Ns=(1024, 4096, 16384, 65536), M: int = 8, K: int = 4096,
                     s=140, color=color, edgecolor="black", lw=0.6, zorder=4)
     par.axhline(num_sms, color="0.3", lw=1, ls=":", label=f"{num_sms} SMs")
     par.set_yscale("log", base=2)
+    par.yaxis.set_major_formatter(binary_size)
     par.set_ylabel("programs (parallelism)")
     par.annotate("memory-bound ↑", (b[-1], num_sms), xytext=(0, 3), textcoords="offset points",
                  ha="right", va="bottom", fontsize=7, color="0.3")
@@ -72,7 +73,7 @@ def block_n_tradeoff(Ns=(1024, 4096, 16384, 65536), M: int = 8, K: int = 4096,
                  ha="right", va="top", fontsize=7, color="0.3")
     handles = ax.get_legend_handles_labels()[0] + par.get_legend_handles_labels()[0]
     labels = ax.get_legend_handles_labels()[1] + par.get_legend_handles_labels()[1]
-    ax.legend(handles, labels, fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.15, 1.0))
+    legend_outside(ax, handles, labels, x=1.15)
     ax.set_title(title or "Flat GEMM: a larger B_N raises the ratio but launches fewer programs "
                  "(★ choose_block_n)", fontsize=9)
     fig.parallelism_ax = par
@@ -93,7 +94,7 @@ def padding_waste(Ms=range(1, 17), pads=(8, 64), ax=None, title: str | None = No
         ([0.5, 0.75], [0.0625, 0.1875])
     """
     Ms = [int(m) for m in Ms]
-    fig, ax = figure_of(ax, figsize=(6.4, 3.4))
+    fig, ax = figure_of(ax, figsize=(8.0, 3.4))
     x = np.arange(len(Ms))
     width = 0.8 / len(pads)
     fig.useful_fraction = {}
@@ -110,7 +111,7 @@ def padding_waste(Ms=range(1, 17), pads=(8, 64), ax=None, title: str | None = No
     ax.set_xticks(x, [str(m) for m in Ms])
     ax.set_xlabel("M (tokens decoded together)")
     ax.set_ylabel("FLOPs / 2KN (rows multiplied)")
-    ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    legend_outside(ax)
     ax.set_title(title or "Padding M to 64 wastes most of the work; padding to 8 much less", fontsize=10)
     return fig
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import formulas
 from ..memory import Memory
-from ._common import figure_of
+from ._common import figure_of, legend_outside
 
 __all__ = ["Op", "attainable", "ridge", "matmul_op", "softmax_op", "attention_ops", "step_traffic",
            "ceilings_of", "roofline_plot"]
@@ -157,7 +157,7 @@ def roofline_plot(ops=(), *, bandwidth: float | None = None, peaks: dict | None 
         peaks = peaks or measured
     if bandwidth is None or not peaks:
         raise ValueError("roofline_plot: give bandwidth= and peaks=, or result= (e.g. flashcourse.bench.shipped('roofline'))")
-    fig, ax = figure_of(ax, figsize=(6.4, 4.0))
+    fig, ax = figure_of(ax, figsize=(8.4, 4.0))
     x = np.geomspace(xlim[0], xlim[1], 400)
     fig.ridges = {}
     colors = ["black", "0.45", "0.65"]
@@ -190,5 +190,5 @@ def roofline_plot(ops=(), *, bandwidth: float | None = None, peaks: dict | None 
     ax.set_xlabel("arithmetic intensity (FLOPs per byte of HBM traffic)")
     ax.set_ylabel("FLOP/s")
     ax.set_title(title or "roofline")
-    ax.legend(fontsize=7, frameon=False, loc="upper left")          # above the slope: empty
+    legend_outside(ax)
     return fig

@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import formulas
 from ..memory import Memory
-from ._common import READ_COLOR, WRITE_COLOR, bytes_axis, figure_of, human_bytes
+from ._common import READ_COLOR, WRITE_COLOR, bytes_axis, figure_of, human_bytes, legend_outside, size_axis
 
 __all__ = ["traffic_bars", "cumulative_traffic", "count_standard_attention", "attention_traffic",
            "materialized_memory", "CAPACITIES"]
@@ -43,7 +43,7 @@ def traffic_bars(mem: Memory, ax=None, unit: str = "bytes", title: str | None = 
     """
     totals = mem.totals(unit)
     names = _tensors(mem)
-    fig, ax = figure_of(ax)
+    fig, ax = figure_of(ax, figsize=(7.6, 3.6))
     x = np.arange(len(names))
     bottom = np.zeros(len(names))
     for direction, label, color in _DIRECTIONS:
@@ -63,7 +63,7 @@ def traffic_bars(mem: Memory, ax=None, unit: str = "bytes", title: str | None = 
     ax.set_ylim(0, max(bottom.max(initial=0) * 1.15, 1))
     total = sum(totals.values())
     ax.set_title(title or f"HBM traffic by tensor: {human_bytes(total) if unit == 'bytes' else f'{total:,}'} in all")
-    ax.legend(loc="upper left", fontsize=8, frameon=False)
+    legend_outside(ax)
     return fig
 
 
@@ -73,7 +73,7 @@ def cumulative_traffic(mem: Memory, ax=None, title: str | None = None, max_step_
     Returns the Figure. Its lines are, in order, ``read``, ``write`` and ``total``, each ending at
     the Memory's totals.
     """
-    fig, ax = figure_of(ax)
+    fig, ax = figure_of(ax, figsize=(7.2, 3.6))
     n = len(mem.events)
     x = np.arange(1, n + 1)
     read = np.cumsum([e.bytes if e.direction == "read" else 0 for e in mem.events])
@@ -100,7 +100,7 @@ def cumulative_traffic(mem: Memory, ax=None, title: str | None = None, max_step_
     ax.set_xlabel("transfer (in the order the algorithm makes them)")
     ax.set_ylabel("bytes moved so far")
     ax.set_title(title or f"HBM traffic, step by step ({len(set(steps.tolist()))} steps, {n} transfers)")
-    ax.legend(loc="center left", fontsize=8, frameon=False)
+    legend_outside(ax)
     return fig
 
 
@@ -130,7 +130,7 @@ def attention_traffic(Ns, d: int = 64, dtype_bytes: int = 2, counted: dict | Non
     Ns = sorted(int(n) for n in Ns)
     if counted is None:
         counted = {N: _total(count_standard_attention(N, d, dtype_bytes)) for N in Ns}
-    fig, ax = figure_of(ax)
+    fig, ax = figure_of(ax, figsize=(8.4, 3.6))
     grid = np.unique(np.geomspace(Ns[0] / 1.5, Ns[-1] * 1.5, 200))
     formula = np.array([formulas.standard_attention_accesses(N=n, d=d) for n in grid]) * dtype_bytes
     ax.plot(grid, formula, color="black", lw=1.2, label=f"formula (4Nd + 4N²) × {dtype_bytes} B")
@@ -139,13 +139,13 @@ def attention_traffic(Ns, d: int = 64, dtype_bytes: int = 2, counted: dict | Non
     xs = np.array(list(Ns), dtype=float)
     ax.scatter(xs, [counted[n] for n in Ns], s=36, color="crimson", zorder=3,
                label="counted on the Memory")
-    ax.set_xscale("log", base=2)
+    size_axis(ax.xaxis)
     ax.set_yscale("log", base=2)
     bytes_axis(ax.yaxis)
     ax.set_xlabel("sequence length N")
     ax.set_ylabel("HBM traffic")
     ax.set_title(title or f"standard attention, one head, d = {d}, {dtype_bytes}-byte elements")
-    ax.legend(fontsize=8, frameon=False)
+    legend_outside(ax)
     return fig
 
 
@@ -177,7 +177,7 @@ def materialized_memory(Ns, configs: dict | None = None, dtype_bytes: int = 2,
     configs = configs or {"one head": {"heads": 1, "batch": 1}}
     capacities = CAPACITIES if capacities is None else capacities
     Ns = sorted(int(n) for n in Ns)
-    fig, ax = figure_of(ax)
+    fig, ax = figure_of(ax, figsize=(8.0, 3.6))
     for label, cfg in configs.items():
         ys = [float(formulas.materialized_bytes(N, heads=cfg.get("heads", 1), batch=cfg.get("batch", 1),
                                                 dtype_bytes=dtype_bytes)) for N in Ns]
@@ -188,11 +188,11 @@ def materialized_memory(Ns, configs: dict | None = None, dtype_bytes: int = 2,
         ax.annotate(label, (Ns[0] if left else Ns[-1], nbytes), xytext=(2 if left else -2, 2),
                     textcoords="offset points", fontsize=7, color="0.3", va="bottom",
                     ha="left" if left else "right")
-    ax.set_xscale("log", base=2)
+    size_axis(ax.xaxis)
     ax.set_yscale("log", base=2)
     bytes_axis(ax.yaxis)
     ax.set_xlabel("sequence length N")
     ax.set_ylabel("bytes")
     ax.set_title(title or f"HBM to materialise S and P ({dtype_bytes}-byte elements)")
-    ax.legend(fontsize=8, frameon=False, loc="lower right")
+    legend_outside(ax)
     return fig
