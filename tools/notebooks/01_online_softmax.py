@@ -130,15 +130,16 @@ CELLS = [
     code("""
     from flashcourse import viz
 
-    fig, ax = viz.new_figure(figsize=(6.4, 2.8))
+    fig, ax = viz.new_figure(figsize=(7.6, 2.8))
     algorithms = [("naive", naive_softmax), ("safe", safe_softmax), ("online", online_softmax)]
+    read, written = viz.PALETTE[:2]                   # the course's colours for the two directions
     for i, (name, fn) in enumerate(algorithms):
         mem = Memory(dtype_bytes=2)                   # 256 fp16 elements: 512 B per pass
         fn(x[:256], memory=mem)
-        ax.bar(i - 0.2, mem.bytes_read(), 0.4, color="C0", label="read (HBM → SRAM)" if i == 0 else None)
-        ax.bar(i + 0.2, mem.bytes_written(), 0.4, color="C1", label="written (SRAM → HBM)" if i == 0 else None)
+        ax.bar(i - 0.2, mem.bytes_read(), 0.4, color=read, label="read (HBM → SRAM)" if i == 0 else None)
+        ax.bar(i + 0.2, mem.bytes_written(), 0.4, color=written, label="written (SRAM → HBM)" if i == 0 else None)
     ax.set_xticks(range(3), [name for name, _ in algorithms])
-    ax.set_ylabel("bytes"); ax.legend(loc="upper right", fontsize=8)
+    ax.set_ylabel("HBM traffic"); viz.bytes_axis(ax.yaxis); viz.legend_outside(ax)
     ax.set_title("softmax of 256 fp16 elements: HBM traffic")
     fig
     """, "fragment", name="count-plot"),

@@ -183,12 +183,17 @@ CELLS = [
     md("""
     ## Traffic against N
 
-    Points are counted on the memory, lines are the formulas; two SRAM sizes. Standard attention
-    grows like $N^2$ with a large constant; FlashAttention-1 like $N^2 d^2 / M$ — so a larger SRAM
-    helps it directly.
+    Points are counted on the memory (up to $N$ = 2048, where counting is quick), lines are the
+    formulas (up to 16k); two SRAM sizes. Standard attention grows like $N^2$ with a large
+    constant; FlashAttention-1 like $N^2 d^2 / M$ — so a larger SRAM helps it directly. The dotted
+    line is that $\\Theta$ with its constant: $T_c = N / B_c = 4Nd/M$ passes, each reading $Q$ and
+    $O$ and writing $O$ ($3Nd$), make $12 N^2 d^2 / M$ accesses (`viz.attention.FA1_CONSTANT`). The
+    rest of the formula, $16 N^2 d / M + 3Nd + 2N$ (and a last block that is not full), counts at
+    small $N$; at $N$ = 16k the formula is 3% ($M$ = 64 KiB) and 5% (192 KiB) above the line, a gap
+    that closes to $4/3d$, 2%.
     """, "slide", name="traffic-md"),
     code("""
-    viz.flash_traffic(Ns=(128, 256, 512), d=64, algorithms=("standard", "fa1"))
+    viz.flash_traffic(Ns=(128, 256, 512, 1024, 2048), d=64, algorithms=("standard", "fa1"), N_max=16384)
     """, "subslide", name="traffic"),
     md("""
     Where does FlashAttention-1's traffic go? Mostly to $O$, $\\ell$ and $m$ travelling back and forth
@@ -233,7 +238,7 @@ CELLS = [
     from flashcourse import bench
     h100 = bench.shipped("attention")
     viz.bench_plot(h100, x="N", metric="TFLOPs", where={"d": 64, "causal": False},
-                   title="attention forward, d = 64, not causal (H100)")
+                   title="attention forward, d = 64, not causal")
     """, "subslide", name="bench"),
 
     md("""

@@ -106,7 +106,7 @@ CELLS = [
     code("""
     from flashcourse import viz
     from flashcourse.viz.attention import count_attention
-    viz.flash_traffic(Ns=(128, 256, 512), d=64)
+    viz.flash_traffic(Ns=(128, 256, 512, 1024, 2048), d=64, N_max=16384)
     """, "fragment", name="traffic-plot"),
 
     md("""
@@ -219,6 +219,7 @@ CELLS = [
         for col, causal in enumerate((False, True)):
             viz.bench_plot(h100, mine, x="N", metric="TFLOPs", where={"d": d, "causal": causal},
                            ax=axes[row, col], title=f"d = {d}, {'causal' if causal else 'not causal'}")
+    viz.figure_legend(fig)
     fig
     """, "subslide", name="bench"),
     md("""

@@ -98,7 +98,7 @@ CELLS = [
     """, "slide", name="heuristic-md"),
     code("""
     from flashcourse import viz
-    fig, axes = viz.new_figure(1, 2, figsize=(10, 3.2))
+    fig, axes = viz.new_figure(1, 2, figsize=(12, 3.2))
     for ax, (B, H_kv, L) in zip(axes, [(1, 8, 32768), (8, 8, 4096)]):
         c = splits_efficiency(B, H_kv, L, num_sms=132)
         ax.plot(c["splits"], c["efficiency"], color="0.6", lw=1, label="wave efficiency")
@@ -106,7 +106,7 @@ CELLS = [
                    label="eligible (chunk >= 256 keys)")
         ax.axvline(c["choice"], color="C3", ls="--", label=f"chosen: S = {c['choice']}")
         ax.set_xlabel("splits S"); ax.set_ylabel("wave efficiency")
-        ax.set_title(f"B = {B}, H_kv = {H_kv}, L = {L}"); ax.legend(fontsize=7)
+        ax.set_title(f"B = {B}, H_kv = {H_kv}, L = {L}"); viz.legend_outside(ax)
     fig
     """, "subslide", name="heuristic"),
 
@@ -173,10 +173,11 @@ CELLS = [
     from flashcourse import bench
     h100 = bench.shipped("decode", flush="read")
     ceiling = bench.shipped("roofline").ceilings()["TBps"]
-    fig, axes = viz.new_figure(1, 2, figsize=(10, 3.6), sharey=True)
+    fig, axes = viz.new_figure(1, 2, figsize=(12, 3.6), sharey=True)
     for ax, H_kv in zip(axes, (32, 8)):
         viz.bench_plot(h100, x="L", metric="TBps", where={"B": 1, "H_kv": H_kv}, ceiling=ceiling, ax=ax,
                        title=f"B = 1, H_kv = {H_kv} ({'MHA' if H_kv == 32 else 'GQA'})")
+    viz.figure_legend(fig)
     fig
     """, "subslide", name="bench"),
     md("""

@@ -147,7 +147,7 @@ CELLS = [
     `scores.FP16_BOUNDS`, around three (bottom):
     """, "subslide", name="rowmax-md"),
     code("""
-    fig, (top, bottom) = viz.new_figure(2, 1, figsize=(7, 6.4))
+    fig, (top, bottom) = viz.new_figure(2, 1, figsize=(9, 6.4))
     viz.row_max_plot(stats, phis=[0.0, 18.0], bounds=DEFAULT_BOUNDS, ax=top,
                      title="the kernel's window: DEFAULT_BOUNDS (p in fp32's range)")
     viz.row_max_plot(stats, phis=[0.0, 4.0, 12.0], bounds=scores.FP16_BOUNDS, ax=bottom,
@@ -223,6 +223,23 @@ CELLS = [
         f = h100.get(impl="kernels.unified_max_decode (fallback 1/8)", workload=r.workload)
         print(f"{p['H_kv']:4d} {p['L']:7d} {1e3 * r.ms:11.1f}us {1e3 * u.ms:7.1f}us {r.ms / u.ms:6.2f} {1e3 * f.ms:11.1f}us")
     """, "fragment", name="bench"),
+    md("""
+    The same runs as bandwidth, the KV cache's bytes over the time, beside PyTorch's SDPA, against
+    the copy ceiling of chapter 0 (dotted):
+    """, "subslide", name="bench-bars-md"),
+    code("""
+    ceiling = bench.shipped("roofline").ceilings()["TBps"]
+    impls = {"kernels.unified_max_decode": "unified_max_decode",
+             "kernels.unified_max_decode (fallback 1/8)": "unified_max_decode, fallback on 1 KV head in 8",
+             "kernels.flash_decode": "flash_decode (chapter 4)", "sdpa (flash)": "SDPA, flash backend",
+             "sdpa (cudnn)": "SDPA, cuDNN backend"}
+    fig, axes = viz.new_figure(2, 1, figsize=(9, 6.4), sharey=True)
+    for ax, H_kv in zip(axes, (32, 8)):
+        viz.bench_bars(h100, impls, groups="L", where={"B": 1, "H_kv": H_kv}, ceiling=ceiling, ax=ax,
+                       title=f"B = 1, H_kv = {H_kv} ({'MHA' if H_kv == 32 else 'GQA'})")
+    viz.figure_legend(fig)
+    fig
+    """, "fragment", name="bench-bars"),
     md("""
     What the H100 shows. With one $\\varphi$ the kernel also needs no combine launch: the chunks add
     their sums atomically and the last one divides. At batch 1 and up to 4k keys, where a step takes

@@ -140,7 +140,7 @@ CELLS = [
                          title="H100, 132 SMs: hollow points leave SMs idle; ★ is choose_block_n's pick")
     """, "subslide", name="tradeoff-h100"),
     code("""
-    fig, axes = viz.new_figure(2, 1, figsize=(6.4, 7.0))
+    fig, axes = viz.new_figure(2, 1, figsize=(8.0, 7.0))
     for ax, (gpu, sms) in zip(axes, [("T4", 40), ("A100", 108)]):
         viz.block_n_tradeoff(Ns=(1024, 4096, 11008, 65536), M=8, K=4096, num_sms=sms, ax=ax,
                              block_ns=(16, 32, 64, 128, 256),
@@ -344,6 +344,23 @@ CELLS = [
     keeps the hint: 7–12% faster after a write flush, 2–9% slower after a read flush —
     `tools/gpu_gemm_prefetch.py`.)
     """, "subslide", name="floor-notes"),
+    md("""
+    The table as bars, one group per shape: the black bar over each group is the floor (the shape's
+    bytes at `read_once(W)`'s time: no kernel can rise above it), the dotted line the copy ceiling.
+    """, "subslide", name="bench-bars-md"),
+    code("""
+    from flashcourse.bench.gemm import FLOOR
+    read = bench.shipped("gemm", flush="read")
+    ceiling = bench.shipped("roofline").ceilings()["TBps"]
+    impls = {"kernels.flat_gemm": "flat_gemm", "kernels.gemv": "gemv", "torch.matmul (cuBLAS)": "cuBLAS",
+             "torch.matmul padded to 64 rows": "cuBLAS, M padded to 64"}
+    fig, axes = viz.new_figure(2, 2, figsize=(11, 6.4), sharey=True)
+    for ax, (K, N) in zip(axes.flat, [(4096, 4096), (4096, 11008), (11008, 4096), (4096, 12288)]):
+        viz.bench_bars(read, impls, groups="M", where={"K": K, "N": N, "M": (1, 2, 4, 8, 16)}, ceiling=ceiling,
+                       floor=FLOOR, floor_label="the floor: W read once", ax=ax, title=f"K × N = {K} × {N}")
+    viz.figure_legend(fig)
+    fig
+    """, "fragment", name="bench-bars"),
     md("""
     ### Paper says / we measure: flat GEMM
 
