@@ -367,3 +367,13 @@ def test_bench_bars_filter_shapes_and_keep_each_implementations_colour():
     assert fig.groups == [(2,)] and not hasattr(fig, "floor")
     line = viz.bench_plot(res, x="M", metric="TBps", log_x=False).axes[0].lines[1]     # "base" is second in res
     assert fig.bars["base"][0].get_facecolor()[:3] == pytest.approx(matplotlib.colors.to_rgb(line.get_color()))
+
+
+def test_the_floor_takes_the_work_of_a_measured_implementation():
+    res = _gemm_result()
+    first = res.records[0]                                     # "ours" at K=64 N=128 M=1: skipped, no bytes
+    res.records[0] = Record(first.workload, "ours", "course", first.params, None, skipped="too small")
+    fig = viz.bench_bars(res, ["ours", "base"], groups="M", where={"K": 64, "N": 128}, floor="floor")
+    base = res.get("base", K=64, N=128, M=1)
+    assert np.isnan(fig.bars["ours"][0].get_height())
+    assert fig.floor[0] == pytest.approx(base.bytes / 0.5e-6 / 1e12)        # base's bytes at the floor's time

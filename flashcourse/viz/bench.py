@@ -180,12 +180,13 @@ def _color(result, impl: str) -> str:
 
 
 def _at_floor_time(by_shape, shape, floor, impls, metric):
-    """The metric of the group's work (its first drawn implementation's bytes and FLOPs) at the floor's time."""
-    work = next((by_shape[shape, impl] for impl in impls if (shape, impl) in by_shape), None)
+    """The metric of the group's work (the bytes and FLOPs of its first measured implementation) at the floor's time."""
+    work = next((by_shape[shape, impl] for impl in impls if (shape, impl) in by_shape and by_shape[shape, impl].ok), None)
     floor_rec = by_shape.get((shape, floor))
     if work is None or floor_rec is None or not floor_rec.ok:
         return np.nan
-    return _value(dataclasses.replace(work, ms=floor_rec.ms, skipped=None, error=None), metric)
+    value = _value(dataclasses.replace(work, ms=floor_rec.ms), metric)
+    return np.nan if value is None else value
 
 
 def memory_plot(result, mine=None, *, title: str | None = None):
