@@ -210,6 +210,27 @@ CELLS = [
     (batch, head), $K_j, V_j$ outer, $Q_i$ inner, $O_i$, $\\ell_i$, $m_i$ through HBM at each step.
     It is correct — and, by design, not fast: chapter 3 measures it against FlashAttention-2.
     """, "slide", name="kernel-md"),
+    md("""
+    Its two loops are printed below (the `line N` comments are Algorithm 1's lines):
+
+    * `for start_n` (line 5) loads $K_j, V_j$ once (line 6); `for start_m` (line 7) loads every
+      $Q_i$ (line 8) and its running `O_i`, `l_i`, `m_i` from HBM (`O_acc`, `L`, `M`: float32
+      scratch). With `CAUSAL`, `lo` skips the query blocks that see no key of $K_j$.
+    * `S_ij` (line 9), then the tile's own `m_tilde`, `P_tilde`, `l_tilde` (line 10); `m_new` and `l_new`
+      merge them with the running statistics through `alpha` $= e^{m_i - m_i^{new}}$ and
+      `beta` $= e^{\\tilde m_{ij} - m_i^{new}}$ (line 11).
+    * `O_i` is rescaled by `l_i * alpha`, gets `beta * PV` added, and is divided by `l_new`: at
+      every step (line 12). Then `O_i`, `l_new`, `m_new` are stored back to HBM (line 13).
+
+    The exponentials are `exp2` of scores multiplied by `qk_scale` $= \\tau \\log_2 e$. Not printed:
+    the start (one program per (batch, head): the pointer offsets) and a last loop that casts
+    `O_acc` to q's dtype (line 16).
+    """, name="kernel-src-md"),
+    code("""
+    from flashcourse.kernels import aot
+    src = inspect.getsource(aot.kernel_of("fa1_fwd").fn)
+    print(src[src.index("    for start_n"):src.index("    O += ")].rstrip())     # the two loops
+    """, "subslide", name="kernel-src"),
     code("""
     # NBVAL_CHECK_OUTPUT
     import torch

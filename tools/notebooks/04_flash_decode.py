@@ -143,6 +143,29 @@ CELLS = [
     heads of its group — the group is the M side of a `tl.dot` — and writes $(o_s, \\mathrm{lse}_s)$;
     a second small kernel combines. The split count comes from the heuristic above.
     """, "slide", name="kernel-md"),
+    md("""
+    The two kernels, printed below:
+
+    * `_decode_split`, grid (S, B·H_kv). `_program` gives it its split `s`, its KV head's query
+      heads as the rows of `Q_i`, and, through `_chunk_bounds`, its keys `[lo, hi)`: the valid
+      length `n` cut into chunks of whole `BLOCK_N` blocks, unmasked up to `full`; a split past `n`
+      is empty. `m_i`, `l_i`, `acc` start at $-\\infty$, 0, 0 and `_chunk_sync`, FA2's inner loop of
+      chapter 3, folds in the chunk's keys: the whole blocks, then the masked rest. The partial:
+      $o_s$ = `acc / l_safe` into `O_PART`, $\\mathrm{lse}_s$ = `m_i + log2(l_i)` (base 2; $-\\infty$
+      for an empty split) into `LSE_PART`. With `DIRECT` (S = 1) it writes the output to `O` instead.
+    * `_decode_combine`, one program per query head of a sequence: a first pass takes `m`, the
+      largest $\\mathrm{lse}_s$; a second weighs each $o_s$ by `w` $= 2^{\\mathrm{lse}_s - m}$ and
+      divides the sum by `total` $= \\sum_s$ `w`. That is the combine above, shifted by `m` so no
+      exponential overflows.
+    """, name="kernel-src-md"),
+    code("""
+    from flashcourse.kernels import aot, decode as kernel_decode
+    print(inspect.getsource(kernel_decode._chunk_bounds.fn))
+    print(inspect.getsource(aot.kernel_of("decode_split").fn))
+    """, "subslide", name="kernel-src"),
+    code("""
+    print(inspect.getsource(aot.kernel_of("decode_combine").fn))
+    """, "subslide", name="combine-kernel-src"),
     code("""
     # NBVAL_CHECK_OUTPUT
     import torch

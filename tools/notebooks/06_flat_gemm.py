@@ -241,6 +241,31 @@ CELLS = [
                   for lay, w in (("kn", w_kn), ("nk", w_nk))]
             print(f"M = {M:2d}: {name:9s} within the error bound, W as (K, N): {ok[0]}, as (N, K): {ok[1]}")
     """, "subslide", name="kernels"),
+    md("""
+    ### Inside `flat_gemm`
+
+    Printed below: `_flat_gemm_kernel` and `_load_tiles`, which it calls.
+
+    * **Padding.** The tile has `BLOCK_M` = 16 rows (`DOT_MIN`: `tl.dot` takes no fewer), not 8 as in
+      the paper. Rows past M are loaded as zeros (`mask=in_m[:, None], other=0.0`): they are made
+      on chip, never read from HBM, and `write_tile` stores only the rows below M.
+    * **$B_N$.** `program_tile` gives program `pid_n` the columns `pid_n * BLOCK_N + arange(BLOCK_N)`
+      of y, and split `pid_k` its share `[lo, hi)` of K.
+    * **The K loop** loads a (16, `BLOCK_K`) tile of x and a (`BLOCK_K`, `BLOCK_N`) tile of W (masked
+      only where K or N is ragged: `EVEN_K`, `EVEN_N`) and `tl.dot` adds their product to the
+      float32 `acc`.
+    * **Double buffering** is not written out: the loop holds one tile of each. Launched with
+      `num_stages` ≥ 2, Triton's software pipeliner loads the next tiles while `tl.dot` multiplies
+      these.
+    * `write_tile` casts `acc` and stores y, or, with split-K, stores a partial that the last split
+      of the column tile adds up.
+    """, "subslide", name="kernel-src-md"),
+    code("""
+    import inspect
+    from flashcourse.kernels import aot, gemm
+    print(inspect.getsource(aot.kernel_of("flat_gemm").fn))
+    print(inspect.getsource(gemm._load_tiles.fn))
+    """, "subslide", name="kernel-src"),
 
     md("""
     ## Which kernel for which shape?
