@@ -74,6 +74,44 @@ def warnings_for(cc: tuple[int, int] | None) -> list[str]:
     return out
 
 
+def installed(dist: str) -> str | None:
+    """The installed version of the distribution ``dist``, or None."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def _release(v: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in v.split("+")[0].split(".")[:3] if p.isdigit())
+
+
+def lecture_warnings(versions: dict[str, str | None]) -> list[str]:
+    """What stops the slideshow from working, given the installed versions of jupyterlab-rise,
+    jupyterlab_widgets and jupyterlab-mathjax3 (None: not installed); the `lecture` extra pins both.
+
+    Example:
+        >>> lecture_warnings({"jupyterlab-rise": "0.43.1", "jupyterlab_widgets": "3.0.17", "jupyterlab-mathjax3": "4.3.0"})[0][:42]
+        'jupyterlab_widgets 3.0.17: widgets (the ti'
+        >>> lecture_warnings({"jupyterlab-rise": "0.42.0", "jupyterlab_widgets": "3.0.10", "jupyterlab-mathjax3": None})
+        []
+        >>> lecture_warnings({"jupyterlab-rise": None, "jupyterlab_widgets": "3.0.17", "jupyterlab-mathjax3": None})
+        []
+    """
+    if not versions.get("jupyterlab-rise"):
+        return []
+    out, fix = [], "pip install -e '.[lecture]' pins the versions that work"
+    widgets = versions.get("jupyterlab_widgets")
+    if widgets and _release(widgets) >= (3, 0, 11):
+        out.append(f"jupyterlab_widgets {widgets}: widgets (the tile stepper) do not render on RISE slides, "
+                   f"since its extension needs @jupyterlab/console, which RISE's app lacks; {fix}.")
+    if versions.get("jupyterlab-mathjax3"):
+        out.append("jupyterlab-mathjax3 (pulled in by jupyterlab-rise 0.43) is a JupyterLab 3 extension that "
+                   f"JupyterLab 4 flags as incompatible; `pip uninstall jupyterlab-mathjax3` and {fix}.")
+    return out
+
+
 def sizes_note() -> str:
     """Which problem sizes the notebooks will use on this backend."""
     if backend.INTERPRET:
@@ -99,6 +137,8 @@ def report() -> str:
         sizes_note(),
     ]
     lines += [f"warning: {w}" for w in warnings_for(cc)]
+    dists = ("jupyterlab-rise", "jupyterlab_widgets", "jupyterlab-mathjax3")
+    lines += [f"warning: {w}" for w in lecture_warnings({d: installed(d) for d in dists})]
     return "\n".join(lines)
 
 

@@ -11,7 +11,7 @@ between two marker lines::
 ``# YOUR CODE HERE`` and ``raise NotImplementedError()`` at the region's indentation — or ``pass``
 inside a ``@triton.jit`` function, where Triton cannot compile a ``raise`` (the kernel's check
 notices that nothing was written). Every output and execution count is cleared, those of the
-*check cells* (code cells tagged "check", marked ``# NBVAL_CHECK_OUTPUT``) too, so that no unsolved
+*check cells* (code cells tagged "check" and "nbval-check-output") too, so that no unsolved
 check shows a stored "passed ✓" (a failing check still fails under nbval: it raises). ``build`` also
 writes ``flashcourse/exercise_checks.json``, the canonical check cells with their expected output and
 execution count (which nbval needs to compare outputs), that ``flashcourse grade`` puts back into a
@@ -45,7 +45,7 @@ __all__ = ["BEGIN", "END", "strip_solutions", "exercise_notebook", "check_cells"
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 CHECK_TAG = "check"
-CHECK_MARK = "# NBVAL_CHECK_OUTPUT"
+CHECK_NBVAL = "nbval-check-output"   # the tag that makes nbval --nbval-lax compare a cell's output
 NOTEBOOK = re.compile(r"^\d\d_.*\.ipynb$")
 _DEF = re.compile(r"^\s*(async\s+)?def\s")
 _CHECK_CALL = re.compile(r"\bcheck\.(\w+)\s*\(")
@@ -144,8 +144,8 @@ def check_cells(nb, where: str = "notebook") -> list[dict]:
     Example:
         >>> nb = nbformat.v4.new_notebook(cells=[
         ...     nbformat.v4.new_code_cell("def f(): pass", id="f"),
-        ...     nbformat.v4.new_code_cell("# NBVAL_CHECK_OUTPUT\\ncheck.f(f)", id="check-f", execution_count=2,
-        ...                               metadata={"tags": ["check"]},
+        ...     nbformat.v4.new_code_cell("check.f(f)", id="check-f", execution_count=2,
+        ...                               metadata={"tags": ["check", "nbval-check-output"]},
         ...                               outputs=[nbformat.v4.new_output("stream", text="f: ok ✓\\n")])])
         >>> [(c["id"], c["name"], c["after"]) for c in check_cells(nb)]
         [('check-f', 'f', 'f')]
@@ -158,8 +158,8 @@ def check_cells(nb, where: str = "notebook") -> list[dict]:
         at = f"{where}: check cell {cid or k}"
         if not cid:
             raise ValueError(f"{at} has no id (nbformat >= 4.5 is needed): rebuild it with tools/nbtools.py")
-        if CHECK_MARK not in cell.source.split("\n"):
-            raise ValueError(f"{at} lacks a `{CHECK_MARK}` line, so nbval --nbval-lax would not compare its output")
+        if CHECK_NBVAL not in cell.metadata.get("tags", []):
+            raise ValueError(f"{at} lacks the tag {CHECK_NBVAL!r}, so nbval --nbval-lax would not compare its output")
         if BEGIN in cell.source:
             raise ValueError(f"{at} contains a solution region; check cells are given to the student as they are")
         if cell.get("execution_count") is None or not cell.get("outputs"):
@@ -241,7 +241,7 @@ def grading_cells(nb, where: str = "notebook") -> dict:
         >>> nb = nbformat.v4.new_notebook(cells=[
         ...     nbformat.v4.new_code_cell("import numpy as np\\nx = np.zeros(3)", id="imports"),
         ...     nbformat.v4.new_code_cell("def f(x):\\n    return x", id="f", metadata={"tags": ["solution"]}),
-        ...     nbformat.v4.new_code_cell("# NBVAL_CHECK_OUTPUT\\ncheck.f(f)", id="check-f", metadata={"tags": ["check"]})])
+        ...     nbformat.v4.new_code_cell("check.f(f)", id="check-f", metadata={"tags": ["check", "nbval-check-output"]})])
         >>> g = grading_cells(nb)
         >>> g["setup"], g["solution_cells"], g["arguments"]
         ('import numpy as np', [{'id': 'f', 'defines': ['f']}], {'f': {'argument': 'f', 'kernel': False}})

@@ -317,3 +317,15 @@ def test_recompute_matches_shipped(shipped, monkeypatch):
         for key in ("layer_max", "layer_min", "layer_mean_row_max"):
             assert got[key] == pytest.approx(want[key], abs=1e-3)
     assert fresh["provenance"]["texts_sha256"] == S.texts_sha256(texts)
+
+
+def test_phi_is_chosen_for_the_kernels_window_unless_told_otherwise():
+    """choose_phi / fallback_rate / the plots default to the window the unified-max kernel uses
+    (float32 partial sums), not the fp16 window: a φ picked for one is wrong for the other."""
+    import inspect
+    from flashcourse.formulas.decode import DEFAULT_BOUNDS
+    from flashcourse.viz import decode as vd
+    for fn in (S.choose_phi, S.fallback_rate, vd.row_max_plot, vd.fallback_curve):
+        assert inspect.signature(fn).parameters["bounds"].default == DEFAULT_BOUNDS, fn.__name__
+    stats = S.shipped_minilm_scores()
+    assert S.choose_phi(stats, target_fallback=0.0).phi == S.choose_phi(stats, DEFAULT_BOUNDS, target_fallback=0.0).phi

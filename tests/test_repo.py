@@ -145,3 +145,56 @@ def test_the_notebook_builder_refuses_a_control_character():
     with pytest.raises(ValueError, match="control character 0x9"):
         nbtools.md("$a \times b$")
     assert nbtools.md(r"$a \approx b$").source == r"$a \approx b$"
+
+
+# ---------------------------------------------------------------------------------------------
+# What a slide and a freshly opened notebook show
+
+ALL_NOTEBOOKS = NOTEBOOKS + sorted((ROOT / "exercises").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("path", ALL_NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_no_cell_shows_an_nbval_marker_and_the_setup_cell_is_off_the_slides(path):
+    """nbval reads tags, so no cell (and no slide) shows `# NBVAL_...`; the set-up cell is skipped."""
+    nb = json.loads(path.read_text())
+    shown = [c.get("id") for c in nb["cells"] if "NBVAL" in "".join(c["source"])]
+    assert shown == [], f"{path.name}: cells {shown} show an nbval marker (tools/nbtools.py makes them tags)"
+    setup = [c for c in nb["cells"] if "google.colab" in "".join(c["source"])]
+    assert len(setup) == 1 and setup[0]["metadata"]["slideshow"]["slide_type"] == "skip"
+    assert "nbval-ignore-output" in setup[0]["metadata"]["tags"]
+
+
+def test_checks_are_compared_by_their_tag():
+    tagged = [c for path in sorted((ROOT / "solutions").glob("*.ipynb")) for c in json.loads(path.read_text())["cells"]
+              if "check" in c["metadata"].get("tags", [])]
+    assert tagged and all("nbval-check-output" in c["metadata"]["tags"] for c in tagged)
+
+
+def test_nbval_markers_become_tags():
+    cell = nbtools.code("# NBVAL_CHECK_OUTPUT\nprint(1)", tags=("check",))
+    assert cell.source == "print(1)" and cell.metadata["tags"] == ["check", "nbval-check-output"]
+    assert nbtools.code("# NBVAL_IGNORE_OUTPUT\nx = 1").metadata["tags"] == ["nbval-ignore-output"]
+    with pytest.raises(ValueError, match="must open the cell"):
+        nbtools.code("x = 1\n# NBVAL_SKIP")
+
+
+def test_kernelspec_is_the_one_jupyter_writes_back():
+    """JupyterLab rewrites a notebook's kernelspec with ipykernel's own on open; if they differ, a
+    notebook shows as modified the moment it opens."""
+    from ipykernel.kernelspec import get_kernel_dict
+    expected = {k: get_kernel_dict()[k] for k in ("display_name", "language")} | {"name": "python3"}
+    for path in ALL_NOTEBOOKS:
+        assert json.loads(path.read_text())["metadata"]["kernelspec"] == expected, path.name
+
+
+def test_readme_lecture_lengths_are_the_instructor_notes():
+    import re
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    said = {int(k): int(m) for k, m in re.findall(r"chapter (\d): (\d+) min", readme)}
+    notes = {}
+    for source in nbtools.sources():
+        chap, solutions = nbtools.chapter_of(source)
+        found = re.search(r"Instructor notes: about (\d+) minutes", source.read_text())
+        if not solutions and found:
+            notes[chap.number] = int(found[1])
+    assert notes and said == notes

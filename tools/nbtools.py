@@ -26,6 +26,7 @@ import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
 SLIDE_TYPES = {"slide", "subslide", "fragment", "notes", "skip", "-"}
+NBVAL_MARK = re.compile(r"# NBVAL_(CHECK_OUTPUT|IGNORE_OUTPUT|SKIP|RAISES_EXCEPTION)")
 
 
 def _meta(slide, tags, name):
@@ -68,11 +69,38 @@ def md(text: str, slide: str = "-", *, name: str | None = None):
     return nbformat.v4.new_markdown_cell(text, metadata=_meta(slide, (), name))
 
 
+def nbval_tags(src: str) -> tuple[str, list[str]]:
+    r"""``src`` without its leading nbval comment markers, and the cell tags nbval reads instead.
+
+    Sources write ``# NBVAL_CHECK_OUTPUT`` (or ``_IGNORE_OUTPUT``, ``_SKIP``, ``_RAISES_EXCEPTION``)
+    on a cell's first lines; the notebook carries the tag (``nbval-check-output``, ...), which nbval
+    reads the same way, so that the marker does not show in the notebook or on a slide. A marker
+    anywhere else in the cell is an error (nbval would read it, the reader would see it).
+
+    Example:
+        >>> nbval_tags("# NBVAL_IGNORE_OUTPUT\nprint(1)")
+        ('print(1)', ['nbval-ignore-output'])
+        >>> nbval_tags("x = 1\n# NBVAL_SKIP")
+        Traceback (most recent call last):
+        ...
+        ValueError: an nbval marker must open the cell: '# NBVAL_SKIP' at line 2
+    """
+    lines, tags = src.split("\n"), []
+    while lines and NBVAL_MARK.fullmatch(lines[0].strip()):
+        tags.append("nbval-" + NBVAL_MARK.fullmatch(lines.pop(0).strip())[1].lower().replace("_", "-"))
+    for k, line in enumerate(lines):
+        if "NBVAL_" in line:
+            raise ValueError(f"an nbval marker must open the cell: {line.strip()!r} at line {len(tags) + k + 1}")
+    return "\n".join(lines), tags
+
+
 def code(src: str, slide: str = "-", *, tags=(), name: str | None = None):
-    """A code cell. ``tags`` may hold "check" (an exercise check cell) or "solution"."""
+    """A code cell. ``tags`` may hold "check" (an exercise check cell) or "solution"; nbval markers
+    on its first lines become tags (:func:`nbval_tags`)."""
     import textwrap
     src = no_control_characters(textwrap.dedent(src).strip(), f"code cell {name or src[:30]!r}")
-    return nbformat.v4.new_code_cell(src, metadata=_meta(slide, tags, name))
+    src, marks = nbval_tags(src)
+    return nbformat.v4.new_code_cell(src, metadata=_meta(slide, (*tags, *marks), name))
 
 
 def check(name: str, arg: str | None = None, slide: str = "fragment", *, cell: str | None = None):
@@ -170,7 +198,7 @@ def notebook(source: Path):
              else f"# Chapter {chap.number} — {chap.title}")
     nb = nbformat.v4.new_notebook()
     nb.metadata.update({
-        "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+        "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
         "language_info": {"name": "python"},
         "rise": {"scroll": True, "enable_chalkboard": False},
     })

@@ -1,8 +1,8 @@
 """The exercise checks: one call under each exercise, one line when it is right, a precise error otherwise.
 
-A check cell of an exercise notebook is a one-liner::
+A check cell of an exercise notebook is a one-liner, tagged ``nbval-check-output`` (so that
+``pytest --nbval-lax`` compares its output)::
 
-    # NBVAL_CHECK_OUTPUT
     check.online_softmax(online_step)
 
 Each check runs your function on *shown* cases (fixed; a failure prints their input) and on

@@ -21,7 +21,8 @@ The windows :data:`FP16_BOUNDS` and :data:`FP32_BOUNDS` come from
 :func:`~flashcourse.reference.decode.safe_bounds` with a single term and subnormals kept
 (``max_keys=1, max_abs_v=1, flush_to_zero=False``): the plain range of each format, where the MiniLM
 statistics are read. The reference and the kernel use
-:data:`~flashcourse.reference.decode.DEFAULT_BOUNDS`: float32 sums of up to 2^31 fp16 values on a GPU.
+:data:`~flashcourse.reference.decode.DEFAULT_BOUNDS`: float32 sums of up to 2^31 fp16 values on a GPU;
+so do :func:`fallback_rate` and :func:`choose_phi` unless given other ``bounds``.
 
 Real statistics come from MiniLM-L6 (``all-MiniLM-L6-v2``, 6 layers x 12 heads, head dim 32),
 computed once on the CPU from :data:`MINILM_TEXTS` by ``tools/make_minilm_scores.py`` and shipped as
@@ -53,7 +54,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..data import minilm
-from .decode import needs_fallback, out_of_range, safe_bounds
+from .decode import DEFAULT_BOUNDS, needs_fallback, out_of_range, safe_bounds
 
 __all__ = ["FORMAT", "FP16_BOUNDS", "FP32_BOUNDS", "QUANTILES", "SCORE_BIN", "ROW_MAX_BIN", "PHI_GRID",
            "MINILM_PACKAGE", "MINILM_TEXTS", "PhiChoice", "shipped_minilm_scores", "minilm_available",
@@ -316,7 +317,7 @@ def _hist_fraction_outside(hist: dict, lo: float, hi: float) -> tuple[float, flo
     return float((c * below).sum() / total), float((c * above).sum() / total)
 
 
-def fallback_rate(scores_or_stats, phi: float, bounds=FP16_BOUNDS, side: str = "both",
+def fallback_rate(scores_or_stats, phi: float, bounds=DEFAULT_BOUNDS, side: str = "both",
                   rule: str = "max") -> float:
     """The fraction of rows that need the synchronised fallback at this ``phi``.
 
@@ -360,7 +361,7 @@ def fallback_rate(scores_or_stats, phi: float, bounds=FP16_BOUNDS, side: str = "
     return {"both": both, "overflow": over, "underflow": under}[side]
 
 
-def choose_phi(stats, bounds=FP16_BOUNDS, target_fallback: float = 1e-3, grid=None,
+def choose_phi(stats, bounds=DEFAULT_BOUNDS, target_fallback: float = 1e-3, grid=None,
                rule: str = "max") -> PhiChoice:
     """Pick φ so that at most ``target_fallback`` of the rows need the fallback.
 

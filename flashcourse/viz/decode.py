@@ -59,7 +59,7 @@ def score_histograms(stats=None, synthetic=S.SYNTHETIC_KINDS, n: int = 2000, see
     return fig
 
 
-def row_max_plot(stats=None, phis=None, bounds=S.FP16_BOUNDS, layer: int | None = None, ax=None,
+def row_max_plot(stats=None, phis=None, bounds=S.DEFAULT_BOUNDS, layer: int | None = None, ax=None,
                  title: str | None = None, rule: str = "max"):
     """The distribution of each row's max score, with candidate φ and φ's safe window.
 
@@ -111,7 +111,7 @@ def _best_phi(stats, bounds, target=0.01, rule="max"):
         return S.choose_phi(stats, bounds, target_fallback=best * 1.05 + 1e-9, rule=rule).phi
 
 
-def fallback_curve(stats=None, bounds=S.FP16_BOUNDS, chosen: float | None = None, per_layer: bool = True,
+def fallback_curve(stats=None, bounds=S.DEFAULT_BOUNDS, chosen: float | None = None, per_layer: bool = True,
                    phi_range=None, ax=None, title: str | None = None, rule: str = "max"):
     """The fraction of rows needing the fallback as φ moves: too small overflows, too large underflows.
 

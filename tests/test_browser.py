@@ -1,0 +1,253 @@
+"""The lecture notebooks as a student and an instructor see them: JupyterLab and a RISE slideshow in
+a real browser (Chromium driven by Playwright).
+
+Skipped unless Chromium (``chromium`` on the PATH, or ``$FLASHCOURSE_CHROMIUM``), Playwright and
+jupyterlab-rise (``pip install -e '.[lecture]' playwright``) are installed; on Debian,
+``apt-get install chromium``. The server serves a copy of ``notebooks/``, so nothing here writes to
+the checkout. Screenshots go to ``$FLASHCOURSE_SCREENSHOTS`` (default: the test's tmp folder), e.g.::
+
+    FLASHCOURSE_SCREENSHOTS=/tmp/shots python -m pytest tests/test_browser.py -v
+
+What is checked, per lecture notebook:
+
+* **on open** (JupyterLab): the notebook is not marked modified, no LaTeX fails ("Math input
+  error"), and no widget shows as its text (``VBox(children=...``): a tile stepper is a picture;
+* **in the slideshow** (``/rise/NOTEBOOK``): no slide shows an nbval marker or the Colab set-up
+  cell, every slide can be reached, and opening it (RISE saves the notebook first) leaves the file
+  as it was; on a stepper slide, running the cell makes it a live widget;
+* **run top to bottom** in JupyterLab (Run All Cells, then saved): no cell fails; then a stepper is
+  moved with the keyboard and its label and frame follow.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from flashcourse.chapters import CHAPTERS
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = os.environ.get("FLASHCOURSE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+LECTURES = [Path(c.notebook).name for c in CHAPTERS]
+STEPPERS = {name for name in LECTURES if "show_stepper(" in (ROOT / "notebooks" / name).read_text()}
+#: An expression that is true when a cell's element is on the slide shown and not a hidden fragment.
+ON_SLIDE = ("el => { const s = el.closest('section'); const f = el.closest('.fragment');"
+            " return !!s && s.classList.contains('present') && (!f || f.classList.contains('visible')); }")
+
+
+#: JupyterLab settings for the test: every cell rendered (not only those in view, JupyterLab 4's
+#: default), so that the page holds the whole notebook; and no news pop-up over the screenshots.
+SETTINGS = {"@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"},
+            "@jupyterlab/apputils-extension:notification": {"fetchNews": "false"}}
+
+
+def _missing() -> str | None:
+    if not CHROMIUM:
+        return "no Chromium (apt-get install chromium, or set FLASHCOURSE_CHROMIUM)"
+    for module, why in (("playwright", "pip install playwright"), ("jupyterlab_rise", "pip install -e '.[lecture]'")):
+        try:
+            __import__(module)
+        except ImportError:
+            return f"{module} is not installed ({why})"
+    return None
+
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(_missing() is not None, reason=_missing() or "")]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    out = Path(os.environ.get("FLASHCOURSE_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots"))
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """JupyterLab (with RISE) on a copy of notebooks/, no token, its own workspace folder: its URL and root."""
+    root = tmp_path_factory.mktemp("lab")
+    shutil.copytree(ROOT / "notebooks", root / "notebooks")
+    for plugin, value in SETTINGS.items():
+        path = root / "settings" / f"{plugin.replace(':', '/')}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(value))
+    port = _free_port()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               JUPYTER_CONFIG_DIR=str(root / "config"), JUPYTER_RUNTIME_DIR=str(root / "runtime"))
+    log = open(root / "lab.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ServerApp.ip=127.0.0.1",
+         "--IdentityProvider.token=", "--ServerApp.password=", f"--ServerApp.root_dir={root}",
+         f"--LabApp.workspaces_dir={root / 'workspaces'}", f"--LabApp.user_settings_dir={root / 'settings'}", "--ServerApp.open_browser=False",
+         *(["--allow-root"] if os.geteuid() == 0 else [])],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        for _ in range(120):
+            try:
+                socket.create_connection(("127.0.0.1", port), 1).close()
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"JupyterLab ended: {(root / 'lab.log').read_text()[-2000:]}")
+                time.sleep(0.5)
+        yield f"http://127.0.0.1:{port}", root
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, device_scale_factor=1)
+    pg = context.new_page()
+    pg.set_default_timeout(60_000)
+    yield pg
+    context.close()
+
+
+def _open(page, url: str, name: str):
+    page.goto(f"{url}/lab/tree/notebooks/{name}?reset")      # ?reset: no notebook of an earlier test
+    page.wait_for_selector(".jp-Notebook .jp-Cell", state="attached")
+    page.wait_for_function("() => !document.querySelector('.jp-Notebook .jp-mod-rendering')", timeout=60_000)
+    time.sleep(3)                                   # MathJax typesets after the cells are attached
+
+
+def _tab_dirty(page, name: str) -> bool:
+    tab = page.locator(".lm-TabBar-tab", has_text=name).first
+    return "jp-mod-dirty" in (tab.get_attribute("class") or "")
+
+
+@pytest.mark.parametrize("name", LECTURES)
+def test_notebook_opens_as_committed(server, page, shots, name):
+    """Opened fresh, the notebook is unmodified, every formula typesets and a stepper is a picture."""
+    url, _ = server
+    _open(page, url, name)
+    page.screenshot(path=str(shots / f"{Path(name).stem}-open.png"))
+    assert not _tab_dirty(page, name), f"{name} shows as modified on open"
+    text = page.locator(".jp-Notebook").inner_text()
+    assert "Math input error" not in text
+    assert page.locator(".jp-Notebook mjx-merror, .jp-Notebook .MathJax_Error").count() == 0
+    assert "VBox(children" not in text, "a widget shows as its text: it needs a picture for untrusted notebooks"
+    if name in STEPPERS:
+        stepper = page.locator(".jp-CodeCell", has_text="show_stepper(").first
+        stepper.scroll_into_view_if_needed()
+        stepper.screenshot(path=str(shots / f"{Path(name).stem}-open-stepper.png"))
+        assert stepper.locator(".jp-OutputArea-output img").count() >= 1
+
+
+#: Where the slideshow is: the slide's address and how many fragments of it are shown.
+POSITION = "() => [location.hash, document.querySelectorAll('.reveal section.present .fragment.visible').length]"
+
+
+def _slide_count(page) -> int:
+    return page.evaluate("() => document.querySelectorAll('.reveal .slides > section').length")
+
+
+@pytest.mark.parametrize("name", LECTURES)
+def test_slideshow(server, page, shots, name):
+    """Every slide can be reached, none shows an nbval marker or the set-up cell, the notebook file is
+    unchanged by opening it (RISE saves it first), and a stepper becomes a widget when its cell runs."""
+    url, root = server
+    before = (root / "notebooks" / name).read_bytes()
+    page.goto(f"{url}/rise/notebooks/{name}")
+    page.wait_for_selector(".reveal .slides section", state="attached")
+    time.sleep(4)
+    deck = page.locator(".reveal .slides").inner_text()
+    for bad in ("NBVAL", "google.colab", "Generated from tools/notebooks"):
+        assert bad not in deck, f"a slide of {name} shows {bad!r}"
+    slides, seen, still = _slide_count(page), set(), 0
+    for k in range(600):
+        where = page.evaluate(POSITION)
+        seen.add(where[0])
+        if k < 3:
+            page.screenshot(path=str(shots / f"{Path(name).stem}-slide{k}.png"))
+        page.keyboard.press("Space")
+        time.sleep(0.2)
+        still = still + 1 if page.evaluate(POSITION) == where else 0
+        if still == 3:                              # the last slide, all its fragments shown
+            break
+    reached = {h.split("/")[1].split("-")[1] for h in seen if h.startswith("#/slide-")}
+    assert len(reached) == slides, f"reached {len(reached)} of {slides} slides of {name}"
+    assert (root / "notebooks" / name).read_bytes() == before, f"opening {name} as slides changed the file"
+    if name in STEPPERS:
+        page.goto(f"{url}/rise/notebooks/{name}")
+        page.wait_for_selector(".reveal .slides section", state="attached")
+        time.sleep(4)
+        cell = page.locator(".jp-CodeCell", has_text="show_stepper(").first
+        for _ in range(400):
+            if cell.evaluate(ON_SLIDE):
+                break
+            page.keyboard.press("Space")
+            time.sleep(0.25)
+        cell.locator(".jp-InputArea-editor").click()
+        page.keyboard.press("Control+Enter")
+        cell.locator(".widget-slider, .jupyter-widget-slider").first.wait_for(timeout=120_000)
+        time.sleep(2)
+        page.screenshot(path=str(shots / f"{Path(name).stem}-slide-stepper.png"))
+
+
+def _menu(page, menu: str, item: str):
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(f"^{menu}$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(f"^{item}$")).first.click()
+
+
+@pytest.mark.parametrize("name", LECTURES)
+def test_runs_top_to_bottom(server, page, shots, name):
+    """Run All Cells in JupyterLab: no cell fails (read from the saved notebook); a stepper moves."""
+    url, root = server
+    _open(page, url, name)
+    page.locator(".jp-Notebook").click(position={"x": 5, "y": 5})
+    _menu(page, "Run", "Run All Cells")
+    page.wait_for_function(
+        "() => document.querySelectorAll('.jp-Notebook .jp-InputPrompt').length > 0 && "
+        "![...document.querySelectorAll('.jp-Notebook .jp-InputPrompt')].some(p => p.textContent.includes('[*]') || p.textContent.includes('[ ]'))",
+        timeout=900_000, polling=2000)
+    page.keyboard.press("Control+s")
+    page.wait_for_function(f"() => !document.querySelector('.lm-TabBar-tab.jp-mod-dirty')", timeout=60_000)
+    nb = nbformat.read(root / "notebooks" / name, as_version=4)
+    errors = [(c.get("id"), o.get("ename"), o.get("evalue")) for c in nb.cells if c.cell_type == "code"
+              for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors, f"cells of {name} failed in JupyterLab: {errors}"
+    page.screenshot(path=str(shots / f"{Path(name).stem}-run.png"), full_page=True)
+    if name in STEPPERS:
+        cell = page.locator(".jp-CodeCell", has_text="show_stepper(").first
+        cell.scroll_into_view_if_needed()
+        label = cell.locator(".widget-label, .jupyter-widget-label").filter(has_text=re.compile(r"step \d+")).first
+        first_label = label.inner_text()
+        image = cell.locator(".widget-image, .jupyter-widget-image").first
+        first_frame = image.get_attribute("src")
+        handle = cell.locator(".noUi-handle").first
+        handle.click()
+        handle.press("ArrowRight")
+        handle.press("ArrowRight")
+        page.wait_for_function("el => /step 3\\b/.test(el.textContent)", arg=label.element_handle(), timeout=60_000)
+        assert image.get_attribute("src") != first_frame, "the frame did not change with the slider"
+        cell.screenshot(path=str(shots / f"{Path(name).stem}-stepper-moved.png"))
