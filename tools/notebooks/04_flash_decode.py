@@ -128,13 +128,20 @@ CELLS = [
         print(f"S = {S:2d}: K and V read {kv:7d} elements (= 2 H_kv d sum(kv_lens) = {2 * H_kv * d * kv_lens.sum()}),"
               f" everything {mem.accesses():7d}")
     """, "subslide", name="count"),
+    md("""
+    The stepper draws the $S = 4$ split programs of one KV head (300 keys, 75 a split, in blocks of
+    64) as parallel lanes, one band each, because that is how they run: one thread block each, at the
+    same time. At each frame every lane reads its own next block of $K$ and $V$; at the last it writes
+    its partial $(o_s, \\mathrm{lse}_s)$; then the combine reads the four. The SRAM bar is one lane's:
+    each thread block has its own.
+    """, "subslide", name="stepper-md"),
     code("""
     # NBVAL_IGNORE_OUTPUT
     from flashcourse.viz import show_stepper
     small = Memory(dtype_bytes=2)
     flash_decoding(q[:1, :1], k[:1, :1], v[:1, :1], num_splits=4, memory=small, block_n=64)
     show_stepper(small)
-    """, "subslide", name="stepper"),
+    """, "fragment", name="stepper"),
 
     md("""
     ## The kernel
