@@ -10,8 +10,10 @@ fires.
 from __future__ import annotations
 
 import ast
+import base64
 import importlib.util
 import inspect
+import struct
 from dataclasses import replace
 
 import numpy as np
@@ -19,6 +21,7 @@ import pytest
 
 from flashcourse.memory import Memory
 from flashcourse.reference import standard_attention
+from flashcourse.viz import new_figure
 from flashcourse.viz import stepper as S
 
 N, D, B = 8, 2, 4          # 2 row blocks x 2 column blocks, 1-byte elements
@@ -232,8 +235,8 @@ def test_a_gqa_log_shows_each_query_head_with_its_kv_head():
             assert st.read["Q"] == [((0, 1), (0, 8))] and sorted(st.written) == ["O_s", "lse_s"]
         last = S.frame_state(mem, steps[-1], head=(0, h))
         assert (last.grids["K"] == S.DONE).all() and (last.grids["V"] == S.DONE).all()
-    fig = S.draw_frame(mem, S.frame_steps(mem, head=(0, 3))[1], head=(0, 3))
-    assert (np.asarray(fig.frame_axes["K"].images[0].get_array()) == S.READ).any()
+    fig = S.draw_frame(mem, 0, head=(0, 3))                             # the splits of KV head 1, block 1
+    assert all((np.asarray(im.get_array()) == S.READ).any() for im in fig.frame_axes["images"]["K"])
     # MQA: one KV head for every query head
     mem = Memory(dtype_bytes=2)
     flash_decoding(q, k[:, :1], v[:, :1], num_splits=2, memory=mem)
@@ -249,14 +252,121 @@ def test_errors_speak_to_the_student():
 
 
 # -- the drawing ---------------------------------------------------------------------------------------
+def decode_log(num_splits=4, L=300, block_n=64, dtype_bytes=2):
+    """Flash-Decoding of one query against L keys in ``num_splits`` chunks (chapter 4's stepper)."""
+    from flashcourse.reference import flash_decoding
+    q, k, v = np.random.default_rng(5).normal(size=(3, 1, 1, L, 16))
+    mem = Memory(dtype_bytes=dtype_bytes)
+    flash_decoding(q[:, :, :1], k, v, num_splits=num_splits, memory=mem, block_n=block_n)
+    return mem
+
+
+def test_parallel_splits_are_lanes_stepping_together():
+    """Flash-Decoding's 4 split programs run at once: frame t shows block t of every split (75 keys a
+    split in blocks of 64: keys 0:64, 75:139, ... then 64:75, 139:150, ...), then the combine."""
+    mem = decode_log()
+    frames = S.stepper_frames(mem)
+    assert [(f.steps, f.block) for f in frames] == [((0, 1, 2, 3), 0), ((0, 1, 2, 3), 1), ((4,), None)]
+    assert frames[0].label == "kv head (0, 0): splits 0-3 in parallel, block 1/2"
+    first, second, combine = (S.frame_state(mem, f) for f in frames)
+    keys = lambda *r: [((a, b), (0, 16)) for a, b in r]          # noqa: E731
+    assert first.read["K"] == first.read["V"] == keys((0, 64), (75, 139), (150, 214), (225, 289))
+    assert second.read["K"] == keys((64, 75), (139, 150), (214, 225), (289, 300))
+    assert "Q" in first.read and second.resident == {"Q": [((0, 1), (0, 16))]}      # each lane keeps its q
+    assert sorted(second.written) == ["O_s", "lse_s"] and not first.written
+    assert first.lanes == 4 and combine.lanes == 1
+    assert (second.grids["K"][[0, 75, 150, 225]] == S.DONE).all()                 # block 1 of every lane: done
+    # running bytes: all four lanes' blocks so far; the combine ends at the Memory's totals
+    block0 = sum(e.bytes for e in mem.events if e.step < 4 and e.tensor in "QKV" and e.tile[2][0] % 75 == 0)
+    assert first.bytes_read == block0 and first.bytes_written == 0
+    assert (combine.bytes_read, combine.bytes_written) == (mem.bytes_read(), mem.bytes_written())
+    # SRAM: a lane's own (each thread block has its SRAM), not the four lanes' sum
+    assert first.sram == S.frame_state(mem, 0).sram <= mem.peak_sram
+    # a single split, and a log without splits, have no lanes: a frame is a step
+    assert [f.steps for f in S.stepper_frames(decode_log(num_splits=1))] == [(0,), (1,)]
+    assert [f.steps for f in S.stepper_frames(fa1_like())] == [(s,) for s in range(5)]
+    # the check fires on a sequential reading of the splits
+    with pytest.raises(AssertionError):
+        assert S.frame_state(mem, 0).read["K"] == first.read["K"]
+
+
+def test_lanes_are_drawn_side_by_side_in_time():
+    """K, V and the partials are cut into one band per split, all at the same x, one below the other;
+    each band lights its current block at the same frame; shared tensors (Q, O) are drawn once."""
+    mem = decode_log()
+    fig = S.draw_frame(mem, 0)
+    parts = fig.frame_axes
+    pieces = parts["pieces"]
+    assert [len(pieces[t]) for t in ("Q", "K", "V", "O", "O_s", "lse_s")] == [1, 4, 4, 1, 4, 4]
+    assert [p.rows for p in pieces["K"]] == [(0, 75), (75, 150), (150, 225), (225, 300)]
+    assert len({p.x for p in pieces["K"]}) == 1 and [p.y for p in pieces["K"]] == sorted(p.y for p in pieces["K"])
+    assert [p.y for p in pieces["O_s"]] == [p.y for p in pieces["K"]]          # a lane's partial beside its keys
+    for im in parts["images"]["K"]:                                           # block 1 (64 of 75 keys) in each
+        grid = np.asarray(im.get_array())
+        assert (grid[:64] == S.READ).all() and (grid[64:] == S.UNTOUCHED).all()
+    texts = [t.get_text() for t in parts["tensors"].texts]
+    assert [t for t in texts if t.startswith("split")] == ["split 0", "split 1", "split 2", "split 3"]
+    assert parts["sram"].get_title() == "SRAM per lane (thread block)"
+    assert len(S.draw_frame(fa1_like(), 1).frame_axes["pieces"]["K"]) == 1
+
+
+def drawn_sizes(fig, t):
+    """Width and height (pixels) of tensor ``t``'s outlines as drawn (layout and aspect applied)."""
+    fig.draw_without_rendering()
+    boxes = [p.get_window_extent() for p in fig.frame_axes["tensors"].patches
+             if (p.get_x(), p.get_y()) in {(q.x, q.y) for q in fig.frame_axes["pieces"][t]}]
+    return sum(b.width for b in boxes[:1]), sum(b.height for b in boxes)
+
+
+def test_tensors_are_drawn_at_one_scale():
+    """A 128x16 Q is 8 times narrower than a 128x128 S and as tall; a vector is a thin column (3% of the
+    tallest tensor, so that it shows); a 512-row tensor pooled to 128 cells keeps its 512:64 shape. (Each
+    state grid used to fill a box of its own: Q as wide as S.)"""
+    mem = Memory(dtype_bytes=2)
+    for name, shape in (("Q", (128, 16)), ("S", (128, 128)), ("l", (128,)), ("K", (512, 64))):
+        mem.to_hbm(name, np.zeros(shape))
+    mem.step("all")
+    for name in ("Q", "S", "l", "K"):
+        mem.load(name, ())
+    fig = S.draw_frame(mem, 0)
+    (qw, qh), (sw, sh), (lw, lh), (kw, kh) = (drawn_sizes(fig, t) for t in ("Q", "S", "l", "K"))
+    assert qw * 8 == pytest.approx(sw, rel=0.03) and qh == pytest.approx(sh, rel=0.01)
+    assert kh / kw == pytest.approx(512 / 64, rel=0.02) and kh == pytest.approx(4 * qh, rel=0.01)
+    assert lh == pytest.approx(qh, rel=0.01) and lw == pytest.approx(0.03 * kh, rel=0.1)   # a thin column
+    im = fig.frame_axes["images"]["K"][0]
+    assert np.asarray(im.get_array()).shape == (128, 64)                    # pooled, not stretched
+    # the check fires on the old drawing, one full-height box a tensor
+    with pytest.raises(AssertionError):
+        assert qw == pytest.approx(sw / 2, rel=0.03)
+
+
+def test_sram_lines_are_captioned():
+    """The SRAM panel names its lines: the size M (red) and the run's peak (dashed), with their values,
+    each caption in the line's colour and in a band the other line does not cross."""
+    mem = fa1_like(sram_bytes=80)
+    fig = S.draw_frame(mem, 2)
+    ax = fig.frame_axes["sram"]
+    limit, peak = ax.lines
+    captions = {t.get_text(): t for t in ax.texts}
+    m, p = captions["size M 80 B"], captions[f"run's peak {mem.peak_sram} B"]
+    assert m.get_color() == limit.get_color() and p.get_color() == peak.get_color()
+    assert peak.get_linestyle() == "--"
+    y_m, y_p = m.xy[1], p.xy[1]
+    assert not min(peak.get_ydata()) <= y_m <= max(peak.get_ydata())        # the peak line stops below M's caption
+    assert not min(limit.get_ydata()) <= y_p <= max(limit.get_ydata())
+    assert f"{S.frame_state(mem, 2).sram} B of 80 B" in captions and ax.get_title() == "SRAM this step"
+    unbounded = S.draw_frame(decode_log(), 2).frame_axes["sram"]
+    assert "size M: no limit" in [t.get_text() for t in unbounded.texts] and len(unbounded.lines) == 1
+
+
 def test_draw_frame_draws_the_state():
     mem = fa1_like()
     fig = S.draw_frame(mem, 3)                                       # j = 1, i = 0
     axes = fig.frame_axes
     st = S.frame_state(mem, 3)
     for t in "QKVOlm":
-        np.testing.assert_array_equal(axes[t].images[0].get_array(), st.grids[t])
-    cmap, norm = axes["Q"].images[0].cmap, axes["Q"].images[0].norm
+        np.testing.assert_array_equal(axes["images"][t][0].get_array(), st.grids[t])
+    cmap, norm = axes["images"]["Q"][0].cmap, axes["images"]["Q"][0].norm
     assert cmap(norm(S.READ))[:3] == pytest.approx(np.array(
         [int(S.STATE_COLORS[S.READ][k:k + 2], 16) / 255 for k in (1, 3, 5)]))
     read_bar, written_bar = axes["traffic"].patches
@@ -268,7 +378,7 @@ def test_draw_frame_draws_the_state():
     assert fig._stepper_title.get_text() == "step 4/5: j=1, i=0"
     S.draw_frame(mem, 1, axes)                                       # redraw in place
     assert axes["sram"].patches[0].get_width() == S.frame_state(mem, 1).sram
-    assert len(axes["Q"].images) == 1 and fig._stepper_title.get_text() == "step 2/5: j=0, i=0"
+    assert len(axes["tensors"].images) == 6 and fig._stepper_title.get_text() == "step 2/5: j=0, i=0"
 
 
 def test_a_single_row_of_a_long_sequence_stays_visible():
@@ -278,7 +388,7 @@ def test_a_single_row_of_a_long_sequence_stays_visible():
     mem.step("row 300")
     mem.load("Q", 300)
     fig = S.draw_frame(mem, 0)
-    pooled = fig.frame_axes["Q"].images[0].get_array()
+    pooled = fig.frame_axes["images"]["Q"][0].get_array()
     assert pooled.shape == (128, 64) and (pooled[300 // 4] == S.READ).all()
     assert (np.delete(pooled, 300 // 4, axis=0) == S.UNTOUCHED).all()
 
@@ -286,13 +396,14 @@ def test_a_single_row_of_a_long_sequence_stays_visible():
 def test_strip_and_animation_render_small():
     mem = fa1_like()
     fig = S.stepper_strip(mem)
-    assert [a["Q"].figure._stepper_title.get_text().split(":")[0] for a in fig.frames] == \
+    assert [a["traffic"].figure._stepper_title.get_text().split(":")[0] for a in fig.frames] == \
         ["step 2/5", "step 3/5", "step 4/5", "step 5/5"]       # from the step before K_0 is kept
     standard = Memory()
     standard_attention(*np.ones((3, 8, 4)), memory=standard)
-    titles = [a["Q"].figure._stepper_title.get_text().split(":")[0] for a in S.stepper_strip(standard, frames=2).frames]
+    titles = [a["traffic"].figure._stepper_title.get_text().split(":")[0]
+              for a in S.stepper_strip(standard, frames=2).frames]
     assert titles == ["step 1/24", "step 24/24"]                       # K kept from row 1: row 0, then the last
-    png = fig._repr_png_()
+    png, _ = fig._repr_png_()
     assert png[:4] == b"\x89PNG" and len(png) < 250_000
     html = S.stepper_animation(mem, frames=3).data
     assert "<script" in html and html.count("data:image/png;base64") == 3 and len(html) < 300_000
@@ -304,15 +415,101 @@ def test_widget_steps_through_the_frames():
     mem = fa1_like()
     ui = S.stepper(mem)
     assert isinstance(ui, widgets.VBox)
-    assert (ui.slider.min, ui.slider.max, ui.play.max) == (0, 4, 4)
     first = ui.image.value
     assert first[:4] == b"\x89PNG" and ui.label.value == "step 1/5: init"
-    ui.slider.value = 3
+    ui.slider.value = 4
     assert ui.label.value == "step 4/5: j=1, i=0" and ui.image.value != first
-    ui.slider.value = 0
+    ui.slider.value = 1
     assert ui.image.value == first                                    # cached, same frame
     link = ui.link
     assert (link.source, link.target) == ((ui.play, "value"), (ui.slider, "value"))
+
+
+def test_slider_and_label_count_frames_alike():
+    """The slider's readout and the label say the same number (it read 0..23 beside "step 1/24")."""
+    pytest.importorskip("ipywidgets")
+    for mem in (fa1_like(), decode_log()):
+        ui = S.stepper(mem)
+        n = len(S.stepper_frames(mem))
+        assert (ui.slider.min, ui.slider.max, ui.play.min, ui.play.max) == (1, n, 1, n)
+        for k in range(1, n + 1):
+            ui.slider.value = k
+            assert ui.label.value.startswith(f"step {ui.slider.value}/{n}: "), ui.label.value
+            assert ui.label.value.endswith(ui.frames[k - 1].label)
+
+
+def png_size(png: bytes) -> tuple[int, int]:
+    return struct.unpack(">II", png[16:24])
+
+
+def test_pictures_are_rendered_at_twice_their_displayed_size():
+    """Frames are sharp on HiDPI screens: 2x pixels, shown at the 1x size (widget width, PNG metadata)."""
+    pytest.importorskip("ipywidgets")
+    mem = fa1_like()
+    ui = S.stepper(mem)
+    width, height = png_size(ui.image.value)
+    assert int(ui.image.width) == round(ui.figsize[0] * S.DPI) and width == S.PNG_SCALE * int(ui.image.width)
+    assert abs(height - S.PNG_SCALE * ui.figsize[1] * S.DPI) < 1
+    strip = S.stepper_strip(mem)
+    png, meta = strip._repr_png_()
+    assert all(abs(n - S.PNG_SCALE * meta[k]) <= 1 for n, k in zip(png_size(png), ("width", "height")))
+    assert abs(meta["width"] - strip.get_figwidth() * S.DPI) < 30              # ~ its size (bbox "tight")
+    plain, _ = new_figure(figsize=(2, 1))                                    # other figures: 1x, as before
+    png = plain._repr_png_()
+    assert isinstance(png, bytes)
+    plain.png_scale = 2
+    sharp, meta = plain._repr_png_()
+    assert png_size(sharp)[0] == pytest.approx(2 * png_size(png)[0], rel=0.03)
+    assert meta["width"] == pytest.approx(png_size(png)[0], rel=0.03)
+
+
+def test_a_notebook_opened_fresh_shows_the_first_frame():
+    """The widget's display bundle carries its first frame as a PNG and a short text: JupyterLab renders
+    only safe types in an untrusted notebook, GitHub cannot run widgets; both showed the VBox(...) repr."""
+    widgets = pytest.importorskip("ipywidgets")
+    mem = fa1_like()
+    ui = S.stepper(mem)
+    data, metadata = S.widget_bundle(ui)
+    assert base64.b64decode(data["image/png"]) == ui.image.value            # frame 1 ...
+    assert metadata == {"image/png": {"width": int(ui.image.width), "height": round(ui.figsize[1] * S.DPI)}}
+    assert "VBox" not in data["text/plain"] and len(data["text/plain"]) < 110
+    view = data["application/vnd.jupyter.widget-view+json"]
+    assert view["model_id"] == ui.model_id
+    assert view == own_bundle(widgets, ui)["application/vnd.jupyter.widget-view+json"]
+
+
+def own_bundle(widgets, ui) -> dict:
+    """What ipywidgets itself displays for ``ui``: 8 returns it (``_repr_mimebundle_``), 7.7 (Colab)
+    publishes it from ``_ipython_display_``."""
+    if hasattr(widgets.Widget, "_repr_mimebundle_"):
+        return ui._repr_mimebundle_()
+    published = []
+    module = importlib.import_module(widgets.Widget.__module__)             # ipywidgets.widgets.widget
+    original, module.display = module.display, lambda data, raw=False: published.append(data)
+    try:
+        ui._ipython_display_()
+    finally:
+        module.display = original
+    return published[0]
+
+
+def test_show_stepper_leaves_static_frames(monkeypatch):
+    import IPython.display
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda obj, **kw: shown.append((obj, kw)))
+    mem = fa1_like()
+    in_a_live_kernel(monkeypatch)
+    S.show_stepper(mem)
+    kinds = [type(o).__name__ for o, _ in shown]
+    assert kinds == (["dict", "CourseFigure"] if HAS_WIDGETS else ["CourseFigure"])
+    if HAS_WIDGETS:                                                         # the widget, as a raw bundle with a PNG
+        data, kw = shown[0]
+        assert kw["raw"] is True and "image/png" in kw["metadata"]
+        assert {"image/png", "text/plain", "application/vnd.jupyter.widget-view+json"} == set(data)
+    shown.clear()
+    monkeypatch.setenv("FLASHCOURSE_STATIC", "1")                      # the same kernel, static asked for
+    S.show_stepper(mem, animation=True, animation_frames=2)
+    assert [type(o).__name__ for o, _ in shown] == ["CourseFigure", "HTML"]
 
 
 #: What the stepper may use of ipywidgets: classes and keyword arguments present in 7.7 (Colab) and 8.
@@ -373,21 +570,6 @@ def in_a_live_kernel(monkeypatch):
         import ipywidgets  # noqa: F401  (imported for real before IPython is faked)
     monkeypatch.delenv("FLASHCOURSE_STATIC", raising=False)
     monkeypatch.setattr(IPython, "get_ipython", lambda: types.SimpleNamespace(kernel=object()))
-
-
-def test_show_stepper_leaves_static_frames(monkeypatch):
-    import IPython.display
-    shown = []
-    monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))
-    mem = fa1_like()
-    in_a_live_kernel(monkeypatch)
-    S.show_stepper(mem)
-    kinds = [type(o).__name__ for o in shown]
-    assert kinds == (["VBox", "CourseFigure"] if HAS_WIDGETS else ["CourseFigure"])
-    shown.clear()
-    monkeypatch.setenv("FLASHCOURSE_STATIC", "1")                      # the same kernel, static asked for
-    S.show_stepper(mem, animation=True, animation_frames=2)
-    assert [type(o).__name__ for o in shown] == ["CourseFigure", "HTML"]
 
 
 def test_static_mode_is_chosen_by_the_environment(monkeypatch):

@@ -124,10 +124,10 @@ def _load_kv(K_ptrs, V_ptrs, start, stride_kn, stride_vn, cols, n_end, MASKED: t
 
 
 @triton.jit
-def _chunk_sync(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, lo, hi, n_end,
+def chunk_sync(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, lo, hi, n_end,
                 qk_scale, MASKED: tl.constexpr, BLOCK_N: tl.constexpr, USE_DOT: tl.constexpr):
-    # Keys [lo, hi) of one chunk: FA2's inner loop, lines 6-11 of Algorithm 1 (FA2 paper), as
-    # reference.attention.fa2_update: running max m_i, sum l_i, acc rescaled by alpha.
+    """Keys [lo, hi) of one chunk: FA2's inner loop, lines 6-11 of Algorithm 1 (FA2 paper), as
+    reference.attention.fa2_update: running max m_i, sum l_i, acc rescaled by alpha."""
     for start in range(lo, hi, BLOCK_N):                                            # line 6
         K_j, V_j, in_k = _load_kv(K_ptrs, V_ptrs, start, stride_kn, stride_vn, cols, n_end, MASKED)  # line 7
         qk = _scores(Q_i, K_j, qk_scale, USE_DOT)                                   # line 8 (B_G, B_c)
@@ -144,10 +144,10 @@ def _chunk_sync(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, 
 
 
 @triton.jit
-def _chunk_async(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, lo, hi, n_end,
+def chunk_async(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, lo, hi, n_end,
                  qk_scale, phi2, MASKED: tl.constexpr, BLOCK_N: tl.constexpr, USE_DOT: tl.constexpr):
-    # The same keys with one shared offset phi (log2 units), as reference.decode.unified_update: acc = N_i
-    # += e^(S_ij - phi) V_j, l_i += rowsum, no rescale. m_i (the largest score) is only for the fallback rule.
+    """The same keys with one shared offset phi (log2 units), as reference.decode.unified_update: acc = N_i
+    += e^(S_ij - phi) V_j, l_i += rowsum, no rescale. m_i (the largest score) is only for the fallback rule."""
     for start in range(lo, hi, BLOCK_N):
         K_j, V_j, in_k = _load_kv(K_ptrs, V_ptrs, start, stride_kn, stride_vn, cols, n_end, MASKED)
         qk = _scores(Q_i, K_j, qk_scale, USE_DOT)
@@ -161,9 +161,9 @@ def _chunk_async(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols,
 
 
 @triton.jit
-def _chunk_bounds(KV_LENS, b, s, L, S, HAS_LENS: tl.constexpr, BLOCK_N: tl.constexpr):
-    # This sequence's valid length n, and the keys [lo, hi) of split s: chunks of whole blocks;
-    # [lo, full) needs no mask, [full, hi) is the ragged end. Splits past the end are empty.
+def chunk_bounds(KV_LENS, b, s, L, S, HAS_LENS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This sequence's valid length n, and the keys [lo, hi) of split s: chunks of whole blocks;
+    [lo, full) needs no mask, [full, hi) is the ragged end. Splits past the end are empty."""
     if HAS_LENS:
         n = tl.load(KV_LENS + b)
     else:
@@ -196,7 +196,7 @@ def _program(Q, K, V, KV_LENS, L, H_kv, G, S, stride_qb, stride_qh, stride_kb, s
                   mask=in_g[:, None], other=0.0)                                   # (B_G, d)
     K_ptrs = K + b * stride_kb + hk * stride_kh + cols[:, None] * stride_kn + dims[None, :]
     V_ptrs = V + b * stride_vb + hk * stride_vh + cols[:, None] * stride_vn + dims[None, :]
-    n, lo, hi, full = _chunk_bounds(KV_LENS, b, s, L, S, HAS_LENS, BLOCK_N)
+    n, lo, hi, full = chunk_bounds(KV_LENS, b, s, L, S, HAS_LENS, BLOCK_N)
     return s, bh, rows, in_g, dims, cols, Q_i, K_ptrs, V_ptrs, n, lo, hi, full
 
 
@@ -215,9 +215,9 @@ def _decode_split(Q, K, V, KV_LENS, O, O_PART, LSE_PART, qk_scale, L, H_kv, G, S
     m_i = tl.full([BLOCK_G], -float("inf"), tl.float32)                              # line 5
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
-    acc, l_i, m_i = _chunk_sync(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, lo, full,
+    acc, l_i, m_i = chunk_sync(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, lo, full,
                                 n, qk_scale, False, BLOCK_N, USE_DOT)
-    acc, l_i, m_i = _chunk_sync(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, full, hi,
+    acc, l_i, m_i = chunk_sync(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, full, hi,
                                 n, qk_scale, True, BLOCK_N, USE_DOT)
 
     # lines 12, 13: partial output o_s, normalised, and its log-sum-exp lse_s (log2; -inf: empty split)
@@ -271,9 +271,9 @@ def _unified_max_decode(Q, K, V, KV_LENS, O, ACC, LSUM, COUNT, O_PART, LSE_PART,
     m_i = tl.full([BLOCK_G], -float("inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
-    acc, l_i, m_i = _chunk_async(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, lo, full,
+    acc, l_i, m_i = chunk_async(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, lo, full,
                                  n, qk_scale, phi2, False, BLOCK_N, USE_DOT)
-    acc, l_i, m_i = _chunk_async(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, full, hi,
+    acc, l_i, m_i = chunk_async(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, full, hi,
                                  n, qk_scale, phi2, True, BLOCK_N, USE_DOT)
 
     # the fallback rule (formulas.decode.needs_fallback): the chunk's largest score m_i is outside [phi + a, phi + b]
@@ -285,9 +285,9 @@ def _unified_max_decode(Q, K, V, KV_LENS, O, ACC, LSUM, COUNT, O_PART, LSE_PART,
         m_i = tl.full([BLOCK_G], -float("inf"), tl.float32)
         l_i = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
-        acc, l_i, m_i = _chunk_sync(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, lo,
+        acc, l_i, m_i = chunk_sync(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, lo,
                                     full, n, qk_scale, False, BLOCK_N, USE_DOT)
-        acc, l_i, m_i = _chunk_sync(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, full,
+        acc, l_i, m_i = chunk_sync(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, full,
                                     hi, n, qk_scale, True, BLOCK_N, USE_DOT)
         lse_s = m_i + tl.math.log2(l_i)
         tl.store(O_PART + (rows[:, None] * S + s) * HEAD_DIM + dims[None, :],

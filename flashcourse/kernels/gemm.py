@@ -121,9 +121,9 @@ def program_tile(X, W, K, stride_xm, stride_wk, stride_wn, SPLIT_K, BLOCK_M: tl.
 
 
 @triton.jit
-def _load_tiles(x_ptrs, w_ptrs, k, hi, ks, in_m, in_n, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+def load_tiles(x_ptrs, w_ptrs, k, hi, ks, in_m, in_n, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
                 W_POLICY: tl.constexpr):
-    # x: (B_M, B_K) rows past M are zeros; w: (B_K, B_N), masked only where K or N is ragged
+    """x: (B_M, B_K) rows past M are zeros; w: (B_K, B_N), masked only where K or N is ragged"""
     if EVEN_K:
         x = tl.load(x_ptrs, mask=in_m[:, None], other=0.0)
         if EVEN_N:
@@ -169,7 +169,7 @@ def _flat_gemm_kernel(X, W, Y, PART, COUNT, M, N, K, stride_xm, stride_wk, strid
     in_n = cols < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(lo, hi, BLOCK_K):        # num_stages > 1: the next tiles load during this dot
-        x, w = _load_tiles(x_ptrs, w_ptrs, k, hi, ks, in_m, in_n, EVEN_K, EVEN_N, W_POLICY)
+        x, w = load_tiles(x_ptrs, w_ptrs, k, hi, ks, in_m, in_n, EVEN_K, EVEN_N, W_POLICY)
         acc = tl.dot(x, w, acc)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K * stride_wk
@@ -188,7 +188,7 @@ def _gemv_kernel(X, W, Y, PART, COUNT, M, N, K, stride_xm, stride_wk, stride_wn,
     in_n = cols < N
     acc = tl.zeros((BLOCK_M, BLOCK_K, BLOCK_N), dtype=tl.float32)
     for k in range(lo, hi, BLOCK_K):
-        x, w = _load_tiles(x_ptrs, w_ptrs, k, hi, ks, in_m, in_n, EVEN_K, EVEN_N, W_POLICY)
+        x, w = load_tiles(x_ptrs, w_ptrs, k, hi, ks, in_m, in_n, EVEN_K, EVEN_N, W_POLICY)
         acc += x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :]
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K * stride_wk

@@ -37,11 +37,37 @@ class CourseFigure(Figure):
         True
     """
 
-    def _repr_png_(self) -> bytes:
+    #: Pixels of the PNG per displayed pixel: 2 renders at twice the size, shown at 1x (sharp on HiDPI).
+    png_scale = 1
+
+    def _repr_png_(self):
+        """The PNG, or with ``png_scale`` > 1 ``(png, {"width", "height"})``: its size shown, in 1x pixels."""
         import io
+        import struct
         buf = io.BytesIO()
-        self.savefig(buf, format="png", bbox_inches="tight")
-        return buf.getvalue()
+        self.savefig(buf, format="png", bbox_inches="tight", dpi=self.dpi * self.png_scale)
+        png = buf.getvalue()
+        if self.png_scale == 1:
+            return png
+        width, height = struct.unpack(">II", png[16:24])           # the IHDR chunk
+        return compact_png(png), {"width": round(width / self.png_scale), "height": round(height / self.png_scale)}
+
+
+def compact_png(png: bytes) -> bytes:
+    """``png`` with a palette of 256 colours: a figure's flat colours stay exact, only the shades of
+    its anti-aliased edges merge, and the file is about 3 times smaller (so a 2x PNG weighs about a 1x).
+
+    Example:
+        >>> fig, ax = new_figure(figsize=(2, 1)); _ = ax.plot([0, 1])
+        >>> png = fig._repr_png_(); len(compact_png(png)) < len(png)
+        True
+    """
+    import io
+    from PIL import Image
+    out = io.BytesIO()
+    Image.open(io.BytesIO(png)).convert("RGB").quantize(256, method=Image.Quantize.MEDIANCUT,
+                                                          dither=Image.Dither.NONE).save(out, format="png", optimize=True)
+    return out.getvalue()
 
 
 def new_figure(nrows: int = 1, ncols: int = 1, figsize=(6.4, 3.6), **subplots_kw):

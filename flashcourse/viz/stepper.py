@@ -1,27 +1,25 @@
 """The tile stepper: walk through an attention loop one step at a time and see which tiles move.
 
-Everything comes from a :class:`~flashcourse.memory.Memory`'s logs, its transfers and its SRAM slots
-(the logs are data; this module only reads them). For each step of the loop (``mem.step(...)``) a frame shows
+:mod:`flashcourse.viz._stepper_log` reads a :class:`~flashcourse.memory.Memory`'s logs into frames
+(what each step did to every tile, the residency rule, parallel lanes); this module draws them. A
+frame shows
 
-* every tensor the log touches (Q, K, V, S, P, O, l, m, ...) as a matrix, each element coloured by
-  its state: *untouched*, *done* (moved in an earlier step), *in SRAM* (loaded in an earlier step
-  and still on chip), *read this step*, *written this step*, *read and written this step*;
-* the HBM bytes read and written so far (running totals; at the last step they equal the Memory's);
-* the SRAM occupancy of the step against the limit M (and the run's peak, ``mem.peak_sram``).
+* every tensor the log touches (Q, K, V, S, P, O, l, m, ...) as a matrix, all at one scale (an
+  element is the same size in every tensor, so a 128×16 Q is 8 times narrower than a 128×128 S; a
+  vector is a thin column), each element coloured by its state: *untouched*, *done*, *in SRAM*,
+  *read*, *written*, *read and written* this step;
+* the HBM bytes read and written so far;
+* the SRAM occupancy of the step against the size M (red line) and the run's peak (dashed line,
+  ``mem.peak_sram``), each line captioned.
 
-Which tiles are *in SRAM* (the residency rule) is not guessed: the Memory logs every change of its
-SRAM slots (``mem.slot_events``: each load, keep and free, see
-:class:`~flashcourse.memory.SlotEvent`) and the stepper replays that log. A tile is in SRAM at a
-step if its slot was filled in an earlier step and is neither freed before the step nor refilled
-during it (standard attention's K stays while the rows of Q stream and is gone once the softmax
-starts; FA1's K_j, V_j stay while Q_i, O_i, l_i, m_i stream; FA2's Q_i while K_j, V_j stream). The
-SRAM occupancy of a step is the peak of the replay: the slots held (on-chip buffers from
-``mem.keep`` included), plus each store's tile while it is written, which is how ``Memory`` checks
-M, so the largest step equals ``mem.peak_sram``.
+Parallel programs (Flash-Decoding's splits) are drawn as lanes: K, V and the partials each lane
+writes are cut into one band per lane, one below the other, and each band lights its own block at
+the same frame.
 
 Three views share one drawing function, :func:`draw_frame`: the widget :func:`stepper` (slider and
 Play button, ipywidgets 7.7 and 8), the static :func:`stepper_strip` and
-:func:`stepper_animation` (``to_jshtml``); :func:`show_stepper` picks for you.
+:func:`stepper_animation` (``to_jshtml``); :func:`show_stepper` picks for you. Pictures are
+rendered at twice their displayed size (sharp on HiDPI screens) and shown at 1x.
 
 Example:
     >>> import numpy as np
@@ -29,254 +27,132 @@ Example:
     >>> from flashcourse.reference import standard_attention
     >>> mem = Memory(dtype_bytes=2)
     >>> _ = standard_attention(*np.random.default_rng(0).normal(size=(3, 8, 4)), memory=mem)
-    >>> len(mem.step_labels)                           # 3 kernels x 8 rows
-    24
-    >>> st = frame_state(mem, 17)                      # O = P V, second row: V stays on chip
-    >>> st.label, sorted(st.read), sorted(st.written), sorted(st.resident)
-    ('head (), row 1: O = P V', ['P'], ['O'], ['V'])
-    >>> last = frame_state(mem, 23)                    # running totals end at the Memory's
-    >>> last.bytes_read + last.bytes_written == mem.bytes_read() + mem.bytes_written()
-    True
+    >>> fig = stepper_strip(mem, frames=2)              # row 0, then the last step
+    >>> [parts["traffic"].figure._stepper_title.get_text() for parts in fig.frames]
+    ['step 1/24: head (), row 0: S = Q K^T', 'step 24/24: head (), row 7: O = P V']
 """
 from __future__ import annotations
 
+import base64
 import io
 import os
-import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from matplotlib.colors import ListedColormap
-from matplotlib.patches import Patch
+from matplotlib.patches import Patch, Rectangle
 
-from ..memory import Memory, SlotEvent
-from ._common import DPI, READ_COLOR, WRITE_COLOR, CourseFigure, human_bytes
+from ..memory import Memory
+from ._common import DPI, READ_COLOR, WRITE_COLOR, CourseFigure, compact_png, human_bytes
+from ._stepper_log import (DONE, LANE, READ, READ_WRITTEN, RESIDENT, UNTOUCHED, WRITTEN, Frame, FrameState,
+                           SlotEvent, Timeline, frame_state, frame_steps, stepper_frames, timeline)
 
 __all__ = ["SlotEvent", "UNTOUCHED", "DONE", "RESIDENT", "READ", "WRITTEN", "READ_WRITTEN", "STATE_NAMES",
-           "STATE_COLORS", "FrameState", "frame_state", "frame_steps", "new_frame_figure",
-           "draw_frame", "stepper", "stepper_strip", "stepper_animation", "show_stepper", "live_widgets"]
+           "STATE_COLORS", "Frame", "FrameState", "stepper_frames", "frame_state", "frame_steps",
+           "new_frame_figure", "draw_frame", "stepper", "stepper_strip", "stepper_animation", "show_stepper",
+           "live_widgets", "widget_bundle", "PNG_SCALE", "WIDGET_TEXT"]
 
-#: Tile states, in order of priority (a higher code wins where two apply).
-UNTOUCHED, DONE, RESIDENT, READ, WRITTEN, READ_WRITTEN = range(6)
 STATE_NAMES = ("untouched", "done (earlier step)", "in SRAM (loaded earlier)", "read this step",
                "written this step", "read + written this step")
 STATE_COLORS = ("#f7f7f7", "#c9c9c9", "#8fd18f", READ_COLOR, WRITE_COLOR, "#8E5BB5")
 _CMAP = ListedColormap(STATE_COLORS)
 
-#: The order tensors are drawn in (others follow in order of first use).
-_ORDER = ("Q", "K", "V", "S", "P", "O", "l", "m", "L", "lse")
 #: Grids are pooled (keeping the highest-priority state) to at most this many cells a side, so
 #: that one row read out of 512 still shows.
 _MAX_CELLS = 128
+#: Pictures are rendered at this many pixels per displayed pixel (sharp on HiDPI screens).
+PNG_SCALE = 2
 
 
+# -- layout: every tensor at one scale ------------------------------------------------------------------
 @dataclass
-class FrameState:
-    """What one step of the loop did, derived from the event log (all tiles are 2-D boxes).
+class _Piece:
+    """A tensor's rows ``rows`` drawn at ``(x, y)``, ``w`` x ``h`` (element units, y down)."""
+    tensor: str
+    rows: tuple
+    x: float
+    y: float
+    w: float
+    h: float
 
-    ``read``, ``written`` and ``resident`` map a tensor to its tiles ``((r0, r1), (c0, c1))`` (a
-    vector of length n is drawn as an (n, 1) column); ``grids`` maps a tensor to its element states
-    (the codes :data:`UNTOUCHED` ... :data:`READ_WRITTEN`). ``bytes_read`` / ``bytes_written`` are
-    running HBM totals through this step; ``sram`` is the step's SRAM occupancy (the peak of the
-    replay of ``mem.slot_events``, see the module docstring), ``sram_limit`` the Memory's M and
-    ``peak_sram`` the run's peak.
+
+#: Inches: the HBM and SRAM panels' width, the widest frame, the tallest tensor panel, the room
+#: above and below the tensors (names, shapes).
+_RIGHT_IN, _MAX_IN, _PANEL_IN, _ROOM_IN = 1.9, 9.0, 3.0, 0.22
+#: The legend's six entries fit one row from this width (inches) on, else two rows of three (which
+#: need the least width a frame with its legend gets).
+_LEGEND_ROW_IN, _LEGEND_MIN_IN = 8.8, 5.4
+#: Font sizes (points; the figure's DPI is 72, so about as many pixels): names, shapes, captions, titles.
+_NAME_PT, _SHAPE_PT, _TEXT_PT, _TITLE_PT = 10, 8.5, 9, 10
+
+
+def _text_in(text: str, points: float) -> float:
+    """About how wide ``text`` is, in inches (DejaVu Sans: 0.6 em a character)."""
+    return 0.6 * len(text) * points / 72
+
+
+def _shape_text(shape) -> str:
+    return f"{shape[0]}×{shape[1]}" if shape[1] > 1 else ""
+
+
+def _layout(tl: Timeline, per_in: float | None = None):
+    """Where each tensor (or each lane's rows of it) is drawn, one element the same size everywhere.
+
+    Returns ``(pieces, width, height, lane_labels)`` in element units. A side shorter than 3% of the
+    tallest tensor (a vector's one column, decoding's one query row) is drawn that long, so that it
+    still shows. With ``per_in`` (element units per inch) the gaps between tensors leave room for
+    their names and shapes.
     """
-    step: int
-    label: str
-    read: dict = field(default_factory=dict)
-    written: dict = field(default_factory=dict)
-    resident: dict = field(default_factory=dict)
-    grids: dict = field(default_factory=dict)
-    bytes_read: int = 0
-    bytes_written: int = 0
-    sram: int = 0
-    sram_limit: int | None = None
-    peak_sram: int = 0
+    lanes = {t: rows for t in tl.tensors if (rows := tl.lane_rows(t)) is not None}
+    n_lanes = len(tl.groups[0]) if lanes else 0
+    lane_raw = [max((r[s][1] - r[s][0] for r in lanes.values() if r[s]), default=0) for s in range(n_lanes)]
+    raw = max([tl.shapes[t][0] for t in tl.tensors if t not in lanes] + [sum(lane_raw)])
+    thin, gap = max(1.0, 0.03 * raw), 0.06 * raw
+
+    def size(n):
+        return max(float(n), thin)
+
+    widths = [size(tl.shapes[t][1]) for t in tl.tensors]
+    labels_in = [max(_text_in(t, _NAME_PT), _text_in(_shape_text(tl.shapes[t]), _SHAPE_PT)) for t in tl.tensors]
+    gaps = [gap if per_in is None else max(gap, ((la + lb) / 2 + 0.14) * per_in - (wa + wb) / 2)
+            for la, lb, wa, wb in zip(labels_in, labels_in[1:], widths, widths[1:])] + [0.0]
+    lane_h = [size(h) for h in lane_raw]
+    lane_y = np.concatenate([[0.0], np.cumsum(np.add(lane_h, 1.5 * gap))])[:n_lanes]
+    pieces, x = [], 0.0
+    for t, w, g in zip(tl.tensors, widths, gaps):
+        rows = tl.shapes[t][0]
+        parts = [(r, lane_y[s]) for s, r in enumerate(lanes[t]) if r] if t in lanes else [((0, rows), 0.0)]
+        pieces += [_Piece(t, r, x, float(y), w, size(r[1] - r[0])) for r, y in parts]
+        x += w + g
+    labels = [(y + h / 2, f"split {LANE.match(tl.mem.step_labels[s])['split']}")
+              for s, y, h in zip(tl.groups[0], lane_y, lane_h)] if lanes else []
+    return pieces, x, max(p.y + p.h for p in pieces), labels
 
 
-class _Timeline:
-    """The whole log digested once: per-step tiles, first-touch steps, running bytes, residency."""
-
-    def __init__(self, mem: Memory, head):
-        self.mem = mem
-        first_q = mem.hbm.get("Q")
-        self.lead = first_q.ndim - 2 if first_q is not None and first_q.ndim > 2 else 0
-        if head is None:
-            head = (0,) * self.lead
-        head = tuple(int(h) for h in (head if isinstance(head, tuple) else (head,)))
-        if len(head) != self.lead:
-            raise ValueError(f"stepper: the log's tensors have {self.lead} leading (batch, head) dims, "
-                             f"so head= needs {self.lead} indices; got {head}")
-        self.head = head
-        n_steps = len(mem.step_labels)
-        used = list(dict.fromkeys(e.tensor for e in mem.events))
-        self.tensors = [t for t in _ORDER if t in used] + [t for t in used if t not in _ORDER]
-        self.shapes = {t: self._shape2d(mem.hbm[t].shape) for t in self.tensors}
-        q_lead = tuple(first_q.shape[:self.lead]) if self.lead else ()
-        self.heads = {t: self._head_in(tuple(mem.hbm[t].shape[:self.lead]), q_lead) for t in self.tensors}
-        self.by_step = [[] for _ in range(n_steps)]
-        self.index_by_step = [[] for _ in range(n_steps)]
-        for k, e in enumerate(mem.events):
-            self.by_step[e.step].append(e)
-            self.index_by_step[e.step].append(k)
-
-        # running bytes (all heads: at the last step they are the Memory's totals)
-        r = np.zeros(n_steps, dtype=np.int64)
-        w = np.zeros(n_steps, dtype=np.int64)
-        for e in mem.events:
-            (r if e.direction == "read" else w)[e.step] += e.bytes
-        self.cum_read, self.cum_written = np.cumsum(r), np.cumsum(w)
-
-        # the steps that touch the chosen head, and each element's first step
-        self.first = {t: np.full(self.shapes[t], np.iinfo(np.int64).max, dtype=np.int64) for t in self.tensors}
-        touching = set()
-        for e in mem.events:
-            box = self._box2d(e)
-            if box is None:
-                continue
-            touching.add(e.step)
-            (r0, r1), (c0, c1) = box
-            view = self.first[e.tensor][r0:r1, c0:c1]
-            np.minimum(view, e.step, out=view)
-        self.steps = [s for s in range(n_steps) if not self.lead or s in touching]
-
-        # residency and occupancy, over every step of the run
-        self.carried = []      # per step: {slot: (tensor, tile box (full))} on chip since an earlier step
-        self.sram = np.zeros(n_steps, dtype=np.int64)
-        self._replay_slots(n_steps)
-
-    def _replay_slots(self, n_steps):
-        """Residency and occupancy: replay ``mem.slot_events`` (load / keep / free of each SRAM slot)."""
-        pending = sorted(self.mem.slot_events, key=lambda x: x.after)
-        by_step = [[] for _ in range(n_steps)]
-        for x in pending:
-            by_step[x.step].append(x)
-        slots = {}             # slot -> (tensor or None, box or None, bytes)
-        for s in range(n_steps):
-            reloaded = {x.slot for x in by_step[s] if x.action in ("load", "keep")}
-            self.carried.append({k: (v[0], v[1]) for k, v in slots.items()
-                                 if v[0] is not None and k not in reloaded})
-            peak = sum(v[2] for v in slots.values())
-            todo = list(by_step[s])
-            for e_index, e in [*zip(self.index_by_step[s], self.by_step[s]), (None, None)]:
-                while todo and (e_index is None or todo[0].after <= e_index):
-                    x = todo.pop(0)
-                    if x.action == "free":
-                        slots.pop(x.slot, None)
-                    else:
-                        slots[x.slot] = (x.tensor, x.tile, x.bytes)
-                        peak = max(peak, sum(v[2] for v in slots.values()))
-                if e is not None and e.direction == "write":
-                    peak = max(peak, sum(v[2] for v in slots.values()) + e.bytes)
-            self.sram[s] = peak
-
-    def _head_in(self, lead_shape, q_lead):
-        """``self.head`` as an index of a tensor whose leading dims are ``lead_shape``.
-
-        Where a tensor has fewer entries than Q along a leading dim, and they divide Q's, each of its
-        entries serves a group of Q's: grouped-query attention's K and V have H_kv = H_q / G heads,
-        and query head h reads KV head h // G (MQA: H_kv = 1, every query head reads head 0).
-        """
-        return tuple(h // (nq // nt) if 0 < nt < nq and nq % nt == 0 else h
-                     for h, nq, nt in zip(self.head, q_lead, lead_shape))
-
-    def _shape2d(self, shape):
-        shape = tuple(shape[self.lead:])
-        return (shape[0], 1) if len(shape) == 1 else shape[-2:] if len(shape) >= 2 else (1, 1)
-
-    def _box2d(self, e_or_tile, tensor=None):
-        tile = e_or_tile.tile if tensor is None else e_or_tile
-        head = self.heads.get(e_or_tile.tensor if tensor is None else tensor, self.head)
-        for (a, b), h in zip(tile[:self.lead], head):
-            if not a <= h < b:
-                return None
-        box = tuple(tile[self.lead:])
-        if len(box) == 1:
-            box = (box[0], (0, 1))
-        return box[-2:] if len(box) >= 2 else ((0, 1), (0, 1))
-
-    def state(self, step: int) -> FrameState:
-        mem = self.mem
-        if not 0 <= step < len(self.by_step):
-            raise IndexError(f"stepper: step {step} is not one of the log's {len(self.by_step)} steps")
-        st = FrameState(step, mem.step_labels[step], bytes_read=int(self.cum_read[step]),
-                        bytes_written=int(self.cum_written[step]), sram=int(self.sram[step]),
-                        sram_limit=mem.sram_bytes, peak_sram=mem.peak_sram)
-        for e in self.by_step[step]:
-            box = self._box2d(e)
-            if box is not None:
-                (st.read if e.direction == "read" else st.written).setdefault(e.tensor, []).append(box)
-        for t, tile in self.carried[step].values():
-            box = self._box2d(tile, t)
-            if box is not None:
-                st.resident.setdefault(t, []).append(box)
-        for t in self.tensors:
-            g = np.where(self.first[t] < step, DONE, UNTOUCHED).astype(np.int8)
-            for code, tiles in ((RESIDENT, st.resident), (READ, st.read)):
-                for (r0, r1), (c0, c1) in tiles.get(t, ()):
-                    g[r0:r1, c0:c1] = np.maximum(g[r0:r1, c0:c1], code)
-            for (r0, r1), (c0, c1) in st.written.get(t, ()):
-                sub = g[r0:r1, c0:c1]
-                sub[...] = np.where(sub == READ, READ_WRITTEN, np.maximum(sub, WRITTEN))
-            st.grids[t] = g
-        return st
+def _geometry(tl: Timeline) -> dict:
+    """The tensor panel: its layout and its size in inches, the height at most ``_PANEL_IN`` and the
+    frame at most ``_MAX_IN`` wide (computed once per log)."""
+    if getattr(tl, "geometry", None) is None:
+        per_in = None
+        for _ in range(4):                              # the gaps depend on the scale, and the scale on them
+            pieces, width, height, labels = _layout(tl, per_in)
+            left = max((_text_in(text, _TEXT_PT) + 0.12 for _, text in labels), default=0.0)
+            ph = min(_PANEL_IN, (_MAX_IN - _RIGHT_IN - 0.45 - left) * height / width)
+            per_in = height / ph
+        tl.geometry = dict(pieces=pieces, width=width, height=height, labels=labels, pw=ph * width / height,
+                           ph=ph, left=left, per_in=per_in)
+    return tl.geometry
 
 
-_CACHE: "weakref.WeakKeyDictionary[Memory, dict]" = weakref.WeakKeyDictionary()
+def _frame_size(tl: Timeline, legend: bool):
+    """A frame's figure size in inches (the tensor panel, its names and shapes, the title, the legend)."""
+    g = _geometry(tl)
+    width = g["pw"] + g["left"] + _RIGHT_IN + 0.45
+    if legend:
+        width = max(width, _LEGEND_MIN_IN)
+    return width, g["ph"] + 2 * _ROOM_IN + 0.5 + (_legend_height(width) if legend else 0.0)
 
 
-def _timeline(mem: Memory, head=None) -> _Timeline:
-    if not mem.step_labels:
-        raise ValueError("stepper: this Memory's log is empty; run an attention reference on it first, "
-                         "e.g. standard_attention(q, k, v, memory=mem)")
-    key = (len(mem.events), id(mem.events[-1]) if mem.events else None, len(mem.step_labels), len(mem.slot_events),
-           head if head is None else tuple(np.atleast_1d(head).tolist()))
-    per_mem = _CACHE.setdefault(mem, {})
-    if key not in per_mem:
-        per_mem.clear()
-        per_mem[key] = _Timeline(mem, head)
-    return per_mem[key]
-
-
-def frame_state(mem: Memory, step: int, *, head=None) -> FrameState:
-    """The state of every tile at ``step`` (a ``mem.step`` number), derived from the log alone.
-
-    ``head`` picks one (batch, head) of a 4-D run (default: the first): a (batch, query head) when K
-    and V have fewer heads than Q (grouped-query attention), whose K and V tiles are those of its KV
-    head, ``h // (H_q / H_kv)``. See the module docstring for the residency rule.
-
-    Example:
-        >>> import numpy as np
-        >>> mem = Memory(dtype_bytes=1)
-        >>> mem.to_hbm("Q", np.zeros((4, 2))); mem.to_hbm("K", np.zeros((4, 2)))
-        >>> _ = mem.step("j = 0"); _ = mem.load("K", slice(0, 2)); _ = mem.load("Q", slice(0, 2))
-        >>> _ = mem.step("j = 0, i = 1"); _ = mem.load("Q", slice(2, 4))
-        >>> st = frame_state(mem, 1)
-        >>> st.read, st.resident                 # K_0 stays on chip while the inner loop reads Q
-        ({'Q': [((2, 4), (0, 2))]}, {'K': [((0, 2), (0, 2))]})
-        >>> st.grids["Q"].tolist()              # rows 0-1 done, rows 2-3 read
-        [[1, 1], [1, 1], [3, 3], [3, 3]]
-        >>> st.sram                              # K_0 (4 B) + Q_1 (4 B)
-        8
-    """
-    return _timeline(mem, head).state(step)
-
-
-def frame_steps(mem: Memory, *, head=None) -> list[int]:
-    """The steps a stepper walks through: every step, or for a 4-D run those touching ``head``.
-
-    Example:
-        >>> import numpy as np
-        >>> from flashcourse.reference import standard_attention
-        >>> mem = Memory()
-        >>> _ = standard_attention(*np.zeros((3, 1, 2, 4, 2)), memory=mem)    # 2 heads x 3 kernels x 4 rows
-        >>> frame_steps(mem, head=(0, 1)) == list(range(12, 24))
-        True
-    """
-    return list(_timeline(mem, head).steps)
-
-
-# -- drawing ------------------------------------------------------------------------------------------
 def _pool(grid: np.ndarray) -> np.ndarray:
     """Max-pool a state grid to at most ``_MAX_CELLS`` a side (the most important state wins)."""
     out = grid
@@ -293,56 +169,135 @@ def _pool(grid: np.ndarray) -> np.ndarray:
     return out
 
 
-def _edges(mem: Memory, tl: _Timeline, t: str, axis: int) -> list[int]:
+def _edges(tl: Timeline, t: str, axis: int) -> list[int]:
     """Block boundaries of tensor ``t`` along ``axis``: where its tiles start and stop (if few)."""
-    cuts = set()
-    for e in mem.events:
-        if e.tensor == t:
-            box = tl._box2d(e)
-            if box is not None:
-                cuts.update(box[axis])
-    n = tl.shapes[t][axis]
-    cuts -= {0, n}
+    cuts = {c for e, box in zip(tl.mem.events, tl.boxes) if box is not None and e.tensor == t for c in box[axis]}
+    cuts -= {0, tl.shapes[t][axis]}
     return sorted(cuts) if len(cuts) <= 40 else []
 
 
-def new_frame_figure(mem: Memory, *, head=None, fig=None, figsize=(9.0, 2.7), legend: bool = True):
-    """A figure (or subfigure ``fig``) laid out for one frame; returns ``(figure, axes)``.
+def _legend_height(width: float) -> float:
+    return 0.35 if width >= _LEGEND_ROW_IN else 0.6
 
-    ``axes`` maps each tensor's name, ``"traffic"`` and ``"sram"`` to its Axes; pass it to
-    :func:`draw_frame`.
+
+def _legend(fig, width: float):
+    """The six states' colours under the figure (``width`` inches wide): one row, or two of three."""
+    handles = [Patch(facecolor=c, edgecolor="0.5", lw=0.5, label=n) for c, n in zip(STATE_COLORS, STATE_NAMES)]
+    fig.legend(handles=handles, loc="outside lower center", ncols=6 if width >= _LEGEND_ROW_IN else 3,
+               fontsize=_TEXT_PT, frameon=False, handlelength=1.2, columnspacing=1.0)
+
+
+def _tensor_panel(ax, tl: Timeline) -> tuple[dict, dict]:
+    """Outlines, block edges, names and shapes of every tensor; returns its images and pieces."""
+    g = _geometry(tl)
+    per_in = g["per_in"]
+    ax.set_xlim(-g["left"] * per_in, g["width"] + 0.02 * per_in)
+    ax.set_ylim(g["height"] + _ROOM_IN * per_in, -_ROOM_IN * per_in)
+    ax.set_axis_off()
+    images, placed = {}, {}
+    for p in g["pieces"]:
+        cols = tl.shapes[p.tensor][1]
+        n = p.rows[1] - p.rows[0]
+        pr, pc = _pool(np.zeros((n, cols), np.int8)).shape
+        fy, fx = -(-n // pr), -(-cols // pc)               # pooled cells cover fy rows, fx columns
+        im = ax.imshow(np.zeros((pr, pc), np.int8), cmap=_CMAP, vmin=-0.5, vmax=len(STATE_COLORS) - 0.5,
+                       extent=(p.x, p.x + p.w * pc * fx / cols, p.y + p.h * pr * fy / n, p.y),
+                       interpolation="nearest", aspect="auto")
+        outline = ax.add_patch(Rectangle((p.x, p.y), p.w, p.h, fill=False, ec="0.5", lw=0.6))
+        im.set_clip_path(outline)
+        ys = [p.y + (c - p.rows[0]) * p.h / n for c in _edges(tl, p.tensor, 0) if p.rows[0] < c < p.rows[1]]
+        xs = [p.x + c * p.w / cols for c in _edges(tl, p.tensor, 1)]
+        ax.hlines(ys, p.x, p.x + p.w, colors="white", lw=0.6)
+        ax.vlines(xs, p.y, p.y + p.h, colors="white", lw=0.6)
+        images.setdefault(p.tensor, []).append(im)
+        placed.setdefault(p.tensor, []).append(p)
+    for t, ps in placed.items():
+        top, bottom = ps[0], ps[-1]
+        ax.annotate(t, (top.x + top.w / 2, top.y), xytext=(0, 2), textcoords="offset points",
+                    ha="center", va="bottom", fontsize=_NAME_PT)
+        ax.annotate(_shape_text(tl.shapes[t]), (bottom.x + bottom.w / 2, bottom.y + bottom.h), xytext=(0, -2),
+                    textcoords="offset points", ha="center", va="top", fontsize=_SHAPE_PT)
+    for y, text in g["labels"]:
+        ax.annotate(text, (0, y), xytext=(-5, 0), textcoords="offset points", ha="right", va="center",
+                    fontsize=_TEXT_PT)
+    ax.set_aspect("equal", adjustable="box")               # one scale (after imshow, which sets "auto")
+    return images, placed
+
+
+def new_frame_figure(mem: Memory, *, head=None, fig=None, legend: bool = True):
+    """A figure (or subfigure ``fig``) laid out for one frame; returns ``(figure, parts)``.
+
+    ``parts`` maps ``"tensors"``, ``"traffic"`` and ``"sram"`` to their Axes, ``"images"`` to each
+    tensor's images (one, or one per lane) and ``"pieces"`` to where they are; pass it to
+    :func:`draw_frame`. The figure's size follows the tensors' shapes (all at one scale).
 
     Example:
         >>> import numpy as np
         >>> from flashcourse.reference import standard_attention
         >>> mem = Memory(); _ = standard_attention(*np.zeros((3, 6, 2)), memory=mem)
-        >>> fig, axes = new_frame_figure(mem)
-        >>> list(axes)
-        ['Q', 'K', 'V', 'S', 'P', 'O', 'traffic', 'sram']
+        >>> fig, parts = new_frame_figure(mem)
+        >>> list(parts), list(parts["images"])
+        (['tensors', 'traffic', 'sram', 'images', 'pieces'], ['Q', 'K', 'V', 'S', 'P', 'O'])
     """
-    tl = _timeline(mem, head)
+    tl = timeline(mem, head)
+    figsize, g = _frame_size(tl, legend), _geometry(tl)
     if fig is None:
         fig = CourseFigure(figsize=figsize, dpi=DPI, layout="constrained")
-    ref = min((c for r, c in tl.shapes.values() if c > 1), default=1)
-    ratios = [0.3 if c == 1 else float(np.clip(c / ref, 0.8, 2.2)) for _, c in tl.shapes.values()]
-    gs = fig.add_gridspec(2, len(ratios) + 1, width_ratios=ratios + [1.9])
-    axes = {t: fig.add_subplot(gs[:, i]) for i, t in enumerate(tl.tensors)}
-    axes["traffic"] = fig.add_subplot(gs[0, -1])
-    axes["sram"] = fig.add_subplot(gs[1, -1])
+        fig.png_scale = PNG_SCALE
+    gs = fig.add_gridspec(2, 2, width_ratios=[g["pw"] + g["left"], _RIGHT_IN])
+    parts = {"tensors": fig.add_subplot(gs[:, 0]), "traffic": fig.add_subplot(gs[0, 1]),
+             "sram": fig.add_subplot(gs[1, 1])}
+    parts["images"], parts["pieces"] = _tensor_panel(parts["tensors"], tl)
     if legend:
-        handles = [Patch(facecolor=c, edgecolor="0.5", lw=0.5, label=n) for c, n in zip(STATE_COLORS, STATE_NAMES)]
-        fig.legend(handles=handles, loc="outside lower center", ncols=6, fontsize=7, frameon=False,
-                   handlelength=1.2, columnspacing=1.0)
-    return fig, axes
+        _legend(fig, figsize[0])
+    return fig, parts
 
 
-def draw_frame(mem: Memory, step: int, axes=None, *, head=None):
-    """Draw the frame of ``step`` (a ``mem.step`` number) into ``axes`` from :func:`new_frame_figure`.
+def _draw_traffic(ax, st: FrameState, total):
+    ax.clear()
+    ax.barh([1, 0], [st.bytes_read, st.bytes_written], color=[READ_COLOR, WRITE_COLOR], height=0.7)
+    for y, v in ((1, st.bytes_read), (0, st.bytes_written)):
+        ax.text(0.98, y, human_bytes(v), transform=ax.get_yaxis_transform(), ha="right", va="center", fontsize=_TEXT_PT,
+                bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.8))
+    ax.set_yticks([1, 0], ["read", "written"], fontsize=_TEXT_PT)
+    ax.set_xlim(0, max(total, 1) * 1.02)
+    ax.set_xticks([])
+    ax.set_title("HBM traffic so far", fontsize=_TEXT_PT)
 
-    Every view (widget, strip, animation) draws through this function. Returns the figure. The
-    tensor axes show the pooled state grids (``ax.images[0]``); ``axes["traffic"]`` has two bars,
-    HBM bytes read and written so far; ``axes["sram"]`` has one bar, the step's SRAM occupancy,
-    with M as a red line and the run's peak as a dashed one.
+
+def _draw_sram(ax, st: FrameState, top):
+    """The step's occupancy (bar), the size M (red line) and the run's peak (dashed), each captioned."""
+    ax.clear()
+    limit = st.sram_limit
+    ax.barh([0], [st.sram], color=STATE_COLORS[RESIDENT], height=0.9, edgecolor="0.3", lw=0.5)
+    ax.set_xlim(0, top)
+    ax.set_ylim(-1.6, 1.6)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.text(0.02, 0, human_bytes(st.sram) + (f" of {human_bytes(limit)}" if limit else ""),
+            transform=ax.get_yaxis_transform(), va="center", fontsize=_TEXT_PT)
+    marks = [(st.peak_sram, "0.25", "--", f"run's peak {human_bytes(st.peak_sram)}", -1.1)]
+    if limit is not None:
+        marks.insert(0, (limit, "crimson", "-", f"size M {human_bytes(limit)}", 1.1))
+    else:
+        ax.text(0.02, 1.1, "size M: no limit", transform=ax.get_yaxis_transform(), va="center",
+                fontsize=_TEXT_PT, color="crimson")
+    for x, color, ls, caption, y in marks:            # each line crosses the bar and its own caption's band
+        ax.plot([x, x], [np.sign(y) * 1.6, -np.sign(y) * 0.6], color=color, ls=ls, lw=1.3)
+        right = x > top / 2                               # the caption on the line's roomier side
+        ax.annotate(caption, (x, y), xytext=(-3 if right else 3, 0), textcoords="offset points", color=color,
+                    ha="right" if right else "left", va="center", fontsize=_TEXT_PT)
+    ax.set_title("SRAM per lane (thread block)" if st.lanes > 1 else "SRAM this step", fontsize=_TEXT_PT)
+
+
+def draw_frame(mem: Memory, frame, parts=None, *, head=None):
+    """Draw ``frame`` into ``parts`` from :func:`new_frame_figure` (a new figure if None); returns the figure.
+
+    ``frame`` is a position in :func:`stepper_frames` (for a 2-D log without parallel lanes, the
+    ``mem.step`` number) or a :class:`Frame`. Every view (widget, strip, animation) draws through
+    this function. The tensor images show the pooled state grids; ``parts["traffic"]`` has two
+    bars, HBM bytes read and written so far; ``parts["sram"]`` has one bar, the frame's SRAM
+    occupancy, with M as a red line and the run's peak as a dashed one, each captioned.
 
     Example:
         >>> import numpy as np
@@ -352,103 +307,69 @@ def draw_frame(mem: Memory, step: int, axes=None, *, head=None):
         >>> [int(p.get_width()) for p in fig.frame_axes["traffic"].patches]      # read, written so far
         [72, 16]
     """
-    tl = _timeline(mem, head)
-    if axes is None:
-        fig, axes = new_frame_figure(mem, head=head)
-    fig = axes["traffic"].figure
-    st = tl.state(step)
-    for t in tl.tensors:
-        ax = axes[t]
-        ax.clear()
-        ax.imshow(_pool(st.grids[t]), cmap=_CMAP, vmin=-0.5, vmax=len(STATE_COLORS) - 0.5,
-                  aspect="auto", interpolation="nearest")
-        rows, cols = tl.shapes[t]
-        sy, sx = _pool(np.zeros((rows, 1), np.int8)).shape[0] / rows, _pool(np.zeros((1, cols), np.int8)).shape[1] / cols
-        for y in _edges(mem, tl, t, 0):
-            ax.axhline(y * sy - 0.5, color="white", lw=0.6)
-        for x in _edges(mem, tl, t, 1):
-            ax.axvline(x * sx - 0.5, color="white", lw=0.6)
-        ax.set_xticks([])
-        ax.set_yticks([])
-        ax.set_title(t, fontsize=9)
-        ax.set_xlabel(f"{rows}×{cols}" if cols > 1 else f"{rows}", fontsize=7)
-
-    total_r, total_w = tl.cum_read[-1], tl.cum_written[-1]
-    ax = axes["traffic"]
-    ax.clear()
-    ax.barh([1, 0], [st.bytes_read, st.bytes_written], color=[READ_COLOR, WRITE_COLOR], height=0.7)
-    for y, v in ((1, st.bytes_read), (0, st.bytes_written)):
-        ax.text(0.98, y, human_bytes(v), transform=ax.get_yaxis_transform(), ha="right", va="center", fontsize=7)
-    ax.set_yticks([1, 0], ["read", "written"], fontsize=7)
-    ax.set_xlim(0, max(total_r, total_w, 1) * 1.02)
-    ax.set_xticks([])
-    ax.set_title("HBM so far", fontsize=8)
-
-    ax = axes["sram"]
-    ax.clear()
-    limit = st.sram_limit
-    ax.barh([0], [st.sram], color="#8fd18f", height=0.7, edgecolor="0.3", lw=0.5)
-    top = max(limit or 0, st.peak_sram, int(tl.sram.max()), 1) * 1.1
-    if limit is not None:
-        ax.axvline(limit, color="crimson", lw=1.5)
-    ax.axvline(st.peak_sram, color="0.3", lw=1, ls="--")
-    ax.set_xlim(0, top)
-    ax.set_yticks([])
-    ax.set_xticks([])
-    ax.text(0.02, 0.02, f"{human_bytes(st.sram)} of {human_bytes(limit) if limit else '∞'}",
-            transform=ax.transAxes, fontsize=7, va="bottom")
-    ax.set_title("SRAM: step, size (red), run's peak (--)", fontsize=7)
-
-    shown = tl.steps
-    k = shown.index(step) + 1 if step in shown else step + 1
-    title = f"step {k}/{len(shown)}: {st.label}"
+    tl = timeline(mem, head)
+    frame = tl.frames[frame] if not isinstance(frame, Frame) else frame
+    if parts is None:
+        fig, parts = new_frame_figure(mem, head=head)
+    fig = parts["traffic"].figure
+    st = tl.state(frame)
+    for t, images in parts["images"].items():
+        for im, p in zip(images, parts["pieces"][t]):
+            im.set_data(_pool(st.grids[t][p.rows[0]:p.rows[1]]))
+    _draw_traffic(parts["traffic"], st, max(tl.unit_bytes.sum(axis=0)))
+    _draw_sram(parts["sram"], st, max(st.sram_limit or 0, st.peak_sram, tl.peak, 1) * 1.1)
+    title = (f"step {tl.frames.index(frame) + 1}/{len(tl.frames)}: {st.label}" if frame in tl.frames
+             else st.label)
     if getattr(fig, "_stepper_title", None) is None:
-        fig._stepper_title = fig.suptitle(title, fontsize=9)
+        fig._stepper_title = fig.suptitle(title, fontsize=_TITLE_PT)
     else:
         fig._stepper_title.set_text(title)
-    fig.frame_axes = axes
+    fig.frame_axes = parts
     return fig
 
 
-def _default_steps(mem, head, n: int) -> list[int]:
-    """``n`` steps worth showing: the first steps of the inner loop (from the step before the first
-    that keeps a tile on chip), then the last step; or ``n`` evenly spread if nothing is kept."""
-    tl = _timeline(mem, head)
-    shown = tl.steps
-    carrying = [k for k, s in enumerate(shown)
-                if any(tl._box2d(tile, t) is not None for t, tile in tl.carried[s].values())]
+def _default_frames(tl: Timeline, n: int) -> list[int]:
+    """``n`` frames worth showing: the first frames of the inner loop (from the frame before the first
+    that keeps a tile on chip), then the last frame; or ``n`` evenly spread if nothing is kept."""
+    frames = tl.frames
+    carrying = [k for k, f in enumerate(frames)
+                if tl.resident(f, [tl.units[i] for i in tl.frame_units(f)])]
     if carrying and n >= 2:
         k0 = max(carrying[0] - 1, 0)
-        picked = shown[k0:k0 + n - 1] + [shown[-1]]
-        return list(dict.fromkeys(picked))
-    idx = np.unique(np.linspace(0, len(shown) - 1, min(n, len(shown))).round().astype(int))
-    return [shown[i] for i in idx]
+        return list(dict.fromkeys([*range(k0, min(k0 + n - 1, len(frames))), len(frames) - 1]))
+    return np.unique(np.linspace(0, len(frames) - 1, min(n, len(frames))).round().astype(int)).tolist()
 
 
-def stepper_strip(mem: Memory, steps=None, *, head=None, frames: int = 4, width: float = 9.0):
-    """A static strip of frames (one per row), for slides, GitHub and nbval.
+def stepper_strip(mem: Memory, steps=None, *, head=None, frames: int = 4, width: float = 10.0):
+    """A static strip of frames, for slides, GitHub and nbval (side by side where ``width`` allows).
 
-    ``steps`` are ``mem.step`` numbers (default: ``frames`` steps: the first steps of the inner loop,
-    from the step before the first that keeps a tile in SRAM, and the last step; evenly spread when no
-    tile is kept). Returns a :class:`~flashcourse.viz._common.CourseFigure`; ``fig.frames`` holds
-    each frame's axes dict.
+    ``steps`` are positions in :func:`stepper_frames` (default: ``frames`` of them: the first frames
+    of the inner loop, from the frame before the first that keeps a tile in SRAM, and the last;
+    evenly spread when no tile is kept). Returns a :class:`~flashcourse.viz._common.CourseFigure`,
+    shown as a PNG at twice its size with its 1x width; ``fig.frames`` holds each frame's parts.
 
     Example:
         >>> import numpy as np
         >>> from flashcourse.reference import standard_attention
         >>> mem = Memory(); _ = standard_attention(*np.ones((3, 8, 4)), memory=mem)
         >>> fig = stepper_strip(mem, steps=[0, 2])
-        >>> len(fig.frames), fig.dpi
-        (2, 72)
+        >>> len(fig.frames), fig.dpi, fig.png_scale
+        (2, 72, 2)
     """
-    steps = _default_steps(mem, head, frames) if steps is None else [int(s) for s in steps]
-    fig = CourseFigure(figsize=(width, 2.35 * len(steps) + 0.4), dpi=DPI, layout="constrained")
-    subs = np.atleast_1d(fig.subfigures(len(steps), 1))
+    tl = timeline(mem, head)
+    picked = _default_frames(tl, frames) if steps is None else [int(s) for s in steps]
+    fw, fh = _frame_size(tl, legend=False)
+    ncols = max(1, min(len(picked), int(width // fw)))
+    nrows = -(-len(picked) // ncols)
+    fig = CourseFigure(figsize=(fw * ncols, fh * nrows + _legend_height(fw * ncols)), dpi=DPI, layout="constrained")
+    fig.png_scale = PNG_SCALE
+    subs = np.asarray(fig.subfigures(nrows, ncols), dtype=object).ravel()
     fig.frames = []
-    for k, (sub, s) in enumerate(zip(subs, steps)):
-        _, axes = new_frame_figure(mem, head=head, fig=sub, legend=(k == len(steps) - 1))
-        draw_frame(mem, s, axes, head=head)
-        fig.frames.append(axes)
+    for sub, k in zip(subs, picked):
+        _, parts = new_frame_figure(mem, head=head, fig=sub, legend=False)
+        draw_frame(mem, k, parts, head=head)
+        fig.frames.append(parts)
+    _legend(fig, fw * ncols)
     return fig
 
 
@@ -456,9 +377,9 @@ def stepper_animation(mem: Memory, steps=None, *, head=None, frames: int = 12, i
                       dpi: int = 60):
     """A ``to_jshtml`` animation of the frames, wrapped in ``IPython.display.HTML``.
 
-    Small on purpose (``frames`` steps evenly spread, low ``dpi``): it is stored in the notebook.
+    Small on purpose (``frames`` frames evenly spread, low ``dpi``): it is stored in the notebook.
     It plays on nbviewer, in slides and in Jupyter; GitHub strips scripts, so pair it with
-    :func:`stepper_strip` there.
+    :func:`stepper_strip` there. ``steps``: positions in :func:`stepper_frames`.
 
     Example:
         >>> import numpy as np
@@ -470,59 +391,64 @@ def stepper_animation(mem: Memory, steps=None, *, head=None, frames: int = 12, i
     """
     from matplotlib.animation import FuncAnimation
     from IPython.display import HTML
-    steps = _default_steps(mem, head, frames) if steps is None else [int(s) for s in steps]
-    fig, axes = new_frame_figure(mem, head=head)
+    tl = timeline(mem, head)
+    steps = _default_frames(tl, frames) if steps is None else [int(s) for s in steps]
+    fig, parts = new_frame_figure(mem, head=head)
     fig.set_dpi(dpi)
-    anim = FuncAnimation(fig, lambda k: draw_frame(mem, steps[k], axes, head=head).axes,
+    anim = FuncAnimation(fig, lambda k: draw_frame(mem, steps[k], parts, head=head).axes,
                          frames=len(steps), interval=interval, blit=False, repeat=False)
     return HTML(anim.to_jshtml(fps=1000 / interval, default_mode="once"))
 
 
 def _png(fig) -> bytes:
+    """The figure as a PNG at :data:`PNG_SCALE` times its size (shown at 1x: sharp on HiDPI screens)."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+    fig.savefig(buf, format="png", dpi=fig.dpi * PNG_SCALE)
+    return compact_png(buf.getvalue())
 
 
 def stepper(mem: Memory, *, head=None, interval: int = 800):
-    """An ipywidgets stepper: a Play button and a slider over the loop's steps, and the frame.
+    """An ipywidgets stepper: a Play button and a slider over the frames, and the frame.
 
     Uses only widgets and traits that exist in ipywidgets 7.7 (Colab) and 8 (JupyterLab 4):
     ``Play``, ``IntSlider``, ``jslink``, ``Image``, ``Label``, ``HBox``, ``VBox``. Frames are
-    rendered in the kernel as PNGs (cached) into an ``Image`` widget: no ``Output`` widget and no
-    ``clear_output``, so nbval sees nothing but the widget itself. Returns the ``VBox``; its
-    ``.slider``, ``.play``, ``.label``, ``.image`` and ``.link`` attributes are the parts, ``.steps`` the step numbers.
+    rendered in the kernel as PNGs (cached) at twice their size into an ``Image`` widget shown at
+    1x (``width``): no ``Output`` widget and no ``clear_output``, so nbval sees nothing but the
+    widget itself. The slider counts frames from 1, as the label does. Returns the ``VBox``; its
+    ``.slider``, ``.play``, ``.label``, ``.image`` and ``.link`` attributes are the parts,
+    ``.frames`` the :class:`Frame` list (:func:`stepper_frames`).
 
     Example:
         >>> import numpy as np
         >>> from flashcourse.reference import standard_attention
         >>> mem = Memory(); _ = standard_attention(*np.ones((3, 8, 4)), memory=mem)
         >>> ui = stepper(mem)
-        >>> ui.slider.max, ui.label.value
-        (23, 'step 1/24: head (), row 0: S = Q K^T')
-        >>> ui.slider.value = 23; ui.label.value
+        >>> ui.slider.min, ui.slider.max, ui.label.value
+        (1, 24, 'step 1/24: head (), row 0: S = Q K^T')
+        >>> ui.slider.value = 24; ui.label.value
         'step 24/24: head (), row 7: O = P V'
     """
     import ipywidgets as widgets
 
-    steps = frame_steps(mem, head=head)
-    fig, axes = new_frame_figure(mem, head=head)
+    frames = stepper_frames(mem, head=head)
+    fig, parts = new_frame_figure(mem, head=head)
     cache: dict[int, bytes] = {}
 
     def png_of(k: int) -> bytes:
         if k not in cache:
-            cache[k] = _png(draw_frame(mem, steps[k], axes, head=head))
+            cache[k] = _png(draw_frame(mem, frames[k - 1], parts, head=head))
         return cache[k]
 
     def title(k: int) -> str:
-        return f"step {k + 1}/{len(steps)}: {mem.step_labels[steps[k]]}"
+        return f"step {k}/{len(frames)}: {frames[k - 1].label}"
 
-    play = widgets.Play(value=0, min=0, max=len(steps) - 1, step=1, interval=interval, description="play")
-    slider = widgets.IntSlider(value=0, min=0, max=len(steps) - 1, step=1, description="step",
+    n = len(frames)
+    play = widgets.Play(value=1, min=1, max=n, step=1, interval=interval, description="play")
+    slider = widgets.IntSlider(value=1, min=1, max=n, step=1, description="step",
                                continuous_update=True, readout=True)
     link = widgets.jslink((play, "value"), (slider, "value"))
-    label = widgets.Label(value=title(0))
-    image = widgets.Image(value=png_of(0), format="png")
+    label = widgets.Label(value=title(1))
+    image = widgets.Image(value=png_of(1), format="png", width=str(round(fig.get_figwidth() * fig.dpi)))
 
     def on_change(change):
         image.value = png_of(change["new"])
@@ -530,7 +456,8 @@ def stepper(mem: Memory, *, head=None, interval: int = 800):
 
     slider.observe(on_change, names="value")
     ui = widgets.VBox([widgets.HBox([play, slider, label]), image])
-    ui.play, ui.slider, ui.label, ui.image, ui.link, ui.steps = play, slider, label, image, link, steps
+    ui.play, ui.slider, ui.label, ui.image, ui.link, ui.frames = play, slider, label, image, link, frames
+    ui.figsize = tuple(fig.get_size_inches())
     return ui
 
 
@@ -548,26 +475,62 @@ def live_widgets() -> bool:
     return ip is not None and getattr(ip, "kernel", None) is not None
 
 
+#: What a notebook that shows the widget's first frame says in plain text (a terminal, a text diff).
+WIDGET_TEXT = "tile stepper: run this cell in a live kernel to step through the frames"
+
+
+def widget_bundle(ui) -> tuple[dict, dict]:
+    """The widget ``ui`` of :func:`stepper` as a display bundle ``(data, metadata)`` that carries its first frame.
+
+    ``data`` holds the widget view (``application/vnd.jupyter.widget-view+json``, what
+    ipywidgets 7 and 8 display), ``image/png`` (the first frame, with its 1x width and height in
+    ``metadata``) and a short ``text/plain``. A live front end draws the widget; one that cannot, or
+    that will not because the notebook is not trusted (JupyterLab renders only safe types, such as
+    PNG, in a notebook opened fresh), and GitHub, show the first frame. Pass it to
+    ``display(data, raw=True, metadata=metadata)``.
+
+    Example:
+        >>> import numpy as np
+        >>> from flashcourse.reference import standard_attention
+        >>> mem = Memory(); _ = standard_attention(*np.ones((3, 8, 4)), memory=mem)
+        >>> data, metadata = widget_bundle(stepper(mem))
+        >>> sorted(data), metadata["image/png"]["width"]
+        (['application/vnd.jupyter.widget-view+json', 'image/png', 'text/plain'], 648)
+    """
+    width, height = (round(x * DPI) for x in ui.figsize)
+    data = {"text/plain": WIDGET_TEXT,
+            "image/png": base64.b64encode(ui.image.value).decode("ascii"),
+            "application/vnd.jupyter.widget-view+json": {"version_major": 2, "version_minor": 0,
+                                                         "model_id": ui.model_id}}
+    return data, {"image/png": {"width": width, "height": height}}
+
+
 def show_stepper(mem: Memory, *, head=None, steps=None, frames: int = 4, animation: bool = False,
                  animation_frames: int = 12):
     """Show the stepper the best way the notebook can, and always leave static frames behind.
 
-    When :func:`live_widgets` (a live kernel with ipywidgets), it displays the widget :func:`stepper`,
-    then a :func:`stepper_strip` of ``frames`` key steps under it; otherwise only the strip. The strip
-    is what GitHub, slides and nbval see (they cannot run the widget), so it is always in the
+    When :func:`live_widgets` (a live kernel with ipywidgets), it displays the widget :func:`stepper`
+    with its first frame as a PNG beside it (:func:`widget_bundle`: what a notebook opened without
+    a kernel, or untrusted, shows), then a :func:`stepper_strip` of ``frames`` key frames under it;
+    otherwise only the strip. The strip is what GitHub, slides and nbval see of the loop (they cannot
+    run the widget, and one frame does not show tiles staying on chip), so it is always in the
     committed output. ``animation=True`` adds :func:`stepper_animation` (it plays on nbviewer and in
-    slides, not on GitHub) of ``animation_frames`` steps. Returns None: everything is displayed.
+    slides, not on GitHub) of ``animation_frames`` frames. Returns None: everything is displayed.
 
     Example:
         >>> import numpy as np
         >>> from flashcourse.reference import standard_attention
         >>> mem = Memory(); _ = standard_attention(*np.ones((3, 8, 4)), memory=mem)
         >>> show_stepper(mem)          # doctest: +ELLIPSIS
-        Figure(648x...)
+        Figure(...)
     """
     from IPython.display import display
     if live_widgets():
-        display(stepper(mem, head=head))
+        ui = stepper(mem, head=head)
+        if hasattr(ui, "_handle_displayed"):      # ipywidgets 7: what its display hook does besides the bundle
+            ui._handle_displayed()
+        data, metadata = widget_bundle(ui)
+        display(data, raw=True, metadata=metadata)
     display(stepper_strip(mem, steps=steps, head=head, frames=frames))
     if animation:
         display(stepper_animation(mem, head=head, steps=steps, frames=animation_frames))

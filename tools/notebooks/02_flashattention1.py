@@ -126,9 +126,10 @@ CELLS = [
     md("""
     ## Watch the tiles
 
-    Each frame is one inner step: which tiles are read, written, and held in SRAM, the running HBM
-    traffic, and SRAM occupancy against its capacity. Press play (live kernel), or read the strip of
-    frames below it.
+    Each frame is one inner step: which tiles are read, written, and held in SRAM (all tensors at one
+    scale: an element is as large in $Q$ as in $\\ell$), the running HBM traffic, and the SRAM in use
+    against its size $M$ (red line) and the run's peak (dashed line). Press play (live kernel), or read
+    the strip of frames below it.
     """, "slide", name="stepper-md"),
     code("""
     # NBVAL_IGNORE_OUTPUT

@@ -128,13 +128,20 @@ CELLS = [
         print(f"S = {S:2d}: K and V read {kv:7d} elements (= 2 H_kv d sum(kv_lens) = {2 * H_kv * d * kv_lens.sum()}),"
               f" everything {mem.accesses():7d}")
     """, "subslide", name="count"),
+    md("""
+    The stepper draws the $S = 4$ split programs of one KV head (300 keys, 75 a split, in blocks of
+    64) as parallel lanes, one band each, because that is how they run: one thread block each, at the
+    same time. At each frame every lane reads its own next block of $K$ and $V$; at the last it writes
+    its partial $(o_s, \\mathrm{lse}_s)$; then the combine reads the four. The SRAM bar is one lane's:
+    each thread block has its own.
+    """, "subslide", name="stepper-md"),
     code("""
     # NBVAL_IGNORE_OUTPUT
     from flashcourse.viz import show_stepper
     small = Memory(dtype_bytes=2)
     flash_decoding(q[:1, :1], k[:1, :1], v[:1, :1], num_splits=4, memory=small, block_n=64)
     show_stepper(small)
-    """, "subslide", name="stepper"),
+    """, "fragment", name="stepper"),
 
     md("""
     ## The kernel
@@ -147,9 +154,9 @@ CELLS = [
     The two kernels, printed below:
 
     * `_decode_split`, grid (S, B·H_kv). `_program` gives it its split `s`, its KV head's query
-      heads as the rows of `Q_i`, and, through `_chunk_bounds`, its keys `[lo, hi)`: the valid
+      heads as the rows of `Q_i`, and, through `chunk_bounds`, its keys `[lo, hi)`: the valid
       length `n` cut into chunks of whole `BLOCK_N` blocks, unmasked up to `full`; a split past `n`
-      is empty. `m_i`, `l_i`, `acc` start at $-\\infty$, 0, 0 and `_chunk_sync`, FA2's inner loop of
+      is empty. `m_i`, `l_i`, `acc` start at $-\\infty$, 0, 0 and `chunk_sync`, FA2's inner loop of
       chapter 3, folds in the chunk's keys: the whole blocks, then the masked rest. The partial:
       $o_s$ = `acc / l_safe` into `O_PART`, $\\mathrm{lse}_s$ = `m_i + log2(l_i)` (base 2; $-\\infty$
       for an empty split) into `LSE_PART`. With `DIRECT` (S = 1) it writes the output to `O` instead.
@@ -160,7 +167,7 @@ CELLS = [
     """, name="kernel-src-md"),
     code("""
     from flashcourse.kernels import aot, decode as kernel_decode
-    print(inspect.getsource(kernel_decode._chunk_bounds.fn))
+    print(inspect.getsource(kernel_decode.chunk_bounds.fn))
     print(inspect.getsource(aot.kernel_of("decode_split").fn))
     """, "subslide", name="kernel-src"),
     code("""

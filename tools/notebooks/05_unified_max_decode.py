@@ -192,7 +192,7 @@ CELLS = [
     whole group of query heads (GQA), so one wild score sends its whole group back.
     """, "slide", name="kernel-md"),
     md("""
-    Printed below: `_chunk_async`, the loop over a chunk's key blocks, then what
+    Printed below: `chunk_async`, the loop over a chunk's key blocks, then what
     `_unified_max_decode` does after it.
 
     * The fixed $\\varphi$: `p` $= 2^{qk - \\varphi_2}$ (`phi2` $= \\varphi \\log_2 e$, as the scores are
@@ -200,7 +200,7 @@ CELLS = [
       `m_i` only records the chunk's largest score. (`_round_tf32`: see *Why the $PV$ product is
       TF32* below.)
     * The fallback: `out` is the rule, `m_i` above $\\varphi + b$ (`hi2`) or below $\\varphi + a$ (`lo2`)
-      and not $-\\infty$. A chunk with a row out is read again by `_chunk_sync`, Flash-Decoding's
+      and not $-\\infty$. A chunk with a row out is read again by `chunk_sync`, Flash-Decoding's
       loop, into `O_PART`, `LSE_PART`; any other chunk adds its sums into `ACC`, `LSUM` with
       `tl.atomic_add`.
 
@@ -210,10 +210,10 @@ CELLS = [
     code("""
     import inspect
     from flashcourse.kernels import aot
-    print(inspect.getsource(kernel_decode._chunk_async.fn))
+    print(inspect.getsource(kernel_decode.chunk_async.fn))
     src = inspect.getsource(aot.kernel_of("unified_max_decode").fn)
     print("    # ... in _unified_max_decode:")
-    print(src[src.index("    acc, l_i, m_i = _chunk_async("):src.index("    # One counter")].rstrip())
+    print(src[src.index("    acc, l_i, m_i = chunk_async("):src.index("    # One counter")].rstrip())
     """, "subslide", name="kernel-src"),
     code("""
     # NBVAL_CHECK_OUTPUT

@@ -244,7 +244,7 @@ CELLS = [
     md("""
     ### Inside `flat_gemm`
 
-    Printed below: `_flat_gemm_kernel` and `_load_tiles`, which it calls.
+    Printed below: `_flat_gemm_kernel` and `load_tiles`, which it calls.
 
     * **Padding.** The tile has `BLOCK_M` = 16 rows (`DOT_MIN`: `tl.dot` takes no fewer), not 8 as in
       the paper. Rows past M are loaded as zeros (`mask=in_m[:, None], other=0.0`): they are made
@@ -264,7 +264,7 @@ CELLS = [
     import inspect
     from flashcourse.kernels import aot, gemm
     print(inspect.getsource(aot.kernel_of("flat_gemm").fn))
-    print(inspect.getsource(gemm._load_tiles.fn))
+    print(inspect.getsource(gemm.load_tiles.fn))
     """, "subslide", name="kernel-src"),
 
     md("""
