@@ -198,3 +198,15 @@ def test_readme_lecture_lengths_are_the_instructor_notes():
         if not solutions and found:
             notes[chap.number] = int(found[1])
     assert notes and said == notes
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
+def test_a_stepper_cell_runs_on_its_own(path, monkeypatch):
+    """An instructor runs the stepper on its slide (Ctrl+Enter) without running the cells above."""
+    monkeypatch.setenv("FLASHCOURSE_STATIC", "1")
+    import matplotlib
+    matplotlib.use("Agg")
+    for cell in json.loads(path.read_text())["cells"]:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "code" and "show_stepper(" in source:
+            exec(compile(source, f"{path.name}:{cell['id']}", "exec"), {})

@@ -178,6 +178,8 @@ CELLS = [
     """, "subslide", name="stepper-standard-md"),
     code("""
     # NBVAL_IGNORE_OUTPUT
+    from flashcourse.viz import show_stepper
+    from flashcourse.viz.attention import count_attention
     show_stepper(count_attention("standard", N=32, d=16))
     """, "fragment", name="stepper-standard"),
 

@@ -137,6 +137,7 @@ CELLS = [
     code("""
     # NBVAL_IGNORE_OUTPUT
     from flashcourse.viz import show_stepper
+    from flashcourse.viz.attention import count_attention
     show_stepper(count_attention("fa2", N=128, d=16, sram_bytes=4096))
     """, "subslide", name="stepper"),
 

@@ -137,9 +137,14 @@ CELLS = [
     """, "subslide", name="stepper-md"),
     code("""
     # NBVAL_IGNORE_OUTPUT
+    import numpy as np
+    from flashcourse.memory import Memory
+    from flashcourse.reference import flash_decoding
     from flashcourse.viz import show_stepper
+    gen = np.random.default_rng(0)                  # one sequence, one head, 300 keys, d = 64
+    q1, k1, v1 = gen.normal(size=(1, 1, 1, 64)), *gen.normal(size=(2, 1, 1, 300, 64))
     small = Memory(dtype_bytes=2)
-    flash_decoding(q[:1, :1], k[:1, :1], v[:1, :1], num_splits=4, memory=small, block_n=64)
+    flash_decoding(q1, k1, v1, num_splits=4, memory=small, block_n=64)
     show_stepper(small)
     """, "fragment", name="stepper"),
 
