@@ -86,8 +86,9 @@ def nbval_tags(src: str) -> tuple[str, list[str]]:
         ValueError: an nbval marker must open the cell: '# NBVAL_SKIP' at line 2
     """
     lines, tags = src.split("\n"), []
-    while lines and NBVAL_MARK.fullmatch(lines[0].strip()):
-        tags.append("nbval-" + NBVAL_MARK.fullmatch(lines.pop(0).strip())[1].lower().replace("_", "-"))
+    while lines and (mark := NBVAL_MARK.fullmatch(lines[0].strip())):
+        tags.append("nbval-" + mark[1].lower().replace("_", "-"))
+        lines.pop(0)
     for k, line in enumerate(lines):
         if "NBVAL_" in line:
             raise ValueError(f"an nbval marker must open the cell: {line.strip()!r} at line {len(tags) + k + 1}")

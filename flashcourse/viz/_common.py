@@ -20,12 +20,15 @@ from matplotlib.ticker import FuncFormatter, Locator, LogLocator
 #: Dots per inch of the course's figures: small, so that executed notebooks stay light.
 DPI = 72
 
-#: Colours for the two directions of traffic, used by every traffic plot.
-READ_COLOR, WRITE_COLOR = "#4C72B0", "#DD8452"
-
-#: The course's colours, in order (the first two are READ_COLOR and WRITE_COLOR).
+#: The course's colours, in order.
 PALETTE = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C",
            "#CCB974", "#64B5CD")
+
+#: Colours for the two directions of traffic, used by every traffic plot.
+READ_COLOR, WRITE_COLOR = PALETTE[:2]
+
+#: How every legend looks: small, unframed, left-aligned (where it goes is for each function to say).
+_LEGEND_STYLE = dict(frameon=False, fontsize=7, title_fontsize=7, alignment="left")
 
 
 class CourseFigure(Figure):
@@ -191,8 +194,7 @@ def legend_outside(ax, handles=None, labels=None, *, x: float = 1.02, title: str
         True
     """
     args = () if handles is None else (handles, labels)
-    style = dict(loc="upper left", bbox_to_anchor=(x, 1.0), borderaxespad=0.0, frameon=False,
-                 fontsize=7, title_fontsize=7, alignment="left")
+    style = dict(loc="upper left", bbox_to_anchor=(x, 1.0), borderaxespad=0.0, **_LEGEND_STYLE)
     return ax.legend(*args, title=title, **{**style, **kw})
 
 
@@ -223,7 +225,7 @@ def figure_legend(fig, ax=None, *, title: str | None = None, **kw):
             if title is None and a.get_legend().get_title().get_text():
                 title = a.get_legend().get_title().get_text()
             a.get_legend().remove()
-    style = dict(loc="outside right upper", frameon=False, fontsize=7, title_fontsize=7, alignment="left")
+    style = dict(loc="outside right upper", **_LEGEND_STYLE)
     return fig.legend(handles, labels, title=title, **{**style, **kw})
 
 

@@ -85,7 +85,7 @@ def bench_plot(result, mine=None, *, x: str = "cols", metric: str = "TBps", op: 
         ('H100 80GB HBM3', 'torch copy_ (device to device)')
     """
     fig, ax = figure_of(ax, figsize=(8.0, 3.6))
-    colors = {impl: PALETTE[k % len(PALETTE)] for k, impl in enumerate(result.impls())}
+    colors = {impl: _color(result, impl) for impl in result.impls()}
     gpu, sources = _sources(result, mine)
     for (res, suffix), ls, marker in zip(sources, ("-", "--"), ("o", "s")):
         for impl in res.impls():

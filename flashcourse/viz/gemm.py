@@ -16,13 +16,13 @@ import numpy as np
 
 from .. import formulas
 from ..reference.gemm import H100_SMS, choose_block_n, pipeline
-from ._common import READ_COLOR, binary_size, figure_of, legend_outside
+from ._common import PALETTE, READ_COLOR, binary_size, figure_of, legend_outside
 
 __all__ = ["block_n_tradeoff", "double_buffer_timeline", "padding_waste"]
 
-COMPUTE_COLOR = "#55A868"
-_PAD_COLORS = {8: "#55A868", 64: "#C44E52"}
-_N_COLORS = ["#4C72B0", "#DD8452", "#8172B3", "#937860", "#DA8BC3"]
+COMPUTE_COLOR = PALETTE[2]
+_PAD_COLORS = {8: PALETTE[2], 64: PALETTE[3]}
+_N_COLORS = [PALETTE[k] for k in (0, 1, 4, 5, 6)]
 
 
 def block_n_tradeoff(Ns=(1024, 4096, 16384, 65536), M: int = 8, K: int = 4096,
