@@ -206,6 +206,35 @@ def test_a_given_launch_runs_instead_of_the_config(device, gen):
         flash_decode(q, k, v, num_splits=3, combine_launch=aot.Launch({"HEAD_DIM": 128, "BLOCK_S": 4}))
 
 
+@pytest.mark.parametrize("fn", ["flash_decode", "unified_max_decode"])
+def test_a_decoding_loop_reuses_the_plan_for_new_tensors(device, gen, monkeypatch, fn):
+    """A plain call (no kv_lens, splits, scale, bounds or launch) does the host's work once per shape:
+    later calls with new tensors of that shape skip the configs and get their own right result;
+    another shape, layout or alignment, or a tensor that must be copied, takes the full path."""
+    call = {"flash_decode": lambda q, k, v, phi: flash_decode(q, k, v),
+            "unified_max_decode": lambda q, k, v, phi: unified_max_decode(q, k, v, phi)}[fn]
+    configs = []
+    real = DEC.decode_config
+    monkeypatch.setattr(DEC, "decode_config", lambda *a, **kw: configs.append(a) or real(*a, **kw))
+    H_q, H_kv, L, d = 8, 2, 133 + gen.initial_seed() % 50, 64
+    for step in range(3):                      # one new token per step, new data each time
+        q, k, v = inputs(2, H_q, H_kv, L, d, gen, device, q_scale=(1.0, 40.0, 1.0)[step])
+        assert_decode_close(call(q, k, v, (0.0, 3.0, -2.0)[step]), q, k, v, what=f"step {step}")
+        assert_decode_close(call(q[:, :, None], k, v, 0.0), q[:, :, None], k, v, what=f"(B, H, 1, d), step {step}")
+    assert len(configs) == 2, configs          # one plan per layout
+    store = torch.zeros(2 * H_q * d + 8, dtype=torch.float16, device=device)
+    shifted = store[1:1 + 2 * H_q * d].view(2, H_q, d).copy_(q)      # 2 bytes off 16-byte alignment
+    strided = torch.zeros(2, H_q, 2 * d, dtype=torch.float16, device=device)[..., ::2].copy_(q)
+    for _ in range(2):       # misaligned: a plan of its own; strided: copied to a unit stride, never planned
+        # (the reference gets an aligned copy: SDPA itself faults on the H100 with "misaligned address")
+        assert_decode_close(call(shifted, k, v, 0.0), shifted.clone(), k, v, what="misaligned q")
+        assert_decode_close(call(strided, k, v, 0.0), strided, k, v, what="q with stride 2 along d")
+    assert len(configs) == 5, configs
+    if fn == "unified_max_decode":
+        with pytest.raises(ValueError, match="phi is nan; expected a finite number"):
+            unified_max_decode(q, k, v, float("nan"))
+
+
 @pytest.mark.gpu
 def test_bfloat16_on_the_gpu(device, gen):
     from flashcourse.kernels.validate import supports_bf16

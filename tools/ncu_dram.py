@@ -94,6 +94,20 @@ def _gemm(M, K_, N):
                                                     "block_k": c.block_k, "split_k": c.split_k}
 
 
+def _empty(write_before: int):
+    import torch
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def nothing(X, N):
+        pass
+    x = torch.empty(max(write_before, 4) // 4, device="cuda")
+    if write_before:
+        x.fill_(1.0)        # outside the measured range: leaves L2 full of dirty lines
+    return lambda: nothing[(1,)](x, 1), {}, {}, {"written_before": write_before}
+
+
 #: name -> (what it shows, builder). Sizes put the working set above the H100's 50 MB L2 except
 #: where a case is there to show what L2 does.
 CASES = {
@@ -109,6 +123,8 @@ CASES = {
                  lambda: _flash(2, 4, 16384, 128)),
     "flash_decode": ("flash_decode, B = 8, 32 / 8 heads, L = 16k, d = 128 (512 MiB of cache)",
                      lambda: _decode(8, 32, 8, 16384, 128)),
+    "empty": ("a kernel that moves nothing: ncu's floor", lambda: _empty(0)),
+    "empty_after_write": ("the same, after a 256 MiB fill outside the measured range", lambda: _empty(1 << 28)),
     "flat_gemm": ("flat_gemm, M = 8, K = 4096, N = 11008 (W: 86 MiB)", lambda: _gemm(8, 4096, 11008)),
 }
 

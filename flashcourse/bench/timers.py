@@ -2,7 +2,8 @@
 
 :func:`flush_timer` is the course's timer (do_bench's method, timing the GPU alone, with the L2
 flushed by writing or, :func:`read_flush_timer`, by reading before each call);
-:func:`do_bench_timer` is ``triton.testing.do_bench`` itself, the baselines' timer. Each carries its
+:func:`do_bench_timer` is ``triton.testing.do_bench`` itself, the baselines' timer; :func:`host_us`
+times the other side, the host's Python and launches per call. Each timer carries its
 ``settings``, which :func:`flashcourse.bench.run` writes into the result. Making a timer needs no
 GPU; calling one does (tests stand a fake timer in for them).
 
@@ -14,7 +15,7 @@ Example:
 """
 from __future__ import annotations
 
-__all__ = ["DO_BENCH", "FLUSH_BYTES", "FLUSHES", "do_bench_timer", "flush_timer", "read_flush_timer"]
+__all__ = ["DO_BENCH", "FLUSH_BYTES", "FLUSHES", "do_bench_timer", "flush_timer", "read_flush_timer", "host_us"]
 
 #: The do_bench settings of the course (and of the H100 baselines): warm up 25 ms, time 100 ms, median.
 DO_BENCH = {"warmup": 25, "rep": 100, "return_mode": "median"}
@@ -154,3 +155,39 @@ def read_flush_timer(warmup: int = DO_BENCH["warmup"], rep: int = DO_BENCH["rep"
         'read 256 MiB'
     """
     return flush_timer("read", warmup, rep)
+
+
+def host_us(fn, calls: int = 100, rounds: int = 9, sleep: bool = True) -> float:
+    """The host's time per call of ``fn`` in microseconds: what Python and the launches cost, without the GPU.
+
+    With ``sleep`` the GPU is first put to sleep (``torch.cuda._sleep``) for longer than the calls
+    take, so every launch is only queued: the loop measures the host alone, however long the kernels
+    run. (A function that synchronises with the GPU waits for the sleep, and its time shows it.)
+    The median of ``rounds`` loops of ``calls`` calls; keep ``calls`` times the launches per call
+    under the GPU's queue of about a thousand launches.
+
+    Example (on a GPU):
+        >>> import torch                                                # doctest: +SKIP
+        >>> x = torch.ones(1, device="cuda")                            # doctest: +SKIP
+        >>> 1 < host_us(lambda: x + 1) < 100                            # doctest: +SKIP
+        True
+    """
+    import statistics
+    import time
+
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    per_call = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        guess_ms = max((time.perf_counter() - t0) * 1e3, 0.05)
+        if sleep:
+            torch.cuda._sleep(_sleep_cycles(2 * guess_ms * calls + 5))
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per_call.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(per_call)

@@ -59,7 +59,8 @@ from .. import backend
 from . import aot
 from ..formulas.counting import LOG2E
 from ..formulas.decode import DEFAULT_BOUNDS, num_splits_for
-from .validate import expect_decode, expect_num_splits, expect_sm_scale
+from .launch import Plans, kept, relaunch, shape_key
+from .validate import expect_decode, expect_num_splits, expect_phi_bounds, expect_sm_scale
 
 __all__ = ["flash_decode", "unified_max_decode", "decode_config", "combine_config", "num_splits",
            "DECODE_HEAD_DIMS", "DEFAULT_BOUNDS"]
@@ -485,20 +486,30 @@ def _strides(q3, k, v):
             v.stride(0), v.stride(1), v.stride(2))
 
 
-def _launch_flash(q3, k, v, lens, sm_scale, S, launch: aot.Launch, comb: aot.Launch | None):
+def _launch_flash(q, q3, k, v, lens, sm_scale, S, launch: aot.Launch, comb: aot.Launch | None):
     """Run the split kernel and, with more than one split, the combine (``comb``), with the given
-    launches on checked inputs. With one split the split kernel writes o."""
+    launches on checked inputs (``q3``: q as (B, H_q, d), a view of ``q``). With one split the split
+    kernel writes o. Returns o, of q's shape, and ``again(q, k, v)``: the same call for new tensors
+    of the same :func:`launch.shape_key`, with the host's work done (a plan)."""
     B, H_q, d = q3.shape
     H_kv, L = k.shape[1], k.shape[2]
     o_part, lse_part = _scratch(q3.device, B * H_q * S, d)     # (B H_q, S, d) and (B H_q, S)
-    o = torch.empty((B, H_q, d), dtype=q3.dtype, device=q3.device)
+    shape, dtype, device = q.shape, q.dtype, q.device
+    o = torch.empty(shape, dtype=dtype, device=device)
+    rest = (sm_scale * LOG2E, L, H_kv, H_q // H_kv, S, *_strides(q3, k, v))
     with _quiet():
-        _decode_split[(S, B * H_kv)](q3, k, v, lens, o, o_part, lse_part, sm_scale * LOG2E, L, H_kv,
-                                     H_q // H_kv, S, *_strides(q3, k, v), HAS_LENS=lens is not None,
-                                     DIRECT=S == 1, **launch.constexprs, **launch.options())
-        if S > 1:
-            _decode_combine[(B * H_q,)](o_part, lse_part, o, S, **comb.constexprs, **comb.options())
-    return o
+        split = relaunch(_decode_split, (S, B * H_kv), (q3, k, v, lens, o, o_part, lse_part, *rest),
+                         {"HAS_LENS": lens is not None, "DIRECT": S == 1, **launch.constexprs, **launch.options()})
+        combine = S > 1 and relaunch(_decode_combine, (B * H_q,), (o_part, lse_part, o, S),
+                                     {**comb.constexprs, **comb.options()})
+
+    def again(q, k, v):
+        o = torch.empty(shape, dtype=dtype, device=device)
+        split(q, k, v, None, o, o_part, lse_part, *rest)
+        if combine:
+            combine(o_part, lse_part, o, S)
+        return o
+    return o, again
 
 
 def _quiet():
@@ -508,24 +519,9 @@ def _quiet():
     return contextlib.nullcontext()
 
 
-_SCRATCH: dict = {}
-
-
 def _scratch(device, n_partials: int, d: int):
-    """Float32 space for ``n_partials`` partial outputs (of d) and their lse, kept between calls.
-
-    The kernels index it themselves (flat), and every call writes before it reads, so it is
-    never cleared. Calls on one CUDA stream are ordered; calls on different streams at the same
-    time must not share it.
-    """
-    key = str(device)
-    buf = _SCRATCH.get(key)
-    if buf is None or buf[0].numel() < n_partials * d or buf[1].numel() < n_partials:
-        n = max(n_partials, buf[1].numel() if buf else 0)
-        buf = (torch.empty(n * d, dtype=torch.float32, device=device),
-               torch.empty(n, dtype=torch.float32, device=device))
-        _SCRATCH[key] = buf
-    return buf
+    # float32 partial outputs (n_partials x d) and their lse: every call writes before it reads
+    return kept("decode partials", device, (n_partials * d, torch.float32, False), (n_partials, torch.float32, False))
 
 
 def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_lens=None,
@@ -559,13 +555,25 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         >>> (o2.float() - o.float()).abs().max().item() < 2e-3
         True
     """
+    plain = kv_lens is None and num_splits is None and sm_scale is None and launch is None and combine_launch is None
+    if plain:                           # a decoding loop's call: the host's work for this shape is done
+        key = shape_key(q, k_cache, v_cache)
+        again = _FLASH_PLANS.get(key)
+        if again is not None:
+            return again(q, k_cache, v_cache)
     q3, k, v, lens, sm_scale, S = _prepare("flash_decode", q, k_cache, v_cache, kv_lens, num_splits, sm_scale)
     d, G = q3.shape[-1], q3.shape[1] // k.shape[1]
     launch = decode_config(d, G, q3.dtype) if launch is None else _expect_launch("flash_decode", launch, d, G)
     if S > 1:       # with one split there is no combine
         combine_launch = (combine_config(d, S, q3.dtype) if combine_launch is None
                           else _expect_launch("flash_decode", combine_launch, d, name="combine_launch"))
-    return _launch_flash(q3, k, v, lens, sm_scale, S, launch, combine_launch).view(q.shape)
+    o, again = _launch_flash(q, q3, k, v, lens, sm_scale, S, launch, combine_launch)
+    if plain and k is k_cache and v is v_cache and q3.data_ptr() == q.data_ptr():     # nothing was copied
+        _FLASH_PLANS.put(key, again)
+    return o
+
+
+_FLASH_PLANS = Plans()
 
 
 def _expect_launch(fn, launch, d, G=1, name="launch"):
@@ -577,61 +585,34 @@ def _expect_launch(fn, launch, d, G=1, name="launch"):
     return launch
 
 
-_WORKSPACE: dict = {}
-
-
 def _workspace(device, n_rows: int, d: int, n_heads: int):
-    """Zeroed float32 sums (rows x d, rows), int32 counters (heads) and flags (rows), kept between calls.
-
-    Every call leaves them zeroed again (its last programs reset what they read), so no call
-    pays for a memset. Calls on different CUDA streams at the same time must not share it.
-    """
-    key = str(device)
-    ws = _WORKSPACE.get(key)
-    if ws is None or ws[0].numel() < n_rows * d or ws[1].numel() < n_rows or ws[2].numel() < n_heads:
-        old = ws or (torch.empty(0), torch.empty(0), torch.empty(0))
-        rows = max(n_rows, old[1].numel())
-        ws = (torch.zeros(max(n_rows * d, old[0].numel()), dtype=torch.float32, device=device),
-              torch.zeros(rows, dtype=torch.float32, device=device),
-              torch.zeros(max(n_heads, old[2].numel()), dtype=torch.int32, device=device),
-              torch.zeros(rows, dtype=torch.int32, device=device))   # per row: chunks recomputed
-        _WORKSPACE[key] = ws
-    return ws
+    # zeroed float32 sums (rows x d, rows), int32 counters (heads) and per-row flags (chunks
+    # recomputed): every call leaves them zeroed again (its last programs reset what they read)
+    f32, i32 = torch.float32, torch.int32
+    return kept("unified sums", device, (n_rows * d, f32, True), (n_rows, f32, True), (n_heads, i32, True),
+                (n_rows, i32, True))
 
 
-def _launch_unified(q3, k, v, lens, sm_scale, S, phi, bounds, launch: aot.Launch):
-    """Run the unified-max kernel on checked inputs: (o of shape (B, H_q, d), flags per row)."""
+def _launch_unified(q, q3, k, v, lens, sm_scale, S, phi, bounds, launch: aot.Launch):
+    """Run the unified-max kernel on checked inputs (``q3``: q as (B, H_q, d), a view of ``q``):
+    o of q's shape, the flags per row, and ``again(q, k, v, phi)`` (as :func:`_launch_flash`'s)."""
     B, H_q, d = q3.shape
     H_kv, L = k.shape[1], k.shape[2]
     acc, lsum, count, flags = _workspace(q3.device, B * H_q, d, B * H_kv)
     o_part, lse_part = _scratch(q3.device, B * H_q * S, d)
-    o = torch.empty((B, H_q, d), dtype=q3.dtype, device=q3.device)
+    shape, dtype, device = q.shape, q.dtype, q.device
+    o = torch.empty(shape, dtype=dtype, device=device)
+    work = (acc, lsum, count, o_part, lse_part, flags)
+    rest = (bounds[0] * LOG2E, bounds[1] * LOG2E, L, H_kv, H_q // H_kv, S, *_strides(q3, k, v))
     with _quiet():
-        _unified_max_decode[(S, B * H_kv)](
-            q3, k, v, lens, o, acc, lsum, count, o_part, lse_part, flags,
-            sm_scale * LOG2E, phi * LOG2E, bounds[0] * LOG2E, bounds[1] * LOG2E, L, H_kv, H_q // H_kv, S,
-            *_strides(q3, k, v), HAS_LENS=lens is not None, **launch.constexprs, **launch.options())
-    return o, flags
+        run = relaunch(_unified_max_decode, (S, B * H_kv), (q3, k, v, lens, o, *work, sm_scale * LOG2E, phi * LOG2E, *rest),
+                       {"HAS_LENS": lens is not None, **launch.constexprs, **launch.options()})
 
-
-def _expect_phi_bounds(fn, phi, bounds):
-    try:
-        value = float(phi)
-    except (TypeError, ValueError):
-        raise TypeError(f"{fn}: phi is {phi!r}; expected a number (the shared offset phi, in the units "
-                        "of the scaled scores sm_scale * q.k)") from None
-    if not math.isfinite(value):
-        raise ValueError(f"{fn}: phi is {phi!r}; expected a finite number")
-    if bounds is None:
-        return value, DEFAULT_BOUNDS
-    try:
-        a, b = (float(x) for x in bounds)
-    except (TypeError, ValueError):
-        raise ValueError(f"{fn}: bounds is {bounds!r}; expected a pair (a, b) with a < 0 < b") from None
-    if not (math.isfinite(a) and math.isfinite(b) and a < 0 < b):
-        raise ValueError(f"{fn}: bounds is {bounds!r}; expected a pair (a, b) of finite numbers with "
-                         "a < 0 < b (the safe range of x - phi)")
-    return value, (a, b)
+    def again(q, k, v, phi):
+        o = torch.empty(shape, dtype=dtype, device=device)
+        run(q, k, v, None, o, *work, sm_scale * LOG2E, phi * LOG2E, *rest)
+        return o
+    return o, flags, again
 
 
 def unified_max_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, phi: float,
@@ -669,13 +650,21 @@ def unified_max_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
         True
     """
     fn = "unified_max_decode"
+    plain = (kv_lens is None and num_splits is None and sm_scale is None and bounds is None and not return_stats
+             and launch is None)
+    if plain:                           # a decoding loop's call: the host's work for this shape is done
+        key = shape_key(q, k_cache, v_cache)
+        again = _UNIFIED_PLANS.get(key)
+        if again is not None:
+            return again(q, k_cache, v_cache, expect_phi_bounds(fn, phi, None, DEFAULT_BOUNDS)[0])
     q3, k, v, lens, sm_scale, S = _prepare(fn, q, k_cache, v_cache, kv_lens, num_splits, sm_scale)
-    phi, bounds = _expect_phi_bounds(fn, phi, bounds)
+    phi, bounds = expect_phi_bounds(fn, phi, bounds, DEFAULT_BOUNDS)
     d, G = q3.shape[-1], q3.shape[1] // k.shape[1]
     launch = (decode_config(d, G, q3.dtype, kernel="unified_max_decode") if launch is None
               else _expect_launch(fn, launch, d, G))
-    o, flags = _launch_unified(q3, k, v, lens, sm_scale, S, phi, bounds, launch)
-    o = o.view(q.shape)
+    o, flags, again = _launch_unified(q, q3, k, v, lens, sm_scale, S, phi, bounds, launch)
+    if plain and k is k_cache and v is v_cache and q3.data_ptr() == q.data_ptr():     # nothing was copied
+        _UNIFIED_PLANS.put(key, again)
     if not return_stats:
         return o
     B, H_q = q3.shape[:2]
@@ -684,6 +673,9 @@ def unified_max_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     stats = {"fallback_heads": int((flags > 0).sum()), "heads": B * H_q,
              "fallback_chunks": int(per_kv_head.sum()), "chunks": S * B * k.shape[1], "num_splits": S}
     return o, stats
+
+
+_UNIFIED_PLANS = Plans()
 
 
 # --------------------------------------------------------------------------------------------------

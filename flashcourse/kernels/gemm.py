@@ -72,6 +72,7 @@ import triton.language as tl
 
 from .. import backend
 from . import aot
+from .launch import kept
 from .validate import expect_dot_operands, expect_tensor
 
 __all__ = ["DOT_MIN", "FLAT_MAX_M", "GEMV_MAX_M", "W_LAYOUTS", "GemmConfig", "flat_gemm", "gemm_config", "gemv",
@@ -473,9 +474,6 @@ def _expect_int(fn, name, value, lo, hi, what=""):
 # --------------------------------------------------------------------------------------------------
 # Launching
 
-_WORKSPACE: dict = {}
-
-
 def workspace(device, n_part: int, n_count: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The split-K scratch on ``device``: float32 partials (at least ``n_part``) and int32 counters
     (at least ``n_count``, zeroed), kept between calls and grown when a call needs more.
@@ -491,14 +489,7 @@ def workspace(device, n_part: int, n_count: int) -> tuple[torch.Tensor, torch.Te
         >>> part.numel() >= 8, int(count[:2].abs().sum())
         (True, 0)
     """
-    key = str(device)
-    ws = _WORKSPACE.get(key)
-    if ws is None or ws[0].numel() < n_part or ws[1].numel() < n_count:
-        old = ws or (torch.empty(0), torch.empty(0))
-        ws = (torch.empty(max(n_part, old[0].numel(), 1), dtype=torch.float32, device=device),
-              torch.zeros(max(n_count, old[1].numel(), 1), dtype=torch.int32, device=device))
-        _WORKSPACE[key] = ws
-    return ws
+    return kept("split-K", device, (n_part, torch.float32, False), (n_count, torch.int32, True))
 
 
 def launch(x: torch.Tensor, w: torch.Tensor, config: GemmConfig, *, w_layout: str = "kn") -> torch.Tensor:

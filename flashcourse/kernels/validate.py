@@ -22,7 +22,8 @@ from .. import backend
 
 __all__ = ["FLOAT_DTYPES", "dtype_names", "expect_tensor", "expect_dtype", "expect_on_backend",
            "expect_ndim", "expect_same", "expect_float_tensor", "supports_bf16", "ATTENTION_DTYPES",
-           "expect_qkv", "expect_dot_operands", "expect_sm_scale", "expect_decode", "expect_num_splits"]
+           "expect_qkv", "expect_dot_operands", "expect_sm_scale", "expect_decode", "expect_num_splits",
+           "expect_phi_bounds"]
 
 #: The floating dtypes the course's kernels accept (bfloat16 only where the GPU has it).
 FLOAT_DTYPES = (torch.float16, torch.float32, torch.bfloat16)
@@ -339,3 +340,33 @@ def expect_num_splits(fn: str, num_splits) -> int | None:
         raise ValueError(f"{fn}: num_splits is {num_splits!r}; expected a whole number >= 1 "
                          "(or None for the heuristic)" + (" and < 65536" if n >= 65536 else ""))
     return n
+
+
+def expect_phi_bounds(fn: str, phi, bounds, default_bounds) -> tuple[float, tuple[float, float]]:
+    """``(phi, bounds)`` as floats: phi any finite number, bounds a pair ``a < 0 < b`` (None: the default).
+
+    Example:
+        >>> expect_phi_bounds("unified_max_decode", 3, None, (-1.0, 2.0))
+        (3.0, (-1.0, 2.0))
+        >>> expect_phi_bounds("unified_max_decode", 0.0, (1, 2), (-1.0, 2.0))
+        Traceback (most recent call last):
+            ...
+        ValueError: unified_max_decode: bounds is (1, 2); expected a pair (a, b) of finite numbers with a < 0 < b (the safe range of x - phi)
+    """
+    try:
+        value = float(phi)
+    except (TypeError, ValueError):
+        raise TypeError(f"{fn}: phi is {phi!r}; expected a number (the shared offset phi, in the units "
+                        "of the scaled scores sm_scale * q.k)") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{fn}: phi is {phi!r}; expected a finite number")
+    if bounds is None:
+        return value, default_bounds
+    try:
+        a, b = (float(x) for x in bounds)
+    except (TypeError, ValueError):
+        raise ValueError(f"{fn}: bounds is {bounds!r}; expected a pair (a, b) with a < 0 < b") from None
+    if not (math.isfinite(a) and math.isfinite(b) and a < 0 < b):
+        raise ValueError(f"{fn}: bounds is {bounds!r}; expected a pair (a, b) of finite numbers with "
+                         "a < 0 < b (the safe range of x - phi)")
+    return value, (a, b)
