@@ -7,7 +7,8 @@ For B = 1, 32 query heads, d = 128, H_kv in {32, 8}, L in {1k, 4k, 16k} and both
 never blocking the host: :func:`flashcourse.bench.timers.host_us`) and the GPU's time
 (CUDA-graph replay), for the course's kernels and SDPA (default choice and each backend that runs);
 the same step captured in a CUDA graph and replayed; and, for one shape, what the host's time is
-made of (a planned call against the full path, a Triton launch against :func:`relaunch`). Writes DIR/decode_host.json.
+made of (a planned call against the full path, a Triton launch against :func:`relaunch`).
+Writes DIR/decode_host.json (shipped: ``flashcourse.bench.measured("decode_host")``). Writes DIR/decode_host.json.
 """
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
 On a GPU with ``ncu``::
 
     python tools/ncu_dram.py run --out DIR        # every case; writes DIR/ncu_dram.json
+                                                   # (shipped: flashcourse.bench.measured("ncu_dram"))
     python tools/ncu_dram.py case NAME             # one case (what ``run`` profiles under ncu)
 
 ``run`` profiles ``case NAME`` once per case with

@@ -1,0 +1,44 @@
+"""Measurements shipped with the course that are no benchmark suite's: their JSON, as dicts.
+
+A suite's results (:func:`flashcourse.bench.shipped`) are records of timed cases; these are other
+things measured on the course's H100, each written by a script in ``tools/`` that says what is in
+it, and kept in ``results/GPU/measured/``:
+
+* ``ncu_dram``: DRAM bytes read and written by each course kernel under Nsight Compute, beside
+  the counted bytes (``tools/ncu_dram.py``);
+* ``decode_host``: the host's and the GPU's time per decode call, the course's kernels against
+  SDPA, with and without CUDA graphs (``tools/gpu_decode_host.py``).
+
+Example:
+    >>> ncu = measured("ncu_dram")
+    >>> ncu["gpu"], ncu["cases"]["fa2"]["summary"]["counted_read"] > 0
+    ('NVIDIA H100 80GB HBM3', True)
+"""
+from __future__ import annotations
+
+import json
+
+from .harness import RESULTS
+
+__all__ = ["measured", "MEASURED_DIR"]
+
+#: The folder, beside a GPU's suite results, that holds its other measurements.
+MEASURED_DIR = "measured"
+
+
+def measured(name: str, gpu: str = "h100") -> dict:
+    """The shipped measurement ``name`` on ``gpu`` (no GPU needed).
+
+    Example:
+        >>> measured("decode_host")["provenance"]["gpu"]
+        'NVIDIA H100 80GB HBM3'
+        >>> measured("nothing")
+        Traceback (most recent call last):
+            ...
+        FileNotFoundError: measured: nothing named 'nothing' shipped for 'h100'; shipped: ['decode_host', 'ncu_dram']
+    """
+    path = RESULTS / gpu / MEASURED_DIR / f"{name}.json"
+    if not path.is_file():
+        have = sorted(p.stem for p in path.parent.glob("*.json"))
+        raise FileNotFoundError(f"measured: nothing named {name!r} shipped for {gpu!r}; shipped: {have or 'none'}")
+    return json.loads(path.read_text())
