@@ -236,6 +236,25 @@ def test_a_decoding_loop_reuses_the_plan_for_new_tensors(device, gen, monkeypatc
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fn", ["flash_decode", "unified_max_decode"])
+def test_a_decode_step_replays_in_a_cuda_graph(device, gen, fn):
+    """Captured once in a CUDA graph (after a warm-up call), replays give each new token's right output."""
+    call = {"flash_decode": lambda q, k, v: flash_decode(q, k, v),
+            "unified_max_decode": lambda q, k, v: unified_max_decode(q, k, v, 3.0)}[fn]
+    q, k, v = inputs(2, 32, 8, 5000, 128, gen, device)
+    static_q = q.clone()
+    call(static_q, k, v)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_o = call(static_q, k, v)
+    for step in range(3):
+        new_q = inputs(2, 32, 8, 1, 128, gen, device, q_scale=(1.0, 30.0, 1.0)[step])[0]
+        static_q.copy_(new_q)
+        graph.replay()
+        assert_decode_close(static_o, new_q, k, v, what=f"replay {step}")
+
+
+@pytest.mark.gpu
 def test_bfloat16_on_the_gpu(device, gen):
     from flashcourse.kernels.validate import supports_bf16
     if not supports_bf16():

@@ -377,3 +377,20 @@ def test_the_floor_takes_the_work_of_a_measured_implementation():
     base = res.get("base", K=64, N=128, M=1)
     assert np.isnan(fig.bars["ours"][0].get_height())
     assert fig.floor[0] == pytest.approx(base.bytes / 0.5e-6 / 1e12)        # base's bytes at the floor's time
+
+
+def test_host_time_plot_draws_the_measurement():
+    """Host bars and GPU ticks come from the data; the graph bar is annotated with its host time."""
+    from flashcourse.viz.decode import host_time_plot
+    rows = [{"impl": impl, "H_q": 32, "H_kv": 8, "L": L, "host_us": host, "gpu_us": 10.0}
+            for impl, host in (("flash_decode (B,H,d)", 50.0), ("unified_max_decode (B,H,d)", 40.0), ("sdpa", 30.0))
+            for L in (1024, 4096)]
+    steps = [{"impl": "flash_decode", "how": how, "layers": 32, "H_kv": 8, "L": 4096, "host_us": host, "gpu_us": 400.0}
+             for how, host in (("calls", 1600.0), ("graph", 5.0))]
+    fig = host_time_plot({"provenance": {"gpu": "NVIDIA H100 80GB HBM3"}, "rows": rows, "steps": steps})
+    assert fig.host == {(label, L): host for label, host in (("flash_decode", 50.0), ("unified_max_decode", 40.0),
+                                                              ("SDPA", 30.0)) for L in (1024, 4096)}
+    left, right = fig.axes
+    assert sorted(p.get_height() for p in left.patches) == [30.0, 30.0, 40.0, 40.0, 50.0, 50.0]
+    assert sorted(p.get_height() for p in right.patches) == [5.0, 1600.0]
+    assert [t.get_text() for t in right.texts] == ["5 µs"]

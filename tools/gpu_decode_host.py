@@ -76,11 +76,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--calls", type=int, default=100)
     ap.add_argument("--parts-only", action="store_true")
+    ap.add_argument("--steps-only", action="store_true")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     out = {"provenance": provenance(), "command": "python tools/gpu_decode_host.py", "rows": [], "parts": []}
     d, H_q = 128, 32
-    for H_kv in (() if args.parts_only else (32, 8)):
+    for H_kv in (() if args.parts_only or args.steps_only else (32, 8)):
         for L in (1024, 4096, 16384):
             q3 = torch.randn(1, H_q, d, device="cuda", dtype=torch.float16)
             q4 = q3[:, :, None]
@@ -104,6 +105,35 @@ def main(argv=None) -> int:
                     row["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
                 print(json.dumps(row), flush=True)
                 out["rows"].append(row)
+    # a model's decode step: one attention call per layer (32 layers, each its own cache), launched
+    # call by call or replayed as one CUDA graph; wall time per step over 50 steps
+    out["steps"] = []
+    for H_kv, L in (() if args.parts_only else ((8, 4096), (8, 16384))):
+        caches = [(torch.randn(1, H_kv, L, d, device="cuda", dtype=torch.float16),
+                   torch.randn(1, H_kv, L, d, device="cuda", dtype=torch.float16)) for _ in range(32)]
+        q = torch.randn(1, H_q, d, device="cuda", dtype=torch.float16)
+        for impl, attn in (("flash_decode", lambda q, k, v: flash_decode(q, k, v)),
+                           ("unified_max_decode", lambda q, k, v: unified_max_decode(q, k, v, 3.0)),
+                           ("sdpa", lambda q, k, v: F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True))):
+            def step(attn=attn):
+                for k, v in caches:
+                    attn(q, k, v)
+            replay = graphed(step)
+            for how, fn in (("calls", step), ("graph", replay)):
+                fn()
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(50):
+                    fn()
+                torch.cuda.synchronize()
+                wall_us = (time.perf_counter() - t0) / 50 * 1e6
+                row = {"impl": impl, "how": how, "layers": 32, "H_q": H_q, "H_kv": H_kv, "L": L, "d": d,
+                       "host_us": host_us(fn, calls=10, rounds=5),
+                       "gpu_us": float(do_bench_cudagraph(step, rep=50)) * 1e3, "wall_us": wall_us}
+                print(json.dumps(row), flush=True)
+                out["steps"].append(row)
+        del caches
+        torch.cuda.empty_cache()
     # the parts of flash_decode's host path, at one shape
     H_kv, L = 8, 4096
     q3 = torch.randn(1, H_q, d, device="cuda", dtype=torch.float16)

@@ -1,4 +1,5 @@
-"""Figures for choosing FlashDecoding++'s unified max φ: score distributions, row maxima, fallback rate.
+"""Figures of chapters 4 and 5: where a decode step's time goes (host or GPU), and, for choosing
+FlashDecoding++'s unified max φ, score distributions, row maxima and the fallback rate.
 
 Each function reads the statistics of :mod:`flashcourse.reference.decode_scores` (the shipped MiniLM-L6 numbers by
 default) and returns a Figure; those that draw one panel accept ``ax=``.
@@ -13,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..reference import decode_scores as S
-from ._common import figure_of, legend_outside, new_figure
+from ._common import figure_legend, figure_of, legend_outside, new_figure, short_gpu
 
-__all__ = ["score_histograms", "row_max_plot", "fallback_curve"]
+__all__ = ["score_histograms", "row_max_plot", "fallback_curve", "host_time_plot"]
 
 _COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
 
@@ -164,4 +165,61 @@ def fallback_curve(stats=None, bounds=S.DEFAULT_BOUNDS, chosen: float | None = N
     ax.set_ylabel("fraction of rows")
     ax.set_title(title or f"fallback rate vs φ  (window [a, b] = [{a:.1f}, {b:.1f}], rule {rule!r})")
     legend_outside(ax)
+    return fig
+
+
+_HOST_IMPLS = {"flash_decode (B,H,d)": "flash_decode", "unified_max_decode (B,H,d)": "unified_max_decode",
+               "sdpa": "SDPA"}
+
+
+def host_time_plot(data: dict, H_kv: int = 8):
+    """The host's time against the GPU's: per call (left) and for a 32-layer step (right).
+
+    ``data``: a ``decode_host`` measurement (tools/gpu_decode_host.py; the shipped H100 one is
+    ``flashcourse.bench.measured("decode_host")``). Left: each implementation's host time per call at
+    ``H_kv`` KV heads and every L, bars, with the GPU's time per call as a black tick. Right: one
+    attention call per layer, launched call by call or replayed as one CUDA graph: host time and
+    GPU time per step. Returns the Figure; ``fig.host`` maps (implementation, L) to the host's µs.
+
+    Example:
+        >>> from flashcourse.bench import measured
+        >>> fig = host_time_plot(measured("decode_host"))
+        >>> fig.host["SDPA", 4096] > 0, len(fig.axes)
+        (True, 2)
+    """
+    rows = [r for r in data["rows"] if r.get("H_kv") == H_kv and "host_us" in r and "error" not in r]
+    Ls = sorted({r["L"] for r in rows})
+    fig, (left, right) = new_figure(1, 2, figsize=(9.0, 3.4), width_ratios=(3, 2))
+    fig.host = {}
+    width = 0.8 / len(_HOST_IMPLS)
+    for k, (impl, label) in enumerate(_HOST_IMPLS.items()):
+        got = {r["L"]: r for r in rows if r["impl"] == impl}
+        x = np.arange(len(Ls)) + (k - (len(_HOST_IMPLS) - 1) / 2) * width
+        left.bar(x, [got[L]["host_us"] if L in got else np.nan for L in Ls], width * 0.9, color=_COLORS[k], label=label)
+        left.scatter(x, [got[L]["gpu_us"] if L in got else np.nan for L in Ls], marker="_", s=150, color="black",
+                     label="GPU time" if k == 0 else None, zorder=3)
+        fig.host.update({(label, L): got[L]["host_us"] for L in got})
+    left.set_xticks(np.arange(len(Ls)), [f"L = {L // 1024}k" for L in Ls])
+    left.set_ylabel("µs per call")
+    left.set_title(f"one call (B = 1, {rows[0]['H_q']} / {H_kv} heads)" if rows else "one call", fontsize=9)
+    steps = [r for r in data.get("steps", []) if r["H_kv"] == H_kv]
+    L = min((r["L"] for r in steps), default=None)
+    steps = [r for r in steps if r["L"] == L]
+    impls = list(dict.fromkeys(r["impl"] for r in steps))
+    for i, impl in enumerate(impls):
+        for j, how in enumerate(("calls", "graph")):
+            r = next((r for r in steps if r["impl"] == impl and r["how"] == how), None)
+            if r is not None:
+                right.bar(i + (j - 0.5) * 0.4, r["host_us"], 0.36, color=_COLORS[i], alpha=1.0 if how == "calls" else 0.45,
+                          hatch=None if how == "calls" else "//")
+                right.scatter(i + (j - 0.5) * 0.4, r["gpu_us"], marker="_", s=150, color="black", zorder=3)
+                if how == "graph":
+                    right.annotate(f"{r['host_us']:.0f} µs", (i + 0.2, r["host_us"]), xytext=(0, 3),
+                                   textcoords="offset points", ha="center", fontsize=7)
+    right.set_xticks(range(len(impls)), [f"{_HOST_IMPLS.get(i + ' (B,H,d)', 'SDPA' if i == 'sdpa' else i)}\ncalls | graph"
+                                         for i in impls], fontsize=7)
+    right.set_ylabel("µs per step")
+    if steps:
+        right.set_title(f"{steps[0]['layers']} layers, L = {L // 1024}k: host (bars), GPU (ticks)", fontsize=9)
+    figure_legend(fig, left, title=short_gpu(data["provenance"].get("gpu")))
     return fig

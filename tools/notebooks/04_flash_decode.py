@@ -246,6 +246,57 @@ CELLS = [
     """, "fragment", name="flush"),
 
     md("""
+    ## Where a decode step's time goes: the host
+
+    The timer above keeps the host out. A real decoding loop cannot: every call runs Python and
+    *launches* kernels, and on this H100's host one Triton launch costs 11 µs for a kernel with one
+    argument and 19 µs with twenty, whatever the kernel does (an empty one; measured by
+    `tools/gpu_decode_host.py`, shipped as `flashcourse.bench.measured("decode_host")`).
+    `flash_decode` launches two kernels (split and combine), `unified_max_decode` one. Below: the
+    host's time per call beside the GPU's (ticks), at batch 1 with 32 query heads over 8 KV heads,
+    and a model's step of 32 layers, one attention call each, L = 4k.
+    """, "slide", name="host-md"),
+    code("""
+    # NBVAL_IGNORE_OUTPUT
+    host = bench.measured("decode_host")
+    viz.host_time_plot(host)
+    """, "subslide", name="host"),
+    md("""
+    At L = 4k a call keeps the GPU busy for about 10 µs and the host for 35–60 µs (SDPA's C++ path:
+    33 µs): the GPU waits. For 32 layers the host needs 0.8–1.7 ms per step to launch what the GPU
+    runs in 0.4 ms, and a step takes 1.4–2.2 ms. The course's entry points already do the host's
+    *checking* once per shape (a plain call is looked up by its tensors' shapes, strides, dtypes
+    and alignment and replays the launches it planned the first time: 35–53 µs against 59–80 µs for
+    the full path), but the launches stay. Servers remove them: they record the whole step once as
+    a **CUDA graph** (the driver keeps the kernels with their arguments) and replay it with one
+    call. That costs the host 4–8 µs for all 32 layers, and a step takes what the GPU needs,
+    0.37–0.42 ms. A graph replays *the same addresses*, so the new token's q is copied into the
+    captured input, and the output is read from the captured output tensor.
+    """, "fragment", name="host-notes"),
+    code("""
+    # NBVAL_IGNORE_OUTPUT
+    from flashcourse.bench.timers import host_us
+    from flashcourse.kernels import flash_decode
+    if backend.DEVICE == "cuda":
+        q = torch.randn(1, 32, 128, device="cuda", dtype=torch.float16)
+        k, v = torch.randn(2, 1, 8, 4096, 128, device="cuda", dtype=torch.float16)
+        static_q = q.clone()
+        flash_decode(static_q, k, v)                  # warm up: compile, and plan this shape
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):                 # record the launches, run nothing
+            static_o = flash_decode(static_q, k, v)
+        static_q.copy_(q)                             # a new token: same address, new values
+        graph.replay()
+        print("replay == call:", torch.allclose(static_o, flash_decode(q, k, v), atol=1e-3))
+        print(f"host per call: {host_us(lambda: flash_decode(q, k, v)):.1f} µs launched, "
+              f"{host_us(graph.replay):.1f} µs replayed")
+    else:
+        for r in host["steps"]:
+            if r["L"] == 4096:
+                print(f"{r['impl']:>18s}, 32 layers by {r['how']:5s}: host {r['host_us']:7.1f} µs, "
+                      f"GPU {r['gpu_us']:6.1f} µs, a step takes {r['wall_us']:7.1f} µs")
+    """, "subslide", name="graph"),
+    md("""
     ## Paper says / we measure: Flash-Decoding
 
     **The blog says** (Dao, Haziza, Massa, Sizov, Oct 2023):
@@ -300,7 +351,7 @@ CELLS = [
     per-chunk loop.
     """, "slide", name="summary"),
     md("""
-    Instructor notes: about 35 minutes. Ask what the combine is when S = 1 (the identity: flash_decode then skips the
+    Instructor notes: about 40 minutes. Ask what the combine is when S = 1 (the identity: flash_decode then skips the
     combine kernel and the split kernel writes o), and why a
     chunk with no keys must get lse = −∞ rather than 0.
     """, "notes", name="notes"),
