@@ -394,3 +394,15 @@ def test_host_time_plot_draws_the_measurement():
     assert sorted(p.get_height() for p in left.patches) == [30.0, 30.0, 40.0, 40.0, 50.0, 50.0]
     assert sorted(p.get_height() for p in right.patches) == [5.0, 1600.0]
     assert [t.get_text() for t in right.texts] == ["5 µs"]
+
+
+def test_dram_plot_sets_counted_against_measured_bytes():
+    """One pair of bars per case and direction, in MB, from the measurement; empty controls left out."""
+    from flashcourse.viz.traffic import dram_plot
+    summary = lambda cr, cw, dr, dw: {"summary": {"counted_read": cr, "counted_write": cw, "dram_read": dr, "dram_write": dw}}  # noqa: E731
+    ncu = {"cases": {"a": summary(2e6, 1e6, 2e6, 5e5), "b": summary(8e6, 1e6, 1e6, 1e6), "empty": summary(0, 0, 2304, 0)}}
+    fig = dram_plot(ncu)
+    assert fig.cases == ["a", "b"]
+    read, write = fig.axes
+    assert sorted(p.get_width() for p in read.patches) == [1.0, 2.0, 2.0, 8.0]
+    assert sorted(p.get_width() for p in write.patches) == [0.5, 1.0, 1.0, 1.0]

@@ -5,7 +5,7 @@ things measured on the course's H100, each written by a script in ``tools/`` tha
 it, and kept in ``results/GPU/measured/``:
 
 * ``ncu_dram``: DRAM bytes read and written by each course kernel under Nsight Compute, beside
-  the counted bytes (``tools/ncu_dram.py``);
+  the counted bytes (:mod:`flashcourse.bench.ncu`);
 * ``decode_host``: the host's and the GPU's time per decode call, the course's kernels against
   SDPA, with and without CUDA graphs (``tools/gpu_decode_host.py``).
 

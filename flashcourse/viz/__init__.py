@@ -18,11 +18,11 @@ from ._common import (DPI, PALETTE, binary_size, bytes_axis, figure_legend, huma
                       size_axis)
 from .bench import bench_bars, bench_plot, memory_plot
 from .stepper import draw_frame, frame_state, frame_steps, show_stepper, stepper_animation, stepper_strip
-from .traffic import (CAPACITIES, attention_traffic, count_standard_attention, cumulative_traffic,
+from .traffic import (CAPACITIES, attention_traffic, count_standard_attention, cumulative_traffic, dram_plot,
                       materialized_memory, traffic_bars)
 
 __all__ = (["DPI", "PALETTE", "human_bytes", "binary_size", "bytes_axis", "size_axis", "legend_outside",
             "figure_legend", "new_figure", "bench_plot", "bench_bars", "memory_plot", "stepper_strip", "stepper_animation",
             "show_stepper", "draw_frame", "frame_state", "frame_steps", "traffic_bars", "cumulative_traffic",
-            "attention_traffic", "count_standard_attention", "materialized_memory", "CAPACITIES"]
+            "attention_traffic", "count_standard_attention", "materialized_memory", "dram_plot", "CAPACITIES"]
            + chapters.export(__name__, globals()))   # one module per chapter: see flashcourse.chapters

@@ -3,7 +3,8 @@
 The log is the data; these functions only read it. ``traffic_bars`` shows the bytes each tensor
 moved, read and written; ``cumulative_traffic`` shows them pile up transfer by transfer, step by
 step; ``attention_traffic`` sets standard attention's counted traffic against ``4Nd + 4N^2``;
-``materialized_memory`` shows how much HBM S and P take as N grows.
+``materialized_memory`` shows how much HBM S and P take as N grows; ``dram_plot`` sets the counted
+bytes of each course kernel against the DRAM bytes Nsight Compute measured.
 
 Example:
     >>> import numpy as np
@@ -23,10 +24,10 @@ import numpy as np
 
 from .. import formulas
 from ..memory import Memory
-from ._common import READ_COLOR, WRITE_COLOR, bytes_axis, figure_of, human_bytes, legend_outside, size_axis
+from ._common import READ_COLOR, WRITE_COLOR, bytes_axis, figure_of, human_bytes, legend_outside, new_figure, size_axis
 
 __all__ = ["traffic_bars", "cumulative_traffic", "count_standard_attention", "attention_traffic",
-           "materialized_memory", "CAPACITIES"]
+           "materialized_memory", "dram_plot", "CAPACITIES"]
 
 _DIRECTIONS = (("read", "read (HBM → SRAM)", READ_COLOR), ("write", "write (SRAM → HBM)", WRITE_COLOR))
 
@@ -195,4 +196,36 @@ def materialized_memory(Ns, configs: dict | None = None, dtype_bytes: int = 2,
     ax.set_ylabel("bytes")
     ax.set_title(title or f"HBM to materialise S and P ({dtype_bytes}-byte elements)")
     legend_outside(ax)
+    return fig
+
+
+def dram_plot(ncu: dict, cases=None):
+    """Counted bytes against the DRAM bytes Nsight Compute measured, read (left) and written (right).
+
+    ``ncu``: a ``ncu_dram`` measurement (:mod:`flashcourse.bench.ncu`; the shipped H100 one is
+    ``flashcourse.bench.measured("ncu_dram")``); ``cases`` the ones to draw (default: all that
+    count some traffic, so not the empty kernels measured as controls), top to bottom. Bytes on a log axis: a pair of bars that differ by 10x is a model that is off by 10x.
+    Returns the Figure; ``fig.cases`` lists the cases drawn.
+
+    Example:
+        >>> from flashcourse.bench import measured
+        >>> fig = dram_plot(measured("ncu_dram"), ["softmax_fused", "fa2"])
+        >>> fig.cases, [t.get_text() for t in fig.axes[0].get_yticklabels()]
+        (['softmax_fused', 'fa2'], ['softmax_fused', 'fa2'])
+    """
+    cases = list(cases or (c for c, m in ncu["cases"].items()
+                           if m.get("summary", {}).get("counted_read", 0) + m.get("summary", {}).get("counted_write", 0)))
+    fig, axes = new_figure(1, 2, figsize=(9.0, 0.3 * len(cases) + 1.4), sharey=True)
+    y = np.arange(len(cases))[::-1]
+    for ax, direction, color in ((axes[0], "read", READ_COLOR), (axes[1], "write", WRITE_COLOR)):
+        summary = [ncu["cases"][c]["summary"] for c in cases]
+        for dy, key, alpha, label in ((0.2, "counted", 0.4, "counted"), (-0.2, "dram", 1.0, "DRAM (Nsight Compute)")):
+            mb = np.array([float(m[f"{key}_{direction}"]) / 1e6 for m in summary])
+            ax.barh(y + dy, np.where(mb > 0, mb, np.nan), 0.38, color=color, alpha=alpha, label=label)
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(lambda v, _pos: f"{v:g} MB")
+        ax.set_title(f"bytes {direction}", fontsize=9)
+        ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.07), ncols=2, frameon=False, fontsize=7)
+    axes[0].set_yticks(y, cases)
+    fig.cases = cases
     return fig

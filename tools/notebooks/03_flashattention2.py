@@ -356,6 +356,53 @@ CELLS = [
     """, "subslide", name="paper-vs-measured"),
 
     md("""
+    ## The model meets the hardware
+
+    The counted memory charges HBM for every load that is not in SRAM. A real GPU has one more
+    level the program does not control: the L2 cache, 50 MB on the H100, between the SMs and HBM.
+    Nsight Compute counts the bytes that really cross the DRAM interface
+    (`ncu --metrics dram__bytes_read.sum,dram__bytes_write.sum`), each kernel starting with an
+    emptied L2. Below: the counted bytes of each course kernel beside what `ncu` measured on the
+    H100 (`flashcourse.bench.ncu`; shipped as `flashcourse.bench.measured("ncu_dram")`; torch
+    2.11, Triton 3.6, ncu 2025.3). With `ncu` on your GPU, the cell measures two of them again.
+    """, "slide", name="dram-md"),
+    code("""
+    # NBVAL_IGNORE_OUTPUT
+    import shutil
+    from flashcourse.bench import measured, ncu
+    ncu_path = shutil.which("ncu") or shutil.which("/usr/local/cuda/bin/ncu")
+    dram = measured("ncu_dram")
+    if backend.DEVICE == "cuda" and ncu_path:
+        live = ncu.run_all(ncu=ncu_path, cases=["softmax_fused", "fa2"])
+        for name, case in live["cases"].items():
+            print(name, case.get("summary") or case.get("log", "")[-300:])
+    viz.dram_plot(dram)
+    """, "subslide", name="dram"),
+    md("""
+    **Where nothing is re-read, the count is what DRAM sees.** The one-pass softmax read 67.12 MB
+    (counted: 67.11), standard attention's three PyTorch kernels 1099.6 MB (1098.9),
+    `flash_decode` 537.24 MB (537.27: every cached key once), `flat_gemm` 90.3 MB (95.8: the count
+    also charges $x$ once per column tile, which L2 serves).
+
+    **Re-reads are served by L2 when what is re-read fits.** FA2 reads $K_j$, $V_j$ once per query
+    block: counted 545 MB, DRAM 25.2 MB, which is $Q$, $K$ and $V$ once; $K$ and $V$ of all 16 heads
+    are 16 MiB and stay in L2. With 4 heads of 16k keys ($Q$, $K$, $V$: 48 MiB) DRAM read 53.0 MB:
+    the programs running at the same time share one head's $K$ and $V$. FA1's re-read $O_i$: counted
+    1661 MB, DRAM 47.8 MB. Softmax's second and third passes re-read a block just read (counted 134
+    and 201 MB; DRAM 75 and 70 MB). So on this GPU, FA2 counted with $M$ = the L2 ($T_r$ = 1: every
+    tensor once) predicts DRAM; the $\\Theta(N^2 d^2 / M)$ re-reads come back when the $K$ and $V$
+    in use outgrow the L2.
+
+    **Writes still in L2 when the kernel ends are not seen.** The one-pass softmax wrote 46.35 of
+    its 67.1 MB output to DRAM during the kernel; the rest stayed in L2, to be written back while the
+    next kernel runs. With a 16 MiB input, 1.35 of 16.8 MB.
+
+    **Not explained.** Kernels that write little (`flash_decode`: 0.33 MB counted, `flat_gemm`:
+    0.18 MB) show 2.3–2.4 MB of DRAM writes. An empty kernel measured the same way writes nothing
+    (and reads 2.3 KB), so it is not `ncu`'s floor; we have not found where they come from.
+    """, "fragment", name="dram-notes"),
+
+    md("""
     ## What FlashAttention-3 adds
 
     Shah, Bikshandi, Zhang, Thakkar, Ramani, Dao (2024): FA2's algorithm, rebuilt for Hopper's
@@ -396,7 +443,7 @@ CELLS = [
     loop of the Triton kernel.
     """, "slide", name="summary"),
     md("""
-    Instructor notes: about 55 minutes. Ask the room to predict the speed-up over FA1 from the
+    Instructor notes: about 60 minutes. Ask the room to predict the speed-up over FA1 from the
     non-matmul FLOP table (a fifth fewer), then show 5–50×: the program counts and the round trips
     explain it, not the FLOPs. The PTX slide shows that what most visibly separates our kernel from
     PyTorch's FA2 is an instruction, not the algorithm.

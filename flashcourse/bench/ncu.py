@@ -2,9 +2,11 @@
 
 On a GPU with ``ncu``::
 
-    python tools/ncu_dram.py run --out DIR        # every case; writes DIR/ncu_dram.json
-                                                   # (shipped: flashcourse.bench.measured("ncu_dram"))
-    python tools/ncu_dram.py case NAME             # one case (what ``run`` profiles under ncu)
+    python -m flashcourse.bench.ncu run --out DIR   # every case; writes DIR/ncu_dram.json
+                                                     # (shipped: flashcourse.bench.measured("ncu_dram"))
+    python -m flashcourse.bench.ncu case NAME       # one case (what ``run`` profiles under ncu)
+
+and from Python, :func:`run_all` (chapter 3's notebook does, where ``ncu`` is installed).
 
 ``run`` profiles ``case NAME`` once per case with
 ``ncu --nvtx --nvtx-include measure/ --metrics dram__bytes_read.sum,dram__bytes_write.sum --print-units base --csv``:
@@ -25,7 +27,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+__all__ = ["CASES", "METRICS", "run_all", "run_case", "parse_ncu"]
+
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 
 
@@ -166,18 +169,21 @@ def parse_ncu(text: str) -> list[dict]:
     return [kernels[i] for i in sorted(kernels)]
 
 
-def run_all(out: Path, ncu: str = "ncu", cases=None) -> dict:
+def run_all(out: Path | None = None, ncu: str = "ncu", cases=None) -> dict:
+    """Profile each case (default all of :data:`CASES`) in a child process under ``ncu``: the
+    measurement as :func:`flashcourse.bench.measured` gives the shipped one (also written to
+    ``out/ncu_dram.json`` after each case if ``out`` is given). Needs a GPU whose counters ncu may read."""
     import torch
     import triton
     results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                "ncu": subprocess.run([ncu, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1],
                "command": f"{ncu} --clock-control none --nvtx --nvtx-include measure/ --metrics {','.join(METRICS)} --print-units base --csv "
-                          "python tools/ncu_dram.py case NAME",
+                          "python -m flashcourse.bench.ncu case NAME",
                "cases": {}}
     for name in cases or CASES:
         cmd = [ncu, "--clock-control", "none", "--nvtx", "--nvtx-include", "measure/", "--metrics", ",".join(METRICS), "--print-units", "base",
-               "--csv", sys.executable, str(Path(__file__).resolve()), "case", name]
-        p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+               "--csv", sys.executable, "-m", "flashcourse.bench.ncu", "case", name]
+        p = subprocess.run(cmd, capture_output=True, text=True)
         counted = next((json.loads(l[len("COUNTED "):]) for l in p.stdout.splitlines() if l.startswith("COUNTED ")), None)
         try:
             kernels = parse_ncu(p.stdout)
@@ -194,8 +200,9 @@ def run_all(out: Path, ncu: str = "ncu", cases=None) -> dict:
                                 "dram_write": sum(k["dram__bytes_write.sum"] for k in kernels)}
         results["cases"][name] = entry
         print(name, json.dumps(entry.get("summary", entry.get("log", "")[-500:])), flush=True)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "ncu_dram.json").write_text(json.dumps(results, indent=1))
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "ncu_dram.json").write_text(json.dumps(results, indent=1))
     return results
 
 
