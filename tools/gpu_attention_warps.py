@@ -1,0 +1,125 @@
+"""Time the FA2 kernel with 1 to 16 warps per program: chapter 3's ``num_warps`` sweep.
+
+    PYTHONPATH=. python tools/gpu_attention_warps.py --out DIR        # on a CUDA GPU: DIR/attention_warps.json
+
+``fa2_forward`` with ``launch=aot.Launch(...)``: tiles ``BLOCK_M`` x 64 (``BLOCK_M`` = 64 and 128)
+and the stages ``fa2_config`` picks on this GPU, ``num_warps`` in 1, 2, 4, 8, 16, at the shapes of
+the ``attention`` suite (fp16, B * N = 16k tokens, hidden 2048: H = 2048 / d heads), d = 64 and 128,
+N = 1k, 4k and 16k, causal and not. Each case is checked against SDPA before it is timed, and timed
+as the ``attention`` suite is (the course's :func:`~flashcourse.bench.timers.flush_timer`, medians).
+The result is a :class:`flashcourse.bench.Result` of suite ``attention_warps``: one workload per
+(d, N, causal, num_warps), one implementation per tile (``"fa2 128x64"``), so that
+``bench.shipped("attention_warps")`` and :func:`flashcourse.viz.warps_plot` read it. The suite is
+registered only inside this script (it is a tuning sweep, not a chapter's benchmark).
+
+A case left when ``--budget`` seconds have passed is recorded as skipped. Without a GPU,
+``--interpret`` runs a tiny sweep through the interpreter with a fake timer (what the tests do).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import flashcourse  # noqa: E402,F401  (first: decides the backend before triton is imported)
+from flashcourse import backend, formulas  # noqa: E402
+from flashcourse.bench import harness  # noqa: E402
+
+SUITE = "attention_warps"
+WARPS = (1, 2, 4, 8, 16)
+BLOCK_MS = (64, 128)
+BLOCK_N = 64
+
+
+def workloads(Ns=(1024, 4096, 16384), ds=(64, 128), causal=(False, True), warps=WARPS, block_ms=BLOCK_MS,
+              tokens: int = 16384, hidden: int = 2048, budget: float = 240.0, seed: int = 0) -> list:
+    """One workload per (d, N, causal, num_warps), one case per ``BLOCK_M`` (the suite's function).
+
+    Example:
+        >>> [w.label for w in workloads(Ns=(1024,), ds=(64,), causal=(False,))][:2]
+        ['d=64 N=1024 warps=1', 'd=64 N=1024 warps=2']
+    """
+    t0 = time.perf_counter()
+    out = []
+    for d in ds:
+        for N in Ns:
+            B, H = max(1, tokens // N), hidden // d
+            for c in causal:
+                for w in warps:
+                    params = {"op": "attention", "dtype": "float16", "B": B, "H": H, "N": N, "d": d,
+                              "causal": bool(c), "num_warps": w, "BLOCK_N": BLOCK_N}
+                    out.append(harness.Workload(
+                        f"d={d} N={N}{' causal' if c else ''} warps={w}", params,
+                        lambda B=B, H=H, N=N, d=d, c=bool(c), w=w: _cases(B, H, N, d, c, w, block_ms, seed,
+                                                                        t0 + budget)))
+    return out
+
+
+def _cases(B, H, N, d, causal, warps, block_ms, seed, deadline):
+    import torch
+    import torch.nn.functional as F
+
+    from flashcourse.kernels import aot, fa2_config, fa2_forward
+
+    g = torch.Generator(device=backend.DEVICE).manual_seed(seed)
+    q, k, v = (torch.randn((B, H, N, d), generator=g, device=backend.DEVICE, dtype=torch.float16) for _ in range(3))
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal).float()
+    stages = fa2_config(d, torch.float16).num_stages
+
+    def check(o):
+        err = (o.float() - ref).abs().max().item()
+        return None if err <= 2e-2 else f"max |o - sdpa| = {err:.3g}"
+
+    cases = []
+    for bm in block_ms:
+        launch = aot.Launch({"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": BLOCK_N}, warps, stages, kernel="fa2_fwd")
+        late = time.perf_counter() > deadline
+        cases.append(harness.Case(
+            f"fa2 {bm}x{BLOCK_N}", fn=None if late else (lambda launch=launch: fa2_forward(q, k, v, causal, launch=launch)),
+            flops=formulas.attention_flops(N, d, heads=H, causal=causal) * B, bytes=4 * B * H * N * d * 2,
+            skip="not run: the time budget (--budget) was spent" if late else None, check=check,
+            extra={"BLOCK_M": bm, "BLOCK_N": BLOCK_N, "num_warps": warps, "num_stages": stages}))
+    return cases
+
+
+def run_sweep(out=None, timer=None, command=None, **options):
+    """Register the suite, run it (``options`` go to :func:`workloads`), unregister it; returns the Result.
+
+    ``timer=None`` is the course's timer (a GPU is needed); tests pass a fake one.
+    """
+    harness.suite(SUITE, help="chapter 3: FA2 with 1-16 warps per program")(workloads)
+    try:
+        return harness.run(SUITE, out=out, timer=timer, progress=False, command=command, **options)
+    finally:
+        harness.unregister(SUITE)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for attention_warps.json")
+    p.add_argument("--budget", type=float, default=240.0, help="skip the cases left after this many seconds")
+    p.add_argument("--interpret", action="store_true", help="no GPU: a tiny sweep in the interpreter, fake timer")
+    args = p.parse_args(argv)
+    path = Path(args.out) / f"{SUITE}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    command = " ".join(["python", "tools/gpu_attention_warps.py", *(argv if argv is not None else sys.argv[1:])])
+    if args.interpret:
+        result = run_sweep(path, timer=lambda fn: (fn(), 1.0)[1], command=command, Ns=(64,), ds=(16,),
+                           causal=(False, True), warps=(1, 4), block_ms=(16, 32), tokens=64, hidden=32)
+    elif backend.DEVICE != "cuda":
+        print(f"tools/gpu_attention_warps.py needs a CUDA GPU (backend: {backend.NOTE}); --interpret runs a tiny sweep")
+        return 2
+    else:
+        result = run_sweep(path, command=command, budget=args.budget)
+    print(result.table("TFLOPs"))
+    bad = [f"{r.workload} {r.impl}: {r.error or r.skipped}" for r in result.records if not r.ok]
+    print(f"wrote {path}: {len(result.records) - len(bad)} cases timed, {len(bad)} not", *bad, sep="\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
