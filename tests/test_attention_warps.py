@@ -211,3 +211,43 @@ def test_warps_plot_marks_the_chosen_config_and_the_failures():
     crosses = [line for line in ax.lines if line.get_marker() == "x"]
     assert [list(c.get_xdata()) for c in crosses] == [[16], [16]]
     assert fig.legends[0].get_title().get_text() == "H100 80GB HBM3"
+
+
+_SM90_CODE = """
+import json, os, sys
+import flashcourse.backend
+os.environ["TRITON_INTERPRET"] = "0"          # compile for real (flashcourse switched the interpreter on)
+sys.path.insert(0, sys.argv[1])
+from triton.backends import backends
+if "nvidia" not in backends:
+    print(json.dumps({"skip": "this Triton has no CUDA backend"})); sys.exit()
+import gpu_attention_warps as tool
+print(json.dumps({f"{bm} {w}": tool.compiled_code(128, bm, w, 3, (9, 0)) for bm in (64, 128) for w in (1, 2, 4, 8, 16)}))
+"""
+
+
+@pytest.mark.slow
+def test_what_triton_makes_of_the_warps_on_an_h100():
+    """Chapter 3's table (d = 128, 3 stages, compiled for sm_90 on the CPU; Triton 3.9.0): with 4 or more
+    warps the dots are wgmma by warpgroups, with 128-row tiles the warps stack along the rows of Q_i
+    (split-Q), 16 warps also put warpgroups side by side; with 1 or 2 warps the dots are mma.sync, and
+    at 64 x 64 with 2 warps the two warps take half of the keys each, whose row max and sum then go
+    through shared memory (the only config with ld.shared) behind more barriers."""
+    import json
+    import subprocess
+    proc = subprocess.run([sys.executable, "-c", _SM90_CODE, str(ROOT / "tools")], capture_output=True, text=True,
+                          timeout=900, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    if "skip" in out:
+        pytest.skip(out["skip"])
+    mma = {k: [tuple(m) for m in v["mma"]] for k, v in out.items()}
+    assert mma == {"64 1": [(2, 1, 1)], "64 2": [(2, 1, 2)], "64 4": [(3, 4, 1)], "64 8": [(3, 8, 1), (3, 4, 2)],
+                   "64 16": [(3, 16, 1), (3, 4, 4)], "128 1": [(2, 1, 1)], "128 2": [(2, 2, 1)],
+                   "128 4": [(3, 4, 1)], "128 8": [(3, 8, 1)], "128 16": [(3, 16, 1), (3, 8, 2)]}
+    for key, code in out.items():
+        w = int(key.split()[1])
+        assert (code["wgmma"] > 0, code["mma_sync"] > 0) == ((True, False) if w >= 4 else (False, True)), (key, code)
+        assert code["ld_shared"] == (24 if key == "64 2" else 0), (key, code)
+    others = [c["bar_sync"] for k, c in out.items() if k != "64 2"]
+    assert out["64 2"]["bar_sync"] == 31 and (min(others), max(others)) == (6, 21)
