@@ -222,17 +222,18 @@ from triton.backends import backends
 if "nvidia" not in backends:
     print(json.dumps({"skip": "this Triton has no CUDA backend"})); sys.exit()
 import gpu_attention_warps as tool
-print(json.dumps({f"{bm} {w}": tool.compiled_code(128, bm, w, 3, (9, 0)) for bm in (64, 128) for w in (1, 2, 4, 8, 16)}))
+print(json.dumps({f"{bm} {w}" + ("" if d == 128 else f" d{d}"): tool.compiled_code(d, bm, w, 3, (9, 0))
+                  for d in (128, 64) for bm in (64, 128) for w in (1, 2, 4, 8, 16)}))
 """
 
 
 @pytest.mark.slow
 def test_what_triton_makes_of_the_warps_on_an_h100():
-    """Chapter 3's table (d = 128, 3 stages, compiled for sm_90 on the CPU; Triton 3.9.0): with 4 or more
-    warps the dots are wgmma by warpgroups, with 128-row tiles the warps stack along the rows of Q_i
-    (split-Q), 16 warps also put warpgroups side by side; with 1 or 2 warps the dots are mma.sync, and
-    at 64 x 64 with 2 warps the two warps take half of the keys each, whose row max and sum then go
-    through shared memory (the only config with ld.shared) behind more barriers."""
+    """Chapter 3's table (d = 128, 3 stages, compiled for sm_90 on the CPU; Triton 3.9.0): the layout of
+    each dot. With 4 or more warps the dots are wgmma, by warpgroups, and S = Q_i K_j^T has every warp
+    along the rows of Q_i; with 1 or 2 warps they are mma.sync, and at 64 x 64 with 2 warps the two
+    warps take half of the keys each, whose row max and sum then go through shared memory (the only
+    config with ld.shared) behind more barriers."""
     import json
     import subprocess
     proc = subprocess.run([sys.executable, "-c", _SM90_CODE, str(ROOT / "tools")], capture_output=True, text=True,
@@ -241,10 +242,16 @@ def test_what_triton_makes_of_the_warps_on_an_h100():
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     if "skip" in out:
         pytest.skip(out["skip"])
-    mma = {k: [tuple(m) for m in v["mma"]] for k, v in out.items()}
-    assert mma == {"64 1": [(2, 1, 1)], "64 2": [(2, 1, 2)], "64 4": [(3, 4, 1)], "64 8": [(3, 8, 1), (3, 4, 2)],
-                   "64 16": [(3, 16, 1), (3, 4, 4)], "128 1": [(2, 1, 1)], "128 2": [(2, 2, 1)],
-                   "128 4": [(3, 4, 1)], "128 8": [(3, 8, 1)], "128 16": [(3, 16, 1), (3, 8, 2)]}
+    d64 = {k: v for k, v in out.items() if k.endswith("d64")}
+    out = {k: v for k, v in out.items() if k not in d64}
+    for key, code in d64.items():                     # d = 64, the sweep's other head dim: S by rows from 4 warps
+        w = int(key.split()[1])
+        assert code["S"][2] == 1 and (code["S"][0] == 3) == (w >= 4), (key, code)
+    table = {k: (tuple(v["S"]), tuple(v["PV"])) for k, v in out.items()}      # (version, rows, columns) per dot
+    assert table == {"64 1": ((2, 1, 1), (2, 1, 1)), "64 2": ((2, 1, 2), (2, 1, 2)), "64 4": ((3, 4, 1), (3, 4, 1)),
+                     "64 8": ((3, 8, 1), (3, 4, 2)), "64 16": ((3, 16, 1), (3, 4, 4)),
+                     "128 1": ((2, 1, 1), (2, 1, 1)), "128 2": ((2, 2, 1), (2, 2, 1)), "128 4": ((3, 4, 1), (3, 4, 1)),
+                     "128 8": ((3, 8, 1), (3, 8, 1)), "128 16": ((3, 16, 1), (3, 8, 2))}
     for key, code in out.items():
         w = int(key.split()[1])
         assert (code["wgmma"] > 0, code["mma_sync"] > 0) == ((True, False) if w >= 4 else (False, True)), (key, code)

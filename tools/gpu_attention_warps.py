@@ -63,9 +63,9 @@ def workloads(Ns=(1024, 4096, 16384), ds=(64, 128), causal=(False, True), warps=
 
 def compiled_code(d: int, block_m: int, warps: int, stages: int, cc: tuple, load: bool = False) -> dict:
     """What Triton makes of one config for compute capability ``cc`` (not causal; needs compiled kernels,
-    not the interpreter's): the MMA layouts of its two dots as ``[version, warps along the rows of Q_i,
-    warps along the columns]`` (version 3: Hopper's ``wgmma``, by warpgroups of 4 warps; 2: ``mma.sync``,
-    by single warps), and in the PTX the number of ``wgmma``, ``mma.sync``, ``bar.sync`` and
+    not the interpreter's): the MMA layout of each dot, ``S`` (Q_i K_j^T) and ``PV`` (P V_j), as
+    ``[version, warps along the rows of Q_i, warps along the columns]`` (version 3: Hopper's ``wgmma``, by
+    warpgroups of 4 warps; 2: ``mma.sync``, by single warps), the distinct layouts (``mma``), and in the PTX the number of ``wgmma``, ``mma.sync``, ``bar.sync`` and
     ``ld.shared`` instructions, with the shared memory the launch needs; with ``load`` (on that GPU) also
     the registers a thread and the registers spilled, as the driver reports them.
     """
@@ -86,9 +86,13 @@ def compiled_code(d: int, block_m: int, warps: int, stages: int, cc: tuple, load
     c = triton.compile(ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", cc[0] * 10 + cc[1], 32),
                        options={"num_warps": warps, "num_stages": stages})
     ttgir, ptx = c.asm["ttgir"], c.asm["ptx"]
-    mma = re.findall(r"nvidia_mma<\{versionMajor = (\d+).*?warpsPerCTA = \[(\d+), (\d+)\]", ttgir)
+    layouts = {alias: [int(v), int(r), int(col)] for alias, v, r, col in re.findall(
+        r"^#(mma\d*) = #ttg\.nvidia_mma<\{versionMajor = (\d+).*?warpsPerCTA = \[(\d+), (\d+)\]", ttgir, re.M)}
+    # the dots in program order (S = Q_i K_j^T comes before O += P V_j in the loop), by their result's layout
+    dots = [layouts[a] for a in re.findall(r"(?:warp_group_dot|tt\.dot) .*-> tensor<[^>]*#(mma\d*)>", ttgir)]
     count = lambda pattern: len(re.findall(pattern, ptx))                          # noqa: E731
-    return {"mma": sorted({tuple(int(x) for x in m) for m in mma}, reverse=True), "wgmma": count(r"\bwgmma\.mma_async\."),
+    return {"mma": sorted(set(map(tuple, layouts.values())), reverse=True), "S": dots[0] if dots else None,
+            "PV": dots[1] if len(dots) > 1 else None, "wgmma": count(r"\bwgmma\.mma_async\."),
             "mma_sync": count(r"\bmma\.sync\."), "bar_sync": count(r"\b(?:bar|barrier)\.sync\b"),
             "ld_shared": count(r"\bld\.shared"), "shared_bytes": int(c.metadata.shared),
             **({"registers": getattr(c, "n_regs", None), "spilled": getattr(c, "n_spills", None)}

@@ -235,10 +235,10 @@ CELLS = [
     md("""
     With FA2's 128-row tiles split-K moves about 4.3× split-Q's bytes. With FA1's 16-row step the
     model says the opposite: its partials are small and its $K_j, V_j$ large. But split-Q would give
-    each of its 4 warps 4 rows, while Ampere's `mma.sync` multiplies 16 rows at a time (m16n8k16, the
-    instruction of FA1's and PyTorch's FA2 kernels): a step of 16 rows cannot be split by rows. FA2
-    takes blocks of 64 or 128 rows ("typically we choose blocks of size {64, 128} × {64, 128}", §3.3),
-    which leave every warp 16 or more rows. The model counts bytes and barriers, not time; the paper
+    each of its 4 warps 4 rows, a quarter of the 16 rows that Ampere's `mma.sync` multiplies at once
+    (m16n8k16, the instruction of FA1's and PyTorch's FA2 kernels). FA2 takes blocks of 64 or 128
+    rows ("typically we choose blocks of size {64, 128} × {64, 128}", §3.3), which leave every warp
+    16 or more rows. The model counts bytes and barriers, not time; the paper
     measures only its changes together (about 2× over FA1, §4.1), none of them alone.
     """, "fragment", name="warps-shapes-notes"),
     md("""
@@ -341,25 +341,28 @@ CELLS = [
     automatically parallelized to cooperatively execute using 8 * 32 = 256 threads" (Triton's docs,
     `triton.Config`). The compiler decides how each tile is laid out over those warps. Compiled for
     sm_90 on a CPU (Triton 3.9.0, $d$ = 128, 3 stages; `tests/test_attention_warps.py` checks this
-    table), the MMA layout of the kernel's two dots — warps along the rows of $Q_i$ × along the columns:
+    table), the layout of each dot — warps along the rows of $Q_i$ × along the columns — and its
+    instruction:
 
-    | warps | 64 × 64 tile | 128 × 64 tile |
+    | warps | 64 × 64 tile: $S = Q_i K_j^\\top$, $O \\mathrel{+}= \\tilde P V_j$ | 128 × 64 tile: $S$, $O$ |
     | --- | --- | --- |
-    | 1 | `mma.sync`, 1 × 1 | `mma.sync`, 1 × 1 |
-    | 2 | `mma.sync`, **1 × 2** | `mma.sync`, 2 × 1 |
-    | 4 | `wgmma`, 4 × 1 | `wgmma`, 4 × 1 |
-    | 8 | `wgmma`, 8 × 1 and 4 × 2 | `wgmma`, 8 × 1 (the shipped config) |
-    | 16 | `wgmma`, 16 × 1 and 4 × 4 | `wgmma`, 16 × 1 and 8 × 2 |
+    | 1 | `mma.sync`: 1 × 1, 1 × 1 | `mma.sync`: 1 × 1, 1 × 1 |
+    | 2 | `mma.sync`: **1 × 2, 1 × 2** | `mma.sync`: 2 × 1, 2 × 1 |
+    | 4 | `wgmma`: 4 × 1, 4 × 1 | `wgmma`: 4 × 1, 4 × 1 |
+    | 8 | `wgmma`: 8 × 1, 4 × 2 | `wgmma`: 8 × 1, 8 × 1 (the shipped config) |
+    | 16 | `wgmma`: 16 × 1, 4 × 4 | `wgmma`: 16 × 1, 8 × 2 |
 
     * From 4 warps on, Triton uses Hopper's `wgmma`, which a *warpgroup* of 4 warps (128 threads)
       issues together (NVIDIA, CUTLASS's "Warpgroup MMA Programming Guide"); with 1 or 2 warps there is
-      no warpgroup, and it falls back to Ampere's `mma.sync`, one warp an instruction.
-    * With 128-row tiles the warps stack along the rows of $Q_i$ up to 8 warps: split-Q, as §3.3
-      asks, chosen by the compiler.
-    * At 64 × 64 with 2 warps they sit side by side along the keys: each warp holds half of every row of
-      $S$, split-K's situation. The row maxima and sums then cross warps: it is the only config whose
-      PTX reads shared memory with `ld.shared` (24 of them), and it has the most `bar.sync` (31, against
-      6–21 for the others).
+      no warpgroup, and the PTX has Ampere's `mma.sync`, one warp an instruction.
+    * From 4 warps on, $S$ has every warp along the rows of $Q_i$: each warp owns whole rows, split-Q,
+      as §3.3 asks, chosen by the compiler. Where a 64-row tile gets 8 or 16 warps, or a 128-row tile
+      16, the second dot puts warps side by side along the $d$ columns of $O$: each computes some
+      columns of $O$ over all the keys, a split of the output, with no partial sums to add.
+    * At 64 × 64 with 2 warps the warps sit side by side along the keys: each holds half of every row
+      of $S$, split-K's situation, and the row maxima and sums cross warps. It is the only config whose
+      PTX reads shared memory with `ld.shared` (24 of them), and it has the most `bar.sync` in its PTX
+      (31, against 6–21 for the others).
     """, "slide", name="warps-triton-md"),
     md("""
     ## How many warps? (H100)
@@ -404,13 +407,13 @@ CELLS = [
     """, "fragment", name="warps-sweep-table"),
     md("""
     What the sweep can and cannot say. Triton lays out the warps, so the sweep does not pit split-K
-    against split-Q: from 4 warps on every 128-row config is split-Q (table above). It measures what
+    against split-Q: from 4 warps on every config is split-Q in $S$ (table above). It measures what
     the warp count changes on an H100: whether `wgmma` is used at all (4 warps or more), how many
-    warpgroups share the tile, and how many registers each thread needs — the fp32 accumulator of a
-    128 × 128 tile is 64 KiB, 512 / W registers a thread over W warps (the file records the registers
-    and spills the driver reports). The only split-K layout in it is the 64 × 64 tile with 2 warps.
-    Until the file is shipped this page says "not measured yet"; read the numbers off the table above
-    when it is.
+    warpgroups share the tile, and how many registers each thread needs — the fp32 accumulator $O_i$ of
+    a 128-row tile at $d$ = 128 is 64 KiB, 512 / W registers a thread over W warps (the file records the
+    registers and spills the driver reports). The only split-K layout in it is the 64 × 64 tile with 2
+    warps at $d$ = 128. Until the H100 file is shipped, the two cells above say "not measured yet";
+    then the plot and the table they print are the measurement.
     """, "fragment", name="warps-sweep-notes"),
 
     md("""
