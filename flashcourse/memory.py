@@ -123,6 +123,8 @@ class Memory:
 
     ``dtype_bytes`` counts every element at that width (e.g. 2 to model fp16 tensors on a GPU while
     the reference computes in float64); by default an element counts as its array's itemsize.
+    ``levels`` names the two levels in pictures: ``("HBM", "SRAM")``, or another pair that behaves
+    the same way (chapter 3's warps: ``("shared memory", "registers")``).
 
     Two logs are kept: ``events`` (every transfer, an :class:`Event`) and ``slot_events`` (every
     load into, keep of and free of an SRAM slot, a :class:`SlotEvent`). Freeing a slot that is not
@@ -140,9 +142,13 @@ class Memory:
         [('load', 'q', ((0, 2), (0, 4)), 16, 1), ('keep', 'acc', None, 8, 1), ('free', 'q', None, 16, 1), ('free', 'acc', None, 8, 1)]
     """
 
-    def __init__(self, sram_bytes: int | None = None, *, dtype_bytes: int | None = None):
+    def __init__(self, sram_bytes: int | None = None, *, dtype_bytes: int | None = None,
+                 levels: tuple[str, str] = ("HBM", "SRAM")):
         if sram_bytes is not None and sram_bytes <= 0:
             raise ValueError(f"sram_bytes must be a positive number of bytes or None, got {sram_bytes}")
+        if not (isinstance(levels, tuple) and len(levels) == 2 and all(isinstance(x, str) and x for x in levels)):
+            raise ValueError(f"levels must be two names (backing store, on chip) such as ('HBM', 'SRAM'), got {levels!r}")
+        self.levels = levels
         self.sram_bytes = sram_bytes
         self.dtype_bytes = dtype_bytes
         self.hbm: dict[str, np.ndarray] = {}

@@ -1,4 +1,5 @@
-"""Chapters 2 and 3, FlashAttention-1 and -2: standard attention's traffic and FLOPs, then FA1's and FA2's.
+"""Chapters 2 and 3, FlashAttention-1 and -2: standard attention's traffic and FLOPs, then FA1's and FA2's,
+and the shared-memory traffic of one thread block's warps under split-K and split-Q (FA2 paper §3.3).
 
 Counted by :mod:`flashcourse.reference.attention`; accesses in elements, as everywhere in
 :mod:`flashcourse.formulas`.
@@ -14,7 +15,8 @@ from .counting import FLOP_KINDS, ceil_div, expect_positive, flop_counts
 __all__ = ["standard_attention_accesses", "attention_flops", "materialized_bytes",
            "fa1_block_sizes", "fa1_sram_elements", "fa2_block_size", "fa2_sram_elements",
            "fa1_traffic", "fa1_accesses", "fa1_accesses_seeds", "flash_accesses_asymptote",
-           "fa2_traffic", "fa2_accesses", "FLOP_KINDS", "fa1_nonmatmul_flops", "fa2_nonmatmul_flops"]
+           "fa2_traffic", "fa2_accesses", "FLOP_KINDS", "fa1_nonmatmul_flops", "fa2_nonmatmul_flops",
+           "WARP_SCHEMES", "warp_pieces", "warp_split_traffic", "warp_split_barriers", "warp_split_flops"]
 
 
 def standard_attention_accesses(N: int, d: int, N_k: int | None = None, heads: int = 1) -> int:
@@ -325,3 +327,117 @@ def fa2_nonmatmul_flops(N: int, d: int, B_r: int, B_c: int, N_k: int | None = No
     counts = {"mul": area + R * (1 + d), "add": 2 * area + R * (2 + d) + N, "max": area + R,
               "exp": area + R, "div": N * d, "log": N}
     return flop_counts(counts, heads, by_kind)
+
+
+# -- Chapter 3: the work of one thread block between its warps (FlashAttention-2 §3.3) ------------------
+#
+# flashcourse.reference.attention_warps runs one query block Q_i (B_r rows) against N_k keys, in key
+# blocks of B_c, with W warps, on a Memory whose two levels are the block's shared memory and its
+# warps' registers. The functions below give what that run counts, exactly, for any sizes.
+
+#: The two ways of splitting a block's work between its warps: FlashAttention-1's and FlashAttention-2's.
+WARP_SCHEMES = ("split-K", "split-Q")
+
+
+def warp_pieces(n: int, warps: int) -> list[tuple[int, int]]:
+    """How ``n`` rows (or keys) are shared among ``warps`` warps: contiguous pieces ``(start, stop)``.
+
+    The first ``n mod W`` warps take one more than the others; when n < W the last W - n get none
+    (an empty piece): the warps that work are always the first ``min(W, n)``.
+
+    Example:
+        >>> warp_pieces(10, 4)
+        [(0, 3), (3, 6), (6, 8), (8, 10)]
+        >>> warp_pieces(2, 4)
+        [(0, 1), (1, 2), (2, 2), (2, 2)]
+    """
+    expect_positive("warp_pieces", n=n, warps=warps)
+    q, extra = divmod(n, warps)
+    starts = [w * q + min(w, extra) for w in range(warps + 1)]
+    return list(zip(starts, starts[1:]))
+
+
+def _expect_scheme(fn: str, scheme: str) -> None:
+    if scheme not in WARP_SCHEMES:
+        raise ValueError(f"{fn}: scheme must be one of {WARP_SCHEMES}, got {scheme!r}")
+
+
+def _key_blocks(N_k: int, B_c: int) -> list[int]:
+    """The number of keys in each key block: T_c blocks of B_c, the last one ragged."""
+    return [min(B_c, N_k - s) for s in range(0, N_k, B_c)]
+
+
+def warp_split_traffic(B_r: int, N_k: int, d: int, B_c: int, warps: int = 4, scheme: str = "split-Q",
+                       operand_bytes: int = 2, partial_bytes: int = 4) -> dict[tuple[str, str], int]:
+    """Shared-memory bytes that W warps read and write for one query block, by ``(tensor, direction)``.
+
+    As ``Memory.totals()`` of :func:`flashcourse.reference.split_k` / ``split_q`` (Q_i, K_j, V_j in
+    shared memory at ``operand_bytes`` an element, the warps' partials at ``partial_bytes``). Each warp
+    reads its operands once per key block, except Q_i, which it keeps in registers after one read.
+    With a = min(W, c) warps busy on a key block of c keys:
+
+    * **split-K** (FlashAttention-1): every warp reads all of Q_i (a B_r d); each key is read by one
+      warp (K_j, V_j: N_k d each); per key block, each busy warp writes its partial O_w (B_r x d),
+      m_w and l_w (B_r each), and the warps read them all back to combine them: a B_r (d + 2)
+      written and as much read.
+    * **split-Q** (FlashAttention-2): each of the b = min(W, B_r) busy warps reads its rows of Q_i
+      (B_r d in all) and all of every K_j, V_j (b N_k d each); nothing is exchanged.
+
+    Example:
+        >>> k = warp_split_traffic(B_r=128, N_k=64, d=128, B_c=64, scheme="split-K")   # one key block
+        >>> k[("K_j", "read")], k[("O_w", "write")], k[("O_w", "read")]
+        (16384, 262144, 262144)
+        >>> q = warp_split_traffic(B_r=128, N_k=64, d=128, B_c=64, scheme="split-Q")
+        >>> q
+        {('Q_i', 'read'): 32768, ('K_j', 'read'): 65536, ('V_j', 'read'): 65536}
+    """
+    expect_positive("warp_split_traffic", B_r=B_r, N_k=N_k, d=d, B_c=B_c, warps=warps,
+                    operand_bytes=operand_bytes, partial_bytes=partial_bytes)
+    _expect_scheme("warp_split_traffic", scheme)
+    if scheme == "split-Q":
+        busy = min(warps, B_r)
+        return {("Q_i", "read"): B_r * d * operand_bytes, ("K_j", "read"): busy * N_k * d * operand_bytes,
+                ("V_j", "read"): busy * N_k * d * operand_bytes}
+    partials = sum(min(warps, c) for c in _key_blocks(N_k, B_c))      # partials written, over all key blocks
+    exchange = {"O_w": partials * B_r * d * partial_bytes, "m_w": partials * B_r * partial_bytes,
+                "l_w": partials * B_r * partial_bytes}
+    return {("Q_i", "read"): min(warps, B_c, N_k) * B_r * d * operand_bytes,
+            ("K_j", "read"): N_k * d * operand_bytes, ("V_j", "read"): N_k * d * operand_bytes,
+            **{(t, "write"): n for t, n in exchange.items()}, **{(t, "read"): n for t, n in exchange.items()}}
+
+
+def warp_split_barriers(N_k: int, B_c: int, scheme: str = "split-Q") -> dict[str, int]:
+    """Barriers (``__syncthreads``) of one query block: ``{"tile": T_c, "exchange": T_c or 0}``.
+
+    Both schemes wait once per key block until K_j, V_j are in shared memory (``"tile"``; the model
+    assumes two buffers, so that the next tile's load needs no second wait). Split-K waits once
+    more per key block, between writing its partials and reading them back (``"exchange"``).
+
+    Example:
+        >>> warp_split_barriers(N_k=1000, B_c=64, scheme="split-K"), warp_split_barriers(1000, 64, "split-Q")
+        ({'tile': 16, 'exchange': 16}, {'tile': 16, 'exchange': 0})
+    """
+    expect_positive("warp_split_barriers", N_k=N_k, B_c=B_c)
+    _expect_scheme("warp_split_barriers", scheme)
+    T_c = ceil_div(N_k, B_c)
+    return {"tile": T_c, "exchange": T_c if scheme == "split-K" else 0}
+
+
+def warp_split_flops(B_r: int, N_k: int, d: int, B_c: int, warps: int = 4, scheme: str = "split-Q") -> list[int]:
+    """Matmul FLOPs of each warp for one query block (``Q_i K_j^T`` and ``P V_j``, 2 FLOPs a multiply-add).
+
+    Split-K: warp w does 4 B_r c_w d for its c_w keys of each key block; split-Q: 4 r_w N_k d for
+    its r_w rows. When W divides B_r and B_c the two are equal: 4 B_r N_k d / W each.
+
+    Example:
+        >>> warp_split_flops(128, 64, 128, 64, scheme="split-K") == warp_split_flops(128, 64, 128, 64)
+        True
+        >>> warp_split_flops(B_r=6, N_k=10, d=2, B_c=10, scheme="split-K")     # 3, 3, 2, 2 keys
+        [144, 144, 96, 96]
+    """
+    expect_positive("warp_split_flops", B_r=B_r, N_k=N_k, d=d, B_c=B_c, warps=warps)
+    _expect_scheme("warp_split_flops", scheme)
+    if scheme == "split-Q":
+        return [4 * (b - a) * N_k * d for a, b in warp_pieces(B_r, warps)]
+    keys = [sum(b - a for a, b in pieces) for pieces in zip(*(warp_pieces(c, warps) for c in _key_blocks(N_k, B_c)))]
+    return [4 * B_r * c * d for c in keys]

@@ -24,7 +24,8 @@ split-KV programs, :mod:`flashcourse.reference.decode`) run at once on a GPU, on
 The log has them one after the other; the stepper puts them side by side: each such step is a
 *lane*, cut into blocks where it reads a tensor again (its next key block), and frame t shows block t
 of every lane (:func:`stepper_frames`). A lane's SRAM is its own, so a frame's occupancy is its
-fullest lane's.
+fullest lane's. Steps labelled ``"<program>, warp w: ..."`` are the warps of one thread block
+(:mod:`flashcourse.reference.attention_warps`), drawn the same way.
 
 Example:
     >>> import numpy as np
@@ -57,8 +58,9 @@ __all__ = ["SlotEvent", "UNTOUCHED", "DONE", "RESIDENT", "READ", "WRITTEN", "REA
 UNTOUCHED, DONE, RESIDENT, READ, WRITTEN, READ_WRITTEN = range(6)
 #: The order tensors are drawn in (others follow in order of first use).
 ORDER = ("Q", "K", "V", "S", "P", "O", "l", "m", "L", "lse")
-#: A step of a parallel program: ``"<program>, split <s>: ..."`` (Flash-Decoding's split-KV kernel).
-LANE = re.compile(r"^(?P<program>.+), split (?P<split>\d+): ")
+#: A step of a parallel worker: ``"<program>, split <s>: ..."`` (Flash-Decoding's split-KV programs) or
+#: ``"<program>, warp <s>: ..."`` (the warps of one thread block, :mod:`flashcourse.reference.attention_warps`).
+LANE = re.compile(r"^(?P<program>.+), (?P<kind>split|warp) (?P<split>\d+): ")
 
 
 @dataclass(frozen=True)
@@ -226,9 +228,10 @@ class Timeline:
                 g = group_of[s]
                 splits = [LANE.match(self.mem.step_labels[x])["split"] for x in g]
                 n = max(len(self.units_of[x]) for x in g)
-                program = LANE.match(self.mem.step_labels[s])["program"]
-                frames += [Frame(f"{program}: splits {splits[0]}-{splits[-1]} in parallel, block {b + 1}/{n}",
-                                 tuple(g), b) for b in range(n)]
+                program, kind = LANE.match(self.mem.step_labels[s]).group("program", "kind")
+                frames += [Frame(f"{program}: {kind}s {splits[0]}-{splits[-1]} in parallel"
+                                 + (f", block {b + 1}/{n}" if n > 1 or kind == "split" else ""), tuple(g), b)
+                           for b in range(n)]
             elif s not in in_group:
                 frames.append(Frame(self.mem.step_labels[s], (s,)))
         return frames

@@ -1,4 +1,5 @@
-"""HBM traffic of standard attention, FlashAttention-1 and FlashAttention-2, counted and in closed form.
+"""HBM traffic of standard attention, FlashAttention-1 and FlashAttention-2, counted and in closed form;
+and the H100 sweep of FlashAttention-2's warps per program (:func:`warps_plot`).
 
 :func:`flash_traffic` runs each reference on a counted :class:`~flashcourse.memory.Memory` at a few
 N (points) and draws :mod:`flashcourse.formulas` (lines) beside them, one panel per SRAM size, with
@@ -26,7 +27,7 @@ from ..reference.attention import fa1_attention, fa2_attention, standard_attenti
 from ._common import bytes_axis, figure_of, human_bytes, legend_outside, new_figure, size_axis
 
 __all__ = ["ALGORITHMS", "LABELS", "SRAM_SIZES", "FA1_CONSTANT", "count_attention", "formula_bytes", "fa1_theta",
-           "flash_traffic", "traffic_breakdown"]
+           "flash_traffic", "traffic_breakdown", "warps_plot"]
 
 #: The algorithms compared, and how the figures name them.
 ALGORITHMS = ("standard", "fa1", "fa2")
@@ -208,7 +209,7 @@ def traffic_breakdown(mems: dict, unit: str = "bytes", ax=None, title: str | Non
     x = np.arange(len(mems))
     bottom = np.zeros(len(mems))
     palette = iter(["#64B5CD", "#A1887F", "#B0BEC5", "#FFB74D"])
-    colors = {t: _TENSOR_COLORS.get(t) or next(palette, "0.6") for t in tensors}
+    colors = {t: _TENSOR_COLORS.get(t) or _TENSOR_COLORS.get(t.split("_")[0]) or next(palette, "0.6") for t in tensors}
     for t, direction in keys:
         h = np.array([totals[label].get((t, direction), 0) for label in mems], dtype=float)
         ax.bar(x, h, bottom=bottom, width=0.6, color=colors[t], edgecolor="white", lw=0.5,
@@ -224,12 +225,68 @@ def traffic_breakdown(mems: dict, unit: str = "bytes", ax=None, title: str | Non
     labels += ["written (hatched)"]
     legend_outside(ax, handles, labels)
     ax.set_xticks(x, list(mems))
+    level = next(iter(mems.values())).levels[0]            # "HBM", or chapter 3's warps' "shared memory"
     if unit == "bytes":
         bytes_axis(ax.yaxis)
-        ax.set_ylabel("HBM traffic")
+        ax.set_ylabel(f"{level} traffic")
     else:
-        ax.set_ylabel("HBM accesses (elements)")
+        ax.set_ylabel(f"{level} accesses (elements)")
     ax.set_ylim(0, max(bottom.max(initial=0) * 1.12, 1))
-    ax.set_title(title or "HBM traffic by tensor (reads solid, writes hatched)", fontsize=10)
+    ax.set_title(title or f"{level} traffic by tensor (reads solid, writes hatched)", fontsize=10)
     fig.keys = keys
+    return fig
+
+
+def warps_plot(result, *, marked: tuple[str, int] | None = None):
+    """TFLOP/s against warps per program: one panel per (d, N), one colour per tile, dashed when causal.
+
+    ``result`` is a :class:`~flashcourse.bench.Result` whose records have ``d``, ``N``, ``causal``
+    and ``num_warps`` params, one implementation per tile (``tools/gpu_attention_warps.py`` writes
+    it: ``bench.shipped("attention_warps")``). A config that failed or was not run is an ``x`` on
+    the axis. ``marked=(impl, num_warps)`` rings those points (the config ``fa2_config`` picks).
+    Returns the Figure; ``fig.panels`` lists each panel's ``(d, N)``.
+
+    Example:
+        >>> from flashcourse.bench.harness import Record, Result
+        >>> recs = [Record(f"w{w}", "fa2 128x64", "course", {"d": 64, "N": 1024, "causal": c, "num_warps": w},
+        ...                None if w == 16 else 1.0 / w, flops=10**9, error="failed" if w == 16 else None)
+        ...         for w in (1, 2, 4, 8, 16) for c in (False, True)]
+        >>> fig = warps_plot(Result("attention_warps", {"gpu": "GPU"}, {}, recs), marked=("fa2 128x64", 8))
+        >>> fig.panels, [float(y) for y in fig.axes[0].lines[0].get_ydata()]       # 1 GFLOP in 1/w ms
+        ([(64, 1024)], [1.0, 2.0, 4.0, 8.0])
+    """
+    from ._common import PALETTE, figure_legend, short_gpu
+    params = [r.params for r in result.records]
+    ds, Ns = sorted({p["d"] for p in params}), sorted({p["N"] for p in params})
+    fig, axes = new_figure(len(ds), len(Ns), figsize=(2.9 * len(Ns) + 1.6, 2.5 * len(ds)), sharex=True,
+                           squeeze=False)
+    impls = result.impls()
+    fig.panels = []
+    for (row, d), (col, N) in ((a, b) for a in enumerate(ds) for b in enumerate(Ns)):
+        ax = axes[row, col]
+        fig.panels.append((d, N))
+        for k, impl in enumerate(impls):
+            for causal, ls in ((False, "-"), (True, "--")):
+                recs = sorted((r for r in result.select(impl=impl, d=d, N=N, causal=causal)),
+                              key=lambda r: r.params["num_warps"])
+                good = [(r.params["num_warps"], r.TFLOPs) for r in recs if r.ok]
+                label = f"{impl}{', causal' if causal else ''}"
+                if good:
+                    ax.plot(*zip(*good), ls=ls, marker="o", ms=3.5, color=PALETTE[k % len(PALETTE)], label=label)
+                bad = [r.params["num_warps"] for r in recs if not r.ok]
+                if bad:
+                    ax.plot(bad, [0] * len(bad), "x", color=PALETTE[k % len(PALETTE)], ms=6, clip_on=False,
+                            label=f"{impl}: failed or not run" if not causal else None)
+                if marked is not None and marked[0] == impl:
+                    ax.plot([w for w, _ in good if w == marked[1]], [t for w, t in good if w == marked[1]], "o", ms=10,
+                            mfc="none", mec="black", label="fa2_config's choice" if not causal else None)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks([1, 2, 4, 8, 16], ["1", "2", "4", "8", "16"])
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"d = {d}, N = {N // 1024}k" if N >= 1024 else f"d = {d}, N = {N}", fontsize=9)
+        if row == len(ds) - 1:
+            ax.set_xlabel("warps per program")
+        if col == 0:
+            ax.set_ylabel("TFLOP/s")
+    figure_legend(fig, axes[0, 0], title=short_gpu(result.gpu))
     return fig

@@ -14,7 +14,8 @@ frame shows
 
 Parallel programs (Flash-Decoding's splits) are drawn as lanes: K, V and the partials each lane
 writes are cut into one band per lane, one below the other, and each band lights its own block at
-the same frame.
+the same frame. So are the warps of one thread block (chapter 3's split-K and split-Q), on a Memory
+whose levels are shared memory and registers: the titles and the legend use ``mem.levels``.
 
 Three views share one drawing function, :func:`draw_frame`: the widget :func:`stepper` (slider and
 Play button, ipywidgets 7.7 and 8), the static :func:`stepper_strip` and
@@ -124,7 +125,7 @@ def _layout(tl: Timeline, per_in: float | None = None):
         parts = [(r, lane_y[s]) for s, r in enumerate(lanes[t]) if r] if t in lanes else [((0, rows), 0.0)]
         pieces += [_Piece(t, r, x, float(y), w, size(r[1] - r[0])) for r, y in parts]
         x += w + g
-    labels = [(y + h / 2, f"split {LANE.match(tl.mem.step_labels[s])['split']}")
+    labels = [(y + h / 2, " ".join(LANE.match(tl.mem.step_labels[s]).group("kind", "split")))
               for s, y, h in zip(tl.groups[0], lane_y, lane_h)] if lanes else []
     return pieces, x, max(p.y + p.h for p in pieces), labels
 
@@ -149,8 +150,8 @@ def _frame_size(tl: Timeline, legend: bool):
     g = _geometry(tl)
     width = g["pw"] + g["left"] + _RIGHT_IN + 0.45
     if legend:
-        width = max(width, _LEGEND_MIN_IN)
-    return width, g["ph"] + 2 * _ROOM_IN + 0.5 + (_legend_height(width) if legend else 0.0)
+        width = max(width, _LEGEND_MIN_IN + _longer_in(tl.mem.levels[1]))
+    return width, g["ph"] + 2 * _ROOM_IN + 0.5 + (_legend_height(width, tl.mem.levels[1]) if legend else 0.0)
 
 
 def _pool(grid: np.ndarray) -> np.ndarray:
@@ -176,14 +177,26 @@ def _edges(tl: Timeline, t: str, axis: int) -> list[int]:
     return sorted(cuts) if len(cuts) <= 40 else []
 
 
-def _legend_height(width: float) -> float:
-    return 0.35 if width >= _LEGEND_ROW_IN else 0.6
+def _longer_in(on_chip: str) -> float:
+    """How much wider the legend's "in SRAM" entry is with ``on_chip`` in place of SRAM, in inches."""
+    return _text_in("x" * max(0, len(on_chip) - len("SRAM")), _TEXT_PT)
 
 
-def _legend(fig, width: float):
-    """The six states' colours under the figure (``width`` inches wide): one row, or two of three."""
-    handles = [Patch(facecolor=c, edgecolor="0.5", lw=0.5, label=n) for c, n in zip(STATE_COLORS, STATE_NAMES)]
-    fig.legend(handles=handles, loc="outside lower center", ncols=6 if width >= _LEGEND_ROW_IN else 3,
+def _legend_height(width: float, on_chip: str = "SRAM") -> float:
+    return 0.35 if width >= _LEGEND_ROW_IN + _longer_in(on_chip) else 0.6
+
+
+def _lane_kind(tl: Timeline) -> str | None:
+    """``"split"`` (thread blocks) or ``"warp"`` (warps of one block) for a log with lanes, else None."""
+    return LANE.match(tl.mem.step_labels[tl.groups[0][0]])["kind"] if tl.groups else None
+
+
+def _legend(fig, width: float, on_chip: str = "SRAM"):
+    """The six states' colours under the figure (``width`` inches wide): one row, or two of three.
+    ``on_chip`` names the memory's on-chip level (``mem.levels[1]``)."""
+    names = [n.replace("SRAM", on_chip) for n in STATE_NAMES]
+    handles = [Patch(facecolor=c, edgecolor="0.5", lw=0.5, label=n) for c, n in zip(STATE_COLORS, names)]
+    fig.legend(handles=handles, loc="outside lower center", ncols=6 if width >= _LEGEND_ROW_IN + _longer_in(on_chip) else 3,
                fontsize=_TEXT_PT, frameon=False, handlelength=1.2, columnspacing=1.0)
 
 
@@ -249,11 +262,11 @@ def new_frame_figure(mem: Memory, *, head=None, fig=None, legend: bool = True):
              "sram": fig.add_subplot(gs[1, 1])}
     parts["images"], parts["pieces"] = _tensor_panel(parts["tensors"], tl)
     if legend:
-        _legend(fig, figsize[0])
+        _legend(fig, figsize[0], tl.mem.levels[1])
     return fig, parts
 
 
-def _draw_traffic(ax, st: FrameState, total):
+def _draw_traffic(ax, st: FrameState, total, level: str = "HBM"):
     ax.clear()
     ax.barh([1, 0], [st.bytes_read, st.bytes_written], color=[READ_COLOR, WRITE_COLOR], height=0.7)
     for y, v in ((1, st.bytes_read), (0, st.bytes_written)):
@@ -262,12 +275,14 @@ def _draw_traffic(ax, st: FrameState, total):
     ax.set_yticks([1, 0], ["read", "written"], fontsize=_TEXT_PT)
     ax.set_xlim(0, max(total, 1) * 1.02)
     ax.set_xticks([])
-    ax.set_title("HBM traffic so far", fontsize=_TEXT_PT)
+    ax.set_title(f"{level} traffic so far" if len(level) <= 4 else f"{level} traffic\nso far", fontsize=_TEXT_PT)
 
 
-def _draw_sram(ax, st: FrameState, top):
-    """The step's occupancy (bar), the size M (red line) and the run's peak (dashed), each captioned."""
+def _draw_sram(ax, st: FrameState, top, level: str = "SRAM", lane: str | None = None):
+    """The step's occupancy (bar), the size M (red line) and the run's peak (dashed), each captioned.
+    ``level`` names the on-chip memory; ``lane`` is the log's kind of lanes (None, "split", "warp")."""
     ax.clear()
+    size = "size M" if level == "SRAM" else f"{level} size"
     limit = st.sram_limit
     ax.barh([0], [st.sram], color=STATE_COLORS[RESIDENT], height=0.9, edgecolor="0.3", lw=0.5)
     ax.set_xlim(0, top)
@@ -278,16 +293,17 @@ def _draw_sram(ax, st: FrameState, top):
             transform=ax.get_yaxis_transform(), va="center", fontsize=_TEXT_PT)
     marks = [(st.peak_sram, "0.25", "--", f"run's peak {human_bytes(st.peak_sram)}", -1.1)]
     if limit is not None:
-        marks.insert(0, (limit, "crimson", "-", f"size M {human_bytes(limit)}", 1.1))
+        marks.insert(0, (limit, "crimson", "-", f"{size} {human_bytes(limit)}", 1.1))
     else:
-        ax.text(0.02, 1.1, "size M: no limit", transform=ax.get_yaxis_transform(), va="center",
+        ax.text(0.02, 1.1, f"{size}: no limit", transform=ax.get_yaxis_transform(), va="center",
                 fontsize=_TEXT_PT, color="crimson")
     for x, color, ls, caption, y in marks:            # each line crosses the bar and its own caption's band
         ax.plot([x, x], [np.sign(y) * 1.6, -np.sign(y) * 0.6], color=color, ls=ls, lw=1.3)
         right = x > top / 2                               # the caption on the line's roomier side
         ax.annotate(caption, (x, y), xytext=(-3 if right else 3, 0), textcoords="offset points", color=color,
                     ha="right" if right else "left", va="center", fontsize=_TEXT_PT)
-    ax.set_title("SRAM per lane (thread block)" if st.lanes > 1 else "SRAM this step", fontsize=_TEXT_PT)
+    ax.set_title(f"{level}, all warps" if lane == "warp" else f"{level} per lane (thread block)" if st.lanes > 1
+                 else f"{level} this step", fontsize=_TEXT_PT)
 
 
 def draw_frame(mem: Memory, frame, parts=None, *, head=None):
@@ -316,8 +332,8 @@ def draw_frame(mem: Memory, frame, parts=None, *, head=None):
     for t, images in parts["images"].items():
         for im, p in zip(images, parts["pieces"][t]):
             im.set_data(_pool(st.grids[t][p.rows[0]:p.rows[1]]))
-    _draw_traffic(parts["traffic"], st, max(tl.unit_bytes.sum(axis=0)))
-    _draw_sram(parts["sram"], st, max(st.sram_limit or 0, st.peak_sram, tl.peak, 1) * 1.1)
+    _draw_traffic(parts["traffic"], st, max(tl.unit_bytes.sum(axis=0)), mem.levels[0])
+    _draw_sram(parts["sram"], st, max(st.sram_limit or 0, st.peak_sram, tl.peak, 1) * 1.1, mem.levels[1], _lane_kind(tl))
     title = (f"step {tl.frames.index(frame) + 1}/{len(tl.frames)}: {st.label}" if frame in tl.frames
              else st.label)
     if getattr(fig, "_stepper_title", None) is None:
@@ -361,7 +377,8 @@ def stepper_strip(mem: Memory, steps=None, *, head=None, frames: int = 4, width:
     fw, fh = _frame_size(tl, legend=False)
     ncols = max(1, min(len(picked), int(width // fw)))
     nrows = -(-len(picked) // ncols)
-    fig = CourseFigure(figsize=(fw * ncols, fh * nrows + _legend_height(fw * ncols)), dpi=DPI, layout="constrained")
+    fig = CourseFigure(figsize=(fw * ncols, fh * nrows + _legend_height(fw * ncols, mem.levels[1])), dpi=DPI,
+                       layout="constrained")
     fig.png_scale = PNG_SCALE
     subs = np.asarray(fig.subfigures(nrows, ncols), dtype=object).ravel()
     fig.frames = []
@@ -369,7 +386,7 @@ def stepper_strip(mem: Memory, steps=None, *, head=None, frames: int = 4, width:
         _, parts = new_frame_figure(mem, head=head, fig=sub, legend=False)
         draw_frame(mem, k, parts, head=head)
         fig.frames.append(parts)
-    _legend(fig, fw * ncols)
+    _legend(fig, fw * ncols, mem.levels[1])
     return fig
 
 

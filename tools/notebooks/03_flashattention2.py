@@ -142,6 +142,136 @@ CELLS = [
     """, "subslide", name="stepper"),
 
     md("""
+    ## Inside one program: split-K or split-Q
+
+    A program (CUDA's thread block) runs on one SM as a few *warps* of 32 threads. How they share a
+    step of $Q_i$ against $K_j, V_j$ is FA2's third change (FA2 paper §3.3, "Work Partitioning
+    Between Warps", and its Figure 3):
+
+    * **FlashAttention-1, "split-K"** (the paper's name, in its quotes): for each block, FA1 splits
+      $K$ and $V$ across 4 warps and every warp sees all of $Q$. Each warp gets a slice of *every*
+      row of $Q K^\\top$ and multiplies it by its slice of $V$; the warps must then write their
+      intermediate results to shared memory, synchronise, and add them up, and "these shared memory
+      reads/writes slow down the forward pass". FA1's CUDA kernel is built that way: in PyTorch's copy
+      of it (`aten/src/ATen/native/transformers/cuda/flash_attn/kernel_traits.h` and
+      `fmha_fwd_hdim64.cu`, 2022), a step is 16 query rows against 128 or 256 keys
+      (`FMHA_kernel_traits<256, 64, 16, 1, 4>`: `STEP = 16` rows, `WARPS_N = 4` warps along the keys of
+      $QK^\\top$, the same 4 along the keys that $PV$ sums over), with a shared-memory tile for $O$.
+    * **FlashAttention-2, "split-Q"**: split $Q$ across the 4 warps and let every warp read all of $K$
+      and $V$. Each warp owns whole rows of $S$, so its row maxima and sums are final and its slice of
+      $O$ is its own: "there is no need for communication between warps" (§3.3).
+
+    The seeds repeat the paper: 000 (§2.4) retells Figure 3, but has FA1's warps exchange $O_i$ through
+    HBM (the paper says shared memory); 003 lists it as the third improvement, "use shared memory to
+    reduce communication", without detail; 004 quotes the paragraph and leaves it unexplained. (In
+    CUTLASS's GEMMs the words differ: "split-K" means partitions of K computed by separate thread blocks
+    and reduced afterwards (`GemmSplitKParallel`), as chapter 6's flat GEMM does through HBM; its
+    partitions among the warps of one block, `PartitionsK`, are "used in sliced-K".)
+    """, "slide", name="warps-md"),
+    md("""
+    The paper gives no numbers for this, so we count. `flashcourse.reference.split_k` and `split_q` run
+    one program: a query block $Q_i$ against key blocks $K_j, V_j$, with $W$ warps, on the course's
+    counted `Memory` with its two levels renamed: the program's **shared memory** (where $Q_i$, $K_j$,
+    $V_j$ land in fp16 and the partials go in fp32) and the warps' **registers** (`warp_memory()`).
+    Every read and write of shared memory by a warp is counted; HBM is not (both load the same
+    tiles). What the model assumes — ours, not the paper's:
+
+    * each warp reads its $Q_i$ (all of it in split-K, its rows in split-Q) once and keeps it in
+      registers, and reads its operands of $K_j, V_j$ once per key block;
+    * $K_j, V_j$ have two buffers, so each key block costs both schemes one barrier (the tile has landed);
+    * split-K's exchange is the cheapest there is: each warp keeps its own row maximum $m_w$, writes
+      $O_w, m_w, \\ell_w$, and after **one barrier** warp $v$ merges rows $v$ of every partial with
+      chapter 1's $(m, \\ell)$ rule.
+    """, "fragment", name="warps-model-md"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    from flashcourse.reference import split_k, split_q, warp_memory
+    from flashcourse.viz import human_bytes
+
+    B_r, B_c, d, W = 128, 64, 128, 4                 # one step of the H100 config's 128 x 64 tile, 4 warps
+    rng = np.random.default_rng(0)
+    Q_i, K_j, V_j = rng.normal(size=(B_r, d)), rng.normal(size=(B_c, d)), rng.normal(size=(B_c, d))
+    exact = attention_float64(*(np.float16(t) for t in (Q_i, K_j, V_j)))
+    print(f"one key block: B_r = {B_r}, B_c = {B_c}, d = {d}, W = {W} warps; shared-memory bytes")
+    print(f"{'':8s} {'Q_i read':>9s} {'K_j, V_j read':>14s} {'partials w / r':>18s} {'per key block':>14s}"
+          f" {'barriers':>9s}  matmul FLOPs a warp")
+    warp_runs = {}
+    for name, scheme in (("split-K", split_k), ("split-Q", split_q)):
+        mem, sync, flops = warp_memory(), {}, {}
+        O_i = scheme(Q_i, K_j, V_j, warps=W, B_c=B_c, memory=mem, barriers=sync, flops=flops)
+        warp_runs[name] = mem
+        t = mem.totals()
+        kv = t[("K_j", "read")] + t[("V_j", "read")]
+        w = sum(n for (x, io), n in t.items() if io == "write")
+        r = sum(n for (x, io), n in t.items() if io == "read" and x not in ("Q_i", "K_j", "V_j"))
+        print(f"{name:8s} {human_bytes(t[('Q_i', 'read')]):>9s} {human_bytes(kv):>14s}"
+              f" {human_bytes(w) + ' / ' + human_bytes(r):>18s} {human_bytes(kv + w + r):>14s}"
+              f" {sync['tile'] + sync['exchange']:>9d}  {sorted(set(flops.values()))}")
+        print(f"{'':8s} O = float64's: {np.allclose(O_i, exact, rtol=1e-5, atol=1e-6)};"
+              f" counts = formulas.warp_split_*: {t == formulas.warp_split_traffic(B_r, B_c, d, B_c, W, name)}"
+              f" and {sync == formulas.warp_split_barriers(B_c, B_c, name)}")
+    """, "subslide", name="warps-count"),
+    md("""
+    * **The exchange is split-K's cost.** Each warp's partial $O_w$ is $B_r \\times d$ in fp32 (64 KiB),
+      and all four are written and read back: 260 KiB each way per key block, beside 32 KiB of
+      $K_j, V_j$.
+    * **Split-Q pays too, less.** Every warp reads all of $K_j$ and $V_j$: 4× split-K's 32 KiB.
+    * **One barrier less per key block.** Both wait for the tile; only split-K waits for the partials.
+    * **The same matmul work**: $4 B_r B_c d / W$ FLOPs per warp in both (split-K adds its merge).
+
+    Which is cheaper depends on the shape. The same count, from the closed forms, for FA2's tiles and
+    for FA1's own 16-row step:
+    """, "fragment", name="warps-count-notes"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    print(f"{'per key block, W = 4 warps':37s} {'split-K':>8s} {'split-Q':>8s}  split-K/split-Q  rows a warp (split-Q)")
+    for what, B_r, B_c, d in (("FA2, the H100 tile 128 x 64, d = 128", 128, 64, 128),
+                              ("FA2, the H100 tile 128 x 64, d = 64", 128, 64, 64),
+                              ("FA1's CUDA step 16 x 256, d = 64", 16, 256, 64)):
+        k, q = (sum(n for (t, _), n in formulas.warp_split_traffic(B_r, B_c, d, B_c, 4, s).items() if t != "Q_i")
+                for s in formulas.WARP_SCHEMES)
+        print(f"{what:37s} {human_bytes(k):>8s} {human_bytes(q):>8s}  {k / q:15.2f}  {B_r // 4:10d}")
+    """, "fragment", name="warps-shapes"),
+    md("""
+    With FA2's 128-row tiles split-K moves about 4.3× split-Q's bytes. With FA1's 16-row step the
+    model says the opposite: its partials are small and its $K_j, V_j$ large. But split-Q would give
+    each of its 4 warps 4 rows, a quarter of the 16 rows that Ampere's `mma.sync` multiplies at once
+    (m16n8k16, the instruction of FA1's and PyTorch's FA2 kernels). FA2 takes blocks of 64 or 128
+    rows ("typically we choose blocks of size {64, 128} × {64, 128}", §3.3), which leave every warp
+    16 or more rows. The model counts bytes and barriers, not time; the paper
+    measures only its changes together (about 2× over FA1, §4.1), none of them alone.
+    """, "fragment", name="warps-shapes-notes"),
+    md("""
+    ## Watch the warps
+
+    The same runs on the tile stepper, one lane per warp: 32 rows, $d$ = 16, key blocks of 32, 4
+    warps. Split-K: every warp reads all of $Q_i$ and its quarter of $K_j, V_j$, writes its partials
+    (a quarter of the columns of $O_w$, one column of $m_w$, $\\ell_w$); then a barrier, where nothing
+    moves; then each warp reads its rows of all four partials back. Split-Q: each warp reads its
+    rows of $Q_i$ once and all of $K_j, V_j$, and that is all — no partials, no barrier of its own.
+    """, "slide", name="warps-stepper-md"),
+    code("""
+    # NBVAL_IGNORE_OUTPUT
+    import numpy as np
+    from flashcourse.reference import split_k, warp_memory
+    from flashcourse.viz import show_stepper
+    q, k, v = np.random.default_rng(1).normal(size=(3, 64, 16))
+    mem = warp_memory()
+    split_k(q[:32], k, v, warps=4, B_c=32, memory=mem)     # 32 rows, 64 keys in 2 blocks, 4 warps
+    show_stepper(mem, steps=[0, 1, 2])                     # compute, barrier, combine of the first key block
+    """, "subslide", name="warps-stepper-k"),
+    code("""
+    # NBVAL_IGNORE_OUTPUT
+    import numpy as np
+    from flashcourse.reference import split_q, warp_memory
+    from flashcourse.viz import show_stepper
+    q, k, v = np.random.default_rng(1).normal(size=(3, 64, 16))
+    mem = warp_memory()
+    split_q(q[:32], k, v, warps=4, B_c=32, memory=mem)
+    show_stepper(mem, steps=[0, 1])                        # both key blocks: reads, and nothing else
+    """, "fragment", name="warps-stepper-q"),
+
+    md("""
     ## The kernel
 
     `flashcourse.kernels.fa2_forward`, the paper's three changes in Triton:
@@ -202,6 +332,89 @@ CELLS = [
     * **No overlap inside a warpgroup.** Each `wgmma` is waited for as soon as it is issued
       (`wgmma.wait_group 0`): the softmax never runs while its own matmul is in flight.
     """, "slide", name="ptx-md"),
+
+    md("""
+    ## Who splits the tile between warps? Triton
+
+    Our kernel never names a warp. `num_warps` is a launch option: "the number of warps to use for
+    the kernel when compiled for GPUs. For example, if num_warps=8, then each kernel instance will be
+    automatically parallelized to cooperatively execute using 8 * 32 = 256 threads" (Triton's docs,
+    `triton.Config`). The compiler decides how each tile is laid out over those warps. Compiled for
+    sm_90 on a CPU (Triton 3.9.0, $d$ = 128, 3 stages; `tests/test_attention_warps.py` checks this
+    table), the layout of each dot — warps along the rows of $Q_i$ × along the columns — and its
+    instruction:
+
+    | warps | 64 × 64 tile: $S = Q_i K_j^\\top$, $O \\mathrel{+}= \\tilde P V_j$ | 128 × 64 tile: $S$, $O$ |
+    | --- | --- | --- |
+    | 1 | `mma.sync`: 1 × 1, 1 × 1 | `mma.sync`: 1 × 1, 1 × 1 |
+    | 2 | `mma.sync`: **1 × 2, 1 × 2** | `mma.sync`: 2 × 1, 2 × 1 |
+    | 4 | `wgmma`: 4 × 1, 4 × 1 | `wgmma`: 4 × 1, 4 × 1 |
+    | 8 | `wgmma`: 8 × 1, 4 × 2 | `wgmma`: 8 × 1, 8 × 1 (the shipped config) |
+    | 16 | `wgmma`: 16 × 1, 4 × 4 | `wgmma`: 16 × 1, 8 × 2 |
+
+    * From 4 warps on, Triton uses Hopper's `wgmma`, which a *warpgroup* of 4 warps (128 threads)
+      issues together (NVIDIA, CUTLASS's "Warpgroup MMA Programming Guide"); with 1 or 2 warps there is
+      no warpgroup, and the PTX has Ampere's `mma.sync`, one warp an instruction.
+    * From 4 warps on, $S$ has every warp along the rows of $Q_i$: each warp owns whole rows, split-Q,
+      as §3.3 asks, chosen by the compiler. Where a 64-row tile gets 8 or 16 warps, or a 128-row tile
+      16, the second dot puts warps side by side along the $d$ columns of $O$: each computes some
+      columns of $O$ over all the keys, a split of the output, with no partial sums to add.
+    * At 64 × 64 with 2 warps the warps sit side by side along the keys: each holds half of every row
+      of $S$, split-K's situation, and the row maxima and sums cross warps. It is the only config whose
+      PTX reads shared memory with `ld.shared` (24 of them), and it has the most `bar.sync` in its PTX
+      (31, against 6–21 for the others).
+    """, "slide", name="warps-triton-md"),
+    md("""
+    ## How many warps? (H100)
+
+    What the course measured before: `fa2_config` picks 128 × 64 tiles and 8 warps on sm_90, the best
+    or within 6% of the best of 7 configs on an H100 at $d$ = 64 and 128, $N$ = 1k, 4k and 16k, causal
+    or not; 4 warps at $d$ = 128 lose half (its docstring; `tools/gpu_attention.py --sweep`). The sweep
+    below times every warp count from 1 to 16 for both tiles, at the benchmark's shapes (fp16, 16k
+    tokens, hidden 2048), and records what Triton compiled for each: `tools/gpu_attention_warps.py`,
+    `bench.shipped("attention_warps")`.
+    """, "slide", name="warps-sweep-md"),
+    code("""
+    # NBVAL_IGNORE_OUTPUT
+    import torch
+    from flashcourse import bench
+    from flashcourse.kernels import fa2_config
+    try:
+        h100_warps = bench.shipped("attention_warps")
+    except FileNotFoundError:
+        h100_warps = None
+        print("not measured yet: run tools/gpu_attention_warps.py on an H100")
+    if h100_warps is not None:
+        chosen = fa2_config(128, torch.float16, (9, 0))
+        fig = viz.warps_plot(h100_warps, marked=(f"fa2 {chosen.constexprs['BLOCK_M']}x{chosen.constexprs['BLOCK_N']}",
+                                                 chosen.num_warps))
+        display(fig)
+    """, "subslide", name="warps-sweep"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    if h100_warps is None:
+        print("not measured yet")
+    else:
+        print("  d      N causal | best config         TFLOP/s | 128x64, 8 warps | 4 warps (best tile) | 2 warps")
+        for key in sorted({(r.params["d"], r.params["N"], r.params["causal"]) for r in h100_warps.records}):
+            recs = [r for r in h100_warps.select(d=key[0], N=key[1], causal=key[2]) if r.ok]
+            best = max(recs, key=lambda r: r.TFLOPs)
+            at = lambda impl, w: max((r.TFLOPs for r in recs if (impl is None or r.impl == impl)  # noqa: E731
+                                      and r.params["num_warps"] == w), default=float("nan"))
+            print(f"{key[0]:3d} {key[1]:6d} {key[2]!s:6} | {best.impl} w{best.params['num_warps']:<2d}"
+                  f" {best.TFLOPs:13.0f} | {at('fa2 128x64', 8) / best.TFLOPs:15.0%} |"
+                  f" {at(None, 4) / best.TFLOPs:19.0%} | {at(None, 2) / best.TFLOPs:7.0%}")
+    """, "fragment", name="warps-sweep-table"),
+    md("""
+    What the sweep can and cannot say. Triton lays out the warps, so the sweep does not pit split-K
+    against split-Q: from 4 warps on every config is split-Q in $S$ (table above). It measures what
+    the warp count changes on an H100: whether `wgmma` is used at all (4 warps or more), how many
+    warpgroups share the tile, and how many registers each thread needs — the fp32 accumulator $O_i$ of
+    a 128-row tile at $d$ = 128 is 64 KiB, 512 / W registers a thread over W warps (the file records the
+    registers and spills the driver reports). The only split-K layout in it is the 64 × 64 tile with 2
+    warps at $d$ = 128. Until the H100 file is shipped, the two cells above say "not measured yet";
+    then the plot and the table they print are the measurement.
+    """, "fragment", name="warps-sweep-notes"),
 
     md("""
     ## How fast? (H100, measured)
@@ -443,7 +656,7 @@ CELLS = [
     loop of the Triton kernel.
     """, "slide", name="summary"),
     md("""
-    Instructor notes: about 60 minutes. Ask the room to predict the speed-up over FA1 from the
+    Instructor notes: about 70 minutes. Ask the room to predict the speed-up over FA1 from the
     non-matmul FLOP table (a fifth fewer), then show 5–50×: the program counts and the round trips
     explain it, not the FLOPs. The PTX slide shows that what most visibly separates our kernel from
     PyTorch's FA2 is an instruction, not the algorithm.
