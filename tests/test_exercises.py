@@ -7,6 +7,7 @@ import nbformat
 import pytest
 
 from flashcourse import cli, exercises
+from flashcourse.chapters import CHAPTERS
 from flashcourse.exercises import strip_solutions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,3 +152,19 @@ def test_build_refuses_a_solution_whose_check_was_not_run(repo_copy, capsys):
     assert cli.main(["exercises", "build", "--root", str(repo_copy)]) == 2
     err = capsys.readouterr().err
     assert "check cell 01-online-softmax-check-merge has no output: execute the solution notebook first" in err
+
+
+@pytest.mark.parametrize("chap", [c for c in CHAPTERS if c.exercise], ids=lambda c: c.name)
+def test_each_exercise_ends_with_questions_whose_answers_only_the_solutions_show(chap):
+    """At least three conceptual questions close each exercise notebook: a blank to answer in the
+    exercise, the instructor's answer in the solutions, and not a line of the answer in the exercise."""
+    sol = nbformat.read(ROOT / chap.solution, as_version=4)
+    ex = nbformat.read(ROOT / chap.exercise, as_version=4)
+    asked = [c for c in ex.cells if c.cell_type == "markdown" and c.source.startswith("**Question ")]
+    answered = [c for c in sol.cells if c.cell_type == "markdown" and c.source.startswith("**Question ")]
+    assert len(asked) == len(answered) >= 3
+    exercise_text = "\n".join(c.source for c in ex.cells)
+    for q, a in zip(asked, answered):
+        assert q.source.endswith("YOUR ANSWER HERE") and "YOUR ANSWER HERE" not in a.source
+        answer = a.source.split(exercises.BEGIN)[1].split(exercises.END)[0].strip()
+        assert len(answer) > 100 and answer not in exercise_text

@@ -38,12 +38,13 @@ def read(path):
 
 
 def completed_exercise():
-    """The exercise with the solution code typed back in where it says # YOUR CODE HERE."""
+    """The exercise with the solution code typed back in where it says # YOUR CODE HERE (and the
+    instructor's answers where it says YOUR ANSWER HERE)."""
     ex, sol = read(EXERCISE), read(SOLUTION)
     for e, s in zip(ex.cells, sol.cells):
         regions = re.findall(r"[ \t]*### BEGIN SOLUTION\n(.*?)[ \t]*### END SOLUTION\n?", s.source, re.S)
         for body in regions:
-            e.source = re.sub(r"[ \t]*# YOUR CODE HERE\n[ \t]*(raise NotImplementedError\(\)|pass)\n?",
+            e.source = re.sub(r"[ \t]*# YOUR CODE HERE\n[ \t]*(raise NotImplementedError\(\)|pass)\n?|YOUR ANSWER HERE",
                               lambda _: body, e.source, count=1)
         assert "# YOUR CODE HERE" not in e.source
     return ex
@@ -130,8 +131,9 @@ def test_a_completed_exercise_passes_grade(runs):
 
 
 def test_the_completed_exercise_is_the_solutions_code():
-    strip = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION\n", re.M)
-    assert [c.source for c in completed_exercise().cells] == [strip.sub("", c.source) for c in read(SOLUTION).cells]
+    strip = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION(\n|$)", re.M)
+    assert [c.source.rstrip("\n") for c in completed_exercise().cells] == \
+        [strip.sub("", c.source).rstrip("\n") for c in read(SOLUTION).cells]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -69,6 +69,28 @@ def md(text: str, slide: str = "-", *, name: str | None = None):
     return nbformat.v4.new_markdown_cell(text, metadata=_meta(slide, (), name))
 
 
+def questions(items, name: str = "questions"):
+    """The "questions to think about" that end an exercise notebook: a heading cell, then one
+    markdown cell per ``(question, answer)``, the answer between solution markers so that the
+    exercise shows ``YOUR ANSWER HERE`` and the solutions the instructor's answer (not graded).
+
+    Example:
+        >>> cells = questions([("Why?", "Because.")])
+        >>> len(cells), cells[1].source.splitlines()[0]
+        (2, '**Question 1.** Why?')
+    """
+    cells = [md("""
+    ## Questions to think about
+
+    Not graded: answer each in a few sentences, in its cell, then compare with your instructor's
+    answers (in the solutions notebook).
+    """, "slide", name=name)]
+    for k, (question, answer) in enumerate(items, 1):
+        cells.append(md(f"**Question {k}.** {question}\n\n*Your answer:*\n\n### BEGIN SOLUTION\n"
+                        f"{answer}\n### END SOLUTION", "subslide", name=f"{name}-{k}"))
+    return cells
+
+
 def nbval_tags(src: str) -> tuple[str, list[str]]:
     r"""``src`` without its leading nbval comment markers, and the cell tags nbval reads instead.
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from nbtools import check, code, done, md  # noqa: E402
+from nbtools import check, code, done, md, questions  # noqa: E402
 
 CELLS = [
     md("""
@@ -212,4 +212,38 @@ CELLS = [
     done("""
     Next, chapter 2 uses the same merge rule on whole tiles of attention scores.
     """),
+    *questions([
+        ('The online normaliser multiplies the running sum by $e^{m_{\\text{old}} - m_{\\text{new}}}$ '
+         'when the maximum grows. What is that factor doing, and what happens if a kernel forgets it '
+         '(each block keeps its own maximum)?',
+         'The running sum $d = \\sum_i e^{x_i - m_{\\text{old}}}$ holds terms measured against the old '
+         'maximum. Multiplying by $e^{m_{\\text{old}} - m_{\\text{new}}} \\le 1$ re-measures every one of'
+         ' them against the new maximum, so the sum stays $\\sum_i e^{x_i - m}$ for the current $m$ and'
+         " never overflows. Without it the blocks' sums are in different units: adding them is wrong "
+         "by a factor $e^{\\Delta m}$ per block, and the checks' cases where the maximum jumps by "
+         'hundreds between blocks make that factor overflow or vanish.'),
+        ('Merging two partial results $(m_a, d_a)$ and $(m_b, d_b)$ gives $(\\max(m_a, m_b), \\dots)$. '
+         'Why is this merge associative, and which later chapter depends on that?',
+         'Each pair stands for $\\sum e^{x_i}$ written as $e^{m} d$; the merge rewrites both sums '
+         'against the larger maximum and adds them, so it is addition of $\\sum e^{x_i}$ over disjoint '
+         'sets, which is associative (and commutative). Any grouping of the blocks gives the same '
+         'result up to rounding, so the work can be cut into pieces processed anywhere and combined in'
+         " a tree: Flash-Decoding's combine (chapter 4) merges the splits of a row exactly this way, "
+         'with the log-sum-exp $m + \\log d$ as one number.'),
+        ('Your kernel reads fp16 but accumulates the sum in fp32. Why, if every term $e^{x_i - m}$ is '
+         'at most 1?',
+         'fp16 has an 11-bit significand: from 2048 on, neighbouring fp16 numbers are 2 apart, so '
+         'adding a term below 1 to a sum of 2048 changes nothing. A row of 8192 keys whose terms are '
+         'near 1 would stop growing at 2048 and the softmax would be off by a factor of about 4. fp32 '
+         '(24 bits) keeps such sums to about $10^{-7}$ relative per addition.'),
+        ('The three-pass safe softmax reads $x$ three times and the online one twice, yet on the H100 '
+         "(chapter 3's Nsight Compute measurement) the three-pass kernel read 69.7 MB from DRAM for a "
+         '67.1 MB input. Where did the other two passes come from, and when would DRAM really see '
+         'three?',
+         'From the L2 cache (50 MB on the H100): a program re-reads a block of its own row right after'
+         ' reading it, and all the rows in flight at once are far smaller than the L2, so passes two '
+         'and three hit in L2. DRAM would see three passes when what is in flight outgrows the L2 '
+         'before it is re-read: rows so long (or so many at once) that a block is evicted before the '
+         'next pass comes back to it. The counted memory has no L2, so it charges all three.'),
+    ]),
 ]

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from nbtools import check, code, done, md  # noqa: E402
+from nbtools import check, code, done, md, questions  # noqa: E402
 
 CELLS = [
     md("""
@@ -150,4 +150,33 @@ CELLS = [
     Next, FlashAttention-2 swaps the two loops, so that $O_i$ stays on chip, and defers the division
     by $\\ell_i$ to the very end.
     """),
+    *questions([
+        ("FlashAttention's HBM traffic is $\\Theta(N^2 d^2 / M)$. Using the loop structure you just "
+         'ran, say where the $1/M$ comes from: which tensors are re-read, how often, and what doubling'
+         ' $M$ does to that count.',
+         'With K/V blocks outside and Q blocks inside, every one of the $T_c = \\lceil N / B_c \\rceil$ '
+         'outer steps reads all of $Q$ and reads and writes all of $O$, $\\ell$ and $m$: about $T_c '
+         '\\cdot N d$ accesses. $B_c = \\lceil M / 4d \\rceil$, so $T_c \\approx 4 N d / M$ and the '
+         're-reads total $\\Theta(N^2 d^2 / M)$. Doubling $M$ doubles $B_c$, halves $T_c$ and halves '
+         'those re-reads; $K$ and $V$ are read once whatever $M$ is.'),
+        ('The paper caps the row block at $B_r = \\min(\\lceil M/4d \\rceil, d)$. What does the cap at '
+         '$d$ protect?',
+         'The score tile $S_{ij}$ has $B_r \\times B_c$ entries. With $B_c = \\lceil M / 4d \\rceil$ and '
+         '$B_r \\le d$ it has at most $d \\cdot M / 4d = M / 4$ entries, so $S_{ij}$ fits in a quarter '
+         'of the SRAM beside $Q_i$, $K_j$, $V_j$ and $O_i$ (each at most about $M/4$ as well).'),
+        ('Your step stores $O_i$ normalised after every key block, then multiplies by $\\ell_i$ to undo'
+         ' it at the next one. What does that cost per step, and how does chapter 3 avoid it?',
+         'A division of every element of $O_i$ by $\\ell_i^{\\text{new}}$ and a multiplication by '
+         '$\\ell_i$ at every step, plus the round trip of $O_i$, $\\ell_i$, $m_i$ through HBM. '
+         'FlashAttention-2 keeps $O_i$ on chip *unnormalised* for the whole inner loop (its loops are '
+         'swapped), rescales it only by $e^{m_{\\text{old}} - m_{\\text{new}}}$, and divides by $\\ell_i$'
+         ' once at the end: a fifth fewer non-matmul FLOPs, counted in chapter 3.'),
+        ('On the H100, Nsight Compute saw 47.8 MB of DRAM reads for the FA1 kernel whose counted reads'
+         " are 1661 MB (chapter 3). Does that make FA1's loop order harmless on a real GPU?",
+         'No. The re-reads of $O_i$, $\\ell_i$, $m_i$ were served by the L2 because everything in '
+         'flight fitted in 50 MB; they still cost L2 bandwidth and, above all, the order forces one '
+         'program to walk all the query blocks of a head in turn, which is what chapter 3 measures as '
+         'the 5–50× gap to FA2. With more heads or longer sequences in flight than the L2 holds, the '
+         'counted traffic comes back as DRAM traffic.'),
+    ]),
 ]

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from nbtools import check, code, done, md  # noqa: E402
+from nbtools import check, code, done, md, questions  # noqa: E402
 
 CELLS = [
     md("""
@@ -228,4 +228,35 @@ CELLS = [
     without any mask, and the diagonal blocks in a second loop with it; and it picks its tile sizes
     for each GPU.
     """),
+    *questions([
+        ('Swapping the loops (Q blocks outside) takes $O$, $\\ell$ and $m$ off the HBM bill. Which '
+         'traffic does it *not* remove, and why is the bound still $\\Theta(N^2 d^2 / M)$?',
+         'With $Q_i$ outside, $O_i$, $\\ell_i$ and $m_i$ stay on chip for the whole inner loop and are '
+         'written once. But now every $K_j$ and $V_j$ is read once per query block: $T_r = \\lceil N / '
+         'B_r \\rceil$ times, $2 T_r N d$ accesses, and $B_r$ is bounded by the SRAM as $B_c$ was, so '
+         'the re-reads are still $\\Theta(N^2 d^2 / M)$. The swap moves the re-reads to $K$ and $V$; it'
+         ' does not remove them.'),
+        ("Why is FA2's outer loop over query blocks the one that can run in parallel, and why does "
+         'that matter most at small batch times heads?',
+         "Each query block's output depends only on its own $Q_i$ and all of $K$, $V$: different $i$ "
+         'share no state, so each can be a program of its own, giving $T_r \\cdot B \\cdot H$ programs. '
+         'With K/V outside (FA1), every step updates every $O_i$, so the blocks of one head are '
+         'updated in turn. When $B \\cdot H$ is below the number of SMs (132 on the H100), only the '
+         'sequence dimension can fill the GPU.'),
+        ('Your kernel splits the query rows of a block between warps (split-Q), as FA2 does; FA1 split'
+         ' the keys (split-K). What does split-K have to do that split-Q does not?',
+         'With the keys split, every warp holds a partial row maximum, row sum and partial $P V$ for '
+         "the same rows; they must write them to shared memory, wait at a barrier, read each other's "
+         'and combine them by log-sum-exp, at every key block. With the rows split, each warp owns '
+         "whole rows: the softmax is row-wise, so no partial results cross warps. The chapter's "
+         'counted block ($B_r$ = 128, $B_c$ = 64, $d$ = 128, 4 warps) moves 552 KiB through shared '
+         'memory and waits at 2 barriers per key block with split-K, 128 KiB and 1 with split-Q.'),
+        ('Nsight Compute saw FA2 read $Q$, $K$ and $V$ from DRAM about once, not $T_r$ times. When '
+         'would the $\\Theta(N^2 d^2/M)$ re-reads show up in DRAM on an H100?',
+         'When the $K$ and $V$ that the programs in flight are reading no longer fit in the 50 MB L2 '
+         'together with everything else in flight: many heads or batch entries at once with long '
+         'sequences, so that a $K_j$, $V_j$ is evicted before the next query block of its head reads '
+         "it. In the measured cases the programs running together shared one head's $K$ and $V$ (at "
+         'most 8 MiB), which stayed in L2.'),
+    ]),
 ]

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from nbtools import check, code, done, md  # noqa: E402
+from nbtools import check, code, done, md, questions  # noqa: E402
 
 CELLS = [
     md("""
@@ -233,4 +233,32 @@ CELLS = [
     the query heads of one KV head into one program so that each key is read once, and combines the
     partials in a second Triton kernel.
     """),
+    *questions([
+        ('In decoding each sequence has one query token. Why does Flash-Decoding split the *keys* '
+         'rather than the queries?',
+         "There is only one query row per head, so there is nothing to split on the query side: FA2's "
+         'grid gives $B \\cdot H$ programs, 32 for one sequence of a 32-head model on an H100 with 132 '
+         'SMs, each walking the whole cache alone. Splitting the $L$ keys into $S$ chunks gives $B '
+         '\\cdot H_{kv} \\cdot S$ programs that read the cache in parallel; the price is a combine of '
+         'the $S$ partial results.'),
+        ('What does the combine cost in HBM traffic, compared with the attention itself?',
+         'Each split writes a partial output of $d$ floats and one log-sum-exp per query head, and the'
+         ' combine reads them back and writes $O$: about $2 S (d + 1)$ floats per query head. The '
+         'attention reads $2 L d$ cache elements per KV head. At 14 splits, $d$ = 128, $L$ = 4k and 4 '
+         'query heads per KV head: 14 KB of partials per query head against its 512 KiB share of the '
+         'cache, under 3%, and less as $L$ grows.'),
+        ('With 32 query heads over 8 KV heads, one program of the split kernel serves 4 query heads. '
+         'What would serving one query head per program cost?',
+         "Every KV head's cache would be read 4 times, once per query head, so 4× the bytes for a "
+         'kernel that is bandwidth-bound, about 4× the time. The chapter measured the same effect the '
+         "other way round: chapter 3's FA2, which needs K and V expanded to 32 heads, is 11.3× slower "
+         'than `flash_decode` at 8 KV heads and 128k keys, against 3.0× at 32 KV heads.'),
+        ('A decode call keeps the H100 busy for about 10 µs but the host for 35–60 µs. What does '
+         'replaying a CUDA graph change, and what must stay fixed for it to work?',
+         'The host no longer runs Python or launches kernels one by one: replaying a 32-layer step '
+         "costs it 4–8 µs instead of 0.8–1.7 ms, so a step takes what the GPU needs. The GPU's work is"
+         ' unchanged. A graph replays the same kernels with the same arguments, so the addresses must '
+         "stay fixed: the new token's q is copied into the captured input, the output is read from the"
+         ' captured tensor, and shapes cannot change between replays.'),
+    ]),
 ]

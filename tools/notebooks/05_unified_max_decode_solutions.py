@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from nbtools import check, code, done, md  # noqa: E402
+from nbtools import check, code, done, md, questions  # noqa: E402
 
 CELLS = [
     md("""
@@ -127,4 +127,32 @@ CELLS = [
     chunk the synchronised way only when it is out — so the common case pays for no synchronisation
     at all.
     """),
+    *questions([
+        ("What does one shared offset $\\varphi$ save compared with Flash-Decoding's per-chunk running "
+         'maximum, and what does it risk?',
+         'No running maximum, so no rescaling of the accumulator inside a chunk and none between '
+         "chunks: every chunk's sums $\\sum e^{x - \\varphi} v$ and $\\sum e^{x - \\varphi}$ are in the "
+         'same units and simply add. The risk is a chunk whose scores leave the safe window around '
+         '$\\varphi$: $e^{x - \\varphi}$ could overflow, or everything underflow. That chunk must be '
+         'recomputed the synchronised way, so a badly chosen $\\varphi$ costs time, never accuracy.'),
+        ("Why can the unified-max kernel add the chunks' partial sums with atomic adds, when "
+         'Flash-Decoding needs a combine kernel?',
+         'With a shared offset the partial sums are plain sums of $e^{x - \\varphi}$ terms: adding them'
+         ' in any order is the total. With per-chunk maxima each partial is measured against its own '
+         '$m_s$ and must be rescaled by $e^{m_s - m}$, which needs the global maximum $m$ of all '
+         'chunks first: a second pass (the combine).'),
+        ('The atomic adds make the last bits of the output depend on the order the chunks finish in. '
+         'Why?',
+         'Floating-point addition is not associative: $(a + b) + c$ and $a + (b + c)$ round '
+         'differently. The chunks finish in an order the hardware decides, so the sum is rounded in a '
+         'different order from run to run.'),
+        ('FlashDecoding++ picks $\\varphi$ once per model from statistics. What makes that reasonable, '
+         'and what would you measure before trusting it for a new model?',
+         "The paper's statistics: the softmax inputs of a trained model fall in a narrow range (for "
+         'Llama2-7B, over 99.99% lie in $[-16.8, 6.5]$, as one of the source articles reports), and '
+         'the safe window here (about $-49$ to $56$ around $\\varphi$) is much wider than that, so one '
+         'value covers almost every row. Before trusting it, measure the distribution of the row '
+         "maxima on real prompts (the chapter's histograms) and the fallback rate it implies, per "
+         'layer, for the inputs you serve.'),
+    ]),
 ]

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from nbtools import check, code, done, md  # noqa: E402
+from nbtools import check, code, done, md, questions  # noqa: E402
 
 CELLS = [
     md("""
@@ -180,4 +180,25 @@ CELLS = [
     programs when N / B_N leaves SMs idle, pipelines the loads (`num_stages`: the paper's double
     buffering), and `flashcourse.kernels.linear` picks it, a GEMV or cuBLAS by the shape.
     """),
+    *questions([
+        ('A decoding step multiplies $M$ = 1–8 token rows by a weight matrix. Why is that GEMM '
+         'bandwidth-bound on any GPU?',
+         'It does $2 M K N$ FLOPs on about $2 K N$ bytes of weights, read once: about $M$ FLOPs per '
+         "byte. The H100's ridge point is about 220 FLOP/B (702 TFLOP/s of fp16 GEMM over 3.02 TB/s of"
+         ' copy, chapter 0), so at $M \\le 8$ the time is the time to read $W$.'),
+        ('GEMM libraries tile $M$ by 64 or 128 rows. What does a tile of 128 rows cost when $M$ = 8, '
+         "and what do FlashDecoding++ and this course's kernel pad to instead?",
+         "120 of the 128 rows are padding: 94% of the tile's multiply-adds are spent on zeros, and the"
+         ' padded tile holds registers and shared memory for nothing. FlashDecoding++ pads to 8, the '
+         "smallest height its tensor-core instruction takes; the course's Triton kernel pads to 16, "
+         'the fewest rows `tl.dot` accepts. Either way the time is the time to read $W$, which padding'
+         ' does not change.'),
+        ('A wider column tile $B_N$ re-reads $X$ fewer times, but gives fewer programs. How does '
+         '`choose_block_n` settle that, and when is a small $N$ parallelism-bound?',
+         'Among the candidate widths whose $\\lceil N / B_N \\rceil$ programs keep every SM busy, it '
+         'takes the one with the highest compute/memory ratio $2MK / (K + MK/B_N + M)$; if none fills '
+         'the SMs it takes the smallest width, to get as many programs as possible. With $N$ so small '
+         'that even the narrowest tile leaves SMs idle (fewer than 132 programs on an H100), the GEMM '
+         'is bound by parallelism, not bandwidth.'),
+    ]),
 ]
