@@ -84,6 +84,24 @@ def test_what_a_student_function_does_stays_in_the_worker(tmp_path):
     assert not target.exists() or target.stat().st_size == 0
 
 
+@pytest.mark.parametrize("cheat", [
+    "def f(q):\n    return attention_float64(q, q, q)",                                   # the set-up's reference
+    "def f(q):\n    return check.merge",                                                   # the set-up's checks
+    "def f(q):\n    from flashcourse.reference import attention_float64 as a\n    return a(q, q, q)",
+    "def f(q):\n    import importlib\n    return importlib.import_module('flashcourse.reference')",
+    "def f(q):\n    import sys\n    return sys.modules['flashcourse.reference'].attention_float64(q, q, q)",
+])
+def test_a_solution_cannot_use_the_course(cheat):
+    """The set-up may import the course; the solution cells get nothing of it (chapter 3's FA2 check
+    passed ``return attention_float64(Q, K, V)`` before the worker sealed the course off)."""
+    setup = "import numpy as np\nimport flashcourse\nfrom flashcourse import checks as check\n" \
+            "from flashcourse.reference import attention_float64"
+    with Worker(setup=setup, cells=[("a", cheat), ("b", "def g(x):\n    return np.sum(x)")]) as w:
+        assert w.function("g")(np.ones(3)) == 3.0                   # numpy, from the set-up, still works
+        with pytest.raises((NameError, ImportError, KeyError)):
+            w.function("f")(np.ones((2, 4)))
+
+
 def test_a_student_exception_comes_back_as_its_own_kind():
     cells = [("a", "def f(x):\n    raise NotImplementedError()\ndef g(x):\n    raise KeyError('k')\n"
                    "class Mine(Exception): pass\ndef h(x):\n    raise Mine('m')")]

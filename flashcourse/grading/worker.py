@@ -10,6 +10,13 @@ session of its own, which the grader kills when it is done. A call that does not
 time limit kills the worker (the next call starts a new one), and one that kills it (``os._exit``,
 a crash) is reported as such.
 
+The solution cells may not use the course itself: the set-up imports ``flashcourse`` (the checks, a
+float64 reference for the demos), but before the first solution cell runs, everything the set-up got
+from the package is taken out of the namespace, the package's modules out of ``sys.modules``, and an
+import of ``flashcourse`` fails with an ImportError that says why (:func:`seal_course`). Without
+this, ``return attention_float64(Q, K, V)`` passed chapter 3's FlashAttention-2 check, and
+``from flashcourse.reference.online import merge`` chapter 1's.
+
 Example:
     >>> import numpy as np
     >>> with Worker(setup="import numpy as np", cells=[("a", "def double(x):\\n    return 2 * x")]) as w:
@@ -33,7 +40,11 @@ from pathlib import Path
 
 from .wire import decode, encode
 
-__all__ = ["Worker", "WorkerDied", "WorkerTimeout", "site_dirs", "isolated_command", "python_of", "serve"]
+__all__ = ["Worker", "WorkerDied", "WorkerTimeout", "site_dirs", "isolated_command", "python_of", "serve",
+           "seal_course", "COURSE"]
+
+#: The package a solution may not use.
+COURSE = "flashcourse"
 
 
 #: The time the worker is given, besides the per-call limit, to run the set-up and the solution cells
@@ -114,6 +125,40 @@ def _error(e: BaseException) -> dict:
     return {"ename": type(e).__name__, "evalue": str(e)[:4000]}
 
 
+class _CourseBlocker:
+    """A meta-path finder that refuses the course's package (see :func:`seal_course`)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == COURSE or name.startswith(COURSE + "."):
+            raise ImportError(f"a solution may not import {name}: the grader runs your own code, not the course's "
+                              "(write the function yourself)")
+        return None
+
+
+def _from_course(obj) -> bool:
+    name = obj.__name__ if isinstance(obj, type(sys)) else getattr(obj, "__module__", None)
+    return isinstance(name, str) and (name == COURSE or name.startswith(COURSE + "."))
+
+
+def seal_course(namespace: dict) -> None:
+    """Take what came from the course out of ``namespace`` and out of reach of imports.
+
+    Example:
+        >>> import flashcourse.formulas as f
+        >>> ns = {"f": f, "x": 1, "fa1_block_sizes": f.fa1_block_sizes}
+        >>> saved = dict(sys.modules), list(sys.meta_path)
+        >>> seal_course(ns)
+        >>> sorted(ns), any(k.startswith("flashcourse") for k in sys.modules)
+        (['x'], False)
+        >>> sys.modules.update(saved[0]); sys.meta_path[:] = saved[1]
+    """
+    for name in [k for k, v in namespace.items() if _from_course(v)]:
+        del namespace[name]
+    for name in [k for k in sys.modules if k == COURSE or k.startswith(COURSE + ".")]:
+        del sys.modules[name]
+    sys.meta_path.insert(0, _CourseBlocker())
+
+
 def serve(fd: int) -> None:
     """The worker's main loop (run by :class:`Worker` in the new process): set up, then answer calls."""
     import resource
@@ -132,6 +177,8 @@ def serve(fd: int) -> None:
             exec(compile(python_of(source), f"<{where}>", "exec"), namespace)
         except BaseException as e:    # a cell that fails still lets the others define their functions
             errors.append({"where": where, **_error(e)})
+        if where == "set-up":
+            seal_course(namespace)
     conn.send_bytes(encode({"errors": errors}))
     while True:
         try:
