@@ -112,13 +112,14 @@ def passes_with_one_line(check, fn, attr: str, capsys) -> None:
 
 
 def completed(name: str):
-    """Exercise ``name`` with the solution code typed back in where it says # YOUR CODE HERE."""
+    """Exercise ``name`` with the solution code typed back in where it says # YOUR CODE HERE (and the
+    instructor's answers where it says YOUR ANSWER HERE)."""
     ex = nbformat.read(ROOT / "exercises" / f"{name}.ipynb", as_version=4)
     sol = nbformat.read(ROOT / "solutions" / f"{name}.ipynb", as_version=4)
     for e, s in zip(ex.cells, sol.cells):
         for body in re.findall(r"[ \t]*### BEGIN SOLUTION\n(.*?)[ \t]*### END SOLUTION\n?", s.source, re.S):
-            e.source = re.sub(r"[ \t]*# YOUR CODE HERE\n[ \t]*(raise NotImplementedError\(\)|pass)\n?",
+            e.source = re.sub(r"[ \t]*# YOUR CODE HERE\n[ \t]*(raise NotImplementedError\(\)|pass)\n?|YOUR ANSWER HERE",
                               lambda _: body, e.source, count=1)
-    strip = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION\n", re.M)
-    assert [c.source for c in ex.cells] == [strip.sub("", c.source) for c in sol.cells]
+    strip = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION(\n|$)", re.M)
+    assert [c.source.rstrip("\n") for c in ex.cells] == [strip.sub("", c.source).rstrip("\n") for c in sol.cells]
     return ex

@@ -221,7 +221,8 @@ def test_fa2_kernel_tolerance_is_well_above_the_solution_error(tmp_path, monkeyp
 # ---------------------------------------------------------------------------------------------
 # the generated exercises, and grading one of them
 
-@pytest.mark.parametrize("name, checks_expected", [(FA1, ["fa1_step"]), (FA2, ["fa2_attention", "fa2_kernel"])])
+@pytest.mark.parametrize("name, checks_expected", [(FA1, ["fa1_step", "fa1_accesses"]),
+                                                    (FA2, ["fa2_attention", "fa2_kernel"])])
 def test_exercises_hide_the_solutions_and_keep_the_checks(name, checks_expected):
     sol = nbformat.read(ROOT / "solutions" / f"{name}.ipynb", as_version=4)
     ex = nbformat.read(ROOT / "exercises" / f"{name}.ipynb", as_version=4)

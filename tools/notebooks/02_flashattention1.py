@@ -328,7 +328,8 @@ CELLS = [
     * With $Q$ in the inner loop, $O_i$, $\\ell_i$, $m_i$ make a round trip to HBM at every step, and
       $O_i$ is rescaled and divided at every step. Both costs disappear in chapter 3.
 
-    **Exercise:** `exercises/02_flashattention1.ipynb` — the inner-step update.
+    **Exercise:** `exercises/02_flashattention1.ipynb` — the inner-step update, then predict FA1's HBM
+    accesses for any (N, d, M) and confirm them on the counted memory.
     """, "slide", name="summary"),
     md("""
     Instructor notes: about 40 minutes. Do the block-size arithmetic on the board first. Ask "why

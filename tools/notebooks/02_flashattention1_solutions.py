@@ -146,6 +146,54 @@ CELLS = [
 
     check("fa1_step"),
 
+    md(r"""
+    ## 2. Predict, count, measure
+
+    FlashAttention's claim is about bytes, so predict them before you count them. Write
+    `predict_fa1_accesses(N, N_k, d, M)`: the number of HBM element accesses (reads plus writes)
+    of Algorithm 1 for $N$ queries, $N_k$ keys and an SRAM of $M$ elements, with the paper's blocks
+    $B_c = \lceil M / 4d \rceil$, $B_r = \min(B_c, d)$. Work it out from the algorithm (the lecture's
+    pseudo-code, or your own loops above): what crosses HBM once, what crosses in every outer step,
+    and how many outer steps there are when the blocks do not divide the sizes. The check runs the
+    course's Algorithm 1 on the counted memory for each case and compares; it does not let your
+    function call the course's package.
+    """, "slide", name="predict-intro"),
+
+    code("""
+    def predict_fa1_accesses(N, N_k, d, M):
+        \"\"\"HBM element accesses (reads + writes) of FlashAttention-1 for an SRAM of M elements.\"\"\"
+        ### BEGIN SOLUTION
+        B_c = -(-M // (4 * d))                  # ceil(M / 4d)
+        T_c = -(-N_k // B_c)                    # outer steps, the last one partial
+        once = 2 * N_k * d + (N * d + 2 * N)    # K, V read; O, l, m written at the start
+        per_step = 3 * N * d + 4 * N            # Q, O, l, m read; O, l, m written
+        return once + T_c * per_step
+        ### END SOLUTION
+    """, tags=("solution",), name="predict-fa1-accesses"),
+
+    md("**Count.** Your prediction beside the counted memory, for a few SRAM sizes:", "fragment",
+       name="count-text"),
+
+    code("""
+    from flashcourse.memory import Memory
+    from flashcourse.reference import fa1_attention as course_fa1
+    N, d = 256, 16
+    Q, K, V = rng.normal(size=(3, N, d))
+    for M in (256, 1024, 4096):
+        mem = Memory()
+        course_fa1(Q, K, V, sram_bytes=8 * M, memory=mem)            # float64: 8 bytes an element
+        print(f"M = {M:5d}: predicted {predict_fa1_accesses(N, N, d, M):8d}, counted {mem.accesses():8d}")
+    """, "fragment", name="count"),
+
+    check("fa1_accesses", "predict_fa1_accesses"),
+
+    md("""
+    **Measure.** On a GPU, Nsight Compute counts the bytes that really cross the DRAM interface:
+    chapter 3's lecture compares the count with the H100's (`flashcourse.bench.measured("ncu_dram")`).
+    The FA1 kernel there is counted at 1661 MB of reads; DRAM saw 47.8 MB, because the L2 cache
+    (50 MB) served the re-reads. Before you look: which of your terms would the L2 absorb?
+    """, "fragment", name="measure"),
+
     done("""
     Next, FlashAttention-2 swaps the two loops, so that $O_i$ stays on chip, and defers the division
     by $\\ell_i$ to the very end.
