@@ -18,8 +18,10 @@ This module imports nothing from the course: it is the ground under the ground f
 
 Example:
     >>> from flashcourse.chapters import CHAPTERS, chapter
-    >>> [c.stem for c in CHAPTERS][:7]          # chapters 0-6 (the examples hold when a chapter is added)
-    ['roofline', 'online', 'attention', 'attention', 'decode', 'decode', 'gemm']
+    >>> [c.label for c in CHAPTERS][:8]         # chapters 0-6, and the primer, 0b (the examples hold when a chapter is added)
+    ['0', '0b', '1', '2', '3', '4', '5', '6']
+    >>> [c.stem for c in CHAPTERS][:8]
+    ['roofline', 'primer', 'online', 'attention', 'attention', 'decode', 'decode', 'gemm']
     >>> chapter(3).notebook
     'notebooks/03_flashattention2.ipynb'
     >>> modules("kernels")[:4]
@@ -50,7 +52,9 @@ class Chapter:
     ``extra_modules`` its modules besides ``LAYER/STEM.py``, as ``"LAYER.NAME"`` with NAME
     beginning with ``STEM_`` (imported and exported with the layer, after ``STEM.py``);
     ``former_names`` the names its notebooks had before the chapters were renamed (so that
-    ``flashcourse grade`` still knows a student's ``01_softmax.ipynb``; see :func:`renamed`).
+    ``flashcourse grade`` still knows a student's ``01_softmax.ipynb``; see :func:`renamed`);
+    ``part`` a letter for a chapter slotted in after chapter ``number`` without renumbering the ones
+    after it (the Triton primer is chapter 0b, between chapter 0 and chapter 1): its :attr:`label`.
 
     Example:
         >>> c = chapter(1)
@@ -67,6 +71,17 @@ class Chapter:
     bench: str | None = None
     extra_modules: tuple[str, ...] = ()
     former_names: tuple[str, ...] = ()
+    part: str = ""
+
+    @property
+    def label(self) -> str:
+        """The chapter's number as the course shows it: ``"3"``, or ``"0b"`` for a part.
+
+        Example:
+            >>> chapter("0b").label, chapter(3).label
+            ('0b', '3')
+        """
+        return f"{self.number}{self.part}"
 
     @property
     def notebook(self) -> str:
@@ -98,6 +113,8 @@ _ALL = LAYERS
 CHAPTERS: tuple[Chapter, ...] = (
     Chapter(0, "roofline", "Why attention is memory-bound", "00_roofline",
             layers=("bench", "viz"), bench="roofline"),
+    Chapter(0, "primer", "A Triton primer: programs, blocks, masks", "00b_triton_primer",
+            layers=("checks",), checks=("rms_norm_kernel",), part="b"),
     Chapter(1, "online", "Softmax: naive → safe → online", "01_online_softmax",
             layers=("formulas", "reference", "kernels", "checks", "bench"), kernels=("softmax", "safe_softmax_3pass"),
             checks=("online_softmax", "merge", "softmax_kernel"), bench="online",
@@ -121,17 +138,17 @@ CHAPTERS: tuple[Chapter, ...] = (
 )
 
 
-def chapter(number: int) -> Chapter:
-    """The chapter numbered ``number``.
+def chapter(label: int | str) -> Chapter:
+    """The chapter whose :attr:`Chapter.label` is ``label`` (a number, or a string such as ``"0b"``).
 
     Example:
-        >>> chapter(6).stem
-        'gemm'
+        >>> chapter(6).stem, chapter("0b").stem
+        ('gemm', 'primer')
     """
     for c in CHAPTERS:
-        if c.number == number:
+        if c.label == str(label):
             return c
-    raise KeyError(f"chapter: there is no chapter {number}; the course has {[c.number for c in CHAPTERS]}")
+    raise KeyError(f"chapter: there is no chapter {label!r}; the course has {[c.label for c in CHAPTERS]}")
 
 
 def renamed() -> dict[str, str]:
@@ -148,8 +165,8 @@ def stems() -> list[str]:
     """Every chapter stem once, in chapter order.
 
     Example:
-        >>> stems()[:2]
-        ['roofline', 'online']
+        >>> stems()[:3]
+        ['roofline', 'primer', 'online']
     """
     return list(dict.fromkeys(c.stem for c in CHAPTERS))
 
@@ -160,6 +177,8 @@ def modules(layer: str) -> list[str]:
     Example:
         >>> modules("bench")[:5]
         ['roofline', 'online', 'attention', 'decode', 'gemm']
+        >>> modules("checks")[:2]
+        ['primer', 'online']
     """
     if layer not in LAYERS:
         raise ValueError(f"modules: layer must be one of {LAYERS}, got {layer!r}")

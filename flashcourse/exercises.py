@@ -46,7 +46,7 @@ __all__ = ["BEGIN", "END", "strip_solutions", "exercise_notebook", "check_cells"
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 CHECK_TAG = "check"
 CHECK_NBVAL = "nbval-check-output"   # the tag that makes nbval --nbval-lax compare a cell's output
-NOTEBOOK = re.compile(r"^\d\d_.*\.ipynb$")
+NOTEBOOK = re.compile(r"^\d\d[a-z]?_.*\.ipynb$")   # 01_online_softmax, 00b_triton_primer
 _DEF = re.compile(r"^\s*(async\s+)?def\s")
 _CHECK_CALL = re.compile(r"\bcheck\.(\w+)\s*\(")
 

@@ -17,14 +17,19 @@ sys.path.insert(0, str(ROOT / "tools"))
 import nbtools  # noqa: E402
 
 TRACKED = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
-BY_NUMBER = pytest.mark.parametrize("chap", CHAPTERS, ids=lambda c: f"{c.number}-{c.stem}")
+BY_NUMBER = pytest.mark.parametrize("chap", CHAPTERS, ids=lambda c: f"{c.label}-{c.stem}")
 
 
 def test_numbers_run_in_order_and_names_carry_the_stem():
-    assert [c.number for c in CHAPTERS] == list(range(len(CHAPTERS))), \
+    numbers = [c.number for c in CHAPTERS if not c.part]
+    assert numbers == list(range(len(numbers))), \
         "chapters are numbered 0, 1, 2, ... in the table's order: a new chapter takes the next number"
+    for before, c in zip(CHAPTERS, CHAPTERS[1:]):
+        if c.part:      # a part (0b) follows its chapter (0) or the part before it (0a), in letter order
+            assert c.number == before.number and c.part > before.part and len(c.part) == 1, c
+    assert len({c.label for c in CHAPTERS}) == len(CHAPTERS)
     for c in CHAPTERS:
-        assert c.name.startswith(f"{c.number:02d}_") and c.stem in c.name, c
+        assert c.name.startswith(f"{c.number:02d}{c.part}_") and c.stem in c.name, c
         assert set(c.layers) <= set(LAYERS), c
         assert c.bench in (None, c.stem), "a chapter's bench suite is named by its stem"
 

@@ -176,7 +176,7 @@ def test_the_exercise_is_identified_by_option_or_file_name_never_by_content():
     assert identify("04_flash_decoding.ipynb", canonical) == "04_flash_decode"
     assert identify("05_unified_max.ipynb", canonical) == "05_unified_max_decode"
     assert identify(f"{NAME}.ipynb", canonical, exercise="06_flat_gemm") == "06_flat_gemm"  # --exercise wins
-    with pytest.raises(grading.GradingError, match="pass --exercise NAME .one of: 01_online_softmax, "):
+    with pytest.raises(grading.GradingError, match="pass --exercise NAME .one of: 00b_triton_primer, 01_online_softmax, "):
         identify("homework.ipynb", canonical)                                        # metadata and ids do not count
     with pytest.raises(grading.GradingError, match="not one of the exercises"):
         identify("homework.ipynb", canonical, exercise="99_nope")

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from flashcourse.chapters import CHAPTERS
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import nbtools  # noqa: E402
@@ -18,7 +20,7 @@ WALKTHROUGHS = {"02_flashattention1": "attention", "04_flash_decode": "decode",
                 "05_unified_max_decode": "decode", "06_flat_gemm": "gemm"}
 LECTURES = sorted(p.stem for p in (ROOT / "tools/notebooks").glob("0[0-9]_*.py") if not p.stem.endswith("_solutions"))
 #: what the cells before a source cell have imported by then
-PRELUDE = "import inspect\nfrom flashcourse.kernels import decode as kernel_decode\n"
+PRELUDE = "import inspect\nfrom flashcourse import viz\nfrom flashcourse.kernels import decode as kernel_decode\n"
 
 
 def cells_of(lecture: str) -> list[dict]:
@@ -64,3 +66,73 @@ def test_the_walkthrough_precedes_the_source_and_names_only_what_the_kernel_has(
     missing = sorted(w for w in quoted if not re.search(rf"\b{w}\b", module))
     assert quoted and not missing, \
         f"{lecture}: the walkthrough quotes {missing}, not in kernels/{WALKTHROUGHS[lecture]}.py"
+
+
+# ---------------------------------------------------------------------------------------------
+# A lecture does not hand over its exercise
+
+#: Each exercise check whose code the course's own kernels contain, with those kernels (aot names, or
+#: "module.function"): each must mark that code as the exercise's, so that viz.kernel_source leaves it out.
+COUNTERPARTS = {"softmax_kernel": ["softmax_online"], "fa1_step": ["fa1_fwd"], "fa2_kernel": ["fa2_fwd", "attention.fa2_inner"],
+                "split_kv_kernel": ["decode_split"], "lse_combine": ["decode.combine_splits"],
+                "unified_max_partials": ["decode.chunk_async", "unified_max_decode"]}
+#: What a lecture may still print with inspect.getsource: functions no exercise asks for.
+GETSOURCE_ALLOWED = {"01_online_softmax": ["naive_softmax"],
+                     "06_flat_gemm": ["aot.kernel_of", "gemm.load_tiles.fn"]}   # until chapter 6's lecture is redone
+
+
+def _kernel(name):
+    from flashcourse import kernels
+    from flashcourse.kernels import aot
+    if "." in name:
+        module, fn = name.split(".")
+        return getattr(getattr(kernels, module), fn)
+    return aot.kernel_of(name)
+
+
+@pytest.mark.parametrize("check", sorted(COUNTERPARTS))
+def test_the_course_kernels_mark_the_code_each_exercise_asks_for(check):
+    from flashcourse import viz
+    from flashcourse.viz.source import marked_regions
+    for name in COUNTERPARTS[check]:
+        regions = marked_regions(_kernel(name))
+        assert any(check in r for r in regions), f"{name} marks no region for the exercise {check}: {regions}"
+        assert all(r.split("'s ")[1].split(" ")[0] in {c for c in COUNTERPARTS} for r in regions), regions
+        assert viz.kernel_source(_kernel(name)) != viz.kernel_source(_kernel(name), hide=False)
+
+
+def _significant(line: str) -> str:
+    return re.sub(r"\s+", "", line.split("#")[0])
+
+
+def _solution_lines(chap) -> list[str]:
+    """The lines a student writes in ``chap``'s exercise (solution regions of code cells), but loop headers."""
+    import json
+    out = []
+    for cell in json.loads((ROOT / chap.solution).read_text())["cells"]:
+        inside = False
+        for line in "".join(cell["source"]).splitlines() if cell["cell_type"] == "code" else []:
+            if "### BEGIN SOLUTION" in line or "### END SOLUTION" in line:
+                inside = "BEGIN" in line
+            elif inside and len(_significant(line)) >= 20 and not line.strip().startswith("for "):
+                out.append(line.strip())
+    return out
+
+
+@pytest.mark.parametrize("chap", [c for c in CHAPTERS if c.checks], ids=lambda c: c.name)
+def test_no_lecture_shows_a_line_its_exercise_asks_for(chap):
+    """The executed lecture (every cell, every output) contains none of the exercise's solution lines;
+    and it prints source with viz.kernel_source (which leaves the exercises' parts out), not inspect."""
+    import json
+    text = ""
+    for cell in json.loads((ROOT / chap.notebook).read_text())["cells"]:
+        text += "".join(cell["source"]) + "\n"
+        for out in cell.get("outputs", []):
+            text += "".join(out.get("text", "")) + "".join(out.get("data", {}).get("text/plain", "")) + "\n"
+    flat = re.sub(r"\s+", "", text)
+    shown = [line for line in _solution_lines(chap) if _significant(line) in flat]
+    assert not shown, f"{chap.notebook} shows what {chap.exercise} asks for: {shown}"
+    source = (ROOT / chap.source).read_text()
+    printed = re.findall(r"inspect\.getsource\(([\w.]+)", source)
+    allowed = GETSOURCE_ALLOWED.get(chap.name, [])
+    assert all(p in allowed for p in printed), f"{chap.source} prints {printed} with inspect: use viz.kernel_source"

@@ -165,10 +165,9 @@ def main() -> int:
                         break
                     bg = max(16, triton.next_power_of_2(G)) if use_dot else 1
                     launch = aot.Launch({"HEAD_DIM": d, "BLOCK_N": bn, "BLOCK_G": bg, "USE_DOT": use_dot}, w, st)
-                    comb = DEC.combine_config(d, S)
                     if kernel == "decode_split":
                         fn = lambda: flash_decode(q, k, v, num_splits=S, sm_scale=d ** -0.5,  # noqa: E731
-                                                  launch=launch, combine_launch=comb)
+                                                  launch=launch)
                     else:
                         fn = lambda: unified_max_decode(q, k, v, 3.0, num_splits=S, sm_scale=d ** -0.5,  # noqa: E731
                                                         bounds=DEC.DEFAULT_BOUNDS, launch=launch)

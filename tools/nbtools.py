@@ -217,15 +217,15 @@ def notebook(source: Path):
     chap, solutions = chapter_of(source)
     mod = load_source(source)
     path = chap.solution if solutions else chap.notebook
-    title = (f"# Exercises {chap.number} — {chap.title}" if solutions
-             else f"# Chapter {chap.number} — {chap.title}")
+    title = (f"# Exercises {chap.label} — {chap.title}" if solutions
+             else f"# Chapter {chap.label} — {chap.title}")
     nb = nbformat.v4.new_notebook()
     nb.metadata.update({
         "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
         "language_info": {"name": "python"},
         "rise": {"scroll": True, "enable_chalkboard": False},
     })
-    nb.metadata["flashcourse"] = {"chapter": chap.number, "generated_from": Path(source).resolve().relative_to(ROOT).as_posix()}
+    nb.metadata["flashcourse"] = {"chapter": chap.label if chap.part else chap.number, "generated_from": Path(source).resolve().relative_to(ROOT).as_posix()}
     stem = re.sub(r"[^a-z0-9]+", "-", Path(path).stem.lower())
     cells = [nbformat.from_dict(c) for c in mod.CELLS]
     # every notebook opens with its title (from the chapter table), then the Colab set-up cell
@@ -319,7 +319,7 @@ def course_map() -> str:
     for c in CHAPTERS:
         ex = f"[`{c.exercise}`]({c.exercise})" if c.exercise else "—"
         kernels = ", ".join(f"`kernels.{k}`" for k in c.kernels) or "—"
-        rows.append(f"| {c.number} | {c.title} | `{c.stem}` | [`{c.notebook}`]({c.notebook}) | {ex} | {kernels} | "
+        rows.append(f"| {c.label} | {c.title} | `{c.stem}` | [`{c.notebook}`]({c.notebook}) | {ex} | {kernels} | "
                     f"{f'`{c.bench}`' if c.bench else '—'} |")
     return "\n".join(rows)
 

@@ -4,7 +4,7 @@ Suite ``decode``: fp16, H_q = 32 query heads, H_kv in {32 (MHA), 8 (GQA, 4 query
 head)}, d = 128, batch B in {1, 8, 32}, cache length L in {1k, 4k, 16k, 64k, 128k} (the largest,
 B = 32 at 128k with H_kv = 32, holds 64 GiB of cache), timing
 
-* ``kernels.flash_decode``: split-KV plus the combine kernel (the split count from its heuristic);
+* ``kernels.flash_decode``: split-KV, combined by the last program of each head (the split count from its heuristic);
 * ``kernels.unified_max_decode``: FlashDecoding++'s shared offset phi = 3 (the scores are
   N(0, 1) here, so no chunk leaves the safe range);
 * ``kernels.unified_max_decode (fallback 1/8)``: the same with the queries of one KV head in eight

@@ -7,7 +7,10 @@ it, and kept in ``results/GPU/measured/``:
 * ``ncu_dram``: DRAM bytes read and written by each course kernel under Nsight Compute, beside
   the counted bytes (:mod:`flashcourse.bench.ncu`);
 * ``decode_host``: the host's and the GPU's time per decode call, the course's kernels against
-  SDPA, with and without CUDA graphs (``tools/gpu_decode_host.py``).
+  SDPA, with and without CUDA graphs (``tools/gpu_decode_host.py``);
+* ``primer``: what the Triton primer says a GPU does that the interpreter does not (``tl.dot``'s
+  smallest tiles, TF32, ``tl.device_print``'s lines, a compile's cost) and an RMSNorm kernel's time
+  (``tools/gpu_primer.py``).
 
 Example:
     >>> ncu = measured("ncu_dram")
@@ -32,10 +35,10 @@ def measured(name: str, gpu: str = "h100") -> dict:
     Example:
         >>> measured("decode_host")["provenance"]["gpu"]
         'NVIDIA H100 80GB HBM3'
-        >>> measured("nothing")
+        >>> measured("nothing")                  # doctest: +ELLIPSIS
         Traceback (most recent call last):
             ...
-        FileNotFoundError: measured: nothing named 'nothing' shipped for 'h100'; shipped: ['decode_host', 'ncu_dram']
+        FileNotFoundError: measured: nothing named 'nothing' shipped for 'h100'; shipped: ['decode_host', ...]
     """
     path = RESULTS / gpu / MEASURED_DIR / f"{name}.json"
     if not path.is_file():

@@ -19,6 +19,8 @@ nothing) is reported as not implemented yet.
 
 The checks, by chapter:
 
+* :mod:`.primer` (chapter 0b, the Triton primer): :func:`rms_norm_kernel` (a first Triton kernel: RMSNorm,
+  one program per row, the row in one masked block);
 * :mod:`.online` (chapter 1): :func:`online_softmax` (the online normaliser's step, driven one element
   at a time), :func:`merge`, :func:`softmax_kernel`;
 * :mod:`.attention` (chapters 2 and 3): :func:`fa1_step` (FlashAttention-1's inner step, run

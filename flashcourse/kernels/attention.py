@@ -114,6 +114,7 @@ def _fa1_fwd(Q, K, V, O, O_acc, L, M, qk_scale, N_q, N_k,
             m_i = tl.load(M + rows, mask=in_q, other=-float("inf"))
 
             S_ij = tl.dot(Q_i, tl.trans(K_j)) * qk_scale          # line 9 (B_r, B_c), log2 units
+            # exercise: chapter 2's fa1_step writes this, in NumPy (lines 9-12: the mask, the tile's statistics, the merge)
             visible = in_k[None, :]
             if CAUSAL:
                 visible = visible & (cols[None, :] <= rows[:, None] + offset)
@@ -129,6 +130,7 @@ def _fa1_fwd(Q, K, V, O, O_acc, L, M, qk_scale, N_q, N_k,
             l_new = alpha * l_i + beta * l_tilde
             PV = tl.dot(P_tilde.to(V_j.dtype), V_j)              # line 12 (B_r, d)
             O_i = ((l_i * alpha)[:, None] * O_i + beta[:, None] * PV) / tl.where(l_new == 0.0, 1.0, l_new)[:, None]
+            # end of exercise
 
             tl.store(O_acc + rows[:, None] * HEAD_DIM + dims[None, :], O_i, mask=in_q[:, None])
             tl.store(L + rows, l_new, mask=in_q)                 # line 13
@@ -261,6 +263,7 @@ def fa2_inner(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, rows, co
         else:
             K_j = tl.load(K_ptrs + start_n * stride_kn)                          # line 7
             V_j = tl.load(V_ptrs + start_n * stride_vn)
+        # exercise: chapter 3's fa2_kernel writes this (the scores, their mask, the update of m_i, l_i and acc)
         qk = tl.dot(Q_i, tl.trans(K_j))                                          # line 8 (B_r, B_c) fp32
         if MASKED:
             visible = in_k[None, :]
@@ -280,6 +283,7 @@ def fa2_inner(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, rows, co
         acc = acc * alpha[:, None]                            # line 10
         acc = tl.dot(p.to(V_j.dtype), V_j, acc)
         m_i = m_new
+        # end of exercise
     return acc, l_i, m_i
 
 
@@ -327,11 +331,13 @@ def _fa2_fwd(Q, K, V, O, LSE, qk_scale, N_q, N_k,
     acc, l_i, m_i = fa2_inner(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, rows, cols,
                               full, hi, qk_scale, N_k, offset, True, CAUSAL, BLOCK_N)
 
+    # exercise: chapter 3's fa2_kernel writes this (the deferred normalisation and the store)
     # line 12, the deferred normalisation; a row that saw no key has l_i = 0 and outputs 0
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     O_i = acc / l_safe[:, None]
     tl.store(O + b * stride_ob + h * stride_oh + rows[:, None] * stride_om + dims[None, :],
              O_i.to(O.dtype.element_ty), mask=in_q[:, None])                    # line 14
+    # end of exercise
     if STORE_LSE:
         # line 13, L_i = m_i + log l_i in natural log: (m_i + log2 l_i) ln 2 (-inf for no key)
         lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453

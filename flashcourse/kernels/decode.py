@@ -10,13 +10,15 @@ FA2's grid (query blocks x heads x batch) has B * H programs here -- 32 for one 
 ``G = H_q / H_kv`` query heads that share it (grouped-query attention without copying K or V: the
 group is the M dimension of the dot, padded to 16 rows -- even for G = 1, where the padded dot on
 tensor cores measured twice as fast on an H100 as a broadcast multiply and sum). Each program
-writes a partial output ``o_s`` (fp32, normalised) and its log-sum-exp ``lse_s``; a second kernel
-combines them:
+writes a partial output ``o_s`` (fp32, normalised) and its log-sum-exp ``lse_s``, and they are
+combined:
 
     lse = log sum_s exp(lse_s),     o = sum_s exp(lse_s - lse) o_s
 
-With ``S = 1`` (a batch large enough to fill the GPU with one program per head) there is nothing to
-combine: the split kernel writes o itself, and no second kernel is launched.
+Flash-Decoding combines in a second kernel; here the last of a head's S programs to finish does it,
+in the same launch (a counter per KV head tells it that it is the last): a second launch costs a
+decode step more host time than the combine costs GPU time (chapter 4 measures it). With ``S = 1``
+there is nothing to combine: the split kernel writes o itself.
 
 ``unified_max_decode`` is FlashDecoding++'s asynchronous softmax: every chunk uses ONE shared
 offset ``phi`` instead of its own running max, so it accumulates ``sum e^(x - phi) v`` and
@@ -62,7 +64,7 @@ from ..formulas.decode import DEFAULT_BOUNDS, num_splits_for
 from .launch import Plans, kept, relaunch, shape_key
 from .validate import expect_decode, expect_num_splits, expect_phi_bounds, expect_sm_scale
 
-__all__ = ["flash_decode", "unified_max_decode", "decode_config", "combine_config", "num_splits",
+__all__ = ["flash_decode", "unified_max_decode", "decode_config", "num_splits",
            "DECODE_HEAD_DIMS", "DEFAULT_BOUNDS"]
 
 #: Head dims the decode kernels are compiled for.
@@ -154,10 +156,12 @@ def chunk_async(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, 
         qk = _scores(Q_i, K_j, qk_scale, USE_DOT)
         if MASKED:
             qk = tl.where(in_k[None, :], qk, -float("inf"))
+        # exercise: chapter 5's unified_max_partials writes this, in NumPy (the partials against phi)
         m_i = tl.maximum(m_i, tl.max(qk, 1))
         p = _round_tf32(tl.math.exp2(qk - phi2))
         l_i += tl.sum(p, 1)
         acc = _pv(acc, p, V_j, USE_DOT, True)
+        # end of exercise
     return acc, l_i, m_i
 
 
@@ -202,12 +206,13 @@ def _program(Q, K, V, KV_LENS, L, H_kv, G, S, stride_qb, stride_qh, stride_kb, s
 
 
 @triton.jit
-def _decode_split(Q, K, V, KV_LENS, O, O_PART, LSE_PART, qk_scale, L, H_kv, G, S,
+def _decode_split(Q, K, V, KV_LENS, O, O_PART, LSE_PART, COUNT, qk_scale, L, H_kv, G, S,
                   stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                   HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
-                  USE_DOT: tl.constexpr, HAS_LENS: tl.constexpr, DIRECT: tl.constexpr):
-    # Kernel 1 of reference.decode.flash_decoding, split-KV. grid: (S splits, B * H_kv). One program:
-    # one chunk of one KV head, its G query heads, FA2 over the chunk (lines 5-13 of its Algorithm 1).
+                  USE_DOT: tl.constexpr, HAS_LENS: tl.constexpr, DIRECT: tl.constexpr, BLOCK_S: tl.constexpr):
+    # reference.decode.flash_decoding, split-KV. grid: (S splits, B * H_kv). One program: one chunk of
+    # one KV head, its G query heads, FA2 over the chunk (lines 5-13 of its Algorithm 1), then the
+    # combine by the last of the S programs to finish (COUNT: one zeroed counter per KV head).
     # DIRECT (S = 1): the one chunk is the whole sequence, so its output is final: store it in O.
     s, bh, rows, in_g, dims, cols, Q_i, K_ptrs, V_ptrs, n, lo, hi, full = _program(
         Q, K, V, KV_LENS, L, H_kv, G, S, stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb,
@@ -222,6 +227,7 @@ def _decode_split(Q, K, V, KV_LENS, O, O_PART, LSE_PART, qk_scale, L, H_kv, G, S
                                 n, qk_scale, True, BLOCK_N, USE_DOT)
 
     # lines 12, 13: partial output o_s, normalised, and its log-sum-exp lse_s (log2; -inf: empty split)
+    # exercise: chapter 4's split_kv_kernel writes this (the partial's normalisation and its two stores)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     if DIRECT:
         tl.store(O + rows[:, None] * HEAD_DIM + dims[None, :], (acc / l_safe[:, None]).to(O.dtype.element_ty),
@@ -230,30 +236,52 @@ def _decode_split(Q, K, V, KV_LENS, O, O_PART, LSE_PART, qk_scale, L, H_kv, G, S
         tl.store(O_PART + (rows[:, None] * S + s) * HEAD_DIM + dims[None, :], acc / l_safe[:, None],
                  mask=in_g[:, None])
         tl.store(LSE_PART + rows * S + s, m_i + tl.math.log2(l_i), mask=in_g)
+    # end of exercise
+    if not DIRECT:
+        # The combine, in this launch: the program that bumps the head's counter last has every other
+        # partial visible (the barrier first: all threads' stores are done; acq_rel: the others' too).
+        tl.debug_barrier()
+        if tl.atomic_add(COUNT + bh, 1, sem="acq_rel", scope="gpu") == S - 1:
+            tl.store(COUNT + bh, 0)                                 # zeroed again for the next call
+            combine_splits(O_PART, LSE_PART, O, rows, in_g, S, HEAD_DIM, BLOCK_G, BLOCK_S)
 
 
 @triton.jit
-def _decode_combine(O_PART, LSE_PART, O, S, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
-    # Kernel 2 of reference.decode.flash_decoding, as reference.decode.combine_partials (log2 units).
-    # grid: (B * H_q,). m = max_s lse_s, w_s = 2^(lse_s - m): o = sum_s w_s o_s / total, total = sum_s w_s.
-    r = tl.program_id(0).to(tl.int64)
+def combine_splits(O_PART, LSE_PART, O, rows, in_g, S, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr,
+                   BLOCK_S: tl.constexpr):
+    """Flash-Decoding's combine (kernel 2 of reference.decode.flash_decoding, as
+    reference.decode.combine_partials, in log2 units) for the query rows ``rows`` of one program:
+    ``m = max_s lse_s``, ``w_s = 2^(lse_s - m)``, ``o = sum_s w_s o_s / sum_s w_s``. The partials are
+    read BLOCK_S splits at a time for all the rows at once: a few loads in flight, not one per split.
+
+    Example:
+        >>> import inspect
+        >>> list(inspect.signature(combine_splits.fn).parameters)[:3]   # the partials, and the output
+        ['O_PART', 'LSE_PART', 'O']
+    """
     splits = tl.arange(0, BLOCK_S)
     dims = tl.arange(0, HEAD_DIM)
-    m = -float("inf")
+    # exercise: chapter 4's lse_combine writes this, in NumPy (the weights of the partials, and their sum)
+    m = tl.full([BLOCK_G], -float("inf"), tl.float32)
     for s0 in range(0, S, BLOCK_S):
-        lse_s = tl.load(LSE_PART + r * S + s0 + splits, mask=s0 + splits < S, other=-float("inf"))
-        m = tl.maximum(m, tl.max(lse_s, 0))          # finite: every sequence has a key
-    total = 0.0
-    acc = tl.zeros([HEAD_DIM], tl.float32)
+        in_s = in_g[:, None] & (s0 + splits[None, :] < S)
+        lse = tl.load(LSE_PART + rows[:, None] * S + s0 + splits[None, :], mask=in_s, other=-float("inf"),
+                      cache_modifier=".cg")                                           # (B_G, B_S)
+        m = tl.maximum(m, tl.max(lse, 1))
+    m = tl.where(m == -float("inf"), 0.0, m)          # only rows past G: every sequence has a key
+    total = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
     for s0 in range(0, S, BLOCK_S):
-        in_s = s0 + splits < S
-        lse_s = tl.load(LSE_PART + r * S + s0 + splits, mask=in_s, other=-float("inf"))
-        w = tl.math.exp2(lse_s - m)                                                  # (B_S,)
-        o_s = tl.load(O_PART + (r * S + s0 + splits[:, None]) * HEAD_DIM + dims[None, :],
-                      mask=in_s[:, None], other=0.0)                                 # (B_S, d)
-        acc += tl.sum(w[:, None] * o_s, 0)
-        total += tl.sum(w, 0)
-    tl.store(O + r * HEAD_DIM + dims, (acc / total).to(O.dtype.element_ty))
+        in_s = in_g[:, None] & (s0 + splits[None, :] < S)
+        w = tl.math.exp2(tl.load(LSE_PART + rows[:, None] * S + s0 + splits[None, :], mask=in_s,
+                                 other=-float("inf"), cache_modifier=".cg") - m[:, None])  # (B_G, B_S)
+        o_s = tl.load(O_PART + ((rows[:, None] * S + s0 + splits[None, :]) * HEAD_DIM)[:, :, None]
+                      + dims[None, None, :], mask=in_s[:, :, None], other=0.0, cache_modifier=".cg")  # (B_G, B_S, d)
+        acc += tl.sum(w[:, :, None] * o_s, 1)
+        total += tl.sum(w, 1)
+    tl.store(O + rows[:, None] * HEAD_DIM + dims[None, :],
+             (acc / tl.where(total == 0.0, 1.0, total)[:, None]).to(O.dtype.element_ty), mask=in_g[:, None])
+    # end of exercise
 
 
 @triton.jit
@@ -278,7 +306,9 @@ def _unified_max_decode(Q, K, V, KV_LENS, O, ACC, LSUM, COUNT, O_PART, LSE_PART,
                                  n, qk_scale, phi2, True, BLOCK_N, USE_DOT)
 
     # the fallback rule (formulas.decode.needs_fallback): the chunk's largest score m_i is outside [phi + a, phi + b]
+    # exercise: chapter 5's unified_max_partials writes this, in NumPy (the overflow flag)
     out = ((m_i > phi2 + hi2) | ((m_i < phi2 + lo2) & (m_i > -float("inf")))) & in_g
+    # end of exercise
     fallback = tl.max(out.to(tl.int32), 0)                                          # 0 or 1
     lse_s = tl.full([BLOCK_G], -float("inf"), tl.float32)
     if fallback > 0:
@@ -390,23 +420,15 @@ def _decode_config(d, group, dtype, cc, kernel):
                       note=f"d={d} G={group}")
 
 
-def combine_config(d: int, splits: int, dtype=torch.float16, cc="current") -> aot.Launch:
-    """The combine kernel's launch: ``BLOCK_S`` splits at a time (at most 32), 4 warps.
+def combine_block(splits: int) -> int:
+    """How many splits the combine reads at a time, for all of a program's rows at once: the power of
+    two that holds them, at most 4 (a (16, 4, 128) float32 tile is 64 registers a thread at 4 warps).
 
     Example:
-        >>> combine_config(128, 5, torch.float16, (7, 5)).constexprs
-        {'HEAD_DIM': 128, 'BLOCK_S': 8}
+        >>> combine_block(14), combine_block(1), combine_block(2)
+        (4, 1, 2)
     """
-    if cc == "current":
-        cc = backend.cached_compute_capability()
-    return _combine_config(d, splits, dtype, cc)
-
-
-@functools.lru_cache(maxsize=None)
-def _combine_config(d, splits, dtype, cc):
-    block_s = min(32, triton.next_power_of_2(max(1, splits)))
-    return aot.Launch({"HEAD_DIM": d, "BLOCK_S": block_s}, 4, 1, {"O": _PTR[dtype]},
-                      kernel="decode_combine", note=f"d={d}")
+    return min(4, triton.next_power_of_2(max(1, splits)))
 
 
 #: Smallest chunk of keys worth a split of its own (given to the heuristic). On an H100, one
@@ -486,28 +508,26 @@ def _strides(q3, k, v):
             v.stride(0), v.stride(1), v.stride(2))
 
 
-def _launch_flash(q, q3, k, v, lens, sm_scale, S, launch: aot.Launch, comb: aot.Launch | None):
-    """Run the split kernel and, with more than one split, the combine (``comb``), with the given
-    launches on checked inputs (``q3``: q as (B, H_q, d), a view of ``q``). With one split the split
-    kernel writes o. Returns o, of q's shape, and ``again(q, k, v)``: the same call for new tensors
-    of the same :func:`launch.shape_key`, with the host's work done (a plan)."""
+def _launch_flash(q, q3, k, v, lens, sm_scale, S, launch: aot.Launch):
+    """Run the split kernel (which also combines, in its last program per head) with the given launch
+    on checked inputs (``q3``: q as (B, H_q, d), a view of ``q``). Returns o, of q's shape, and
+    ``again(q, k, v)``: the same call for new tensors of the same :func:`launch.shape_key`, with the
+    host's work done (a plan)."""
     B, H_q, d = q3.shape
     H_kv, L = k.shape[1], k.shape[2]
     o_part, lse_part = _scratch(q3.device, B * H_q * S, d)     # (B H_q, S, d) and (B H_q, S)
+    (count,) = kept("decode counters", q3.device, (B * H_kv, torch.int32, True))   # left zeroed by each call
     shape, dtype, device = q.shape, q.dtype, q.device
     o = torch.empty(shape, dtype=dtype, device=device)
     rest = (sm_scale * LOG2E, L, H_kv, H_q // H_kv, S, *_strides(q3, k, v))
     with _quiet():
-        split = relaunch(_decode_split, (S, B * H_kv), (q3, k, v, lens, o, o_part, lse_part, *rest),
-                         {"HAS_LENS": lens is not None, "DIRECT": S == 1, **launch.constexprs, **launch.options()})
-        combine = S > 1 and relaunch(_decode_combine, (B * H_q,), (o_part, lse_part, o, S),
-                                     {**comb.constexprs, **comb.options()})
+        split = relaunch(_decode_split, (S, B * H_kv), (q3, k, v, lens, o, o_part, lse_part, count, *rest),
+                         {"HAS_LENS": lens is not None, "DIRECT": S == 1, "BLOCK_S": combine_block(S),
+                          **launch.constexprs, **launch.options()})
 
     def again(q, k, v):
         o = torch.empty(shape, dtype=dtype, device=device)
-        split(q, k, v, None, o, o_part, lse_part, *rest)
-        if combine:
-            combine(o_part, lse_part, o, S)
+        split(q, k, v, None, o, o_part, lse_part, count, *rest)
         return o
     return o, again
 
@@ -526,7 +546,7 @@ def _scratch(device, n_partials: int, d: int):
 
 def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_lens=None,
                  num_splits: int | None = None, sm_scale: float | None = None, *,
-                 launch: aot.Launch | None = None, combine_launch: aot.Launch | None = None) -> torch.Tensor:
+                 launch: aot.Launch | None = None) -> torch.Tensor:
     """Attention of one new token per sequence against a KV cache, Flash-Decoding's split-KV way.
 
     ``q``: (B, H_q, d) or (B, H_q, 1, d) -- one query token per sequence; the result has q's shape.
@@ -536,8 +556,9 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     L; it is checked on the host, which synchronises with the GPU -- leave it None in a timing loop.
     ``num_splits``: chunks per sequence (default: :func:`num_splits`, enough programs to fill the
     SMs); more splits than chunks of keys is allowed (the extra ones are empty). float16, or
-    bfloat16 on a GPU of sm_80+; d 64 or 128; ``sm_scale`` defaults to 1/sqrt(d). ``launch`` and
-    ``combine_launch`` run those configs instead of :func:`decode_config`'s and :func:`combine_config`'s.
+    bfloat16 on a GPU of sm_80+; d 64 or 128; ``sm_scale`` defaults to 1/sqrt(d). ``launch`` runs
+    that config instead of :func:`decode_config`'s. One kernel launch: the last program of each head
+    combines the partials (see the module's docstring).
 
     Example:
         >>> import torch
@@ -555,7 +576,7 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         >>> (o2.float() - o.float()).abs().max().item() < 2e-3
         True
     """
-    plain = kv_lens is None and num_splits is None and sm_scale is None and launch is None and combine_launch is None
+    plain = kv_lens is None and num_splits is None and sm_scale is None and launch is None
     if plain:                           # a decoding loop's call: the host's work for this shape is done
         key = shape_key(q, k_cache, v_cache)
         again = _FLASH_PLANS.get(key)
@@ -564,10 +585,7 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     q3, k, v, lens, sm_scale, S = _prepare("flash_decode", q, k_cache, v_cache, kv_lens, num_splits, sm_scale)
     d, G = q3.shape[-1], q3.shape[1] // k.shape[1]
     launch = decode_config(d, G, q3.dtype) if launch is None else _expect_launch("flash_decode", launch, d, G)
-    if S > 1:       # with one split there is no combine
-        combine_launch = (combine_config(d, S, q3.dtype) if combine_launch is None
-                          else _expect_launch("flash_decode", combine_launch, d, name="combine_launch"))
-    o, again = _launch_flash(q, q3, k, v, lens, sm_scale, S, launch, combine_launch)
+    o, again = _launch_flash(q, q3, k, v, lens, sm_scale, S, launch)
     if plain and k is k_cache and v is v_cache and q3.data_ptr() == q.data_ptr():     # nothing was copied
         _FLASH_PLANS.put(key, again)
     return o
@@ -687,15 +705,11 @@ def _aot_split(kernel):
             for group in (1, 4):
                 launch = decode_config(d, group, torch.float16, cc, kernel=kernel)
                 for direct in ((False, True) if kernel == "decode_split" else (None,)):
-                    extra = {"HAS_LENS": True} if direct is None else {"HAS_LENS": True, "DIRECT": direct}
+                    extra = {"HAS_LENS": True} if direct is None else {"HAS_LENS": True, "DIRECT": direct,
+                                                                       "BLOCK_S": combine_block(1 if direct else 32)}
                     yield aot.Launch({**launch.constexprs, **extra}, launch.num_warps, launch.num_stages,
                                      launch.signature, launch.kernel, launch.note)
     return configs
-
-
-def _aot_combine(cc):
-    for d in DECODE_HEAD_DIMS:
-        yield combine_config(d, 32, torch.float16, cc)
 
 
 _COMMON = {"Q": "*fp16", "K": "*fp16", "V": "*fp16", "KV_LENS": "*i32",
@@ -703,11 +717,8 @@ _COMMON = {"Q": "*fp16", "K": "*fp16", "V": "*fp16", "KV_LENS": "*i32",
            "HEAD_DIM": "constexpr", "BLOCK_N": "constexpr", "BLOCK_G": "constexpr",
            "USE_DOT": "constexpr", "HAS_LENS": "constexpr"}
 aot.register("decode_split", _decode_split, configs=_aot_split("decode_split"), signature={
-    **_COMMON, "O": "*fp16", "O_PART": "*fp32", "LSE_PART": "*fp32", "qk_scale": "fp32", "L": "i32",
-    "H_kv": "i32", "G": "i32", "S": "i32", "DIRECT": "constexpr"})
-aot.register("decode_combine", _decode_combine, configs=_aot_combine, signature={
-    "O_PART": "*fp32", "LSE_PART": "*fp32", "O": "*fp16", "S": "i32", "HEAD_DIM": "constexpr",
-    "BLOCK_S": "constexpr"})
+    **_COMMON, "O": "*fp16", "O_PART": "*fp32", "LSE_PART": "*fp32", "COUNT": "*i32", "qk_scale": "fp32", "L": "i32",
+    "H_kv": "i32", "G": "i32", "S": "i32", "DIRECT": "constexpr", "BLOCK_S": "constexpr"})
 aot.register("unified_max_decode", _unified_max_decode, configs=_aot_split("unified_max_decode"), signature={
     **_COMMON, "O": "*fp16", "ACC": "*fp32", "LSUM": "*fp32", "COUNT": "*i32", "O_PART": "*fp32",
     "LSE_PART": "*fp32", "FLAGS": "*i32", "qk_scale": "fp32", "phi2": "fp32", "lo2": "fp32",

@@ -104,8 +104,10 @@ def relaunch(kernel, grid: tuple, args: tuple, kwargs: dict) -> Callable[..., No
 
 
 def _no_hooks() -> bool:
+    # Triton 3.6 keeps a HookChain in each knob even when no hook is set: empty means none
     from triton import knobs
-    return knobs.runtime.launch_enter_hook is None and knobs.runtime.launch_exit_hook is None
+    return all(h is None or not getattr(h, "calls", True)
+               for h in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
 
 
 class Plans(dict):

@@ -80,6 +80,7 @@ def _softmax_online(X, Y, n_cols, stride_x, stride_y, BLOCK: tl.constexpr):
     for start in range(0, n_cols, BLOCK):
         mask = start + cols < n_cols
         x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        # exercise: chapter 1's softmax_kernel writes this (the merge of a block into m and l)
         m_new = tl.maximum(m, tl.max(x, axis=0))
         # l = l e^(m - m_new) + sum e^(x - m_new): the old sum rescaled, this block's added.
         # While every x so far is -inf, m_new = -inf and (-inf) - (-inf) would be nan: shift by 0.
@@ -87,6 +88,7 @@ def _softmax_online(X, Y, n_cols, stride_x, stride_y, BLOCK: tl.constexpr):
         alpha = tl.exp2((m - m_shift) * LOG2E)                # e^(m - m_new)
         l = l * alpha + tl.sum(tl.exp2((x - m_shift) * LOG2E), axis=0)
         m = m_new
+        # end of exercise
 
     # pass 2: read the row again and write e^(x - m) / l. Last block first: the blocks pass 1
     # read last are the likeliest to be still in L2 (a wide row's first blocks may be gone).
@@ -95,7 +97,9 @@ def _softmax_online(X, Y, n_cols, stride_x, stride_y, BLOCK: tl.constexpr):
         start = (T - 1 - j) * BLOCK
         mask = start + cols < n_cols
         x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        # exercise: chapter 1's softmax_kernel writes this (the output of a block)
         y = tl.exp2((x - m) * LOG2E) / l
+        # end of exercise
         tl.store(y_row + start + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 

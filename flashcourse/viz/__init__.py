@@ -17,6 +17,7 @@ from .. import chapters
 from ._common import (DPI, PALETTE, binary_size, bytes_axis, figure_legend, human_bytes, legend_outside, new_figure,
                       size_axis)
 from .bench import bench_bars, bench_plot, memory_plot
+from .source import kernel_source
 from .stepper import draw_frame, frame_state, frame_steps, show_stepper, stepper_animation, stepper_strip
 from .traffic import (CAPACITIES, attention_traffic, count_standard_attention, cumulative_traffic, dram_plot,
                       materialized_memory, traffic_bars)
@@ -24,5 +25,5 @@ from .traffic import (CAPACITIES, attention_traffic, count_standard_attention, c
 __all__ = (["DPI", "PALETTE", "human_bytes", "binary_size", "bytes_axis", "size_axis", "legend_outside",
             "figure_legend", "new_figure", "bench_plot", "bench_bars", "memory_plot", "stepper_strip", "stepper_animation",
             "show_stepper", "draw_frame", "frame_state", "frame_steps", "traffic_bars", "cumulative_traffic",
-            "attention_traffic", "count_standard_attention", "materialized_memory", "dram_plot", "CAPACITIES"]
+            "attention_traffic", "count_standard_attention", "materialized_memory", "dram_plot", "CAPACITIES", "kernel_source"]
            + chapters.export(__name__, globals()))   # one module per chapter: see flashcourse.chapters

@@ -89,16 +89,17 @@ CELLS = [
 
     At the end $d_V = \\sum_j e^{x_j - m_V}$ exactly. **2 reads + 1 write**, and safe.
     """, "slide", name="online-md"),
-    md("Watch $m$ and $d$ evolve on a short vector:", "subslide", name="trace-md"),
+    md("""
+    What $m$ and $d$ must be after each element of a short vector, from their definitions (the
+    recurrence has to produce these numbers; the exercise writes it):
+    """, "subslide", name="trace-md"),
     code("""
     # NBVAL_CHECK_OUTPUT
     x = np.array([3.0, 1.0, 5.0, 2.0])
-    m, d = -np.inf, 0.0
-    print(" j   x_j   m_j    d_j      (d_j = d_{j-1} e^{m_{j-1}-m_j} + e^{x_j-m_j})")
+    print(" j   x_j   m_j    d_j      (m_j = max(x_1..x_j), d_j = sum of e^(x_i - m_j) over i <= j)")
     for j, x_j in enumerate(x, 1):
-        m_new = max(m, x_j)
-        d = d * np.exp(m - m_new) + np.exp(x_j - m_new)
-        m = m_new
+        m = x[:j].max()
+        d = np.exp(x[:j] - m).sum()
         print(f"{j:2d}  {x_j:4.1f}  {m:4.1f}  {d:.4f}")
     print("check: sum e^(x - max) =", round(float(np.exp(x - x.max()).sum()), 4))
     """, "fragment", name="trace"),
@@ -187,7 +188,9 @@ CELLS = [
     md("""
     ## The kernel
 
-    `flashcourse.kernels.softmax` is the same algorithm in Triton. Each program owns whole rows:
+    `flashcourse.kernels.softmax` is the same algorithm in Triton (new to Triton? the primer,
+    `notebooks/00b_triton_primer.ipynb`, covers programs, blocks, masks and reductions). Each
+    program owns whole rows:
 
     * a row of up to 32k columns fits in registers, so the kernel loads it **once**, takes the max
       and the sum on chip, and writes $y$ — 1 read + 1 write, the least any softmax can do;
@@ -200,7 +203,7 @@ CELLS = [
     import torch
     from flashcourse import backend, bench, viz
     from flashcourse.kernels import aot, softmax, safe_softmax_3pass
-    print(inspect.getsource(aot.kernel_of("softmax_online").fn))
+    print(viz.kernel_source(aot.kernel_of("softmax_online")))
     """, "subslide", name="kernel-src"),
 
     md("""

@@ -147,7 +147,8 @@ CELLS = [
     ## 3. The kernel
 
     One Triton program computes the softmax of one row of `x`, reading it in blocks of `BLOCK`
-    columns:
+    columns (the primer, `notebooks/00b_triton_primer.ipynb`, and its RMSNorm exercise cover the
+    Triton this needs):
 
     * **pass 1** — for each block, load it, and update the running maximum `m` and normaliser `l`
       with the merge rule (the block's own maximum is `tl.max(x, axis=0)`, its sum `tl.sum(..., axis=0)`);

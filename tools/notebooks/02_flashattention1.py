@@ -58,12 +58,21 @@ CELLS = [
     Note the last two lines: because $i$ is the *inner* loop, $O_i$ cannot stay on chip — it is read
     and written back at every step, and normalised (divided by $\\ell$) at every step too.
     """, "slide", name="algorithm"),
-    md("The inner step is its own function in the reference, so it reads like the paper:", "subslide",
-       name="update-md"),
+    md("""
+    The inner step is its own function in the reference (`reference.fa1_update`; you write it in the
+    exercise). One query row, three tiles of 4 keys: after every step $O_i$ is already a normalised
+    weighted mean of the values seen so far, and $\\ell_i$ and $m_i$ say against what:
+    """, "subslide", name="update-md"),
     code("""
-    import inspect
     from flashcourse.reference import fa1_attention, fa1_update, attention_float64, standard_attention
-    print(inspect.getsource(fa1_update))
+    rng = np.random.default_rng(0)
+    S, V = rng.normal(size=(1, 12)) * 3, rng.normal(size=(12, 2))       # one row of scores, 12 keys
+    O, l, m = np.zeros((1, 2)), np.zeros(1), np.full(1, -np.inf)
+    for j in range(0, 12, 4):
+        O, l, m = fa1_update(O, l, m, S[:, j:j + 4], V[j:j + 4])
+        seen = slice(0, j + 4)
+        mean = np.exp(S[0, seen] - S[0, seen].max()) @ V[seen] / np.exp(S[0, seen] - S[0, seen].max()).sum()
+        print(f"keys 0-{j + 3:2d}: O_i = {O[0].round(3)}  softmax over them = {mean.round(3)}  l = {l[0]:.3f}  m = {m[0]:.2f}")
     """, "fragment", name="update-src"),
 
     md("""
@@ -219,11 +228,9 @@ CELLS = [
     * `for start_n` (line 5) loads $K_j, V_j$ once (line 6); `for start_m` (line 7) loads every
       $Q_i$ (line 8) and its running `O_i`, `l_i`, `m_i` from HBM (`O_acc`, `L`, `M`: float32
       scratch). With `CAUSAL`, `lo` skips the query blocks that see no key of $K_j$.
-    * `S_ij` (line 9), then the tile's own `m_tilde`, `P_tilde`, `l_tilde` (line 10); `m_new` and `l_new`
-      merge them with the running statistics through `alpha` $= e^{m_i - m_i^{new}}$ and
-      `beta` $= e^{\\tilde m_{ij} - m_i^{new}}$ (line 11).
-    * `O_i` is rescaled by `l_i * alpha`, gets `beta * PV` added, and is divided by `l_new`: at
-      every step (line 12). Then `O_i`, `l_new`, `m_new` are stored back to HBM (line 13).
+    * `S_ij` (line 9) on the tensor cores; then lines 9–12 — the mask, the tile's own statistics, their
+      merge with the running ones and the new `O_i` — are left out here (`...`): they are the step you
+      write in the exercise. Then `O_i`, `l_new`, `m_new` are stored back to HBM (line 13).
 
     The exponentials are `exp2` of scores multiplied by `qk_scale` $= \\tau \\log_2 e$. Not printed:
     the start (one program per (batch, head): the pointer offsets) and a last loop that casts
@@ -231,8 +238,7 @@ CELLS = [
     """, name="kernel-src-md"),
     code("""
     from flashcourse.kernels import aot
-    src = inspect.getsource(aot.kernel_of("fa1_fwd").fn)
-    print(src[src.index("    for start_n"):src.index("    O += ")].rstrip())     # the two loops
+    print(viz.kernel_source(aot.kernel_of("fa1_fwd"), start="for start_n", stop="O += "))   # the two loops
     """, "subslide", name="kernel-src"),
     code("""
     # NBVAL_CHECK_OUTPUT

@@ -44,12 +44,17 @@ CELLS = [
     """, "slide", name="what"),
 
     code("""
-    import inspect
     import numpy as np
-    from flashcourse import formulas
+    from flashcourse import formulas, viz
     from flashcourse.reference import fa1_attention, fa2_attention, fa2_update, fa2_finish, attention_float64
-    print(inspect.getsource(fa2_update))
-    print(inspect.getsource(fa2_finish))
+    rng = np.random.default_rng(0)
+    S, V = rng.normal(size=(1, 12)) * 3, rng.normal(size=(12, 2))       # one row of scores, 12 keys
+    acc, l, m = np.zeros((1, 2)), np.zeros(1), np.full(1, -np.inf)
+    for j in range(0, 12, 4):                                           # three blocks of 4 keys
+        acc, l, m = fa2_update(acc, l, m, S[:, j:j + 4], V[j:j + 4])
+        print(f"keys {j:2d}-{j + 3:2d}: acc = {acc[0].round(3)}  l = {l[0]:6.3f}  m = {m[0]:5.2f}")
+    print("once, at the end: acc / l =", fa2_finish(acc, l, m)[0][0].round(3))
+    print("softmax(S) V            =", (np.exp(S - S.max()) / np.exp(S - S.max()).sum() @ V)[0].round(3))
     """, "subslide", name="update-src"),
 
     md("""
@@ -282,12 +287,14 @@ CELLS = [
     3. split-Q: on an H100 a program has $B_r = 128$ rows and 8 warps, and the compiler gives each
        group of 4 warps 64 whole rows of $Q_i$ (`tests/test_kernels_attention.py` checks the layout).
 
-    The K/V loop is split into unmasked blocks and the masked diagonal; ragged $N$ is masked.
-    Here is its inner loop:
+    The K/V loop is split into unmasked blocks and the masked diagonal (two calls of `fa2_inner`);
+    ragged $N$ is masked. Here is the program around the loop; the loop's body and the final store are
+    left out: they are what you write in the exercise (`viz.kernel_source` prints the course's kernels
+    with an exercise's part left out).
     """, "slide", name="kernel-md"),
     code("""
-    from flashcourse.kernels import attention
-    print(inspect.getsource(attention.fa2_inner.fn))
+    from flashcourse.kernels import aot
+    print(viz.kernel_source(aot.kernel_of("fa2_fwd"), start="rows = start_m"))
     """, "subslide", name="kernel-src"),
     md("""
     Is it right? fp16 attention cannot match float64 exactly; the fair bar is PyTorch's own fp16

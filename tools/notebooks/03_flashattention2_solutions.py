@@ -131,19 +131,21 @@ CELLS = [
     `tl.exp2`. And $\tilde P_{ij}$ is cast to fp16 before the second matmul, `tl.dot(p.to(tl.float16), V_j)`,
     so that both matmuls run on tensor cores with fp32 accumulation.
 
-    Write the body of the K/V loop:
+    Write the body of the K/V loop, and the end. What it must do:
 
-    * load `K_j` and `V_j` (`BLOCK_N × HEAD_DIM`) with `mask=cols[:, None] < N_k, other=0.0` — the last
-      block is usually partial;
-    * `qk = tl.dot(Q_i, tl.trans(K_j)) * qk_scale`, then $-\infty$ where a key is past `N_k` or, with
-      `CAUSAL`, where `cols > rows + offset`;
-    * the update of exercise 1 with `tl.maximum`, `tl.max(qk, 1)`, `tl.exp2`, `tl.sum(p, 1)`, `tl.where` — the
-      same guard for rows that have seen no key;
+    * read each K/V block once, in one pass (under the interpreter the check counts the loads: a first
+      pass for the row maximum reads K twice); the last block is usually partial;
+    * give weight exactly 0 to every key a query may not see: keys past `N_k`, and with `CAUSAL` keys
+      $c > r + \text{offset}$;
+    * keep `m_i`, `l_i` and `acc` as exercise 1 does, in base 2 (the scores times `qk_scale`, the
+      exponentials `tl.exp2`), including rows that have seen no key yet;
+    * keep `acc` and `l_i` in fp32: the check has a row of 2048 keys on which an fp16 accumulator
+      rounds away everything after the first block;
+    * at the end, store $O_i$ — the accumulator normalised once, 0 for a row that saw no key — for the
+      rows below `N_q` only.
 
-    and the end: `O_i = acc / l_i` (0 where `l_i` is 0), stored with `mask=rows[:, None] < N_q`.
-    Keep `acc` and `l_i` in fp32: the check has a row of 2048 keys on which an fp16 accumulator rounds
-    away everything after the first block. And read each K/V block once, in one pass: under the
-    interpreter the check counts the loads, and a first pass for the row maximum reads K twice.
+    `tl.dot`, `tl.trans`, `tl.maximum`, `tl.max`, `tl.sum`, `tl.where` and `tl.exp2` are all it takes
+    (the Triton primer, chapter 0b, shows each).
     """, "slide", name="kernel-intro"),
 
     code("""

@@ -65,12 +65,21 @@ CELLS = [
     by its share of the total normaliser.
     """, "slide", name="split"),
     code("""
-    import inspect
     import numpy as np
+    from flashcourse import viz
     from flashcourse.reference import decode_attention, flash_decoding, attention_float64
-    from flashcourse.reference.decode import combine_partials, splits_efficiency, num_splits_for
-    print(inspect.getsource(combine_partials))
+    from flashcourse.reference.decode import splits_efficiency, num_splits_for
+    rng = np.random.default_rng(0)
+    x, V = rng.normal(size=12) * 3, rng.normal(size=(12, 2))        # one query's scores over 12 keys
+    for s, keys in enumerate((slice(0, 5), slice(5, 9), slice(9, 12))):
+        w = np.exp(x[keys] - x[keys].max())
+        print(f"split {s}, keys {keys.start:2d}-{keys.stop - 1:2d}: o_s = {(w @ V[keys] / w.sum()).round(3)}"
+              f"  lse_s = {x[keys].max() + np.log(w.sum()):6.3f}")
+    p = np.exp(x - x.max())
+    print(f"the whole row:       o   = {(p @ V / p.sum()).round(3)}  lse   = {x.max() + np.log(p.sum()):6.3f}")
     """, "subslide", name="combine-src"),
+    md("The combine turns the three partials into the last line: the exercise's first part.", "fragment",
+       name="combine-src-text"),
 
     md("""
     Exact, as always: grouped-query attention (32 query heads sharing 8 KV heads), ragged valid
@@ -153,31 +162,30 @@ CELLS = [
 
     `flashcourse.kernels.flash_decode`: one program per (split, batch, KV head) serves all the query
     heads of its group — the group is the M side of a `tl.dot` — and writes $(o_s, \\mathrm{lse}_s)$;
-    a second small kernel combines. The split count comes from the heuristic above.
+    the last of a head's programs to finish combines them, in the same launch (the blog's
+    Flash-Decoding uses a second small kernel; a launch costs the host more than the combine costs the
+    GPU, as the end of this chapter measures). The split count comes from the heuristic above.
     """, "slide", name="kernel-md"),
     md("""
-    The two kernels, printed below:
+    The kernel, printed below:
 
     * `_decode_split`, grid (S, B·H_kv). `_program` gives it its split `s`, its KV head's query
       heads as the rows of `Q_i`, and, through `chunk_bounds`, its keys `[lo, hi)`: the valid
       length `n` cut into chunks of whole `BLOCK_N` blocks, unmasked up to `full`; a split past `n`
       is empty. `m_i`, `l_i`, `acc` start at $-\\infty$, 0, 0 and `chunk_sync`, FA2's inner loop of
-      chapter 3, folds in the chunk's keys: the whole blocks, then the masked rest. The partial:
-      $o_s$ = `acc / l_safe` into `O_PART`, $\\mathrm{lse}_s$ = `m_i + log2(l_i)` (base 2; $-\\infty$
-      for an empty split) into `LSE_PART`. With `DIRECT` (S = 1) it writes the output to `O` instead.
-    * `_decode_combine`, one program per query head of a sequence: a first pass takes `m`, the
-      largest $\\mathrm{lse}_s$; a second weighs each $o_s$ by `w` $= 2^{\\mathrm{lse}_s - m}$ and
-      divides the sum by `total` $= \\sum_s$ `w`. That is the combine above, shifted by `m` so no
-      exponential overflows.
+      chapter 3, folds in the chunk's keys: the whole blocks, then the masked rest. What it stores
+      then — the partial $(o_s, \\mathrm{lse}_s)$ into `O_PART` and `LSE_PART`, or with `DIRECT`
+      (S = 1) the output into `O` — is left out (`...`): the exercise's kernel writes it.
+    * Then each program bumps its KV head's counter in `COUNT` (`tl.atomic_add`, after a barrier, with
+      acquire-release order so that the others' partials are visible to it); the one that finds
+      $S - 1$ there is the last, resets the counter and runs `combine_splits`: the combine in Triton,
+      the exercise's first part, so it is not printed.
     """, name="kernel-src-md"),
     code("""
     from flashcourse.kernels import aot, decode as kernel_decode
-    print(inspect.getsource(kernel_decode.chunk_bounds.fn))
-    print(inspect.getsource(aot.kernel_of("decode_split").fn))
+    print(viz.kernel_source(kernel_decode.chunk_bounds))
+    print(viz.kernel_source(aot.kernel_of("decode_split")))
     """, "subslide", name="kernel-src"),
-    code("""
-    print(inspect.getsource(aot.kernel_of("decode_combine").fn))
-    """, "subslide", name="combine-kernel-src"),
     code("""
     # NBVAL_CHECK_OUTPUT
     import torch
@@ -218,13 +226,13 @@ CELLS = [
     md("""
     At long contexts the split kernel streams the cache at close to the copy ceiling, level with
     cuDNN. At short contexts every kernel here is dominated by fixed costs: starting the programs,
-    ramping up the memory traffic, and for a split kernel the combine launch (the timer keeps the
+    ramping up the memory traffic, and for a split kernel the combine (the timer keeps the
     host's Python launches out of the measurement; in a real decode loop they count too, which is
     why servers replay a decode step as a CUDA graph). FA2 runs $B \\cdot H_q$ = 32 programs at
     batch 1 in both panels, and 32 programs stream about 1.05 TB/s, a third of the ceiling: with 32
     KV heads the split kernel is 3.0× faster at 128k keys. With 8 KV heads FA2 still runs 32
     programs, over K and V expanded to 32 heads (chapter 3's kernel needs as many KV heads as query
-    heads): 4× the bytes the split kernel reads once, so the gap grows to 11.3×. (H100 numbers from
+    heads): 4× the bytes the split kernel reads once, so the gap grows to 11.2×. (H100 numbers from
     the shipped `read-flush/decode.json`.)
     """, "fragment", name="bench-notes"),
     md("""
@@ -249,10 +257,11 @@ CELLS = [
     ## Where a decode step's time goes: the host
 
     The timer above keeps the host out. A real decoding loop cannot: every call runs Python and
-    *launches* kernels, and on this H100's host one Triton launch costs 11 µs for a kernel with one
-    argument and 19 µs with twenty, whatever the kernel does (an empty one; measured by
-    `tools/gpu_decode_host.py`, shipped as `flashcourse.bench.measured("decode_host")`).
-    `flash_decode` launches two kernels (split and combine), `unified_max_decode` one. Below: the
+    *launches* kernels. On this H100's host a launch through `kernel[grid](...)` costs 18 µs for a
+    kernel with one argument and 33 µs with twenty, and 11 µs straight through Triton's compiled
+    launcher (`flashcourse.kernels.launch.relaunch`), whatever the kernel does (an empty one;
+    measured by `tools/gpu_decode_host.py`, shipped as `flashcourse.bench.measured("decode_host")`).
+    `flash_decode` and `unified_max_decode` launch one kernel each. Below: the
     host's time per call beside the GPU's (ticks), at batch 1 with 32 query heads over 8 KV heads,
     and a model's step of 32 layers, one attention call each, L = 4k.
     """, "slide", name="host-md"),
@@ -262,16 +271,18 @@ CELLS = [
     viz.host_time_plot(host)
     """, "subslide", name="host"),
     md("""
-    At L = 4k a call keeps the GPU busy for about 10 µs and the host for 35–60 µs (SDPA's C++ path:
-    33 µs): the GPU waits. For 32 layers the host needs 0.8–1.7 ms per step to launch what the GPU
-    runs in 0.4 ms, and a step takes 1.4–2.2 ms. The course's entry points already do the host's
-    *checking* once per shape (a plain call is looked up by its tensors' shapes, strides, dtypes
-    and alignment and replays the launches it planned the first time: 35–53 µs against 59–80 µs for
-    the full path), but the launches stay. Servers remove them: they record the whole step once as
-    a **CUDA graph** (the driver keeps the kernels with their arguments) and replay it with one
-    call. That costs the host 4–8 µs for all 32 layers, and a step takes what the GPU needs,
-    0.37–0.42 ms. A graph replays *the same addresses*, so the new token's q is copied into the
-    captured input, and the output is read from the captured output tensor.
+    At L = 4k a call keeps the GPU busy for 9–11 µs with 8 KV heads (27–28 µs with 32) and the host
+    for 17–30 µs (SDPA's C++ path: 36–37 µs): with 8 KV heads the GPU waits. For 32 layers the host
+    needs about 0.8 ms per step to launch what the GPU runs in 0.4 ms (SDPA: 1.3 ms), and a step
+    takes 0.78–0.89 ms (SDPA: 1.31 ms). The course's entry points do the host's work once per shape: a
+    plain call is looked up by its tensors' shapes, strides, dtypes and alignment and relaunches the
+    kernel it planned the first time through the compiled launcher (28–30 µs against 118 µs for the
+    full path); and `flash_decode` combines in its own launch, so a call is one launch. But the launch
+    stays. Servers remove it: they record the whole step once as a **CUDA graph** (the driver keeps
+    the kernels with their arguments) and replay it with one call. That costs the host 6–7 µs for all
+    32 layers, and a step takes what the GPU needs, 0.36–0.42 ms. A graph replays *the same
+    addresses*, so the new token's q is copied into the captured input, and the output is read from
+    the captured output tensor.
     """, "fragment", name="host-notes"),
     code("""
     # NBVAL_IGNORE_OUTPUT
@@ -316,10 +327,10 @@ CELLS = [
 
     | KV heads | $L$ | `flash_decode` | chapter 3's FA2, one token | speed-up |
     |---|---|---|---|---|
-    | 8 (GQA) | 1k | 13.3 µs | 24.5 µs | 1.8× |
-    | 8 (GQA) | 128k | 185.0 µs (2.90 TB/s) | 2083.2 µs | 11.3× |
-    | 32 (MHA) | 1k | 16.5 µs | 23.8 µs | 1.4× |
-    | 32 (MHA) | 128k | 689.9 µs (3.11 TB/s) | 2036.9 µs | 3.0× |
+    | 8 (GQA) | 1k | 11.6 µs | 22.9 µs | 2.0× |
+    | 8 (GQA) | 128k | 186.1 µs (2.89 TB/s) | 2083.0 µs | 11.2× |
+    | 32 (MHA) | 1k | 13.8 µs | 23.5 µs | 1.7× |
+    | 32 (MHA) | 128k | 689.1 µs (3.12 TB/s) | 2042.8 µs | 3.0× |
 
     **Why the numbers differ.**
 
@@ -332,7 +343,7 @@ CELLS = [
       programs stream 1.05 TB/s, a third of the 3.0 TB/s copy ceiling, so with 32 KV heads splitting
       can gain about 3×, and does.
     * *What FA2 reads.* Chapter 3's kernel needs as many KV heads as query heads, so with GQA it
-      reads K and V expanded to 32 heads: 4× the bytes `flash_decode` reads once. That makes 11.3×.
+      reads K and V expanded to 32 heads: 4× the bytes `flash_decode` reads once. That makes 11.2×.
     * *Batch 1 in the blog's table.* Only its last two rows are at batch 1; above them the batch
       halves as $L$ doubles, so every row holds 64k keys in all.
     """, "slide", name="paper-vs-measured"),
@@ -351,8 +362,8 @@ CELLS = [
     per-chunk loop.
     """, "slide", name="summary"),
     md("""
-    Instructor notes: about 40 minutes. Ask what the combine is when S = 1 (the identity: flash_decode then skips the
-    combine kernel and the split kernel writes o), and why a
+    Instructor notes: about 40 minutes. Ask what the combine is when S = 1 (the identity: the split kernel then
+    writes o itself, with no counter), and why a
     chunk with no keys must get lse = −∞ rather than 0.
     """, "notes", name="notes"),
 ]

@@ -251,12 +251,12 @@ CELLS = [
          'What would serving one query head per program cost?',
          "Every KV head's cache would be read 4 times, once per query head, so 4× the bytes for a "
          'kernel that is bandwidth-bound, about 4× the time. The chapter measured the same effect the '
-         "other way round: chapter 3's FA2, which needs K and V expanded to 32 heads, is 11.3× slower "
+         "other way round: chapter 3's FA2, which needs K and V expanded to 32 heads, is 11.2× slower "
          'than `flash_decode` at 8 KV heads and 128k keys, against 3.0× at 32 KV heads.'),
-        ('A decode call keeps the H100 busy for about 10 µs but the host for 35–60 µs. What does '
+        ('A decode call keeps the H100 busy for about 10 µs but the host for 17–30 µs. What does '
          'replaying a CUDA graph change, and what must stay fixed for it to work?',
          'The host no longer runs Python or launches kernels one by one: replaying a 32-layer step '
-         "costs it 4–8 µs instead of 0.8–1.7 ms, so a step takes what the GPU needs. The GPU's work is"
+         "costs it 6–7 µs instead of about 0.8 ms, so a step takes what the GPU needs. The GPU's work is"
          ' unchanged. A graph replays the same kernels with the same arguments, so the addresses must '
          "stay fixed: the new token's q is copied into the captured input, the output is read from the"
          ' captured tensor, and shapes cannot change between replays.'),

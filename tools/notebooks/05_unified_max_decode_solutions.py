@@ -136,7 +136,7 @@ CELLS = [
          '$\\varphi$: $e^{x - \\varphi}$ could overflow, or everything underflow. That chunk must be '
          'recomputed the synchronised way, so a badly chosen $\\varphi$ costs time, never accuracy.'),
         ("Why can the unified-max kernel add the chunks' partial sums with atomic adds, when "
-         'Flash-Decoding needs a combine kernel?',
+         'Flash-Decoding needs a combine step?',
          'With a shared offset the partial sums are plain sums of $e^{x - \\varphi}$ terms: adding them'
          ' in any order is the total. With per-chunk maxima each partial is measured against its own '
          '$m_s$ and must be rescaled by $e^{m_s - m}$, which needs the global maximum $m$ of all '
