@@ -170,8 +170,10 @@ def _flat_gemm_kernel(X, W, Y, PART, COUNT, M, N, K, stride_xm, stride_wk, strid
     in_n = cols < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(lo, hi, BLOCK_K):        # num_stages > 1: the next tiles load during this dot
+        # exercise: chapter 6's flat_gemm_kernel writes this (the two tiles' masked loads, and the dot)
         x, w = load_tiles(x_ptrs, w_ptrs, k, hi, ks, in_m, in_n, EVEN_K, EVEN_N, W_POLICY)
         acc = tl.dot(x, w, acc)
+        # end of exercise
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K * stride_wk
     write_tile(acc, Y, PART, COUNT, rows, cols, M, N, pid_n, pid_k, SPLIT_K, REDUCE)

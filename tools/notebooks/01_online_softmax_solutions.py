@@ -150,22 +150,22 @@ CELLS = [
     columns (the primer, `notebooks/00b_triton_primer.ipynb`, and its RMSNorm exercise cover the
     Triton this needs):
 
-    * **pass 1** — for each block, load it, and update the running maximum `m` and normaliser `l`
-      with the merge rule (the block's own maximum is `tl.max(x, axis=0)`, its sum `tl.sum(..., axis=0)`);
-    * **pass 2** — load each block again and store `e^(x - m) / l` into the row of `y`.
+    * **pass 1** reads the row block by block and keeps the running maximum `m` and normaliser `l`
+      with the merge rule of exercise 2;
+    * **pass 2** reads it again and writes each block of `y`.
 
-    The last block of a row is usually partial: load it with `mask=cols < n_cols` and
-    `other=float("-inf")`, so that the missing lanes add $e^{-\infty} = 0$ to `l`, and store with the
-    same mask. As in exercise 2, a block that is entirely `-inf` must leave `l` at 0, not `nan`.
+    What it must get right: the last block of a row is usually partial, and the lanes past `n_cols`
+    must neither add to `l` nor be written (think about what a masked load should return there for
+    a maximum and for a sum of exponentials); a block that is entirely `-inf` must leave `l` at 0,
+    not `nan`, as in exercise 2.
 
     Two passes, no more: `x` is read twice (pass 1 keeps `m` and `l` together), which is the point
     of the online softmax; a third pass (one for the maximum, one for the sum, one to write) is the
     safe softmax of the lecture. Under Triton's interpreter the check counts the loads and refuses a
     kernel that reads an element of `x` a third time.
 
-    The row pointers are set up for you; write the rest of the body. Work in float32
-    (`.to(tl.float32)` after the load). A row that is entirely `-inf` may come out as `nan`, as
-    `torch.softmax` does.
+    The row pointers are set up for you; write the rest of the body. Work in float32 (convert after
+    the load). A row that is entirely `-inf` may come out as `nan`, as `torch.softmax` does.
     """, "slide", name="kernel-intro"),
 
     code("""

@@ -121,17 +121,16 @@ CELLS = [
     The program keeps the running maximum `m_i`, normaliser `l_i` (scalars) and the accumulator `acc`
     (`HEAD_DIM`,) in fp32, in base 2 as in chapter 3 (`qk_scale = sm_scale · log2 e`). One query means no
     matrix product: a block's logits are `tl.sum(q[None, :] * K_j, 1)`, and its values add up as
-    `tl.sum(p[:, None] * V_j, 0)`. Write the body of the loop over the chunk's key blocks:
+    `tl.sum(p[:, None] * V_j, 0)`. Write the body of the loop over the chunk's key blocks, and the end.
+    What it must do:
 
-    * load `K_j` and `V_j` (`BLOCK_N × HEAD_DIM`) with `mask=cols[:, None] < hi, other=0.0` — the last
-      block of a chunk is usually partial, and `CHUNK` need not be a multiple of `BLOCK_N`;
-    * the logits, $-\infty$ where `cols >= hi`;
-    * the online-softmax update of chapter 3 with `tl.maximum`, `tl.max(qk, 0)`, `tl.exp2`, `tl.sum`:
-      the maximum is the *running* one, since the logits of the next block may lie hundreds above or
-      below this block's, and each key is read once (the check counts the loads);
-
-    and the end: store `o_s = acc / l_i` (0 where `l_i` is 0: an empty split runs no iteration) at `O_ptrs`,
-    and the natural-log $\mathrm{lse}_s = (m_i + \log_2 \ell_i)\ln 2$ at `LSE_ptr` (`-inf` for an empty split).
+    * read each key of the chunk once (the check counts the loads), and nothing at or past `hi`: the
+      last block of a chunk is usually partial, and `CHUNK` need not be a multiple of `BLOCK_N`;
+    * keep chapter 3's online softmax, in base 2: the maximum is the *running* one, since the logits
+      of the next block may lie hundreds above or below this block's;
+    * at the end, store the split's partial: `o_s`, the accumulator normalised (0 for an empty split,
+      which runs no iteration), at `O_ptrs`, and its log-sum-exp at `LSE_ptr` — in natural log, as
+      exercise 1's combine expects (`-inf` for an empty split).
     """, "slide", name="kernel-intro"),
 
     code("""

@@ -244,16 +244,17 @@ CELLS = [
     md("""
     ### Inside `flat_gemm`
 
-    Printed below: `_flat_gemm_kernel` and `load_tiles`, which it calls.
+    Printed below: `_flat_gemm_kernel`, with the body of its K loop left out (`...`): the exercise.
 
     * **Padding.** The tile has `BLOCK_M` = 16 rows (`DOT_MIN`: `tl.dot` takes no fewer), not 8 as in
       the paper. Rows past M are loaded as zeros (`mask=in_m[:, None], other=0.0`): they are made
       on chip, never read from HBM, and `write_tile` stores only the rows below M.
     * **$B_N$.** `program_tile` gives program `pid_n` the columns `pid_n * BLOCK_N + arange(BLOCK_N)`
       of y, and split `pid_k` its share `[lo, hi)` of K.
-    * **The K loop** loads a (16, `BLOCK_K`) tile of x and a (`BLOCK_K`, `BLOCK_N`) tile of W (masked
-      only where K or N is ragged: `EVEN_K`, `EVEN_N`) and `tl.dot` adds their product to the
-      float32 `acc`.
+    * **The K loop** walks this split's share of K in steps of `BLOCK_K`, moving both tile pointers.
+      Its body (in the course's kernel `load_tiles`, then a `tl.dot` into the float32 `acc`) loads
+      a tile of x and a tile of W, masked only where K or N is ragged (`EVEN_K`, `EVEN_N`): you write
+      it in the exercise.
     * **Double buffering** is not written out: the loop holds one tile of each. Launched with
       `num_stages` ≥ 2, Triton's software pipeliner loads the next tiles while `tl.dot` multiplies
       these.
@@ -261,10 +262,9 @@ CELLS = [
       of the column tile adds up.
     """, "subslide", name="kernel-src-md"),
     code("""
-    import inspect
-    from flashcourse.kernels import aot, gemm
-    print(inspect.getsource(aot.kernel_of("flat_gemm").fn))
-    print(inspect.getsource(gemm.load_tiles.fn))
+    from flashcourse import viz
+    from flashcourse.kernels import aot
+    print(viz.kernel_source(aot.kernel_of("flat_gemm")))
     """, "subslide", name="kernel-src"),
 
     md("""

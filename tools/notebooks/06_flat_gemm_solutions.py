@@ -111,15 +111,15 @@ CELLS = [
     So the same kernel reads `W` stored $(K, N)$ (`stride_wn = 1`) and nn.Linear's `weight`, stored
     $(N, K)$ (`stride_wk = 1`). `x` and `y` have unit stride along a row.
 
-    The pointers to the first tiles (`x_ptrs`: `BLOCK_M × BLOCK_K`, `w_ptrs`: `BLOCK_K × BLOCK_N`), the
-    float32 accumulator and the final store are given. Write the body of the loop over K, for the tile
-    that starts at column `k` of `x` (row `k` of `W`):
+    The pointers to the first tiles (`x_ptrs`: `BLOCK_M × BLOCK_K`, `w_ptrs`: `BLOCK_K × BLOCK_N`, both at
+    $k = 0$), the float32 accumulator and the final store are given. Write the body of the loop over K,
+    for the tiles that start at column `k` of `x` and row `k` of `W`. What it must get right:
 
-    * load the `x` tile at `x_ptrs + k`, masked to the real rows (`rows < M`) and to the columns inside
-      K (`k + ks < K`: K need not be a multiple of `BLOCK_K`), `other=0.0`;
-    * load the `W` tile, `k` rows further down — `k * stride_wk` elements on — masked to the rows
-      inside K and the columns inside N (`cols < N`), `other=0.0`;
-    * add their product to the accumulator: `acc += tl.dot(x, w)`.
+    * which elements are real — `x` has M ≤ 16 rows in a tile of 16, K need not be a multiple of
+      `BLOCK_K`, N need not be a multiple of `BLOCK_N` — and that everything else adds exactly 0 to `y`
+      (the check fills the memory past every edge with NaN);
+    * where row `k` of `W` is: `W` is reached only through its strides, and the check passes both layouts;
+    * that the products are accumulated in float32, tile after tile.
     """, "slide", name="kernel-intro"),
 
     code("""
