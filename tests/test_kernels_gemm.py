@@ -512,3 +512,15 @@ def test_the_shipped_claims_reject_false_numbers(flush, impl, M, N, factor):
     shipped[flush] = bad
     with pytest.raises(AssertionError):
         check_shipped_gemm(shipped["read"], shipped["write"])
+
+
+@pytest.mark.gpu
+def test_tiles_too_big_for_the_gpu_are_a_clear_error(device):
+    """B_N = 256 with the default B_K and stages needs 417 KB of shared memory on an H100 (228 KB):
+    a ValueError naming the options, not Triton's OutOfResources."""
+    x = torch.randn(1, 4096, device=device, dtype=torch.float16)
+    w = torch.randn(4096, 4096, device=device, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"flat_gemm: block_n = 256, block_k = \d+ and num_stages = \d+ need more "
+                                         r"shared memory than this GPU has"):
+        flat_gemm(x, w, block_n=256, block_k=256, num_stages=4, split_k=1)
+    assert flat_gemm(x, w, block_n=256, block_k=64, num_stages=3, split_k=1).shape == (1, 4096)

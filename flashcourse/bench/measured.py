@@ -8,6 +8,9 @@ it, and kept in ``results/GPU/measured/``:
   the counted bytes (:mod:`flashcourse.bench.ncu`);
 * ``decode_host``: the host's and the GPU's time per decode call, the course's kernels against
   SDPA, with and without CUDA graphs (``tools/gpu_decode_host.py``);
+* ``gemm_block_n`` and ``decode_splits``: ``flat_gemm``'s time for every B_N candidate and
+  ``flash_decode``'s for every split count, beside what chapter 6's rule and chapter 4's heuristic pick
+  (``tools/gpu_sweeps.py``: the measure halves of those chapters' predict -> count -> measure);
 * ``primer``: what the Triton primer says a GPU does that the interpreter does not (``tl.dot``'s
   smallest tiles, TF32, ``tl.device_print``'s lines, a compile's cost) and an RMSNorm kernel's time
   (``tools/gpu_primer.py``).

@@ -561,10 +561,17 @@ def _remember(key, value):
 def _run(fn, kernel, max_m, x, w, w_layout, block_n, block_k, split_k, num_stages, num_warps):
     key = _key(x, w, fn, w_layout, block_n, block_k, split_k, num_stages, num_warps)
     hit = _CHECKED.get(key) if key is not None else None
-    if hit is None:
-        hit = _remember(key, _check(fn, kernel, max_m, x, w, w_layout, block_n, block_k, split_k,
-                                    num_stages, num_warps))
-    return launch(x, w, hit, w_layout=w_layout)
+    if hit is not None:
+        return launch(x, w, hit, w_layout=w_layout)
+    config = _check(fn, kernel, max_m, x, w, w_layout, block_n, block_k, split_k, num_stages, num_warps)
+    try:
+        y = launch(x, w, config, w_layout=w_layout)
+    except triton.runtime.errors.OutOfResources as e:     # the tiles asked for do not fit this GPU
+        raise ValueError(f"{fn}: block_n = {config.block_n}, block_k = {config.block_k} and num_stages = "
+                         f"{config.num_stages} need more {e.name} than this GPU has ({e.required} > {e.limit}); "
+                         f"give smaller tiles or fewer stages (or leave them None)") from None
+    _remember(key, config)
+    return y
 
 
 def _check(fn, kernel, max_m, x, w, w_layout, block_n, block_k, split_k, num_stages, num_warps):

@@ -118,6 +118,22 @@ CELLS = [
         ax.set_title(f"B = {B}, H_kv = {H_kv}, L = {L}"); viz.legend_outside(ax)
     fig
     """, "subslide", name="heuristic"),
+    md("""
+    Is the rule any good? The course's H100 timed `flash_decode` with 1, 2, 4, …, 64 splits and with
+    the heuristic's own count, at batch 1, 32 query heads, $L$ from 1k to 64k (`tools/gpu_sweeps.py`,
+    the L2 flushed by a read; shipped as `bench.measured("decode_splits")`). The heuristic's count
+    runs within 5% of the fastest at every shape, and one split — FA2's grid — is 1.4–8.7× slower:
+    """, "fragment", name="heuristic-measured-md"),
+    code("""
+    from flashcourse import bench
+    sweep = bench.measured("decode_splits")
+    print(f"{'H_kv':>4s} {'L':>6s} {'heuristic':>10s} {'time':>8s} {'fastest':>8s} {'time':>8s} {'1 split':>8s}")
+    for r in sweep["rows"]:
+        us = {int(S): t for S, t in r["us"].items()}
+        best = min(us, key=us.get)
+        print(f"{r['H_kv']:4d} {r['L']:6d} {r['heuristic']:10d} {us[r['heuristic']]:6.1f}us {best:8d} "
+              f"{us[best]:6.1f}us {us[1]:6.1f}us")
+    """, "fragment", name="heuristic-measured"),
 
     md("""
     ## Counting it

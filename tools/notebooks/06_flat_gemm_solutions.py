@@ -100,6 +100,34 @@ CELLS = [
     check("choose_block_n"),
 
     md(r"""
+    **Measure.** Your rule against the clock: the H100 (132 SMs) timed `flat_gemm` with every
+    candidate $B_N$ (no split of K, $B_K$ = 64, 3 stages, the L2 flushed by a read; shipped as
+    `bench.measured("gemm_block_n")`, from `tools/gpu_sweeps.py`). Where does your choice land, and
+    how much do the worst choices cost? On a GPU, the next cell times one shape on yours.
+    """, "fragment", name="block-n-measure-text"),
+
+    code("""
+    from flashcourse import bench
+    sweep = bench.measured("gemm_block_n")
+    print(f"{'M':>2s} {'K x N':>12s} {'yours':>6s} {'time':>8s} {'best':>5s} {'time':>8s} {'worst':>8s}")
+    for r in sweep["rows"]:
+        us = {int(b): t for b, t in r["us"].items()}
+        mine, best = choose_block_n(r["M"], r["K"], r["N"], r["sms"], tuple(sweep["block_ns"])), min(us, key=us.get)
+        print(f"{r['M']:2d} {r['K']:5d} x {r['N']:5d} {mine!s:>6s} {us.get(mine, float('nan')):6.1f}us {best:5d} {us[best]:6.1f}us "
+              f"{max(us.values()):6.1f}us")
+    if DEVICE == "cuda":
+        from flashcourse.bench.timers import read_flush_timer
+        from flashcourse.kernels import flat_gemm as library_flat_gemm
+        x, w = torch.randn(1, 4096, device=DEVICE).half(), torch.randn(4096, 11008, device=DEVICE).half()
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        timer = read_flush_timer()
+        for b in sweep["block_ns"]:
+            t = timer(lambda: library_flat_gemm(x, w, block_n=b, block_k=64, split_k=1, num_stages=3)) * 1e3
+            print(f"this GPU, 1 x 4096 x 11008, B_N = {b:3d}: {t:6.1f} us"
+                  + ("  <- yours" if b == choose_block_n(1, 4096, 11008, sms, tuple(sweep["block_ns"])) else ""))
+    """, "fragment", name="block-n-measure"),
+
+    md(r"""
     ## 2. The flat GEMM kernel's K loop
 
     The grid has one program per column tile: `program_id(0)` is `pid_n`, and the program computes
