@@ -20,7 +20,8 @@ CELLS = [
     combines the partials. You write:
 
     1. the combine step, in NumPy;
-    2. the loop over one chunk's keys, and the partial's store, inside the split-KV Triton kernel.
+    2. the loop over one chunk's keys, and the partial's store, inside the split-KV Triton kernel;
+    3. the choice of the number of splits, then what it does to the grid and what an H100 measured.
 
     Under each exercise a **check cell** runs your code on cases you can see and on hidden random ones
     (grouped-query attention, sequences of length 1 or 0, more splits than the cache needs, logits that
@@ -227,10 +228,63 @@ CELLS = [
 
     check("split_kv_kernel"),
 
+    md(r"""
+    ## 3. How many splits? Predict, count, measure
+
+    Your kernel took `num_splits` as given. The course's picks it: enough programs to keep the GPU
+    busy, but no more than are worth their partials. Write `choose_num_splits(B, H_kv, L, num_sms,
+    min_chunk)` for B sequences of L keys with H_kv KV heads (one program per chunk and KV head) on a
+    GPU of `num_sms` SMs. The GPU runs programs in waves of `num_sms`: a grid of $P$ programs keeps
+    $P / (\lceil P / \text{SMs} \rceil \cdot \text{SMs})$ of the SMs busy (its *wave efficiency*).
+
+    The check accepts any S an engineer could defend with that model, not one number:
+
+    * when the $B \cdot H_{kv}$ programs of one split already fill 80% of a wave: one split;
+    * otherwise no chunk shorter than `min_chunk` keys, no empty chunk, at most one split per SM, and
+      at least 85% of the best wave efficiency such an S reaches (the smallest such S costs the fewest
+      partials).
+    """, "slide", name="splits-intro"),
+
+    code("""
+    def choose_num_splits(B, H_kv, L, num_sms, min_chunk=256):
+        \"\"\"The number of chunks to split each sequence's keys into.\"\"\"
+        ### BEGIN SOLUTION
+        if B * H_kv >= 0.8 * num_sms:
+            return 1
+
+        def efficiency(S):                                     # wave efficiency of B H_kv S programs
+            P = B * H_kv * S
+            return P / (math.ceil(P / num_sms) * num_sms)
+        allowed = [S for S in range(1, num_sms + 1)
+                   if (S == 1 or math.ceil(L / S) >= min_chunk) and math.ceil(L / math.ceil(L / S)) == S]
+        best = max(efficiency(S) for S in allowed)
+        return min(S for S in allowed if efficiency(S) >= 0.85 * best)
+        ### END SOLUTION
+    """, tags=("solution",), name="choose-num-splits"),
+
+    check("choose_num_splits"),
+
+    md("""
+    **Count and measure.** What your choice does to the grid, and what the course's H100 measured
+    for `flash_decode` at every split count (batch 1, 32 query heads, the L2 flushed by a read;
+    `bench.measured("decode_splits")`, from `tools/gpu_sweeps.py`):
+    """, "fragment", name="splits-measure-text"),
+
+    code("""
+    from flashcourse import bench
+    sweep = bench.measured("decode_splits")
+    print(f"{'H_kv':>4s} {'L':>6s} {'yours':>5s} {'programs':>8s} {'time':>9s} {'fastest':>7s} {'time':>8s}")
+    for r in sweep["rows"]:
+        us = {int(S): t for S, t in r["us"].items()}
+        mine, best = choose_num_splits(r["B"], r["H_kv"], r["L"], r["sms"]), min(us, key=us.get)
+        timed = f"{us[mine]:7.1f}us" if mine in us else "not timed"
+        print(f"{r['H_kv']:4d} {r['L']:6d} {mine:5d} {r['B'] * r['H_kv'] * mine:8d} {timed:>9s} {best:7d} {us[best]:6.1f}us")
+    """, "fragment", name="splits-measure"),
+
     done("""
-    The lecture's kernel goes further: it picks the number of splits from the number of SMs, groups
-    the query heads of one KV head into one program so that each key is read once, and combines the
-    partials in a second Triton kernel.
+    The lecture's kernel goes further: it groups the query heads of one KV head into one program so
+    that each key is read once, and its last program per KV head combines the partials in the same
+    launch.
     """),
     *questions([
         ('In decoding each sequence has one query token. Why does Flash-Decoding split the *keys* '

@@ -1,0 +1,75 @@
+"""Chapter 4's split-count check: choose_num_splits accepts what the chapter's model defends, rejects the rest.
+
+The mutants are textual mutations of the solutions notebook's own cell, each rejected under the graded
+seed and three fresh ones, with the rule it breaks (and the hint, where the mistake is a known one).
+"""
+import io
+import contextlib
+
+import pytest
+
+import flashcourse  # noqa: F401
+from flashcourse import checks
+from flashcourse.checks.decode_splits import hidden_cases, verdict
+from flashcourse.formulas.decode import num_splits_for
+import solution_cells as cells
+from solution_cells import rejected, seeds_of
+
+NOTEBOOK = "04_flash_decode"
+
+
+def mutant(tmp_path, *replace):
+    return cells.load(tmp_path, NOTEBOOK, "choose-num-splits", "choose_num_splits", replace)
+
+
+def test_the_solution_and_the_course_heuristic_pass(tmp_path, seed, capsys):
+    fn = mutant(tmp_path)
+    for s in seeds_of(seed):
+        checks.choose_num_splits(fn, seed=s)
+        checks.choose_num_splits(lambda B, H_kv, L, sms, mc: num_splits_for(B, H_kv, L, sms, mc), seed=s)
+    assert set(capsys.readouterr().out.strip().splitlines()) == {"choose_num_splits: 13 cases passed (5 shown, 8 hidden) ✓"}
+
+
+def test_not_only_the_smallest_good_count_passes(tmp_path, seed):
+    """Any defensible S passes: the largest allowed count within 85% of the best efficiency, too."""
+    fn = mutant(tmp_path, ("return min(S for S in allowed if efficiency(S) >= 0.85 * best)",
+                           "return max(S for S in allowed if efficiency(S) >= 0.85 * best)"))
+    for s in seeds_of(seed):
+        checks.choose_num_splits(fn, seed=s)
+
+
+def test_the_exercise_as_given_is_not_implemented_yet(tmp_path):
+    fn = cells.load(tmp_path, NOTEBOOK, "choose-num-splits", "choose_num_splits", exercise=True)
+    with pytest.raises(NotImplementedError, match="not implemented yet"):
+        checks.choose_num_splits(fn, seed=0)
+
+
+@pytest.mark.parametrize("replace, expected", [
+    pytest.param((("if B * H_kv >= 0.8 * num_sms:", "if False:"),),
+                 ("already fill",), id="splits-a-full-wave"),
+    pytest.param((("if B * H_kv >= 0.8 * num_sms:", "if B * H_kv > 0.8 * num_sms:"),),
+                 ("already fill",), id="80-percent-with->"),
+    pytest.param((("return min(S for S in allowed if efficiency(S) >= 0.85 * best)", "return 1"),),
+                 ("Flash-Decoding exists to multiply them",), id="always-one-split"),
+    pytest.param((("return min(S for S in allowed if efficiency(S) >= 0.85 * best)", "return num_sms"),),
+                 ("S = num_sms forgets",), id="one-split-per-SM"),
+    pytest.param((("(S == 1 or math.ceil(L / S) >= min_chunk) and ", ""),),
+                 ("fewer than min_chunk",), id="no-minimum-chunk"),
+    pytest.param((("efficiency(S) >= 0.85 * best)", "efficiency(S) >= 0.5 * best)"),), ("keep at least 85% of it",),
+                 id="settles-for-half-the-best"),
+])
+def test_mutants_are_rejected_on_every_seed(tmp_path, seed, replace, expected):
+    rejected(checks.choose_num_splits, mutant(tmp_path, *replace), seed, *expected)
+
+
+def test_every_run_has_both_sides_of_the_full_wave_and_of_a_chunk_boundary(seed):
+    import numpy as np
+    cases = dict(hidden_cases(np.random.default_rng(seed)))
+    B, H, L, sms, mc = cases["B H_kv just below 80% of the SMs"]
+    assert B * H < 0.8 * sms
+    B, H, L, sms, mc = cases["B H_kv at 80% of the SMs"]
+    assert B * H >= 0.8 * sms
+    B, H, L, sms, mc = cases["B H_kv exactly 80% of the SMs, 8 KV heads"]
+    assert B * H == 0.8 * sms and verdict(B, H, L, sms, mc, 1) == "" and verdict(B, H, L, sms, mc, 5)
+    assert cases["L one key past k chunks of min_chunk"][2] % cases["L one key past k chunks of min_chunk"][4] == 1
+    assert verdict(1, 8, 32768, 132, 256, 15) == "" and verdict(1, 8, 32768, 132, 256, True)
