@@ -19,7 +19,8 @@ CELLS = [
     the statistics of the model's logits, and the partials simply add up. The price is a risk:
     $e^{x - \\phi}$ overflows when a logit lies far above $\\phi$, and loses its digits when every logit
     lies far below. So each chunk also *checks* its largest logit, and a head with a chunk out of range
-    is recomputed the synchronised way. You write one chunk's partials and that check.
+    is recomputed the synchronised way. You write one chunk's partials and that check, then choose
+    $\\varphi$ for a model from the statistics of its scores.
 
     The check cell runs your function on heads you can see and on hidden random ones — including
     adversarial logits that overflow even float64 — and prints one line ending in ✓ when everything
@@ -120,6 +121,62 @@ CELLS = [
     """, "fragment", name="driver-demo"),
 
     check("unified_max_partials"),
+
+    md(r"""
+    ## 2. Choosing $\varphi$: predict, count
+
+    The window only helps if $\varphi$ is chosen well, once per model, from statistics of its scores.
+    The course ships MiniLM-L6's: a histogram of the **row maxima** of its attention scores — bin $i$
+    holds `counts[i]` rows whose maximum $m$ lies in `[start + i·width, start + (i + 1)·width)`; take
+    them as spread evenly within their bin. A row falls back when $m - \varphi$ leaves $[a, b]$.
+
+    Write `choose_phi(start, width, counts, bounds, target)`: a $\varphi$ that sends at most a fraction
+    `target` of the rows back — or, when no $\varphi$ can, as few as any $\varphi$ can (within 0.1% of
+    the rows). The check counts the rows your $\varphi$ sends back, on MiniLM and on hidden Gaussian,
+    heavy-tailed and "attention sink" statistics, with the kernel's window and fp16's narrower one. Any
+    $\varphi$ that meets the target passes; a good one also keeps a margin on both sides, since the
+    model will meet scores its statistics never saw. (A start: how does the fraction sent back change
+    as $\varphi$ moves, and where can its minimum be?)
+    """, "slide", name="phi-intro"),
+
+    code("""
+    def choose_phi(start, width, counts, bounds, target):
+        \"\"\"A unified maximum phi for row maxima binned as (start, width, counts), window bounds = (a, b).\"\"\"
+        ### BEGIN SOLUTION
+        a, b = bounds
+        counts = np.asarray(counts, dtype=np.float64)
+        edges = start + width * np.arange(len(counts) + 1)
+
+        def sent_back(phi):                   # the part of each bin below phi + a or above phi + b
+            below = np.clip((phi + a - edges[:-1]) / width, 0.0, 1.0)
+            above = np.clip((edges[1:] - phi - b) / width, 0.0, 1.0)
+            return (counts * np.minimum(below + above, 1.0)).sum() / counts.sum()
+        phis = np.concatenate([edges - a, edges - b])        # the rate is linear between these
+        rates = np.array([sent_back(p) for p in phis])
+        limit = max(target, rates.min()) + 1e-12             # (a breakpoint's rate may round a hair above 0)
+        ok = phis[rates <= limit]
+        middle = (ok.min() + ok.max()) / 2                   # a margin on both sides, if it is good too
+        return float(middle if sent_back(middle) <= limit else ok[np.argmin(np.abs(ok - middle))])
+        ### END SOLUTION
+    """, tags=("solution",), name="choose-phi"),
+
+    check("choose_phi"),
+
+    md("""
+    **Count.** Your $\\varphi$ on MiniLM-L6, beside the course's (`reference.decode_scores.choose_phi`,
+    which the lecture used), with the kernel's window and with fp16's:
+    """, "fragment", name="phi-count-text"),
+
+    code("""
+    from flashcourse.formulas.decode import DEFAULT_BOUNDS
+    from flashcourse.reference import decode_scores as scores
+    stats = scores.shipped_minilm_scores()
+    h = stats["overall"]["row_max"]["hist"]
+    for label, bounds, target in (("kernel's window", DEFAULT_BOUNDS, 0.0), ("fp16's window", scores.FP16_BOUNDS, 0.02)):
+        mine, course = choose_phi(h["start"], h["width"], h["counts"], bounds, target), scores.choose_phi(stats, bounds, target)
+        print(f"{label:15s} target {target:.0%}: yours phi = {mine:6.2f} sends {scores.fallback_rate(stats, mine, bounds):.2%}"
+              f" back; the course's phi = {course.phi:6.2f} sends {course.fallback_rate:.2%}")
+    """, "fragment", name="phi-count"),
 
     done("""
     The lecture's kernel does the same on the GPU: each program keeps its chunk's largest logit (one
