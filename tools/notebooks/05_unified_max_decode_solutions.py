@@ -211,5 +211,12 @@ CELLS = [
          'value covers almost every row. Before trusting it, measure the distribution of the row '
          "maxima on real prompts (the chapter's histograms) and the fallback rate it implies, per "
          'layer, for the inputs you serve.'),
+        ("With fp16's window no phi sends fewer than about 1.3% of MiniLM's rows back. What would you "
+         "change in the kernel, rather than in phi, to bring that to zero?",
+         "The window: it comes from the range of the number that holds $e^{x - \\varphi}$. The course's "
+         "kernel keeps $p$ in fp32's range (rounded once to TF32 for the $PV$ product), which gives the "
+         "window `DEFAULT_BOUNDS`, about [−49, 56]: there every phi in a stretch about 60 wide sends no "
+         "row of MiniLM back. An fp16 $p$ only allows about [−9.7, 11.1], narrower than the spread of "
+         "one of MiniLM's heads."),
     ]),
 ]
