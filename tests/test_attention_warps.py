@@ -13,7 +13,7 @@ from flashcourse import formulas as F
 from flashcourse.bench import harness
 from flashcourse.memory import Memory
 from flashcourse.reference import attention_float64, split_k, split_q, warp_memory
-from flashcourse.viz import stepper as S
+from flashcourse.viz import stepper as S, tiles_plot
 from flashcourse.viz import warps_plot
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -195,6 +195,24 @@ def test_the_sweep_script_runs_tiny_in_the_interpreter_and_leaves_no_suite_behin
                           block_ms=(16,), tokens=32, hidden=32, budget=-1)
     assert late.records[0].skipped.startswith("not run")
     assert [line.get_marker() for line in warps_plot(late).axes[0].lines] == ["x"]
+
+
+def test_the_tiles_sweep_runs_tiny_in_the_interpreter_and_its_plot_rings_the_choice(tmp_path):
+    tool = sweep_tool()
+    result = tool.run_sweep(tmp_path / "t.json", timer=lambda fn: (fn(), 2.0)[1], tiles=True, Ns=(32,), ds=(16,),
+                            tokens=32, hidden=32, block_ms=(16, 32), block_ns=(16,), warps=(1, 2), stages=(1, 3),
+                            smem=2 * (16 * 16 + 2 * 3 * 16 * 16))
+    assert "attention_tiles" not in harness.registered()
+    # 16 rows per warp at least, and only what fits the shared memory: 32 x 16 with 3 stages does not
+    assert sorted(r.impl for r in result.records) == ["16x16 w1 s1", "16x16 w1 s3", "32x16 w1 s1", "32x16 w2 s1"]
+    assert all(r.ok for r in result.records), [r.error for r in result.records]
+    again = harness.Result.load(tmp_path / "t.json")
+    fig = tiles_plot(again, marked={16: (32, 16, 2, 1)}, keeps=lambda d, c: c[3] == 1)
+    assert fig.panels == [16] and fig.configs[16] == [(16, 16, 1), (32, 16, 1), (32, 16, 2)]
+    ring = [line for line in fig.axes[0].lines if line.get_markersize() == 13]
+    assert [list(r.get_xdata()) for r in ring] == [[2]]
+    hollow = [line for line in fig.axes[0].lines if line.get_markerfacecolor() == "none" and line not in ring]
+    assert [list(h.get_xdata()) for h in hollow] == [[0]]                  # 16x16 w1 s3 breaks the toy rule
 
 
 def test_warps_plot_marks_the_chosen_config_and_the_failures():

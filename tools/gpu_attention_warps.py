@@ -61,7 +61,8 @@ def workloads(Ns=(1024, 4096, 16384), ds=(64, 128), causal=(False, True), warps=
     return out
 
 
-def compiled_code(d: int, block_m: int, warps: int, stages: int, cc: tuple, load: bool = False) -> dict:
+def compiled_code(d: int, block_m: int, warps: int, stages: int, cc: tuple, load: bool = False,
+                  block_n: int = BLOCK_N) -> dict:
     """What Triton makes of one config for compute capability ``cc`` (not causal; needs compiled kernels,
     not the interpreter's): the MMA layout of each dot, ``S`` (Q_i K_j^T) and ``PV`` (P V_j), as
     ``[version, warps along the rows of Q_i, warps along the columns]`` (version 3: Hopper's ``wgmma``, by
@@ -82,7 +83,7 @@ def compiled_code(d: int, block_m: int, warps: int, stages: int, cc: tuple, load
     # a real launch specialises pointers and strides divisible by 16: give the same hints
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
              if sig[a].startswith("*") or a.startswith("stride")}
-    constexprs = {"HEAD_DIM": d, "BLOCK_M": block_m, "BLOCK_N": BLOCK_N, "CAUSAL": False, "STORE_LSE": False}
+    constexprs = {"HEAD_DIM": d, "BLOCK_M": block_m, "BLOCK_N": block_n, "CAUSAL": False, "STORE_LSE": False}
     c = triton.compile(ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", cc[0] * 10 + cc[1], 32),
                        options={"num_warps": warps, "num_stages": stages})
     ttgir, ptx = c.asm["ttgir"], c.asm["ptx"]
@@ -107,20 +108,23 @@ def compiled_code(d: int, block_m: int, warps: int, stages: int, cc: tuple, load
 _CODE: dict = {}
 
 
-def _code(d, bm, warps, stages):
+def _code(d, bm, warps, stages, bn=BLOCK_N):
     """:func:`compiled_code` for this GPU, once per config (None in the interpreter)."""
     if backend.DEVICE != "cuda":
         return None
-    key = (d, bm, warps, stages)
+    key = (d, bm, bn, warps, stages)
     if key not in _CODE:
         try:
-            _CODE[key] = compiled_code(d, bm, warps, stages, backend.compute_capability(), load=True)
+            _CODE[key] = compiled_code(d, bm, warps, stages, backend.compute_capability(), load=True, block_n=bn)
         except Exception as e:  # noqa: BLE001  (kept in the result: the timing may still run)
             _CODE[key] = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"}
     return _CODE[key]
 
 
-def _cases(B, H, N, d, causal, warps, block_ms, seed, deadline):
+def _cases(B, H, N, d, causal, warps, block_ms, seed, deadline, configs=None):
+    """The timed cases of one workload: ``BLOCK_M`` x 64 tiles with ``warps`` warps and the stages
+    ``fa2_config`` picks, one per ``block_ms``; or, given ``configs``, one per ``(BLOCK_M, BLOCK_N,
+    num_warps, num_stages)`` (the tiles sweep, :func:`tile_workloads`)."""
     import torch
     import torch.nn.functional as F
 
@@ -129,35 +133,72 @@ def _cases(B, H, N, d, causal, warps, block_ms, seed, deadline):
     g = torch.Generator(device=backend.DEVICE).manual_seed(seed)
     q, k, v = (torch.randn((B, H, N, d), generator=g, device=backend.DEVICE, dtype=torch.float16) for _ in range(3))
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal).float()
-    stages = fa2_config(d, torch.float16).num_stages
+    if configs is None:
+        stages = fa2_config(d, torch.float16).num_stages
+        configs = [(bm, BLOCK_N, warps, stages) for bm in block_ms]
 
     def check(o):
         err = (o.float() - ref).abs().max().item()
         return None if err <= 2e-2 else f"max |o - sdpa| = {err:.3g}"
 
     cases = []
-    for bm in block_ms:
-        launch = aot.Launch({"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": BLOCK_N}, warps, stages, kernel="fa2_fwd")
+    for bm, bn, w, st in configs:
+        launch = aot.Launch({"HEAD_DIM": d, "BLOCK_M": bm, "BLOCK_N": bn}, w, st, kernel="fa2_fwd")
         late = time.perf_counter() > deadline
+        name = f"fa2 {bm}x{bn}" if len(block_ms or ()) else f"{bm}x{bn} w{w} s{st}"
         cases.append(harness.Case(
-            f"fa2 {bm}x{BLOCK_N}", fn=None if late else (lambda launch=launch: fa2_forward(q, k, v, causal, launch=launch)),
+            name, fn=None if late else (lambda launch=launch: fa2_forward(q, k, v, causal, launch=launch)),
             flops=formulas.attention_flops(N, d, heads=H, causal=causal) * B, bytes=4 * B * H * N * d * 2,
             skip="not run: the time budget (--budget) was spent" if late else None, check=check,
-            extra={"BLOCK_M": bm, "BLOCK_N": BLOCK_N, "num_warps": warps, "num_stages": stages,
-                   **({} if late else {"code": _code(d, bm, warps, stages)})}))
+            extra={"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st,
+                   **({} if late else {"code": _code(d, bm, w, st, bn)})}))
     return cases
 
 
-def run_sweep(out=None, timer=None, command=None, progress: bool = False, **options):
-    """Register the suite, run it (``options`` go to :func:`workloads`), unregister it; returns the Result.
+TILES_SUITE = "attention_tiles"
+
+
+def tile_workloads(Ns=(4096,), ds=(128, 64), causal=(False,), block_ms=(64, 128, 256), block_ns=(32, 64, 128),
+                   warps=(4, 8, 16), stages=(1, 2, 3, 4), tokens: int = 16384, hidden: int = 2048,
+                   smem: int = 232448, budget: float = 480.0, seed: int = 0) -> list:
+    """One workload per (d, N, causal), one case per config (``BLOCK_M``, ``BLOCK_N``, ``num_warps``,
+    ``num_stages``) of the grid whose Q tile and ``stages`` K/V tiles fit ``smem`` bytes (fp16; the
+    H100's 227 KiB a block) and whose warps have 16 query rows or more each (fewer ran 40-50% slower in the
+    warps sweep), named ``"128x64 w8 s3"``: chapter 3's tuning exercise.
+
+    Example:
+        >>> [w.label for w in tile_workloads(ds=(64,))]
+        ['d=64 N=4096 tiles']
+    """
+    t0 = time.perf_counter()
+    out = []
+    for d in ds:
+        configs = [(bm, bn, w, st) for bm in block_ms for bn in block_ns for w in warps for st in stages
+                   if 2 * (bm * d + st * 2 * bn * d) <= smem and w <= max(1, bm // 16)]
+        for N in Ns:
+            B, H = max(1, tokens // N), hidden // d
+            for c in causal:
+                params = {"op": "attention", "dtype": "float16", "B": B, "H": H, "N": N, "d": d, "causal": bool(c)}
+                out.append(harness.Workload(
+                    f"d={d} N={N}{' causal' if c else ''} tiles", params,
+                    lambda B=B, H=H, N=N, d=d, c=bool(c), configs=configs: _cases(
+                        B, H, N, d, c, None, (), seed, t0 + budget, configs=configs)))
+    return out
+
+
+def run_sweep(out=None, timer=None, command=None, progress: bool = False, tiles: bool = False, **options):
+    """Register the suite, run it (``options`` go to :func:`workloads`, or with ``tiles`` to
+    :func:`tile_workloads`), unregister it; returns the Result.
 
     ``timer=None`` is the course's timer (a GPU is needed); tests pass a fake one.
     """
-    harness.suite(SUITE, help="chapter 3: FA2 with 1-16 warps per program")(workloads)
+    name = TILES_SUITE if tiles else SUITE
+    harness.suite(name, help="chapter 3: FA2's tiles, warps and stages" if tiles
+                  else "chapter 3: FA2 with 1-16 warps per program")(tile_workloads if tiles else workloads)
     try:
-        return harness.run(SUITE, out=out, timer=timer, progress=progress, command=command, **options)
+        return harness.run(name, out=out, timer=timer, progress=progress, command=command, **options)
     finally:
-        harness.unregister(SUITE)
+        harness.unregister(name)
 
 
 def main(argv=None) -> int:
@@ -165,8 +206,10 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for attention_warps.json")
     p.add_argument("--budget", type=float, default=220.0, help="skip the cases left after this many seconds")
     p.add_argument("--interpret", action="store_true", help="no GPU: a tiny sweep in the interpreter, fake timer")
+    p.add_argument("--tiles", action="store_true", help="sweep tiles, warps and stages instead (attention_tiles.json)")
+    p.add_argument("--d", type=int, action="append", help="with --tiles: the head dims (default 64 and 128)")
     args = p.parse_args(argv)
-    path = Path(args.out) / f"{SUITE}.json"
+    path = Path(args.out) / f"{TILES_SUITE if args.tiles else SUITE}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     command = " ".join(["python", "tools/gpu_attention_warps.py", *(argv if argv is not None else sys.argv[1:])])
     if args.interpret:
@@ -175,6 +218,11 @@ def main(argv=None) -> int:
     elif backend.DEVICE != "cuda":
         print(f"tools/gpu_attention_warps.py needs a CUDA GPU (backend: {backend.NOTE}); --interpret runs a tiny sweep")
         return 2
+    elif args.tiles:
+        t0 = time.perf_counter()
+        result = run_sweep(path, command=command, progress=True, tiles=True, budget=args.budget,
+                           **({"ds": tuple(args.d)} if args.d else {}))
+        print(f"{time.perf_counter() - t0:.0f} s")
     else:
         t0 = time.perf_counter()
         result = run_sweep(path, command=command, progress=True, budget=args.budget)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..formulas.decode import splits_efficiency, wave_efficiency
-from .cases import Case, KernelCase, call, passed, require_callable, seed_of
+from .cases import judge_choices, require_callable, seed_of
 
 __all__ = ["choose_num_splits"]
 
@@ -133,18 +133,9 @@ def choose_num_splits(fn, seed: int | None = None) -> None:
     seed = seed_of(seed)
     rng = np.random.default_rng(seed)
     shown, hidden = shown_cases(), hidden_cases(rng)
-    for i, (kind, args) in enumerate(shown + hidden):
-        is_hidden = i >= len(shown)
-        number, of = (i - len(shown) + 1, len(hidden)) if is_hidden else (i + 1, len(shown))
-        case = Case(kind, args, number=number, of=of, hidden=is_hidden, seed=seed if is_hidden else None,
-                    names=_NAMES)
-        case = KernelCase(case, f"{case.where()}, " + ", ".join(f"{n} = {v}" for n, v in zip(_NAMES, args)))
-        S = call(name, fn, args, case)
-        wrong = verdict(*args, S)
-        if wrong:
-            hint = next((h for test, h in _HINTS if isinstance(S, (int, np.integer)) and test(*args, int(S))), "")
-            again = f"\n  check.choose_num_splits(choose_num_splits, seed={seed}) draws this hidden case again." \
-                if is_hidden else ""
-            raise AssertionError(f"{name}: S = {S!r} on {case.describe()}\n  {wrong}"
-                                 + (f"\n  hint: {hint}" if hint else "") + again)
-    passed(name, len(shown), len(hidden))
+
+    def hint(args, S):
+        return next((h for test, h in _HINTS if isinstance(S, (int, np.integer)) and test(*args, int(S))), "")
+
+    judge_choices(name, fn, shown, hidden, seed, verdict, hint=hint, show=lambda S: f"S = {S!r}",
+                  describe=lambda *args: ", ".join(f"{n} = {v}" for n, v in zip(_NAMES, args)))

@@ -16,7 +16,8 @@ __all__ = ["standard_attention_accesses", "attention_flops", "materialized_bytes
            "fa1_block_sizes", "fa1_sram_elements", "fa2_block_size", "fa2_sram_elements",
            "fa1_traffic", "fa1_accesses", "fa1_accesses_seeds", "flash_accesses_asymptote",
            "fa2_traffic", "fa2_accesses", "FLOP_KINDS", "fa1_nonmatmul_flops", "fa2_nonmatmul_flops",
-           "WARP_SCHEMES", "warp_pieces", "warp_split_traffic", "warp_split_barriers", "warp_split_flops"]
+           "WARP_SCHEMES", "warp_pieces", "warp_split_traffic", "warp_split_barriers", "warp_split_flops",
+           "SM_REGISTERS", "THREAD_REGISTERS", "fa2_shared_bytes", "fa2_tile_registers", "fa2_register_budget"]
 
 
 def standard_attention_accesses(N: int, d: int, N_k: int | None = None, heads: int = 1) -> int:
@@ -441,3 +442,54 @@ def warp_split_flops(B_r: int, N_k: int, d: int, B_c: int, warps: int = 4, schem
         return [4 * (b - a) * N_k * d for a, b in warp_pieces(B_r, warps)]
     keys = [sum(b - a for a, b in pieces) for pieces in zip(*(warp_pieces(c, warps) for c in _key_blocks(N_k, B_c)))]
     return [4 * B_r * c * d for c in keys]
+
+
+# -- Chapter 3: what one config of the FA2 Triton kernel asks of an SM -----------------------------------
+#
+# The kernel's program holds Q_i in shared memory, `stages` buffers of K_j and of V_j in flight (the
+# pipeline that loads block j + 1 while block j is computed), and in registers the fp32 accumulator
+# (B_r x d) and the scores S_ij (B_r x B_c), shared by its 32 * warps threads.
+
+#: Registers an SM has (65,536 of 32 bits on every GPU since Volta), and at most 255 a thread.
+SM_REGISTERS, THREAD_REGISTERS = 65536, 255
+
+
+def fa2_shared_bytes(B_r: int, B_c: int, d: int, stages: int, dtype_bytes: int = 2) -> int:
+    """Shared memory of one program of the FA2 kernel: ``Q_i`` and ``stages`` buffers of ``K_j`` and ``V_j``.
+
+    ``dtype_bytes (B_r d + 2 stages B_c d)``. On an H200 (sm_90, Triton 3.6) this is what Triton allocated,
+    to the byte, for all 135 configs of the tiles sweep (``tools/gpu_attention_warps.py --tiles``).
+
+    Example:
+        >>> fa2_shared_bytes(128, 64, 128, stages=3)       # 2 (128 * 128 + 2 * 3 * 64 * 128)
+        131072
+    """
+    expect_positive("fa2_shared_bytes", B_r=B_r, B_c=B_c, d=d, stages=stages, dtype_bytes=dtype_bytes)
+    return dtype_bytes * (B_r * d + 2 * stages * B_c * d)
+
+
+def fa2_tile_registers(B_r: int, B_c: int, d: int, warps: int) -> float:
+    """fp32 values of the accumulator (``B_r x d``) and the scores (``B_r x B_c``) a thread holds.
+
+    The ``32 warps`` threads of a program share them: ``B_r (d + B_c) / (32 warps)``.
+
+    Example:
+        >>> fa2_tile_registers(128, 64, 128, warps=8)
+        96.0
+    """
+    expect_positive("fa2_tile_registers", B_r=B_r, B_c=B_c, d=d, warps=warps)
+    return B_r * (d + B_c) / (32 * warps)
+
+
+def fa2_register_budget(warps: int) -> int:
+    """Registers a thread may give to the tiles: half of what it can have, ``min(255, 65536 / (32 warps)) // 2``.
+
+    The other half holds Q_i's fragments, the row statistics, pointers and indices. In the tiles sweep
+    on an H200 (Triton 3.6) none of the 56 configs within this budget spilled; 54 of the 79 above it did.
+
+    Example:
+        >>> fa2_register_budget(8), fa2_register_budget(16)
+        (127, 64)
+    """
+    expect_positive("fa2_register_budget", warps=warps)
+    return min(THREAD_REGISTERS, SM_REGISTERS // (32 * warps)) // 2

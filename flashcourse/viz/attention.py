@@ -27,7 +27,7 @@ from ..reference.attention import fa1_attention, fa2_attention, standard_attenti
 from ._common import bytes_axis, figure_of, human_bytes, legend_outside, new_figure, size_axis
 
 __all__ = ["ALGORITHMS", "LABELS", "SRAM_SIZES", "FA1_CONSTANT", "count_attention", "formula_bytes", "fa1_theta",
-           "flash_traffic", "traffic_breakdown", "warps_plot"]
+           "flash_traffic", "traffic_breakdown", "warps_plot", "tiles_plot"]
 
 #: The algorithms compared, and how the figures name them.
 ALGORITHMS = ("standard", "fa1", "fa2")
@@ -288,5 +288,66 @@ def warps_plot(result, *, marked: tuple[str, int] | None = None):
             ax.set_xlabel("warps per program")
         if col == 0:
             ax.set_ylabel("TFLOP/s")
+    figure_legend(fig, axes[0, 0], title=short_gpu(result.gpu))
+    return fig
+
+
+def tiles_plot(result, *, marked: dict | None = None, keeps=None):
+    """TFLOP/s of every config of the tiles sweep: one panel per d, configs ``B_r x B_c, warps`` along x,
+    one colour per number of stages.
+
+    ``result`` is a :class:`~flashcourse.bench.Result` whose records carry ``BLOCK_M``, ``BLOCK_N``,
+    ``num_warps`` and ``num_stages`` in ``extra`` (``tools/gpu_attention_warps.py --tiles`` writes it:
+    ``bench.shipped("attention_tiles", gpu="h200")``). ``keeps(d, config)``, when given, says which configs
+    keep a model's rules: the others are drawn hollow. ``marked`` maps d to a config ``(B_r, B_c, warps,
+    stages)`` to ring. Returns the Figure; ``fig.panels`` lists each panel's d and ``fig.configs`` its configs.
+
+    Example:
+        >>> from flashcourse.bench.harness import Record, Result
+        >>> recs = [Record("d=64", f"{b}x64 w4 s{s}", "course", {"d": 64, "N": 4096}, 1.0 / s, flops=10**9,
+        ...                extra={"BLOCK_M": b, "BLOCK_N": 64, "num_warps": 4, "num_stages": s})
+        ...         for b in (64, 128) for s in (1, 3)]
+        >>> fig = tiles_plot(Result("attention_tiles", {"gpu": "GPU"}, {}, recs), marked={64: (128, 64, 4, 3)})
+        >>> fig.panels, fig.configs[64]
+        ([64], [(64, 64, 4), (128, 64, 4)])
+    """
+    from ._common import PALETTE, figure_legend, short_gpu
+    cfg = lambda r: tuple(r.extra[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))   # noqa: E731
+    ds = sorted({r.params["d"] for r in result.records})
+    stages = sorted({cfg(r)[3] for r in result.records})
+    fig, axes = new_figure(len(ds), 1, figsize=(10, 2.9 * len(ds)), squeeze=False)
+    fig.panels, fig.configs = [], {}
+    for row, d in enumerate(ds):
+        ax = axes[row, 0]
+        recs = [r for r in result.records if r.params["d"] == d and r.ok]
+        configs = sorted({cfg(r)[:3] for r in recs})
+        x = {c: i for i, c in enumerate(configs)}
+        fig.panels.append(d)
+        fig.configs[d] = configs
+        for k, st in enumerate(stages):
+            color = PALETTE[k % len(PALETTE)]
+            pts = [(x[cfg(r)[:3]], r.TFLOPs, keeps is None or bool(keeps(d, cfg(r)))) for r in recs if cfg(r)[3] == st]
+            for filled in (True, False):
+                sel = [(i, t) for i, t, f in pts if f == filled]
+                if sel:
+                    ax.plot(*zip(*sel), "o", ms=5, color=color, mfc=color if filled else "none", ls="none",
+                            label=f"{st} stage{'s' if st > 1 else ''}" + ("" if filled else ", breaks a rule")
+                            if row == 0 and (filled or keeps is not None) else None)
+        mark = (marked or {}).get(d)
+        if mark is not None:
+            hit = [r for r in recs if cfg(r) == tuple(mark)]
+            if hit:
+                ax.plot([x[tuple(mark)[:3]]], [hit[0].TFLOPs], "o", ms=13, mfc="none", mec="black", mew=1.5,
+                        label="your config" if row == 0 else None)
+            else:
+                ax.text(0.99, 0.03, f"{tuple(mark)} was not measured", transform=ax.transAxes, ha="right",
+                        fontsize=8)
+        ax.set_xticks(range(len(configs)), [f"{b}x{c} w{w}" for b, c, w in configs], rotation=60, fontsize=7,
+                      ha="right")
+        ax.set_xlim(-0.6, len(configs) - 0.4)
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel("TFLOP/s")
+        N = recs[0].params["N"] if recs else 0
+        ax.set_title(f"d = {d}, N = {N}: B_r x B_c, warps", fontsize=9)
     figure_legend(fig, axes[0, 0], title=short_gpu(result.gpu))
     return fig

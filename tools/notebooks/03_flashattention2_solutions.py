@@ -19,7 +19,9 @@ CELLS = [
 
     1. the inner loop and the final division of FlashAttention-2, in NumPy, with causal masking;
     2. the same loop body inside a Triton kernel, which runs on a GPU — or, without one, in Triton's
-       interpreter on the CPU.
+       interpreter on the CPU;
+    3. the kernel's launch config — tiles, warps, pipeline stages — for a GPU, from a count of what
+       one program asks of an SM; then you compare your choice with a measurement.
 
     Under each exercise a **check cell** runs your code on a few cases you can see and on hidden random
     ones (ragged sizes, $N_q \\ne N_k$, causal masks with rows that see no key, huge logits, a row
@@ -225,6 +227,102 @@ CELLS = [
 
     check("fa2_kernel"),
 
+    md(r"""
+    ## 3. Tiles, warps, stages: predict, count, measure
+
+    Your kernel ran with 16 × 16 tiles. On a GPU the launch config decides the speed: the same kernel
+    ran from 47 to 488 TFLOP/s on an H200 depending on it. Write `choose_fa2_config(d, smem_bytes)`,
+    returning `(B_r, B_c, num_warps, num_stages)` for head dimension `d` on a Hopper GPU whose thread
+    blocks may use `smem_bytes` bytes of shared memory. What one program holds:
+
+    * **shared memory**: its block $Q_i$, and `num_stages` buffers of $K_j$ and of $V_j$, all fp16 —
+      with several stages the loads of the next blocks are in flight while this one is computed;
+      use **3 stages** (on an H200 the configs with 1 or 2 ran at 47–92% of the best);
+    * **registers**: the fp32 accumulator ($B_r \times d$) and the scores $S_{ij}$ ($B_r \times B_c$),
+      shared evenly by the program's $32 \cdot$ `num_warps` threads. A thread can have at most 255
+      registers and an SM has 65,536 for all the threads of a block; the tiles may take **half** of
+      what a thread can have (the rest holds $Q_i$'s fragments, statistics, pointers), or they spill;
+    * **warps**: split-Q gives each warp its own query rows, and each warp needs at least 16 of them
+      (an MMA instruction's rows).
+
+    Among the configs that fit, the count decides: the fewest HBM reads of $K$ and $V$ first, then the
+    fewest steps of the inner loop (each rescales `acc` and waits at a barrier). Tiles are powers of
+    two from 16 to 256; `num_warps` is 1, 2, 4, 8 or 16. Any warps and stages that keep the rules pass.
+    """, "slide", name="tiles-intro"),
+
+    code("""
+    def choose_fa2_config(d, smem_bytes):
+        \"\"\"(B_r, B_c, num_warps, num_stages) for the FA2 kernel at head dimension d.\"\"\"
+        stages = 3
+        ### BEGIN SOLUTION
+        for B_r in (256, 128, 64, 32, 16):                    # K and V are read once per block of B_r queries
+            for B_c in (256, 128, 64, 32, 16):                # then: fewer, longer steps of the loop
+                if 2 * (B_r * d + 2 * stages * B_c * d) > smem_bytes:      # Q_i + stages x (K_j, V_j), fp16
+                    continue
+                for num_warps in (1, 2, 4, 8, 16):
+                    per_thread = B_r * (d + B_c) / (32 * num_warps)         # acc and S_ij, fp32
+                    budget = min(255, 65536 // (32 * num_warps)) // 2
+                    if per_thread <= budget and B_r // num_warps >= 16:
+                        return B_r, B_c, num_warps, stages
+        ### END SOLUTION
+        raise ValueError(f"no config fits {smem_bytes} bytes of shared memory at d = {d}")
+    """, tags=("solution",), name="choose-fa2-config"),
+
+    check("choose_fa2_config"),
+
+    md("""
+    **Measure.** The course timed 135 configs of the real kernel (`fa2_forward`) on an H200 (16k tokens,
+    hidden 2048, N = 4096; `tools/gpu_attention_warps.py --tiles`, shipped as
+    `bench.shipped("attention_tiles", gpu="h200")`). Filled points keep your rules, hollow ones break
+    them, the ring is your choice:
+    """, "fragment", name="tiles-measure-text"),
+
+    code("""
+    from flashcourse import bench, viz
+    tiles = bench.shipped("attention_tiles", gpu="h200")
+    H200_SMEM = 232448                                         # bytes a block may use on an H100 or H200
+    mine = {d: choose_fa2_config(d, H200_SMEM) for d in (64, 128)}
+
+
+    def keeps_rules(d, config):
+        B_r, B_c, w, s = config
+        return (2 * (B_r * d + 2 * s * B_c * d) <= H200_SMEM and s >= 3 and B_r // w >= 16
+                and B_r * (d + B_c) / (32 * w) <= min(255, 65536 // (32 * w)) // 2)
+
+
+    for d, config in mine.items():
+        timed = {tuple(r.extra[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")): r.TFLOPs
+                 for r in tiles.records if r.params["d"] == d}
+        best = max(timed, key=timed.get)
+        yours = f"{timed[config]:.0f} TFLOP/s" if config in timed else "not measured"
+        print(f"d = {d}: yours {config}: {yours}; fastest {best}: {timed[best]:.0f} TFLOP/s")
+    display(viz.tiles_plot(tiles, marked=mine, keeps=keeps_rules))
+    """, "fragment", name="tiles-measure"),
+
+    md("""
+    On a GPU, the same kernel with your config and with the course's (`fa2_config`), on this GPU's
+    shared memory, side by side (skipped on the CPU: the interpreter has no clock worth reading):
+    """, "fragment", name="tiles-live-text"),
+
+    code("""
+    from flashcourse.kernels import aot, fa2_config, fa2_forward
+    if DEVICE == "cuda":
+        import triton.testing
+        smem = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
+        for d in (64, 128):
+            q, k, v = (torch.randn(4, 2048 // d, 4096, d, device=DEVICE, dtype=torch.float16) for _ in range(3))
+            flops = 4 * 4 * (2048 // d) * 4096 * 4096 * d
+            B_r, B_c, w, s = choose_fa2_config(d, smem)
+            launches = {f"yours {B_r}x{B_c} w{w} s{s}": aot.Launch({"HEAD_DIM": d, "BLOCK_M": B_r, "BLOCK_N": B_c},
+                                                                    w, s, kernel="fa2_fwd"),
+                        "the course's": fa2_config(d)}
+            for name, launch in launches.items():
+                ms = triton.testing.do_bench(lambda: fa2_forward(q, k, v, launch=launch))
+                print(f"d = {d}, {name}: {flops / ms / 1e9:.0f} TFLOP/s")
+    else:
+        print("no GPU here: the H200's measurements above are the measure")
+    """, "fragment", name="tiles-live"),
+
     done("""
     The lecture's kernel goes two steps further: it runs the blocks left of the diagonal in a loop
     without any mask, and the diagonal blocks in a second loop with it; and it picks its tile sizes
@@ -260,5 +358,15 @@ CELLS = [
          'sequences, so that a $K_j$, $V_j$ is evicted before the next query block of its head reads '
          "it. In the measured cases the programs running together shared one head's $K$ and $V$ (at "
          'most 8 MiB), which stayed in L2.'),
+        ('At $d$ = 128 your rules reject 256 × 64 tiles with 16 warps, yet on the H200 it was the fastest '
+         'config measured (488 TFLOP/s, against 474 for 128 × 64 with 8 warps). Which rule rejects it, '
+         'was the rule wrong, and what is the model good for then?',
+         'The register rule: with 16 warps a thread can have at most 65536 / 512 = 128 registers, and '
+         '$256 (128 + 64) / 512 = 96$ fp32 values of `acc` and $S_{ij}$ are more than half of them. The '
+         'compiler did spill, but only 4 registers, which the L1 cache absorbs, and the 256-row tiles '
+         'read $K$ and $V$ half as often. The budget is a cautious rule of thumb: 22 configs that spilled '
+         '100 registers or more ran at 10–60% of the best. The model prunes 135 configs to a handful '
+         'that cannot go badly wrong, and the clock picks among them and their neighbours: predict, count,'
+         ' then measure.'),
     ]),
 ]
