@@ -285,7 +285,7 @@ def test_unified_max_partials_not_implemented_and_bad_returns(tmp_path):
 # the generated exercises, and grading them
 
 @pytest.mark.parametrize("name, checks_expected", [(FD, ["lse_combine", "split_kv_kernel", "choose_num_splits"]),
-                                                   (UM, ["unified_max_partials", "choose_phi"])])
+                                                   (UM, ["unified_max_partials", "choose_phi", "partials_kernel"])])
 def test_exercises_hide_the_solutions_and_keep_the_checks(name, checks_expected):
     sol = nbformat.read(ROOT / "solutions" / f"{name}.ipynb", as_version=4)
     ex = nbformat.read(ROOT / "exercises" / f"{name}.ipynb", as_version=4)
@@ -324,13 +324,15 @@ def test_grade_reports_the_untouched_exercises_as_not_implemented(graded):
     assert "split_kv_kernel wrote nothing to O_part or LSE_part: not implemented yet?" in report.checks[1].message
     report = graded[UM, "untouched"]
     assert [(c.name, c.status) for c in report.checks] == [("unified_max_partials", "not implemented"),
-                                                         ("choose_phi", "not implemented")], report.format()
+                                                         ("choose_phi", "not implemented"),
+                                                         ("partials_kernel", "not implemented")], report.format()
+    assert "partials_kernel wrote nothing to ACC, LSUM or FLAGS: not implemented yet?" in report.checks[2].message
 
 
 @pytest.mark.slow
 def test_grade_passes_the_completed_exercises(graded):
     for name, names in ((FD, ["lse_combine", "split_kv_kernel", "choose_num_splits"]),
-                        (UM, ["unified_max_partials", "choose_phi"])):
+                        (UM, ["unified_max_partials", "choose_phi", "partials_kernel"])):
         report = graded[name, "completed"]
         assert report.passed, report.format()
         assert [(c.name, c.status) for c in report.checks] == [(n, "passed") for n in names]

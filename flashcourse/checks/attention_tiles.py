@@ -37,7 +37,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..formulas.attention import fa2_register_budget, fa2_shared_bytes, fa2_tile_registers
-from .cases import judge_choices, require_callable, seed_of
+from .cases import require_callable, seed_of
+from .choices import judge_choices
 
 __all__ = ["choose_fa2_config"]
 

@@ -325,32 +325,6 @@ def passed(name: str, shown: int, hidden: int) -> None:
 GRADED_SEED_ENV = "FLASHCOURSE_GRADED_SEED"
 
 
-def judge_choices(name: str, fn, shown: list, hidden: list, seed: int, verdict, *, describe, hint=None,
-                  show=repr) -> None:
-    """The loop of a *choose* check: each case ``(kind, args)`` in turn, ``fn(*args)`` judged by
-    ``verdict(*args, answer)`` (a rule broken, or ""); the first fault raises with the case
-    (``describe(*args)``), the answer (``show(answer)``), the rule and ``hint(args, answer)``; then the one line.
-
-    Example:
-        >>> judge_choices("pick_even", lambda n: 2 * n, [("small", (1,))], [("large", (10**6,))], 0,
-        ...               lambda n, x: "" if x % 2 == 0 else "odd", describe=lambda n: f"n = {n}")
-        pick_even: 2 cases passed (1 shown, 1 hidden) ✓
-    """
-    for i, (kind, args) in enumerate(shown + hidden):
-        is_hidden = i >= len(shown)
-        number, of = (i - len(shown) + 1, len(hidden)) if is_hidden else (i + 1, len(shown))
-        case = Case(kind, args, number=number, of=of, hidden=is_hidden, seed=seed if is_hidden else None)
-        case = KernelCase(case, f"{case.where()}, {describe(*args)}")
-        answer = call(name, fn, args, case)
-        wrong = verdict(*args, answer)
-        if wrong:
-            tip = hint(args, answer) if hint is not None else ""
-            again = f"\n  check.{name}({name}, seed={seed}) draws this hidden case again." if is_hidden else ""
-            raise AssertionError(f"{name}: {show(answer)} on {case.describe()}\n  {wrong}"
-                                 + (f"\n  hint: {tip}" if tip else "") + again)
-    passed(name, len(shown), len(hidden))
-
-
 def seed_of(seed) -> int:
     """The seed a check draws its hidden cases from: ``seed`` when the student gave one (to draw a
     failing hidden case again); else the graded seed when ``flashcourse grade`` runs the check

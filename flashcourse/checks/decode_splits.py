@@ -26,7 +26,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..formulas.decode import splits_efficiency, wave_efficiency
-from .cases import judge_choices, require_callable, seed_of
+from .cases import require_callable, seed_of
+from .choices import judge_choices
 
 __all__ = ["choose_num_splits"]
 

@@ -349,11 +349,14 @@ CELLS = [
       How narrow is narrow enough depends on the format $p$ is held in: fp32's window is 105 wide,
       fp16's 21.
 
-    **Exercise:** `exercises/05_unified_max_decode.ipynb` — the overflow detection and the add-up.
+    **Exercise:** `exercises/05_unified_max_decode.ipynb` — the overflow detection and the add-up,
+    choosing $\\varphi$ from MiniLM's statistics for a target fallback rate, and the partials kernel in
+    Triton, whose chunks add into the same sums with `tl.atomic_add`.
     """, "slide", name="summary"),
     md("""
     Instructor notes: about 35 minutes. Ask why the maximum is "the" choice in every framework
     (it needs no knowledge of the model), and what a model-specific constant costs (calibration,
-    and a fallback path that must exist and be tested).
+    and a fallback path that must exist and be tested). The exercise's three parts take 30–45 minutes;
+    the kernel is the longest.
     """, "notes", name="notes"),
 ]

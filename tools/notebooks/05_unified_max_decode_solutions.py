@@ -19,8 +19,9 @@ CELLS = [
     the statistics of the model's logits, and the partials simply add up. The price is a risk:
     $e^{x - \\phi}$ overflows when a logit lies far above $\\phi$, and loses its digits when every logit
     lies far below. So each chunk also *checks* its largest logit, and a head with a chunk out of range
-    is recomputed the synchronised way. You write one chunk's partials and that check, then choose
-    $\\varphi$ for a model from the statistics of its scores.
+    is recomputed the synchronised way. You write one chunk's partials and that check, choose
+    $\\varphi$ for a model from the statistics of its scores, and then write the partials as a Triton
+    kernel in which every chunk adds into the same sums.
 
     The check cell runs your function on heads you can see and on hidden random ones — including
     adversarial logits that overflow even float64 — and prints one line ending in ✓ when everything
@@ -31,9 +32,14 @@ CELLS = [
 
     code("""
     import numpy as np
+    import torch
 
-    import flashcourse  # noqa: F401
+    import flashcourse  # before triton: on a machine without a GPU this switches on the interpreter
+    import triton
+    import triton.language as tl
     from flashcourse import checks as check
+
+    DEVICE = flashcourse.backend.DEVICE
     """, "skip", name="imports"),
 
     md(r"""
@@ -178,6 +184,88 @@ CELLS = [
               f" back; the course's phi = {course.phi:6.2f} sends {course.fallback_rate:.2%}")
     """, "fragment", name="phi-count"),
 
+    md(r"""
+    ## 3. The partials on the GPU: every chunk adds into the same sums
+
+    In a kernel, one program per (chunk, head) computes exercise 1's partials — and then, instead of
+    handing them to a combine step, **adds** them straight into the head's sums `ACC[h]` ($d$ values)
+    and `LSUM[h]`, which start at zero. Thousands of programs add into the same few addresses at once:
+    a plain `tl.store` (or a load, an add and a store) lets one program overwrite another's sum.
+    `tl.atomic_add(pointer, value, mask=...)` makes each addition indivisible; the order in which the
+    chunks arrive no longer matters, since every partial is measured against the same $\varphi$.
+
+    The kernel gets the logits `X` (`(H, L)`, fp32, already scaled) and the values `V` (`(H, L, d)`,
+    fp16, rows `stride_vn` apart). Program `(c, h)` takes keys `[c·CHUNK, min((c+1)·CHUNK, L))` in blocks
+    of `BLOCK_N`. Write the loop body and the end:
+
+    * accumulate $\sum_i e^{x_i - \varphi} V_i$ and $\sum_i e^{x_i - \varphi}$ for the keys of the chunk
+      only (the buffers hold NaN past `L`, and `CHUNK` need not be a multiple of `BLOCK_N`), in fp32;
+    * keep the chunk's largest logit, and after the loop add the sums with `tl.atomic_add`;
+    * raise `FLAGS[h]` (int32, to any non-zero value) when the chunk's largest $x_i - \varphi$ lies outside
+      $[a, b]$ — and never lower a flag another chunk raised.
+    """, "slide", name="kernel-intro"),
+
+    code("""
+    @triton.jit
+    def partials_kernel(X, V, ACC, LSUM, FLAGS, L, phi, a, b, stride_xh, stride_vh, stride_vn,
+                        CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+        c = tl.program_id(0)                                    # which chunk
+        h = tl.program_id(1)                                    # which head
+        dims = tl.arange(0, HEAD_DIM)
+        hi = tl.minimum((c + 1) * CHUNK, L)                     # the chunk's keys: [c CHUNK, hi)
+        acc = tl.zeros([HEAD_DIM], tl.float32)
+        l = tl.full([], 0.0, tl.float32)                          # a scalar, as tl.sum(e, 0) is
+        m = tl.full([], float("-inf"), tl.float32)
+        for start in range(c * CHUNK, hi, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            ### BEGIN SOLUTION
+            keep = cols < hi
+            x = tl.load(X + h * stride_xh + cols, mask=keep, other=float("-inf"))
+            v = tl.load(V + h * stride_vh + cols[:, None] * stride_vn + dims[None, :], mask=keep[:, None], other=0.0)
+            e = tl.exp(x - phi)                                 # 0 for the keys past hi
+            acc += tl.sum(e[:, None] * v.to(tl.float32), 0)
+            l += tl.sum(e, 0)
+            m = tl.maximum(m, tl.max(x, 0))
+            ### END SOLUTION
+        ### BEGIN SOLUTION
+        tl.atomic_add(ACC + h * HEAD_DIM + dims, acc)
+        tl.atomic_add(LSUM + h, l)
+        t = m - phi
+        out = ((t > b) | (t < a)).to(tl.int32)
+        tl.atomic_max(FLAGS + h, out)
+        ### END SOLUTION
+
+
+    def unified_max_partials_gpu(x, V, phi, a=-60.0, b=60.0, chunk=256, BLOCK_N=64):
+        \"\"\"(ACC (H, d), LSUM (H,), FLAGS (H,)) for logits x (H, L) fp32 and values V (H, L, d) fp16, with partials_kernel.\"\"\"
+        H, L, d = V.shape
+        acc = torch.zeros((H, d), dtype=torch.float32, device=x.device)
+        lsum = torch.zeros((H,), dtype=torch.float32, device=x.device)
+        flags = torch.zeros((H,), dtype=torch.int32, device=x.device)
+        partials_kernel[(triton.cdiv(L, chunk), H)](x, V, acc, lsum, flags, L, phi, a, b, x.stride(0), V.stride(0),
+                                                    V.stride(1), CHUNK=chunk, BLOCK_N=BLOCK_N, HEAD_DIM=d)
+        return acc, lsum, flags
+    """, tags=("solution",), name="partials-kernel"),
+
+    md("""
+    Three heads of 1000 keys in chunks of 256; head 2 has one key far above $\\varphi + b$. The safe heads'
+    output $\\mathrm{ACC} / \\mathrm{LSUM}$ matches float64 attention, and only head 2 is flagged:
+    """, "fragment", name="kernel-demo-text"),
+
+    code("""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(3, 1000)).astype(np.float32)
+    x[2, 500] = 90.0                                             # x - phi = 87 > b = 60
+    V = rng.normal(size=(3, 1000, 64)).astype(np.float16)
+    acc, lsum, flags = unified_max_partials_gpu(torch.from_numpy(x).to(DEVICE), torch.from_numpy(V).to(DEVICE), phi=3.0)
+    p = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
+    ref = np.einsum("hn,hnd->hd", p / p.sum(axis=1, keepdims=True), V.astype(np.float64))
+    O = (acc / lsum[:, None]).cpu().numpy()
+    flags.cpu().tolist(), bool(np.abs(O[:2] - ref[:2]).max() < 1e-4)
+    """, "fragment", name="kernel-demo"),
+
+    check("partials_kernel"),
+
     done("""
     The lecture's kernel does the same on the GPU: each program keeps its chunk's largest logit (one
     maximum per key, no rescale), compares it with the window once at the end, and recomputes its
@@ -198,6 +286,15 @@ CELLS = [
          ' in any order is the total. With per-chunk maxima each partial is measured against its own '
          '$m_s$ and must be rescaled by $e^{m_s - m}$, which needs the global maximum $m$ of all '
          'chunks first: a second pass (the combine).'),
+        ('Run your partials kernel twice on a GPU with the same inputs: `LSUM` may differ in its last '
+         'bits between the runs. Why, and does it matter?',
+         'Floating-point addition is not associative: $(x + y) + z$ and $x + (y + z)$ round differently. '
+         'The atomic adds of the chunks arrive in whatever order the programs finish, which changes from '
+         'run to run, so the rounding does. Each order is a correct sum within the same error bound '
+         '(a few units of fp32 rounding per addition, the bound the check allows), so the output is as '
+         'accurate either way, but not bit-for-bit reproducible. Where that matters (debugging, some '
+         "training set-ups), a fixed-order combine such as Flash-Decoding's restores it, at the price of "
+         'the synchronisation the unified maximum removed.'),
         ('The atomic adds make the last bits of the output depend on the order the chunks finish in. '
          'Why?',
          'Floating-point addition is not associative: $(a + b) + c$ and $a + (b + c)$ round '
