@@ -242,7 +242,9 @@ CELLS = [
     * when the $B \cdot H_{kv}$ programs of one split already fill 80% of a wave: one split;
     * otherwise no chunk shorter than `min_chunk` keys, no empty chunk, at most one split per SM, and
       at least 85% of the best wave efficiency such an S reaches (the smallest such S costs the fewest
-      partials).
+      partials);
+    * and no more splits than that buys: at most the first S that reaches the best efficiency, or
+      twice the smallest S that keeps 85% of it, whichever is larger.
     """, "slide", name="splits-intro"),
 
     code("""
