@@ -10,7 +10,7 @@ Example:
 """
 from __future__ import annotations
 
-from .counting import FLOP_KINDS, ceil_div, expect_positive, flop_counts
+from .counting import FLOP_KINDS, ceil_div, expect_positive, flop_counts, row_blocks
 
 __all__ = ["standard_attention_accesses", "attention_flops", "materialized_bytes",
            "fa1_block_sizes", "fa1_sram_elements", "fa2_block_size", "fa2_sram_elements",
@@ -208,19 +208,6 @@ def flash_accesses_asymptote(N, d: int, M: float):
     return N * N * d * d / M
 
 
-def _fa2_row_blocks(N: int, N_k: int, B_r: int, B_c: int, causal: bool):
-    """For each row block i: (rows r_i, key blocks visited t_i, keys loaded n_i)."""
-    T_c = ceil_div(N_k, B_c)
-    for a in range(0, N, B_r):
-        b = min(a + B_r, N)
-        if causal:
-            last = b - 1 + N_k - N                        # the last key the block's last row sees
-            t = 0 if last < 0 else min(T_c, last // B_c + 1)
-        else:
-            t = T_c
-        yield b - a, t, min(N_k, t * B_c)
-
-
 def fa2_traffic(N: int, d: int, B_r: int, B_c: int, N_k: int | None = None, heads: int = 1,
                 causal: bool = False) -> dict[tuple[str, str], int]:
     """HBM element accesses of FlashAttention-2, by ``(tensor, direction)`` as ``Memory.totals("elements")``.
@@ -239,7 +226,7 @@ def fa2_traffic(N: int, d: int, B_r: int, B_c: int, N_k: int | None = None, head
     """
     N_k = N if N_k is None else N_k
     expect_positive("fa2_traffic", N=N, N_k=N_k, d=d, B_r=B_r, B_c=B_c, heads=heads)
-    keys = sum(n for _, _, n in _fa2_row_blocks(N, N_k, B_r, B_c, causal))
+    keys = sum(n for _, _, n in row_blocks(N, N_k, B_r, B_c, causal))
     per_head = {("Q", "read"): N * d, ("K", "read"): keys * d, ("V", "read"): keys * d,
                 ("O", "write"): N * d, ("L", "write"): N}
     return {key: heads * n for key, n in per_head.items()}
@@ -322,7 +309,7 @@ def fa2_nonmatmul_flops(N: int, d: int, B_r: int, B_c: int, N_k: int | None = No
     """
     N_k = N if N_k is None else N_k
     expect_positive("fa2_nonmatmul_flops", N=N, N_k=N_k, d=d, B_r=B_r, B_c=B_c, heads=heads)
-    blocks = list(_fa2_row_blocks(N, N_k, B_r, B_c, causal))
+    blocks = list(row_blocks(N, N_k, B_r, B_c, causal))
     area = sum(r * min(N_k, n) for r, _, n in blocks)   # sum of r c over visited blocks
     R = sum(r * t for r, t, _ in blocks)                # sum of r over visited blocks
     counts = {"mul": area + R * (1 + d), "add": 2 * area + R * (2 + d) + N, "max": area + R,

@@ -9,7 +9,7 @@ Example:
 """
 from __future__ import annotations
 
-__all__ = ["FLOP_KINDS", "LOG2E", "ceil_div", "expect_positive", "flop_counts"]
+__all__ = ["FLOP_KINDS", "LOG2E", "ceil_div", "expect_positive", "flop_counts", "row_blocks"]
 
 #: The kinds of non-matmul FLOPs the references count, in the order ``by_kind=True`` reports them.
 FLOP_KINDS = ("mul", "add", "max", "exp", "div", "log")
@@ -54,3 +54,25 @@ def flop_counts(counts: dict[str, int], heads: int, by_kind: bool):
     """
     counts = {k: heads * counts.get(k, 0) for k in FLOP_KINDS}
     return counts if by_kind else sum(counts.values())
+
+
+def row_blocks(N: int, N_k: int, B_r: int, B_c: int, causal: bool):
+    """For each block of ``B_r`` query rows: ``(rows r_i, key blocks visited t_i, keys loaded n_i)``.
+
+    Every key block, or with ``causal`` (aligned bottom-right: row r sees keys c <= r + N_k - N) the key
+    blocks up to the one holding the last key the block's last row sees. FlashAttention-2's forward and
+    its backward visit the same (row block, key block) pairs.
+
+    Example:
+        >>> list(row_blocks(N=100, N_k=100, B_r=64, B_c=32, causal=True))
+        [(64, 2, 64), (36, 4, 100)]
+    """
+    T_c = ceil_div(N_k, B_c)
+    for a in range(0, N, B_r):
+        b = min(a + B_r, N)
+        if causal:
+            last = b - 1 + N_k - N                        # the last key the block's last row sees
+            t = 0 if last < 0 else min(T_c, last // B_c + 1)
+        else:
+            t = T_c
+        yield b - a, t, min(N_k, t * B_c)
