@@ -1,0 +1,314 @@
+"""FlashAttention-2's backward pass in Triton (chapter 7), and an autograd Function that trains with it.
+
+:func:`fa2_backward` takes what the forward saved -- Q, K, V, O and the log-sum-exp L of each row
+(``fa2_forward(..., return_lse=True)``) -- and the upstream gradient dO, and returns dQ, dK, dV. It
+never stores S or P: every tile ``P_ij = exp(S_ij - L_i)`` is recomputed on chip. Three kernels
+(Algorithm 2 of the FlashAttention-2 paper, split as Triton's fused-attention tutorial does):
+
+1. ``_bwd_preprocess``: ``D_i = rowsum(dO_i o O_i)`` (line 4), one program per block of rows;
+2. ``_bwd_dkdv``: one program per block ``K_j, V_j`` (the outer loop, lines 5-19), which keeps ``dK_j``
+   and ``dV_j`` in registers, walks the query blocks i that see its keys, recomputes ``P_ij``, and adds
+   ``dV_j += P_ij^T dO_i`` and ``dK_j += dS_ij^T Q_i`` with ``dS_ij = P_ij o (dO_i V_j^T - D_i)``;
+3. ``_bwd_dq``: one program per block ``Q_i``, which walks the key blocks it sees and adds
+   ``dQ_i += dS_ij K_j`` (line 15) in registers, written once. Algorithm 2 instead reads and writes dQ_i
+   in HBM from inside the K/V loop; on a GPU the programs of different j would race on it, so they
+   would need atomic adds. A second kernel recomputes P and dS once more (7 matmuls instead of 5) and
+   needs no atomics: what the tutorial, and this course, does.
+
+Rows that see no key (causal with N_q > N_k) have L = -inf: their P is 0 and their gradients too.
+:func:`flash_attention` wraps forward and backward in a ``torch.autograd.Function``.
+
+Example:
+    >>> import torch
+    >>> from flashcourse.backend import DEVICE
+    >>> q, k, v = (torch.randn(1, 2, 40, 32, device=DEVICE).half().requires_grad_() for _ in range(3))
+    >>> o = flash_attention(q, k, v, causal=True)
+    >>> o.float().sum().backward()
+    >>> ref = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    >>> torch.nn.functional.scaled_dot_product_attention(*ref, is_causal=True).sum().backward()
+    >>> all((t.grad.float() - r.grad).abs().max().item() < 2e-2 for t, r in zip((q, k, v), ref))
+    True
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from .. import backend
+from ..formulas.counting import LOG2E
+from . import aot
+from .attention import fa2_forward
+from .validate import expect_qkv, expect_sm_scale
+
+__all__ = ["fa2_backward", "flash_attention", "backward_config"]
+
+HEAD_DIMS = (16, 32, 64, 128)
+
+
+@triton.jit
+def _bwd_preprocess(O, DO, Delta, N_q, stride_ob, stride_oh, stride_om, stride_dob, stride_doh, stride_dom,
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    # line 4: D_i = rowsum(dO_i o O_i), in fp32. grid: (row blocks, H, B)
+    h, b = tl.program_id(1), tl.program_id(2)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM)
+    in_q = rows < N_q
+    o = tl.load(O + b * stride_ob + h * stride_oh + rows[:, None] * stride_om + dims[None, :],
+                mask=in_q[:, None], other=0.0).to(tl.float32)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + rows[:, None] * stride_dom + dims[None, :],
+                 mask=in_q[:, None], other=0.0).to(tl.float32)
+    tl.store(Delta + (b * tl.num_programs(1) + h) * N_q + rows, tl.sum(o * do, 1), mask=in_q)
+
+
+@triton.jit
+def _bwd_dkdv(Q, K, V, DO, LSE, Delta, DK, DV, qk_scale, sm_scale, N_q, N_k,
+              stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+              stride_dob, stride_doh, stride_dom, stride_dkb, stride_dkh, stride_dkn,
+              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    # lines 5-19: one key block K_j, V_j per program (grid: (key blocks, H, B)); dK_j, dV_j in registers
+    h, b = tl.program_id(1), tl.program_id(2)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, HEAD_DIM)
+    offs_m = tl.arange(0, BLOCK_M)
+    in_k = cols < N_k
+    K_j = tl.load(K + b * stride_kb + h * stride_kh + cols[:, None] * stride_kn + dims[None, :],
+                  mask=in_k[:, None], other=0.0)
+    V_j = tl.load(V + b * stride_vb + h * stride_vh + cols[:, None] * stride_vn + dims[None, :],
+                  mask=in_k[:, None], other=0.0)
+    dK_j = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dV_j = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    offset = N_k - N_q                                    # causal: query r sees keys c <= r + offset
+    lo = 0
+    if CAUSAL:                                            # the first query block that sees a key of this block
+        lo = tl.maximum(tl.program_id(0) * BLOCK_N - offset, 0) // BLOCK_M * BLOCK_M
+    stat = (b * tl.num_programs(1) + h) * N_q
+    for start_m in range(lo, N_q, BLOCK_M):              # line 8
+        rows = start_m + offs_m
+        in_q = rows < N_q
+        Q_i = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qm + dims[None, :],
+                      mask=in_q[:, None], other=0.0)
+        dO_i = tl.load(DO + b * stride_dob + h * stride_doh + rows[:, None] * stride_dom + dims[None, :],
+                       mask=in_q[:, None], other=0.0)
+        L_i = tl.load(LSE + stat + rows, mask=in_q, other=float("inf")) * 1.4426950408889634   # log2 units
+        L_i = tl.where(L_i == float("-inf"), float("inf"), L_i)      # a row that sees no key: P = 0
+        D_i = tl.load(Delta + stat + rows, mask=in_q, other=0.0)
+        # line 11, transposed (keys along rows): P_ij^T = exp(S_ij^T - L_i)
+        s_t = tl.dot(K_j, tl.trans(Q_i)) * qk_scale                  # (BLOCK_N, BLOCK_M), log2 units
+        p_t = tl.exp2(s_t - L_i[None, :])
+        visible = in_k[:, None] & in_q[None, :]
+        if CAUSAL:
+            visible = visible & (cols[:, None] <= rows[None, :] + offset)
+        p_t = tl.where(visible, p_t, 0.0)
+        dV_j += tl.dot(p_t.to(dO_i.dtype), dO_i)                       # line 12
+        dp_t = tl.dot(V_j, tl.trans(dO_i))                              # line 13: dP_ij^T
+        ds_t = p_t * (dp_t - D_i[None, :])                              # line 14
+        dK_j += tl.dot(ds_t.to(Q_i.dtype), Q_i)                         # line 16
+    dK_j *= sm_scale
+    out = b * stride_dkb + h * stride_dkh + cols[:, None] * stride_dkn + dims[None, :]
+    tl.store(DK + out, dK_j.to(DK.dtype.element_ty), mask=in_k[:, None])           # line 18
+    tl.store(DV + out, dV_j.to(DV.dtype.element_ty), mask=in_k[:, None])
+
+
+@triton.jit
+def _bwd_dq(Q, K, V, DO, LSE, Delta, DQ, qk_scale, sm_scale, N_q, N_k,
+            stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+            stride_dob, stride_doh, stride_dom,
+            HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    # line 15 without atomics: one query block Q_i per program (grid: (row blocks, H, B)); dQ_i in registers
+    h, b = tl.program_id(1), tl.program_id(2)
+    start_m = tl.program_id(0) * BLOCK_M
+    rows = start_m + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+    in_q = rows < N_q
+    q_off = b * stride_qb + h * stride_qh + rows[:, None] * stride_qm + dims[None, :]
+    Q_i = tl.load(Q + q_off, mask=in_q[:, None], other=0.0)
+    dO_i = tl.load(DO + b * stride_dob + h * stride_doh + rows[:, None] * stride_dom + dims[None, :],
+                   mask=in_q[:, None], other=0.0)
+    stat = (b * tl.num_programs(1) + h) * N_q
+    L_i = tl.load(LSE + stat + rows, mask=in_q, other=float("inf")) * 1.4426950408889634
+    L_i = tl.where(L_i == float("-inf"), float("inf"), L_i)
+    D_i = tl.load(Delta + stat + rows, mask=in_q, other=0.0)
+    dQ_i = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    offset = N_k - N_q
+    hi = N_k
+    if CAUSAL:                                            # the key blocks some row of Q_i sees
+        hi = tl.minimum(N_k, start_m + BLOCK_M + offset)
+    for start_n in range(0, hi, BLOCK_N):
+        cols = start_n + offs_n
+        in_k = cols < N_k
+        K_j = tl.load(K + b * stride_kb + h * stride_kh + cols[:, None] * stride_kn + dims[None, :],
+                      mask=in_k[:, None], other=0.0)
+        V_j = tl.load(V + b * stride_vb + h * stride_vh + cols[:, None] * stride_vn + dims[None, :],
+                      mask=in_k[:, None], other=0.0)
+        p = tl.exp2(tl.dot(Q_i, tl.trans(K_j)) * qk_scale - L_i[:, None])    # P_ij, recomputed
+        visible = in_q[:, None] & in_k[None, :]
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= rows[:, None] + offset)
+        p = tl.where(visible, p, 0.0)
+        dp = tl.dot(dO_i, tl.trans(V_j))
+        ds = p * (dp - D_i[:, None])
+        dQ_i += tl.dot(ds.to(K_j.dtype), K_j)
+    tl.store(DQ + q_off, (dQ_i * sm_scale).to(DQ.dtype.element_ty), mask=in_q[:, None])
+
+
+def backward_config(d: int, cc="current") -> dict:
+    """Tiles and launch options of the three backward kernels for head dim ``d`` on compute capability ``cc``.
+
+    ``{"dkdv": (BLOCK_M, BLOCK_N, num_warps, num_stages), "dq": (...), "pre": BLOCK_M}``: the dK/dV kernel
+    holds a key block of BLOCK_N with its dK, dV and walks query blocks of BLOCK_M; the dQ kernel the
+    other way round. The interpreter runs 16 x 16 tiles (fast on a CPU; warps mean nothing there).
+
+    Example:
+        >>> backward_config(64, None)["dkdv"]
+        (16, 16, 4, 1)
+    """
+    if cc == "current":
+        cc = backend.compute_capability()
+    if cc is None:
+        return {"dkdv": (16, 16, 4, 1), "dq": (16, 16, 4, 1), "pre": 16}
+    if cc < (8, 0):                                       # a T4: 64 KB of shared memory, no async copies
+        return ({"dkdv": (32, 64, 4, 1), "dq": (64, 32, 4, 1), "pre": 64} if d <= 64 else
+                {"dkdv": (32, 32, 4, 1), "dq": (32, 32, 4, 1), "pre": 64})
+    # Measured on an H200 (sm_90, Triton 3.6; tools/gpu_backward.py --sweep --pairs, fp16, 16k tokens, N = 4k):
+    # at d = 128 these ran at 349 TFLOP/s (causal 307), 32 x 64 tiles with 8 warps and 64 x 32 with 8 at
+    # 146; 4 warps over a 64-key block keep dK_j and dV_j in registers without spilling.
+    stages = 2 if cc == (8, 9) else 3                     # an L4's 99 KB of shared memory
+    return {"dkdv": (32, 128 if d <= 64 else 64, 4, stages), "dq": (128, 64, 8, stages), "pre": 64}
+
+
+def _expect_saved(fn, q, k, o, do, lse):
+    B, H, N_q, d = q.shape
+    for name, t in (("o", o), ("do", do)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{fn}: {name} must be a torch.Tensor of q's shape {tuple(q.shape)}, got {type(t).__name__}")
+        if tuple(t.shape) != tuple(q.shape):
+            raise ValueError(f"{fn}: {name} is {tuple(t.shape)}; expected q's shape {tuple(q.shape)}")
+        if t.device != q.device or t.dtype != q.dtype:
+            raise ValueError(f"{fn}: {name} is {t.dtype} on {t.device}; expected q's {q.dtype} on {q.device}")
+    if lse is None:
+        raise ValueError(f"{fn}: lse is None: the backward needs the log-sum-exp the forward saved; "
+                         "call fa2_forward(q, k, v, return_lse=True), or use flash_attention, which saves it")
+    if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != (B, H, N_q) or lse.dtype != torch.float32:
+        got = f"{tuple(lse.shape)} {lse.dtype}" if isinstance(lse, torch.Tensor) else type(lse).__name__
+        raise ValueError(f"{fn}: lse is {got}; expected float32 of shape ({B}, {H}, {N_q}), as "
+                         "fa2_forward(..., return_lse=True) returns it")
+    if lse.device != q.device:
+        raise ValueError(f"{fn}: lse is on {lse.device}, q on {q.device}")
+    return o if o.stride(-1) == 1 else o.contiguous(), do if do.stride(-1) == 1 else do.contiguous(), lse.contiguous()
+
+
+def fa2_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
+                 lse: torch.Tensor, causal: bool = False, sm_scale: float | None = None, *, config: dict | None = None):
+    """``(dq, dk, dv)`` of ``o = softmax(q k^T sm_scale) v`` for the upstream gradient ``do``, recomputing P.
+
+    ``q``, ``o``, ``do``: (B, H, N_q, d); ``k``, ``v``: (B, H, N_k, d); ``lse``: (B, H, N_q) float32, the
+    log-sum-exp ``fa2_forward(q, k, v, causal, sm_scale, return_lse=True)`` returned with ``o``. float16,
+    or bfloat16 on a GPU of sm_80 or newer; d one of 16, 32, 64, 128. ``causal`` and ``sm_scale`` must be
+    the forward's. Gradients come in q's dtype, accumulated in float32. ``config`` runs those tiles instead
+    of :func:`backward_config`'s (for tuning: tools/gpu_backward.py).
+
+    Example:
+        >>> import torch
+        >>> from flashcourse.backend import DEVICE
+        >>> q, k, v, do = (torch.randn(1, 1, 33, 16, device=DEVICE).half() for _ in range(4))
+        >>> o, lse = fa2_forward(q, k, v, return_lse=True)
+        >>> dq, dk, dv = fa2_backward(q, k, v, o, do, lse)
+        >>> dq.shape, dk.dtype
+        (torch.Size([1, 1, 33, 16]), torch.float16)
+    """
+    fn = "fa2_backward"
+    q, k, v = expect_qkv(fn, q, k, v, head_dims=HEAD_DIMS)
+    o, do, lse = _expect_saved(fn, q, k, o, do, lse)
+    sm_scale = expect_sm_scale(fn, sm_scale, q.shape[-1])
+    B, H, N_q, d = q.shape
+    N_k = k.shape[2]
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if dq.numel() == 0 or dk.numel() == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    cfg = backward_config(d) if config is None else {**backward_config(d), **config}
+    delta = torch.empty((B, H, N_q), dtype=torch.float32, device=q.device)
+    qk_scale = sm_scale * LOG2E
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):     # the interpreter's -inf arithmetic
+        _bwd_preprocess[(triton.cdiv(N_q, cfg["pre"]), H, B)](o, do, delta, N_q, *o.stride()[:3], *do.stride()[:3],
+                                                              HEAD_DIM=d, BLOCK_M=cfg["pre"])
+        BM, BN, warps, stages = cfg["dkdv"]
+        _bwd_dkdv[(triton.cdiv(N_k, BN), H, B)](q, k, v, do, lse, delta, dk, dv, qk_scale, sm_scale, N_q, N_k,
+                                                *strides, *dk.stride()[:3], HEAD_DIM=d, BLOCK_M=BM, BLOCK_N=BN,
+                                                CAUSAL=bool(causal), num_warps=warps, num_stages=stages)
+        BM, BN, warps, stages = cfg["dq"]
+        _bwd_dq[(triton.cdiv(N_q, BM), H, B)](q, k, v, do, lse, delta, dq, qk_scale, sm_scale, N_q, N_k, *strides,
+                                              HEAD_DIM=d, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=bool(causal),
+                                              num_warps=warps, num_stages=stages)
+    return dq, dk, dv
+
+
+class FlashAttention(torch.autograd.Function):
+    """``fa2_forward`` forward (saving the log-sum-exp), ``fa2_backward`` backward: see :func:`flash_attention`."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, sm_scale):
+        o, lse = fa2_forward(q, k, v, causal, sm_scale, return_lse=True)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.sm_scale = causal, sm_scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = fa2_backward(q, k, v, o, do.to(o.dtype), lse, ctx.causal, ctx.sm_scale)
+        return dq, dk, dv, None, None
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                    sm_scale: float | None = None) -> torch.Tensor:
+    """``softmax(q k^T sm_scale) v`` that autograd can differentiate: FlashAttention-2 both ways.
+
+    The drop-in for ``torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+    scale=sm_scale)`` on (B, H, N, d) float16 (or bfloat16 on sm_80+) tensors with d in 16, 32, 64, 128.
+    The forward saves O and the log-sum-exp (N numbers a row block, not the N x N P); the backward
+    recomputes P from them.
+
+    Example:
+        >>> import torch
+        >>> from flashcourse.backend import DEVICE
+        >>> q, k, v = (torch.randn(1, 1, 20, 16, device=DEVICE).half().requires_grad_() for _ in range(3))
+        >>> flash_attention(q, k, v).sum().backward()
+        >>> q.grad.shape, bool(torch.isfinite(v.grad).all())
+        (torch.Size([1, 1, 20, 16]), True)
+    """
+    if sm_scale is not None:
+        sm_scale = float(sm_scale)
+    return FlashAttention.apply(q, k, v, bool(causal), sm_scale)
+
+
+# --------------------------------------------------------------------------------------------------
+# Ahead-of-time check: the three kernels with every config backward_config can pick, on every target.
+
+def _aot(kernel_name):
+    def configs(cc):
+        for d in HEAD_DIMS:
+            cfg = backward_config(d, cc)
+            if kernel_name == "pre":
+                yield aot.Launch({"HEAD_DIM": d, "BLOCK_M": cfg["pre"]}, 4, 1, kernel="bwd_preprocess")
+            else:
+                BM, BN, warps, stages = cfg[kernel_name]
+                yield aot.Launch({"HEAD_DIM": d, "BLOCK_M": BM, "BLOCK_N": BN, "CAUSAL": True}, warps, stages,
+                                 kernel=f"bwd_{kernel_name}")
+    return configs
+
+
+def _signature(names):
+    ptr = {"LSE": "*fp32", "Delta": "*fp32"}
+    return {n: (ptr.get(n, "*fp16") if n[0].isupper() and n not in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "N_q", "N_k")
+                else "constexpr" if n.isupper() else "fp32" if n in ("qk_scale", "sm_scale") else "i32") for n in names}
+
+
+aot.register("bwd_preprocess", _bwd_preprocess, signature=_signature(_bwd_preprocess.arg_names), configs=_aot("pre"))
+aot.register("bwd_dkdv", _bwd_dkdv, signature=_signature(_bwd_dkdv.arg_names), configs=_aot("dkdv"))
+aot.register("bwd_dq", _bwd_dq, signature=_signature(_bwd_dq.arg_names), configs=_aot("dq"))

@@ -1,0 +1,151 @@
+"""Chapter 7's kernels: fa2_backward's gradients against float64, and flash_attention under autograd.
+
+The bar is FlashAttention's error rule, on each of dQ, dK, dV: the kernel's largest error against float64
+is at most twice the error of PyTorch's own low-precision backward (SDPA's, on the same fp16 inputs and
+upstream gradient) against float64, plus 1e-3. Inputs are drawn fresh every run (``FLASHCOURSE_SEED``
+replays one). Under the interpreter the grid is small; on a GPU it is the forward's: N in {1, 17, 113, 256,
+1000, 2048}, N_q != N_k both ways, causal or not, every d. The last tests show the comparison catches the
+chapter's mistakes: D left out, P not recomputed from the log-sum-exp, a forgotten scale.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from flashcourse import backend  # first: it decides the backend before triton is imported
+
+from flashcourse.checks.cases import error_rule  # noqa: E402
+from flashcourse.kernels import fa2_forward  # noqa: E402
+from flashcourse.kernels import backward as BW  # noqa: E402
+from flashcourse.kernels.backward import fa2_backward, flash_attention  # noqa: E402
+from flashcourse.kernels.validate import supports_bf16  # noqa: E402
+from flashcourse.reference.attention import causal_mask  # noqa: E402
+from flashcourse.reference.backward import attention_backward_float64  # noqa: E402
+
+GPU = backend.DEVICE == "cuda"
+
+
+def torch_grads(q, k, v, do, causal, sm_scale=None):
+    """PyTorch's own backward in q's dtype: SDPA with FlashAttention-2's bottom-right causal mask (rows that
+    see no key: 0, as in the kernels)."""
+    t = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    mask = torch.from_numpy(causal_mask(q.shape[-2], k.shape[-2])).to(q.device) if causal else None
+    o = F.scaled_dot_product_attention(*t, attn_mask=mask, scale=sm_scale)
+    o.backward(do)
+    return [x.grad.nan_to_num(0.0) for x in t]
+
+
+def assert_grads_close(got, q, k, v, do, causal, sm_scale=None, what=""):
+    ref = attention_backward_float64(*(t.detach().cpu().double().numpy() for t in (q, k, v, do)), causal=causal,
+                                     sm_scale=sm_scale)
+    mine = torch_grads(q, k, v, do, causal, sm_scale)
+    for name, g, r, m in zip(("dq", "dk", "dv"), got, ref, mine):
+        assert g.shape == m.shape and g.dtype == q.dtype and g.device == q.device, (name, g.shape, g.dtype)
+        rule = error_rule(g, r, m)
+        assert rule.ok, f"{name}{what}: max error {rule.error:.3g} > bound {rule.bound:.3g} (torch: {rule.torch_error:.3g})"
+
+
+def randn(shape, gen, device, dtype=torch.float16, scale=1.0):
+    return (torch.randn(shape, generator=gen) * scale).to(dtype).to(device)
+
+
+def inputs(B, H, N_q, N_k, d, gen, device, dtype=torch.float16, scale=1.0):
+    q, do = randn((B, H, N_q, d), gen, device, dtype, scale), randn((B, H, N_q, d), gen, device, dtype)
+    k, v = randn((B, H, N_k, d), gen, device, dtype, scale), randn((B, H, N_k, d), gen, device, dtype)
+    return q, k, v, do
+
+
+CPU_CASES = [(1, 2, 1, 1, 16), (2, 1, 17, 17, 32), (1, 1, 113, 113, 64), (1, 1, 256, 256, 128),
+             (1, 2, 17, 113, 64), (2, 1, 113, 17, 16), (1, 1, 100, 256, 32)]
+GPU_CASES = [(B, H, n_q, n_k, d) for d in (16, 32, 64, 128) for (B, H, n_q, n_k) in
+             [(2, 3, 1, 1), (2, 3, 17, 17), (3, 2, 113, 113), (2, 4, 256, 256), (2, 2, 1000, 1000),
+              (1, 4, 2048, 2048), (2, 2, 17, 113), (2, 2, 113, 17), (1, 2, 1000, 2048), (1, 2, 2048, 1000)]]
+CASES = GPU_CASES if GPU else CPU_CASES
+
+
+def case_id(c):
+    return f"B{c[0]}H{c[1]}-{c[2]}x{c[3]}-d{c[4]}"
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_fa2_backward_against_float64(device, case, causal, gen):
+    q, k, v, do = inputs(*case, gen, device)
+    o, lse = fa2_forward(q, k, v, causal, return_lse=True)
+    assert_grads_close(fa2_backward(q, k, v, o, do, lse, causal), q, k, v, do, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_flash_attention_under_autograd(device, causal, gen):
+    q, k, v, do = inputs(1, 2, 70, 50, 32, gen, device)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o = flash_attention(*leaves, causal=causal)
+    assert o.requires_grad and o.grad_fn is not None
+    o.backward(do)
+    assert_grads_close([t.grad for t in leaves], q, k, v, do, causal)
+    ref_o = fa2_forward(q, k, v, causal)
+    assert torch.equal(o.detach(), ref_o)
+
+
+def test_large_logits_custom_scale_and_rows_that_see_no_key(device, gen):
+    q, k, v, do = inputs(1, 2, 90, 40, 64, gen, device, scale=4.0)      # causal, N_q > N_k: 50 rows see nothing
+    o, lse = fa2_forward(q, k, v, True, 0.3, return_lse=True)
+    dq, dk, dv = fa2_backward(q, k, v, o, do, lse, True, 0.3)
+    assert bool(torch.isfinite(dq).all() and (dq[:, :, :50] == 0).all())
+    assert_grads_close((dq, dk, dv), q, k, v, do, True, 0.3)
+
+
+@pytest.mark.skipif(not GPU or not supports_bf16(), reason="bfloat16 dots need a GPU of sm_80 or newer")
+def test_bfloat16_on_the_gpu(gen):
+    q, k, v, do = inputs(2, 2, 300, 300, 64, gen, "cuda", dtype=torch.bfloat16)
+    o, lse = fa2_forward(q, k, v, True, return_lse=True)
+    assert_grads_close(fa2_backward(q, k, v, o, do, lse, True), q, k, v, do, True)
+
+
+def test_strided_inputs(device, gen):
+    """(B, N, H, d) tensors viewed as (B, H, N, d), as a model's projections leave them."""
+    raw = [randn((2, 70, 2, 32), gen, device) for _ in range(4)]
+    q, k, v, do = (t.transpose(1, 2) for t in raw)
+    o, lse = fa2_forward(q, k, v, False, return_lse=True)
+    assert_grads_close(fa2_backward(q, k, v, o, do, lse), q, k, v, do, False)
+
+
+def test_errors_name_the_argument(device):
+    q = torch.zeros(1, 1, 8, 16, dtype=torch.float16, device=device)
+    lse = torch.zeros(1, 1, 8, device=device)
+    with pytest.raises(ValueError, match="fa2_backward: lse is None: the backward needs the log-sum-exp"):
+        fa2_backward(q, q, q, q, q, None)
+    with pytest.raises(ValueError, match=r"fa2_backward: lse is \(1, 1, 7\) torch.float32; expected float32 of shape \(1, 1, 8\)"):
+        fa2_backward(q, q, q, q, q, lse[..., :7])
+    with pytest.raises(ValueError, match=r"fa2_backward: do is \(1, 1, 7, 16\); expected q's shape"):
+        fa2_backward(q, q, q, q, q[..., :7, :], lse)
+    with pytest.raises(ValueError, match="fa2_backward: o is torch.float32"):
+        fa2_backward(q, q, q, q.float(), q, lse)
+    with pytest.raises(ValueError, match="head dim 24 is not one of"):
+        z = torch.zeros(1, 1, 8, 24, dtype=torch.float16, device=device)
+        fa2_backward(z, z, z, z, z, lse)
+
+
+@pytest.mark.parametrize("bug", ["no D", "no lse", "no scale on dK"])
+def test_the_comparison_catches_the_chapters_mistakes(device, bug, gen, monkeypatch):
+    q, k, v, do = inputs(1, 2, 64, 64, 32, gen, device)
+    o, lse = fa2_forward(q, k, v, False, return_lse=True)
+    dq, dk, dv = fa2_backward(q, k, v, o, do, lse)
+    if bug == "no D":                          # D = 0: dS = P o dP
+        dq, dk, dv = fa2_backward(q, k, v, torch.zeros_like(o), do, lse)
+    elif bug == "no lse":                      # P = exp(S): not normalised by the saved log-sum-exp
+        dq, dk, dv = fa2_backward(q, k, v, o, do, torch.zeros_like(lse))
+    else:
+        dk = dk * 8                            # the dK of an unscaled dS^T Q (1 / sm_scale = sqrt(32) ~ 5.7)
+    with pytest.raises(AssertionError, match="max error"):
+        assert_grads_close((dq, dk, dv), q, k, v, do, False)
+
+
+def test_configs_per_compute_capability():
+    for cc in (None, (7, 5), (8, 0), (8, 9), (9, 0)):
+        for d in (16, 32, 64, 128):
+            cfg = BW.backward_config(d, cc)
+            for BM, BN, w, s in (cfg["dkdv"], cfg["dq"]):
+                assert BM >= 16 and BN >= 16 and w in (1, 2, 4, 8) and s >= 1
