@@ -112,6 +112,18 @@ def test_strided_inputs(device, gen):
     assert_grads_close(fa2_backward(q, k, v, o, do, lse), q, k, v, do, False)
 
 
+def test_views_of_a_qkv_projection(device, gen):
+    """q, k, v split from one (B, N, 3 H d) projection: rows 3 H d apart, heads d apart (not dense), as
+    a model hands them over; the gradients come back contiguous, in the right places."""
+    qkv = randn((2, 50, 3 * 2 * 32), gen, device)
+    q, k, v = (t.view(2, 50, 2, 32).transpose(1, 2) for t in qkv.split(64, dim=2))
+    do = randn((2, 2, 50, 32), gen, device)
+    o, lse = fa2_forward(q, k, v, True, return_lse=True)
+    grads = fa2_backward(q, k, v, o, do, lse, True)
+    assert all(g.is_contiguous() for g in grads)
+    assert_grads_close(grads, q, k, v, do, True)
+
+
 def test_errors_name_the_argument(device):
     q = torch.zeros(1, 1, 8, 16, dtype=torch.float16, device=device)
     lse = torch.zeros(1, 1, 8, device=device)
@@ -149,3 +161,19 @@ def test_configs_per_compute_capability():
             cfg = BW.backward_config(d, cc)
             for BM, BN, w, s in (cfg["dkdv"], cfg["dq"]):
                 assert BM >= 16 and BN >= 16 and w in (1, 2, 4, 8) and s >= 1
+
+
+def test_flash_attention_under_torch_compile(device, gen):
+    """A custom operator: torch.compile traces around it (aot_eager: the graphs are built, forward and
+    backward, without generating code) and the gradients are eager's, bit for bit."""
+    q, k, v, do = inputs(1, 2, 40, 40, 16, gen, device)
+
+    def step(q, k, v):
+        return (flash_attention(q, k, v, causal=True) * 2).float()
+
+    grads = []
+    for fn in (step, torch.compile(step, backend="aot_eager", fullgraph=True)):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        fn(*leaves).backward(do.float())
+        grads.append([t.grad for t in leaves])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))

@@ -1,4 +1,4 @@
-"""FlashAttention-2's backward pass in Triton (chapter 7), and an autograd Function that trains with it.
+"""FlashAttention-2's backward pass in Triton (chapter 7), and an operator autograd and torch.compile can use.
 
 :func:`fa2_backward` takes what the forward saved -- Q, K, V, O and the log-sum-exp L of each row
 (``fa2_forward(..., return_lse=True)``) -- and the upstream gradient dO, and returns dQ, dK, dV. It
@@ -16,7 +16,8 @@ never stores S or P: every tile ``P_ij = exp(S_ij - L_i)`` is recomputed on chip
    needs no atomics: what the tutorial, and this course, does.
 
 Rows that see no key (causal with N_q > N_k) have L = -inf: their P is 0 and their gradients too.
-:func:`flash_attention` wraps forward and backward in a ``torch.autograd.Function``.
+:func:`flash_attention` is forward and backward as one custom operator (``torch.library``) with an autograd
+formula: a model trains on it, eager or under ``torch.compile``.
 
 Example:
     >>> import torch
@@ -116,7 +117,7 @@ def _bwd_dkdv(Q, K, V, DO, LSE, Delta, DK, DV, qk_scale, sm_scale, N_q, N_k,
 @triton.jit
 def _bwd_dq(Q, K, V, DO, LSE, Delta, DQ, qk_scale, sm_scale, N_q, N_k,
             stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-            stride_dob, stride_doh, stride_dom,
+            stride_dob, stride_doh, stride_dom, stride_dqb, stride_dqh, stride_dqm,
             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     # line 15 without atomics: one query block Q_i per program (grid: (row blocks, H, B)); dQ_i in registers
     h, b = tl.program_id(1), tl.program_id(2)
@@ -125,8 +126,8 @@ def _bwd_dq(Q, K, V, DO, LSE, Delta, DQ, qk_scale, sm_scale, N_q, N_k,
     dims = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
     in_q = rows < N_q
-    q_off = b * stride_qb + h * stride_qh + rows[:, None] * stride_qm + dims[None, :]
-    Q_i = tl.load(Q + q_off, mask=in_q[:, None], other=0.0)
+    Q_i = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qm + dims[None, :],
+                  mask=in_q[:, None], other=0.0)
     dO_i = tl.load(DO + b * stride_dob + h * stride_doh + rows[:, None] * stride_dom + dims[None, :],
                    mask=in_q[:, None], other=0.0)
     stat = (b * tl.num_programs(1) + h) * N_q
@@ -153,7 +154,8 @@ def _bwd_dq(Q, K, V, DO, LSE, Delta, DQ, qk_scale, sm_scale, N_q, N_k,
         dp = tl.dot(dO_i, tl.trans(V_j))
         ds = p * (dp - D_i[:, None])
         dQ_i += tl.dot(ds.to(K_j.dtype), K_j)
-    tl.store(DQ + q_off, (dQ_i * sm_scale).to(DQ.dtype.element_ty), mask=in_q[:, None])
+    tl.store(DQ + b * stride_dqb + h * stride_dqh + rows[:, None] * stride_dqm + dims[None, :],
+             (dQ_i * sm_scale).to(DQ.dtype.element_ty), mask=in_q[:, None])
 
 
 def backward_config(d: int, cc="current") -> dict:
@@ -227,7 +229,8 @@ def fa2_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
     sm_scale = expect_sm_scale(fn, sm_scale, q.shape[-1])
     B, H, N_q, d = q.shape
     N_k = k.shape[2]
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # contiguous gradients, whatever the inputs' strides (a view of a qkv projection has gaps between rows)
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     if dq.numel() == 0 or dk.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     cfg = backward_config(d) if config is None else {**backward_config(d), **config}
@@ -243,26 +246,51 @@ def fa2_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
                                                 CAUSAL=bool(causal), num_warps=warps, num_stages=stages)
         BM, BN, warps, stages = cfg["dq"]
         _bwd_dq[(triton.cdiv(N_q, BM), H, B)](q, k, v, do, lse, delta, dq, qk_scale, sm_scale, N_q, N_k, *strides,
-                                              HEAD_DIM=d, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=bool(causal),
+                                              *dq.stride()[:3], HEAD_DIM=d, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=bool(causal),
                                               num_warps=warps, num_stages=stages)
     return dq, dk, dv
 
 
-class FlashAttention(torch.autograd.Function):
-    """``fa2_forward`` forward (saving the log-sum-exp), ``fa2_backward`` backward: see :func:`flash_attention`."""
+# flash_attention is a custom operator of torch.library (flashcourse::flash_attention_fwd and _bwd) with an
+# autograd formula: autograd differentiates it, and torch.compile keeps it whole (it never looks inside a
+# Triton launch) while compiling what is around it, using the fake functions for shapes.
 
-    @staticmethod
-    def forward(ctx, q, k, v, causal, sm_scale):
-        o, lse = fa2_forward(q, k, v, causal, sm_scale, return_lse=True)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.sm_scale = causal, sm_scale
-        return o
+@torch.library.custom_op("flashcourse::flash_attention_fwd", mutates_args=())
+def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                   sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return fa2_forward(q, k, v, causal, sm_scale, return_lse=True)
 
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = fa2_backward(q, k, v, o, do.to(o.dtype), lse, ctx.causal, ctx.sm_scale)
-        return dq, dk, dv, None, None
+
+@_attention_fwd.register_fake
+def _(q, k, v, causal, sm_scale):
+    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("flashcourse::flash_attention_bwd", mutates_args=())
+def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
+                   lse: torch.Tensor, causal: bool, sm_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return fa2_backward(q, k, v, o, do, lse, causal, sm_scale)
+
+
+@_attention_bwd.register_fake
+def _(q, k, v, o, do, lse, causal, sm_scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _save(ctx, inputs, output):
+    q, k, v, causal, sm_scale = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.causal, ctx.sm_scale = causal, sm_scale
+
+
+def _grads(ctx, do, _dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = _attention_bwd(q, k, v, o, do.to(o.dtype), lse, ctx.causal, ctx.sm_scale)
+    return dq, dk, dv, None, None
+
+
+_attention_fwd.register_autograd(_grads, setup_context=_save)
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -270,9 +298,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     """``softmax(q k^T sm_scale) v`` that autograd can differentiate: FlashAttention-2 both ways.
 
     The drop-in for ``torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
-    scale=sm_scale)`` on (B, H, N, d) float16 (or bfloat16 on sm_80+) tensors with d in 16, 32, 64, 128.
-    The forward saves O and the log-sum-exp (N numbers a row block, not the N x N P); the backward
-    recomputes P from them.
+    scale=sm_scale)`` on (B, H, N, d) float16 (or bfloat16 on sm_80+) tensors with d in 16, 32, 64, 128
+    (causal aligned bottom-right when N_q != N_k). The forward saves O and the log-sum-exp (N numbers a
+    head, not the N x N P); the backward (:func:`fa2_backward`) recomputes P from them. A custom operator
+    of ``torch.library``: under ``torch.compile`` it stays one opaque call in the graph.
 
     Example:
         >>> import torch
@@ -282,9 +311,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         >>> q.grad.shape, bool(torch.isfinite(v.grad).all())
         (torch.Size([1, 1, 20, 16]), True)
     """
-    if sm_scale is not None:
-        sm_scale = float(sm_scale)
-    return FlashAttention.apply(q, k, v, bool(causal), sm_scale)
+    expect_qkv("flash_attention", q, k, v, head_dims=HEAD_DIMS)
+    sm_scale = expect_sm_scale("flash_attention", sm_scale, q.shape[-1])
+    return _attention_fwd(q, k, v, bool(causal), float(sm_scale))[0]
 
 
 # --------------------------------------------------------------------------------------------------
