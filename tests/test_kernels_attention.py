@@ -460,3 +460,15 @@ def test_shipped_h100_results_meet_the_course_claims():
         assert all(b > 1.8 * a for a, b in zip(peaks, peaks[1:])), peaks
         for N in (512, 16384):   # O is B H N d fp16 = 64 MiB at every N
             assert all(64 <= rows[d, N, c]["kernels.fa2_forward peak MiB"] < 65 for c in (False, True))
+
+
+def test_fa2_forward_reuses_the_host_work_of_a_shape(device, gen, monkeypatch):
+    """The second call with the same shapes, strides, dtype and flags runs the first call's plan: same output,
+    no checks; another shape, or a launch given, takes the full path."""
+    q, k, v = qkv(1, 2, 40, 40, 32, gen, device)
+    first = fa2_forward(q, k, v, causal=True, return_lse=True)
+    monkeypatch.setattr(FA, "expect_qkv", lambda *a, **kw: (_ for _ in ()).throw(AssertionError("full path")))
+    again = fa2_forward(q.clone(), k.clone(), v.clone(), causal=True, return_lse=True)
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    with pytest.raises(AssertionError, match="full path"):
+        fa2_forward(q, k, v, causal=False, return_lse=True)
