@@ -1,0 +1,85 @@
+"""Chapter 7's checks: fa2_backward_step and dkdv_kernel accept the solutions notebook's code and reject the
+mistakes the chapter teaches -- D left out, P not recomputed from the saved log-sum-exp, the transpose on
+the wrong side, dQ written without accumulation, a forgotten scale or mask, fp16 sums -- under the graded
+seed and three fresh ones, each with the hint the check derives from the mistake's own answer.
+
+The mutants are textual mutations of the solutions notebook's cells (tests/solution_cells.py).
+"""
+import pytest
+
+import flashcourse  # noqa: F401
+from flashcourse import checks
+import solution_cells as cells
+from solution_cells import rejected, seeds_of
+
+NOTEBOOK = "07_backward"
+
+
+def step(tmp_path, *replace):
+    return cells.load(tmp_path, NOTEBOOK, "fa2-backward-step", "fa2_backward_step", replace)
+
+
+def kernel(tmp_path, *replace):
+    return cells.load(tmp_path, NOTEBOOK, "dkdv-kernel", "dkdv_kernel", replace)
+
+
+def test_the_solutions_pass(tmp_path, seed, capsys):
+    fn, k = step(tmp_path), kernel(tmp_path)
+    for s in seeds_of(seed)[:2]:
+        checks.fa2_backward_step(fn, seed=s)
+        checks.dkdv_kernel(k, seed=s)
+    assert set(capsys.readouterr().out.strip().splitlines()) == {
+        "fa2_backward_step: 10 cases passed (5 shown, 5 hidden) ✓", "dkdv_kernel: 10 cases passed (5 shown, 5 hidden) ✓"}
+
+
+def test_the_exercises_as_given_are_not_implemented_yet(tmp_path):
+    fn = cells.load(tmp_path, NOTEBOOK, "fa2-backward-step", "fa2_backward_step", exercise=True)
+    with pytest.raises(NotImplementedError, match="not implemented yet"):
+        checks.fa2_backward_step(fn, seed=0)
+    k = cells.load(tmp_path, NOTEBOOK, "dkdv-kernel", "dkdv_kernel", exercise=True)
+    with pytest.raises(NotImplementedError, match="wrote nothing \\(or only zeros\\) to DK and DV"):
+        checks.dkdv_kernel(k, seed=0)
+
+
+@pytest.mark.parametrize("replace, expected", [
+    pytest.param((("dS_ij = P_ij * (dP_ij - D_i[:, None])", "dS_ij = P_ij * dP_ij"),), ("without D_i",), id="no-D"),
+    pytest.param((("P_ij = np.where(np.isneginf(L_i)[:, None], 0.0, np.exp(S_ij - L_safe[:, None]))",
+                   "m = np.where(np.isneginf(S_ij.max(1)), 0.0, S_ij.max(1))\n"
+                   "    e = np.exp(S_ij - m[:, None])\n"
+                   "    P_ij = e / np.where(e.sum(1) == 0, 1.0, e.sum(1))[:, None]"),),
+                 ("the saved log-sum-exp L_i of the *whole* row",), id="P-from-the-blocks-own-softmax"),
+    pytest.param((("dQ_i = dQ_i + tau * dS_ij @ K_j", "dQ_i = tau * dS_ij @ K_j"),),
+                 ("dQ", "do not replace it"), id="dQ-not-accumulated"),
+    pytest.param((("dQ_i = dQ_i + tau * dS_ij @ K_j", "dQ_i = dQ_i + dS_ij @ K_j"),
+                  ("dK_j = dK_j + tau * dS_ij.T @ Q_i", "dK_j = dK_j + dS_ij.T @ Q_i")),
+                 ("the scale appears in both",), id="no-tau"),
+    pytest.param((("    if visible is not None:\n        S_ij = np.where(visible, S_ij, -np.inf)\n", ""),),
+                 ("causal", "set S_ij to -inf"), id="mask-ignored"),
+    pytest.param((("dK_j = dK_j + tau * dS_ij.T @ Q_i", "dK_j = dK_j + tau * (Q_i.T @ dS_ij).T"),
+                  ("dV_j = dV_j + P_ij.T @ dO_i", "dV_j = dV_j + dO_i.T @ P_ij")),
+                 ("fa2_backward_step",), id="transpose-on-the-wrong-side"),
+    pytest.param((("L_safe = np.where(np.isneginf(L_i), 0.0, L_i)", "L_safe = L_i"),
+                  ("P_ij = np.where(np.isneginf(L_i)[:, None], 0.0, np.exp(S_ij - L_safe[:, None]))",
+                   "P_ij = np.exp(S_ij - L_safe[:, None])")),
+                 ("rows that see no key",), id="nan-for-rows-that-see-no-key"),
+])
+def test_step_mutants_are_rejected(tmp_path, seed, replace, expected):
+    rejected(checks.fa2_backward_step, step(tmp_path, *replace), seed, *expected)
+
+
+@pytest.mark.parametrize("replace, expected", [
+    pytest.param((("ds_t = p_t * (tl.dot(V_j, tl.trans(dO_i)) - D_i[None, :])", "ds_t = p_t * tl.dot(V_j, tl.trans(dO_i))"),),
+                 ("DK", "D_i (given in Delta)"), id="no-D"),
+    pytest.param((("tl.trans(Q_i)) * qk_scale - L_i[None, :])", "tl.trans(Q_i)) * qk_scale)"),),
+                 ("recompute it from the saved log-sum-exp",), id="P-not-from-the-lse"),
+    pytest.param((("tl.store(DK + out, dK_j * sm_scale, mask=in_k[:, None])", "tl.store(DK + out, dK_j, mask=in_k[:, None])"),),
+                 ("DK", "comes back in dK"), id="no-scale"),
+    pytest.param((("        if CAUSAL:\n            visible = visible & (cols[:, None] <= rows[None, :] + offset)\n", ""),),
+                 ("causal", "mask them"), id="causal-mask-forgotten"),
+    pytest.param((("dK_j += tl.dot(ds_t.to(tl.float16), Q_i)", "dK_j = (dK_j + tl.dot(ds_t.to(tl.float16), Q_i)).to(tl.float16).to(tl.float32)"),
+                  ("dV_j += tl.dot(p_t.to(tl.float16), dO_i)", "dV_j = (dV_j + tl.dot(p_t.to(tl.float16), dO_i)).to(tl.float16).to(tl.float32)")),
+                 ("keep dK_j and dV_j in fp32",), id="fp16-sums"),
+    pytest.param((("in_q = rows < N_q", "in_q = rows < N_q + 1"),), ("a load past N_q or N_k",), id="one-row-past-N_q"),
+])
+def test_kernel_mutants_are_rejected(tmp_path, seed, replace, expected):
+    rejected(checks.dkdv_kernel, kernel(tmp_path, *replace), seed, *expected)
