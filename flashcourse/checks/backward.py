@@ -277,16 +277,19 @@ def dkdv_kernel(kernel, seed: int | None = None) -> None:
                                     f"BLOCK_N = {BN}{', CAUSAL' if causal else ''}")
             pad = int(rng.integers(1, 9))
 
-            def buffer(x, rows_extra):                 # (H, N, d) inside (H, N + extra, d + pad), NaN around
+            dev = backend.DEVICE
+
+            def buffer(x, rows_extra):                 # (H, N, d) inside (H, N + extra, d + pad) on the device, NaN around
                 t = torch.full((x.shape[0], x.shape[1] + rows_extra, d + pad), float("nan"), dtype=torch.float16)
                 t[:, :x.shape[1], :d] = torch.from_numpy(x.astype(np.float16))
-                return t[:, :x.shape[1], :d]
-            dev = backend.DEVICE
-            Q, DO = (buffer(x, BM).to(dev) for x in (q, do))
-            K, V = (buffer(x, BN).to(dev) for x in (k, v))
+                return t.to(dev)[:, :x.shape[1], :d]
+            Q, DO = (buffer(x, BM) for x in (q, do))
+            K, V = (buffer(x, BN) for x in (k, v))
             if DO.stride() != Q.stride():
                 raise AssertionError("internal: Q and DO must share strides")
-            LSE, DELTA = (torch.from_numpy(np.ascontiguousarray(a)).to(dev) for a in (lse32, delta32))
+            # (H, N_q) contiguous, then BLOCK_M NaN: a load one row past the last head's N_q reads nan
+            LSE, DELTA = (torch.from_numpy(np.concatenate([a.ravel(), np.full(BM, np.nan, np.float32)])).to(dev)
+                          for a in (lse32, delta32))
             DK, DV = (torch.full((H, N_k + BN, d + pad), float("nan"), dtype=torch.float32).to(dev)[:, :N_k, :d]
                       for _ in range(2))                 # the same strides: the kernel stores both with DK's
             launch(name, kernel, (-(-N_k // BN), H),
