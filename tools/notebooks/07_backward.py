@@ -139,28 +139,37 @@ CELLS = [
     md("""
     ## Measured
 
-    Backward only, fp16, 16k tokens, hidden 2048, side by side in one run on an H200 (torch 2.11, Triton
-    3.6; `tools/gpu_backward.py`, shipped as `bench.measured("backward", gpu="h200")`). TFLOP/s count the
-    backward as 2.5x the forward's FLOPs, for every implementation:
+    The chapter's benchmark suite (`flashcourse bench backward`), side by side in one run on an H100
+    (torch 2.11, Triton 3.6; shipped as `bench.shipped("backward")`): fp16, 16k tokens, hidden 2048,
+    backward only (TFLOP/s counting the backward as 2.5x the forward's FLOPs, for everyone), and a whole
+    forward + backward step through autograd, with the memory it allocates:
     """, "slide", name="measured"),
 
     code("""
     # NBVAL_CHECK_OUTPUT
     from flashcourse import bench
-    m = bench.measured("backward", gpu="h200")
-    print(m["gpu"], "|", "torch", m["torch"], "| triton", m["triton"])
-    print(f"{'d':>3s} {'N':>6s} {'causal':>6s} {'ours':>6s} {'SDPA flash':>10s} {'cuDNN':>6s} {'mem-eff':>7s}  ours / flash")
-    for r in m["rows"]:
-        print(f"{r['d']:3d} {r['N']:6d} {str(r['causal']):>6s} {r['fa2_backward_TF']:6.0f} {r['flash_bwd_TF']:10.0f} "
-              f"{r['cudnn_bwd_TF']:6.0f} {r['efficient_bwd_TF']:7.0f}  {r['fa2_backward_TF'] / r['flash_bwd_TF']:.2f}x")
+    from flashcourse.bench.backward import table
+    result = bench.shipped("backward")
+    print(result.gpu, "|", "torch", result.provenance["torch"], "| triton", result.provenance["triton"])
+    print(f"{'d':>3s} {'N':>6s} {'causal':>6s} {'ours':>5s} {'flash':>6s} {'cuDNN':>6s} {'mem-eff':>7s} | "
+          f"{'step: ours':>10s} {'flash':>6s} | {'MiB: ours':>9s} {'flash':>6s} {'naive':>7s}")
+    for r in table(result):
+        naive = r.get("naive (torch) fwd+bwd peak MiB")
+        print(f"{r['d']:3d} {r['N']:6d} {str(r['causal']):>6s} {r['kernels.fa2_backward']:5.0f} "
+              f"{r['sdpa (flash) backward']:6.0f} {r['sdpa (cudnn) backward']:6.0f} {r['sdpa (efficient) backward']:7.0f} | "
+              f"{r['kernels.flash_attention fwd+bwd']:10.0f} {r['sdpa (flash) fwd+bwd']:6.0f} | "
+              f"{r['kernels.flash_attention fwd+bwd peak MiB']:9.0f} {r['sdpa (flash) fwd+bwd peak MiB']:6.0f} "
+              f"{'-' if naive is None else f'{naive:.0f}':>7s}")
     """, "subslide", name="measured-table"),
 
     md("""
-    The Triton backward runs 1.06-1.61x as fast as PyTorch's flash backend (FlashAttention-2's CUTLASS
-    code) at every shape here, and at 0.66-1.05x of cuDNN's, which on Hopper uses the asynchronous
-    tensor-core instructions that FlashAttention-3 is built on. The tiles were tuned on this GPU: at
-    d = 128 and N = 4096 the first ones tried (key blocks of 32 x 64 and query blocks of 64 x 32, 8 warps
-    each) ran at 146 TFLOP/s; 4 warps for the key blocks and 128 x 64 query blocks with 8, at 349.
+    The Triton backward runs at 1.06-1.71x PyTorch's flash backend (FlashAttention-2's CUTLASS code) at
+    every shape, 2.6-3.2x the memory-efficient one, and at 0.69-1.17x cuDNN's, which on Hopper uses the
+    asynchronous tensor-core instructions FlashAttention-3 is built on. Naive attention's step keeps S, P
+    and their gradients: 5.2 GiB at N = 1k and 20 GiB at 4k (d = 64) where ours allocates 260 MiB (at 16k and
+    d = 64 it does not fit). The tiles were tuned on an H200 (`tools/gpu_backward.py --sweep`): at d = 128
+    and N = 4096 the first ones tried (key blocks of 32 x 64 and query blocks of 64 x 32, 8 warps each)
+    ran at 146 TFLOP/s; 4 warps for the key blocks and 128 x 64 query blocks with 8, at 349.
     """, "fragment", name="measured-text"),
 
     md("""
