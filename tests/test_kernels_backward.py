@@ -202,7 +202,7 @@ def test_shipped_h100_results_meet_the_course_claims():
     a whole step (forward + backward) faster than SDPA flash's; naive attention's step allocating 10x the
     course's memory or more where it runs, growing with N, while the course's stays flat."""
     from flashcourse.bench import shipped
-    from flashcourse.bench.backward import table
+    from flashcourse.bench.attention import table
     result = shipped("backward")
     assert result.gpu.startswith("NVIDIA H100")
     rows = table(result)

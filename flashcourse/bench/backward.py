@@ -14,7 +14,8 @@ Suite ``backward``: fp16, B * N = 16k tokens, hidden 2048 (H = 2048 / d heads), 
 
 FLOPs: the backward's 2.5x the forward's matmul FLOPs (:func:`flashcourse.formulas.backward.backward_flops`),
 fwd+bwd 3.5x; halved when causal. ``extra["peak_bytes"]`` is the memory one call allocates beyond its inputs.
-``kernels.fa2_backward``'s gradients are checked against SDPA's before they are timed.
+``kernels.fa2_backward``'s gradients are checked against SDPA's before they are timed. One row per shape:
+:func:`flashcourse.bench.attention.table`.
 
 Example:
     >>> from flashcourse.bench import get_suite
@@ -29,7 +30,7 @@ from ..formulas.backward import backward_flops
 from .attention import warm_up
 from .harness import Case, Workload, suite
 
-__all__ = ["backward", "IMPLS", "table"]
+__all__ = ["backward", "IMPLS"]
 
 #: The implementations the suite times, in order.
 IMPLS = ["kernels.fa2_backward", "sdpa (flash) backward", "sdpa (cudnn) backward", "sdpa (efficient) backward",
@@ -165,23 +166,3 @@ def _cases(B, H, N, d, causal, naive, device, seed):
                           check=check if impl == "kernels.fa2_backward" else None, extra=extra,
                           inputs=(q, k, v, do)))
     return cases
-
-
-def table(result) -> list[dict]:
-    """One row per (d, N, causal) of a ``backward`` result: TFLOP/s per implementation, and peak MiB.
-
-    Example:
-        >>> from flashcourse.bench.harness import Record, Result
-        >>> recs = [Record("d=64 N=1024", i, "course", {"d": 64, "N": 1024, "causal": False}, 1.0, 10**12)
-        ...         for i in ("kernels.fa2_backward", "sdpa (flash) backward")]
-        >>> table(Result("backward", {"gpu": "GPU"}, {}, recs))[0]["kernels.fa2_backward"]
-        1.0
-    """
-    rows = {}
-    for r in result.records:
-        key = (r.params.get("d"), r.params.get("N"), r.params.get("causal"))
-        row = rows.setdefault(key, {"d": key[0], "N": key[1], "causal": key[2]})
-        row[r.impl] = r.TFLOPs
-        if "peak_bytes" in r.extra:
-            row[f"{r.impl} peak MiB"] = r.extra["peak_bytes"] / 2**20
-    return list(rows.values())

@@ -148,7 +148,7 @@ CELLS = [
     code("""
     # NBVAL_CHECK_OUTPUT
     from flashcourse import bench
-    from flashcourse.bench.backward import table
+    from flashcourse.bench.attention import table
     result = bench.shipped("backward")
     print(result.gpu, "|", "torch", result.provenance["torch"], "| triton", result.provenance["triton"])
     print(f"{'d':>3s} {'N':>6s} {'causal':>6s} {'ours':>5s} {'flash':>6s} {'cuDNN':>6s} {'mem-eff':>7s} | "
