@@ -114,6 +114,27 @@ CELLS = [
     print(f"elements moved: standard {std.accesses():,d}, FA2 {mem.accesses():,d}")
     """, "subslide", name="loops-count"),
 
+    md("""
+    ## Watch the tiles
+
+    $K_j$ and $V_j$ (green once loaded) stay on chip while the query blocks stream past; every step
+    reads $Q_i$, $dO_i$, $L_i$, $D_i$ and reads and writes $dQ_i$ (purple); $dK_j$, $dV_j$ are written
+    once, when the key block is done. $P$ has no column: it never leaves the chip.
+    """, "slide", name="stepper-md"),
+    code("""
+    # NBVAL_IGNORE_OUTPUT
+    import numpy as np
+    from flashcourse.memory import Memory
+    from flashcourse.reference import fa2_attention
+    from flashcourse.reference.backward import fa2_backward
+    from flashcourse.viz import show_stepper
+    q, k, v, do = np.random.default_rng(1).normal(size=(4, 96, 16))
+    o, L = fa2_attention(q, k, v, block_sizes=(32, 32), causal=True, return_lse=True)
+    mem = Memory()
+    fa2_backward(q, k, v, o, do, L, block_sizes=(32, 32), causal=True, memory=mem)
+    show_stepper(mem)
+    """, "subslide", name="stepper"),
+
     md(r"""
     ## The kernels
 
