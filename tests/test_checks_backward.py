@@ -5,12 +5,16 @@ seed and three fresh ones, each with the hint the check derives from the mistake
 
 The mutants are textual mutations of the solutions notebook's cells (tests/solution_cells.py).
 """
+from concurrent.futures import ThreadPoolExecutor
+
+import nbformat
 import pytest
 
 import flashcourse  # noqa: F401
 from flashcourse import checks
+from flashcourse.grading import grade
 import solution_cells as cells
-from solution_cells import rejected, seeds_of
+from solution_cells import ROOT, completed, rejected, seeds_of
 
 NOTEBOOK = "07_backward"
 
@@ -83,3 +87,37 @@ def test_step_mutants_are_rejected(tmp_path, seed, replace, expected):
 ])
 def test_kernel_mutants_are_rejected(tmp_path, seed, replace, expected):
     rejected(checks.dkdv_kernel, kernel(tmp_path, *replace), seed, *expected)
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("grade-backward")
+    nbformat.write(completed(NOTEBOOK), tmp / f"{NOTEBOOK}.ipynb")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        jobs = {state: pool.submit(grade, folder / f"{NOTEBOOK}.ipynb")
+                for state, folder in {"untouched": ROOT / "exercises", "completed": tmp}.items()}
+        return {state: job.result() for state, job in jobs.items()}
+
+
+@pytest.mark.slow
+def test_grade_reports_the_untouched_exercise_as_not_implemented(graded):
+    report = graded["untouched"]
+    assert not report.passed
+    assert [(c.name, c.status) for c in report.checks] == [("fa2_backward_step", "not implemented"),
+                                                         ("dkdv_kernel", "not implemented")], report.format()
+
+
+@pytest.mark.slow
+def test_grade_passes_the_completed_exercise(graded):
+    report = graded["completed"]
+    assert report.passed, report.format()
+    assert [(c.name, c.status) for c in report.checks] == [("fa2_backward_step", "passed"), ("dkdv_kernel", "passed")]
+    assert report.other_failures == [] and report.notes == []
+
+
+def test_a_dkdv_kernel_that_only_the_interpreter_runs_is_rejected_for_sm_80_and_sm_90(tmp_path):
+    """A `break` that never fires: every case passes under the interpreter, the GPU compiler rejects it."""
+    k = kernel(tmp_path, ("        rows = start_m + tl.arange(0, BLOCK_M)\n",
+                          "        rows = start_m + tl.arange(0, BLOCK_M)\n        if start_m < 0:\n            break\n"))
+    with pytest.raises(AssertionError, match="`break`"):
+        checks.dkdv_kernel(k, seed=0)
