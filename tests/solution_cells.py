@@ -123,3 +123,17 @@ def completed(name: str):
     strip = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION(\n|$)", re.M)
     assert [c.source.rstrip("\n") for c in ex.cells] == [strip.sub("", c.source).rstrip("\n") for c in sol.cells]
     return ex
+
+
+def grade_untouched_and_completed(tmp_path_factory, name: str) -> dict:
+    """``flashcourse grade`` on exercise ``name`` as given and as completed with the solutions, side by side:
+    ``{"untouched": report, "completed": report}``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from flashcourse.grading import grade
+    tmp = tmp_path_factory.mktemp(f"grade-{name}")
+    nbformat.write(completed(name), tmp / f"{name}.ipynb")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        jobs = {state: pool.submit(grade, folder / f"{name}.ipynb")
+                for state, folder in {"untouched": ROOT / "exercises", "completed": tmp}.items()}
+        return {state: job.result() for state, job in jobs.items()}

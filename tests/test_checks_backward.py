@@ -5,16 +5,12 @@ seed and three fresh ones, each with the hint the check derives from the mistake
 
 The mutants are textual mutations of the solutions notebook's cells (tests/solution_cells.py).
 """
-from concurrent.futures import ThreadPoolExecutor
-
-import nbformat
 import pytest
 
 import flashcourse  # noqa: F401
 from flashcourse import checks
-from flashcourse.grading import grade
 import solution_cells as cells
-from solution_cells import ROOT, completed, rejected, seeds_of
+from solution_cells import rejected, seeds_of
 
 NOTEBOOK = "07_backward"
 
@@ -91,12 +87,7 @@ def test_kernel_mutants_are_rejected(tmp_path, seed, replace, expected):
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("grade-backward")
-    nbformat.write(completed(NOTEBOOK), tmp / f"{NOTEBOOK}.ipynb")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        jobs = {state: pool.submit(grade, folder / f"{NOTEBOOK}.ipynb")
-                for state, folder in {"untouched": ROOT / "exercises", "completed": tmp}.items()}
-        return {state: job.result() for state, job in jobs.items()}
+    return cells.grade_untouched_and_completed(tmp_path_factory, NOTEBOOK)
 
 
 @pytest.mark.slow

@@ -6,7 +6,6 @@ what the student is asked to write. The kernel runs under Triton's interpreter o
 GPU. The last tests grade exercises/06 with ``flashcourse grade``, untouched and completed.
 """
 import json
-from concurrent.futures import ThreadPoolExecutor
 
 import nbformat
 import numpy as np
@@ -16,7 +15,6 @@ import flashcourse  # noqa: F401  (before triton: switches on the interpreter wi
 from flashcourse import backend, checks
 from flashcourse.checks import gemm as gemm_checks
 from flashcourse.checks import gemm_cases
-from flashcourse.grading import grade
 from flashcourse.reference.gemm import choose_block_n as reference_choose_block_n
 import solution_cells as cells
 from solution_cells import ROOT, completed, fails, fails_on_a_hidden_case, load, passes_with_one_line, solution_source  # noqa: F401
@@ -244,12 +242,7 @@ def test_exercise_hides_the_solutions_and_keeps_the_checks():
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("grade-gemm")
-    nbformat.write(completed(FG), tmp / f"{FG}.ipynb")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        jobs = {state: pool.submit(grade, folder / f"{FG}.ipynb")
-                for state, folder in {"untouched": ROOT / "exercises", "completed": tmp}.items()}
-        return {state: job.result() for state, job in jobs.items()}
+    return cells.grade_untouched_and_completed(tmp_path_factory, FG)
 
 
 @pytest.mark.slow
