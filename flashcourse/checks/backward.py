@@ -170,7 +170,7 @@ def emulate_dkdv(q, k, v, do, lse, delta, sm_scale, causal, BLOCK_M, mistake: st
         >>> from flashcourse.reference.attention import attention_float64
         >>> s = q[0] @ k[0].T / math.sqrt(8)
         >>> lse = np.log(np.exp(s).sum(1))[None]
-        >>> delta = (do * attention_float64(q, k, v)).sum(-1)
+        >>> delta = (do * attention_float64(q[0], k[0], v[0])[None]).sum(-1)
         >>> dk, dv = emulate_dkdv(q, k, v, do, lse, delta, 1 / math.sqrt(8), False, 4)
         >>> ref = attention_backward_float64(q, k, v, do)
         >>> bool(np.allclose(dk, ref[1]) and np.allclose(dv, ref[2]))
