@@ -4,7 +4,8 @@ Suite ``backward``: fp16, B * N = 16k tokens, hidden 2048 (H = 2048 / d heads), 
 {1k, 4k, 16k}, causal and not -- the shapes of ``../shared/baselines`` -- timing
 
 * ``kernels.fa2_backward``: the three kernels on the forward's saved O and log-sum-exp (the allocation of
-  dq, dk, dv included);
+  dq, dk, dv included); ``kernels.fa2_backward (dQ atomics)``: dQ added by the dK/dV kernel with fp32 atomic
+  adds instead of the second, dQ kernel (``dq_mode="atomic"``);
 * ``sdpa (flash) backward``, ``sdpa (cudnn) backward``, ``sdpa (efficient) backward``: ``o.backward(do)``
   after a forward under ``sdpa_kernel(backend)``, as the baselines measured them;
 * ``kernels.flash_attention fwd+bwd`` and ``sdpa (flash) fwd+bwd``: one training step of the attention,
@@ -33,7 +34,7 @@ from .harness import Case, Workload, suite
 __all__ = ["backward", "IMPLS"]
 
 #: The implementations the suite times, in order.
-IMPLS = ["kernels.fa2_backward", "sdpa (flash) backward", "sdpa (cudnn) backward", "sdpa (efficient) backward",
+IMPLS = ["kernels.fa2_backward", "kernels.fa2_backward (dQ atomics)", "sdpa (flash) backward", "sdpa (cudnn) backward", "sdpa (efficient) backward",
          "kernels.flash_attention fwd+bwd", "sdpa (flash) fwd+bwd", "naive (torch) fwd+bwd"]
 _SDPA = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
 
@@ -131,6 +132,8 @@ def _cases(B, H, N, d, causal, naive, device, seed):
         return None
 
     makers = {"kernels.fa2_backward": lambda: (lambda: fa2_backward(q, k, v, o, do, lse, causal)),
+              "kernels.fa2_backward (dQ atomics)": lambda: (lambda: fa2_backward(q, k, v, o, do, lse, causal,
+                                                                                  dq_mode="atomic")),
               **{f"sdpa ({n}) backward": (lambda n=n: sdpa_backward(n)) for n in _SDPA},
               "kernels.flash_attention fwd+bwd": flash_step, "sdpa (flash) fwd+bwd": sdpa_step,
               "naive (torch) fwd+bwd": naive_step}
@@ -146,7 +149,7 @@ def _cases(B, H, N, d, causal, naive, device, seed):
     cases = []
     for impl in IMPLS:
         kind = "course" if impl.startswith("kernels.") else "baseline"
-        flops = bwd_flops if impl.endswith("backward") else step_flops
+        flops = step_flops if "fwd+bwd" in impl else bwd_flops
         skip, fn, extra = skips.get(impl), None, {}
         if skip is None:
             try:
@@ -163,6 +166,6 @@ def _cases(B, H, N, d, causal, naive, device, seed):
             if device == "cuda":
                 torch.cuda.empty_cache()
         cases.append(Case(impl, fn=fn, flops=int(flops), kind=kind, skip=skip,
-                          check=check if impl == "kernels.fa2_backward" else None, extra=extra,
+                          check=check if impl.startswith("kernels.fa2_backward") else None, extra=extra,
                           inputs=(q, k, v, do)))
     return cases

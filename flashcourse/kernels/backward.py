@@ -64,10 +64,11 @@ def _bwd_preprocess(O, DO, Delta, N_q, stride_ob, stride_oh, stride_om, stride_d
 
 
 @triton.jit
-def _bwd_dkdv(Q, K, V, DO, LSE, Delta, DK, DV, qk_scale, sm_scale, N_q, N_k,
+def _bwd_dkdv(Q, K, V, DO, LSE, Delta, DK, DV, DQ32, qk_scale, sm_scale, N_q, N_k,
               stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
               stride_dob, stride_doh, stride_dom, stride_dkb, stride_dkh, stride_dkn,
-              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+              ATOMIC_DQ: tl.constexpr):
     # lines 5-19: one key block K_j, V_j per program (grid: (key blocks, H, B)); dK_j, dV_j in registers
     h, b = tl.program_id(1), tl.program_id(2)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -106,6 +107,10 @@ def _bwd_dkdv(Q, K, V, DO, LSE, Delta, DK, DV, qk_scale, sm_scale, N_q, N_k,
         dp_t = tl.dot(V_j, tl.trans(dO_i))                              # line 13: dP_ij^T
         ds_t = p_t * (dp_t - D_i[None, :])                              # line 14
         dK_j += tl.dot(ds_t.to(Q_i.dtype), Q_i)                         # line 16
+        if ATOMIC_DQ:                                   # line 15 as Algorithm 2 writes it: dQ_i += dS_ij K_j in HBM,
+            dq = tl.dot(tl.trans(ds_t.to(K_j.dtype)), K_j) * sm_scale  # added atomically (fp32, (B, H, N_q, d))
+            tl.atomic_add(DQ32 + ((b * tl.num_programs(1) + h) * N_q + rows[:, None]) * HEAD_DIM + dims[None, :], dq,
+                          mask=in_q[:, None], sem="relaxed")
     dK_j *= sm_scale
     out = b * stride_dkb + h * stride_dkh + cols[:, None] * stride_dkn + dims[None, :]
     tl.store(DK + out, dK_j.to(DK.dtype.element_ty), mask=in_k[:, None])           # line 18
@@ -203,14 +208,17 @@ def _expect_saved(fn, q, k, o, do, lse):
 
 
 def fa2_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
-                 lse: torch.Tensor, causal: bool = False, sm_scale: float | None = None, *, config: dict | None = None):
+                 lse: torch.Tensor, causal: bool = False, sm_scale: float | None = None, *, config: dict | None = None,
+                 dq_mode: str = "kernel"):
     """``(dq, dk, dv)`` of ``o = softmax(q k^T sm_scale) v`` for the upstream gradient ``do``, recomputing P.
 
     ``q``, ``o``, ``do``: (B, H, N_q, d); ``k``, ``v``: (B, H, N_k, d); ``lse``: (B, H, N_q) float32, the
     log-sum-exp ``fa2_forward(q, k, v, causal, sm_scale, return_lse=True)`` returned with ``o``. float16,
     or bfloat16 on a GPU of sm_80 or newer; d one of 16, 32, 64, 128. ``causal`` and ``sm_scale`` must be
     the forward's. Gradients come in q's dtype, accumulated in float32. ``config`` runs those tiles instead
-    of :func:`backward_config`'s (for tuning: tools/gpu_backward.py).
+    of :func:`backward_config`'s (for tuning: tools/gpu_backward.py). ``dq_mode="atomic"`` computes dQ inside
+    the dK/dV kernel, every key block adding its ``dS_ij K_j`` to an fp32 dQ in HBM with atomic adds (Algorithm 2
+    as written), instead of the second, Q-outer kernel (``"kernel"``): the trade-off chapter 7 measures.
 
     Example:
         >>> import torch
@@ -221,10 +229,12 @@ def fa2_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
         >>> dq.shape, dk.dtype
         (torch.Size([1, 1, 33, 16]), torch.float16)
     """
+    if dq_mode not in ("kernel", "atomic"):
+        raise ValueError(f"fa2_backward: dq_mode must be 'kernel' or 'atomic', got {dq_mode!r}")
     plain = config is None and all(isinstance(t, torch.Tensor) for t in (q, k, v, o, do, lse))
     plain = plain and (sm_scale is None or isinstance(sm_scale, (int, float)))
     if plain:                           # a training loop's call: the host's work for this shape is done
-        key = (shape_key(q, k, v, o, do, lse), bool(causal), sm_scale)
+        key = (shape_key(q, k, v, o, do, lse), bool(causal), sm_scale, dq_mode)
         again = _PLANS.get(key)
         if again is not None:
             return again(q, k, v, o, do, lse)
@@ -234,7 +244,8 @@ def fa2_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
     o, do, lse = _expect_saved(fn, q, k, o, do, lse)
     sm_scale = expect_sm_scale(fn, sm_scale, q.shape[-1])
     grads, again = _launch(q, k, v, o, do, lse, causal, sm_scale,
-                           backward_config(q.shape[-1]) if config is None else {**backward_config(q.shape[-1]), **config})
+                           backward_config(q.shape[-1]) if config is None else {**backward_config(q.shape[-1]), **config},
+                           dq_mode == "atomic")
     if plain and again is not None and all(a is b for a, b in zip((q, k, v, o, do, lse), given)):   # nothing copied
         _PLANS.put(key, again)
     return grads
@@ -243,7 +254,7 @@ def fa2_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
 _PLANS = Plans()
 
 
-def _launch(q, k, v, o, do, lse, causal, sm_scale, cfg):
+def _launch(q, k, v, o, do, lse, causal, sm_scale, cfg, atomic=False):
     """The three kernels on checked inputs; returns ``(dq, dk, dv)`` and ``again(q, k, v, o, do, lse)``, the same
     call for tensors of the same shape_key with the host's work done (None for empty inputs)."""
     B, H, N_q, d = q.shape
@@ -253,6 +264,7 @@ def _launch(q, k, v, o, do, lse, causal, sm_scale, cfg):
     if dq.numel() == 0 or dk.numel() == 0:
         return (dq.zero_(), dk.zero_(), dv.zero_()), None
     delta = torch.empty((B, H, N_q), dtype=torch.float32, device=q.device)
+    dq32 = torch.zeros((B, H, N_q, d) if atomic else (1,), dtype=torch.float32, device=q.device)   # "atomic" only
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
     scales = (sm_scale * LOG2E, sm_scale, N_q, N_k)
     BM1, BN1, w1, s1 = cfg["dkdv"]
@@ -261,9 +273,25 @@ def _launch(q, k, v, o, do, lse, causal, sm_scale, cfg):
         pre = relaunch(_bwd_preprocess, (triton.cdiv(N_q, cfg["pre"]), H, B),
                        (o, do, delta, N_q, *o.stride()[:3], *do.stride()[:3]), {"HEAD_DIM": d, "BLOCK_M": cfg["pre"]})
         dkdv = relaunch(_bwd_dkdv, (triton.cdiv(N_k, BN1), H, B),
-                        (q, k, v, do, lse, delta, dk, dv, *scales, *strides, *dk.stride()[:3]),
+                        (q, k, v, do, lse, delta, dk, dv, dq32, *scales, *strides, *dk.stride()[:3]),
                         {"HEAD_DIM": d, "BLOCK_M": BM1, "BLOCK_N": BN1, "CAUSAL": bool(causal), "num_warps": w1,
-                         "num_stages": s1})
+                         "num_stages": s1, "ATOMIC_DQ": atomic})
+    if atomic:
+        dq.copy_(dq32)
+
+        def again(q, k, v, o, do, lse):
+            dk, dv = (torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes[1:])
+            delta = torch.empty((B, H, N_q), dtype=torch.float32, device=device)
+            dq32 = torch.zeros((B, H, N_q, d), dtype=torch.float32, device=device)
+            with quiet():
+                pre(o, do, delta, N_q, *o_strides, *do_strides)
+                dkdv(q, k, v, do, lse, delta, dk, dv, dq32, *scales, *strides, *dk_strides)
+            return dq32.to(shapes[0][1]), dk, dv
+        o_strides, do_strides, dk_strides = o.stride()[:3], do.stride()[:3], dk.stride()[:3]
+        shapes = [(t.shape, t.dtype) for t in (q, k, v)]
+        device = q.device
+        return (dq, dk, dv), again
+    with quiet():
         dq_run = relaunch(_bwd_dq, (triton.cdiv(N_q, BM2), H, B),
                           (q, k, v, do, lse, delta, dq, *scales, *strides, *dq.stride()[:3]),
                           {"HEAD_DIM": d, "BLOCK_M": BM2, "BLOCK_N": BN2, "CAUSAL": bool(causal), "num_warps": w2,
@@ -277,7 +305,7 @@ def _launch(q, k, v, o, do, lse, causal, sm_scale, cfg):
         delta = torch.empty((B, H, N_q), dtype=torch.float32, device=device)
         with quiet():
             pre(o, do, delta, N_q, *o_strides, *do_strides)
-            dkdv(q, k, v, do, lse, delta, dk, dv, *scales, *strides, *dk_strides)
+            dkdv(q, k, v, do, lse, delta, dk, dv, dq32, *scales, *strides, *dk_strides)
             dq_run(q, k, v, do, lse, delta, dq, *scales, *strides, *dq_strides)
         return dq, dk, dv
     return (dq, dk, dv), again
@@ -381,15 +409,18 @@ def _aot(kernel_name):
                 yield aot.Launch({"HEAD_DIM": d, "BLOCK_M": cfg["pre"]}, 4, 1, kernel="bwd_preprocess")
             else:
                 BM, BN, warps, stages = cfg[kernel_name]
-                yield aot.Launch({"HEAD_DIM": d, "BLOCK_M": BM, "BLOCK_N": BN, "CAUSAL": True}, warps, stages,
-                                 kernel=f"bwd_{kernel_name}")
+                for atomic in ((False, True) if kernel_name == "dkdv" else (None,)):
+                    flags = {} if atomic is None else {"ATOMIC_DQ": atomic}
+                    yield aot.Launch({"HEAD_DIM": d, "BLOCK_M": BM, "BLOCK_N": BN, "CAUSAL": True, **flags}, warps,
+                                     stages, kernel=f"bwd_{kernel_name}")
     return configs
 
 
 def _signature(names):
-    ptr = {"LSE": "*fp32", "Delta": "*fp32"}
-    return {n: (ptr.get(n, "*fp16") if n[0].isupper() and n not in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "N_q", "N_k")
-                else "constexpr" if n.isupper() else "fp32" if n in ("qk_scale", "sm_scale") else "i32") for n in names}
+    const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "ATOMIC_DQ"}
+    fp32 = {"LSE", "Delta", "DQ32"}
+    return {n: ("constexpr" if n in const else "*fp32" if n in fp32 else "fp32" if n in ("qk_scale", "sm_scale")
+                else "i32" if n in ("N_q", "N_k") or n.startswith("stride") else "*fp16") for n in names}
 
 
 aot.register("bwd_preprocess", _bwd_preprocess, signature=_signature(_bwd_preprocess.arg_names), configs=_aot("pre"))

@@ -172,11 +172,12 @@ CELLS = [
     from flashcourse.bench.attention import table
     result = bench.shipped("backward")
     print(result.gpu, "|", "torch", result.provenance["torch"], "| triton", result.provenance["triton"])
-    print(f"{'d':>3s} {'N':>6s} {'causal':>6s} {'ours':>5s} {'flash':>6s} {'cuDNN':>6s} {'mem-eff':>7s} | "
+    print(f"{'d':>3s} {'N':>6s} {'causal':>6s} {'ours':>5s} {'atomic':>6s} {'flash':>6s} {'cuDNN':>6s} {'mem-eff':>7s} | "
           f"{'step: ours':>10s} {'flash':>6s} | {'MiB: ours':>9s} {'flash':>6s} {'naive':>7s}")
     for r in table(result):
         naive = r.get("naive (torch) fwd+bwd peak MiB")
         print(f"{r['d']:3d} {r['N']:6d} {str(r['causal']):>6s} {r['kernels.fa2_backward']:5.0f} "
+              f"{r['kernels.fa2_backward (dQ atomics)']:6.0f} "
               f"{r['sdpa (flash) backward']:6.0f} {r['sdpa (cudnn) backward']:6.0f} {r['sdpa (efficient) backward']:7.0f} | "
               f"{r['kernels.flash_attention fwd+bwd']:10.0f} {r['sdpa (flash) fwd+bwd']:6.0f} | "
               f"{r['kernels.flash_attention fwd+bwd peak MiB']:9.0f} {r['sdpa (flash) fwd+bwd peak MiB']:6.0f} "
@@ -184,13 +185,20 @@ CELLS = [
     """, "subslide", name="measured-table"),
 
     md("""
-    The Triton backward runs at 1.06-1.71x PyTorch's flash backend (FlashAttention-2's CUTLASS code) at
-    every shape, 2.6-3.2x the memory-efficient one, and at 0.69-1.17x cuDNN's, which on Hopper uses the
+    The Triton backward runs at 1.07-1.79x PyTorch's flash backend (FlashAttention-2's CUTLASS code) at
+    every shape, 2.6-3.2x the memory-efficient one, and at 0.65-1.17x cuDNN's, which on Hopper uses the
     asynchronous tensor-core instructions FlashAttention-3 is built on. Naive attention's step keeps S, P
     and their gradients: 5.2 GiB at N = 1k and 20 GiB at 4k (d = 64) where ours allocates 260 MiB (at 16k and
     d = 64 it does not fit). The tiles were tuned on an H200 (`tools/gpu_backward.py --sweep`): at d = 128
     and N = 4096 the first ones tried (key blocks of 32 x 64 and query blocks of 64 x 32, 8 warps each)
     ran at 146 TFLOP/s; 4 warps for the key blocks and 128 x 64 query blocks with 8, at 349.
+
+    **dQ: a second kernel or atomic adds?** The column *atomic* is `fa2_backward(..., dq_mode="atomic")`:
+    Algorithm 2 as written, each key-block program adding its $dS_{ij} K_j$ to an fp32 $dQ$ in HBM with
+    `tl.atomic_add`, and no dQ kernel. It does 5 matmuls a tile instead of the two kernels' 4 + 3, yet
+    takes 1.15-1.39x as long here: every program writes a $B_r \\times d$ tile of fp32 atomics per query block,
+    $T_c$ times over every row of $dQ$, and the adds to one row wait for each other. It also needs the
+    fp32 $dQ$ (322 MiB against 194 at d = 64, N = 1k). Recomputing is again cheaper than moving bytes.
     """, "fragment", name="measured-text"),
 
     md("""
