@@ -118,3 +118,28 @@ def test_the_step_is_what_makes_it_right(mistake, seed):
     got = fa2_backward(q, k, v, o, do, L, block_sizes=(16, 16), step=wrong)
     want = attention_backward_float64(q, k, v, do)
     assert not all(np.allclose(g, w, rtol=1e-6) for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fa1s_backward_rereads_O_in_every_step(causal, seed):
+    """FlashAttention-1's backward (Algorithm 4): the same gradients, but D recomputed in every step from O
+    loaded again, and l, m instead of L, D: its counted traffic equals fa1_backward_traffic and exceeds FA2's."""
+    from flashcourse.formulas.backward import fa1_backward_traffic
+    from flashcourse.reference.attention import causal_mask
+    from flashcourse.reference.backward import fa1_backward
+    rng = np.random.default_rng(seed)
+    q, do = rng.normal(size=(2, 1, 2, 45, 8))
+    k, v = rng.normal(size=(2, 1, 2, 60, 8))
+    S = q @ np.swapaxes(k, -1, -2) / np.sqrt(8)
+    if causal:
+        S = np.where(causal_mask(45, 60), S, -np.inf)
+    m = S.max(-1)
+    l = np.exp(S - m[..., None]).sum(-1)
+    o = (np.exp(S - m[..., None]) / l[..., None]) @ v
+    mem = Memory()
+    grads = fa1_backward(q, k, v, o, do, l, m, block_sizes=(16, 16), causal=causal, memory=mem)
+    for g, w in zip(grads, autograd64(q, k, v, do, causal)):
+        np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-9)
+    fa1 = fa1_backward_traffic(45, 8, 16, 16, N_k=60, heads=2, causal=causal)
+    assert mem.totals("elements") == fa1
+    assert sum(fa1.values()) > sum(fa2_backward_traffic(45, 8, 16, 16, N_k=60, heads=2, causal=causal).values())

@@ -15,7 +15,8 @@ from __future__ import annotations
 from .attention import attention_flops
 from .counting import expect_positive, row_blocks
 
-__all__ = ["standard_backward_traffic", "fa2_backward_traffic", "backward_flops", "saved_elements"]
+__all__ = ["standard_backward_traffic", "fa1_backward_traffic", "fa2_backward_traffic", "backward_flops",
+           "saved_elements"]
 
 
 def standard_backward_traffic(N: int, d: int, N_k: int | None = None, heads: int = 1) -> dict[tuple[str, str], int]:
@@ -38,6 +39,28 @@ def standard_backward_traffic(N: int, d: int, N_k: int | None = None, heads: int
                 ("V", "read"): N_k * d, ("dP", "write"): NN, ("dP", "read"): NN, ("dS", "write"): NN,
                 ("dS", "read"): 2 * NN, ("K", "read"): N_k * d, ("dQ", "write"): N * d, ("Q", "read"): N * d,
                 ("dK", "write"): N_k * d}
+    return {key: heads * n for key, n in per_head.items()}
+
+
+def fa1_backward_traffic(N: int, d: int, B_r: int, B_c: int, N_k: int | None = None, heads: int = 1,
+                         causal: bool = False) -> dict[tuple[str, str], int]:
+    """HBM element accesses of FlashAttention-1's backward (Algorithm 4 of the FlashAttention paper).
+
+    The loops of FA2's backward, but with FA1's statistics: the forward saved l and m (two numbers a row),
+    and D_i = rowsum(dO_i o O_i) is recomputed in every inner step, so O_i is read with dO_i for every
+    (row block, key block) pair the loops visit, instead of once before them.
+
+    Example:
+        >>> t1, t2 = fa1_backward_traffic(256, 64, 64, 64), fa2_backward_traffic(256, 64, 64, 64)
+        >>> t1[("O", "read")] // t2[("O", "read")], sum(t1.values()) > sum(t2.values())
+        (4, True)
+    """
+    N_k = N if N_k is None else N_k
+    expect_positive("fa1_backward_traffic", N=N, N_k=N_k, d=d, B_r=B_r, B_c=B_c, heads=heads)
+    visits = sum(r * t for r, t, _ in row_blocks(N, N_k, B_r, B_c, causal))
+    per_head = {("K", "read"): N_k * d, ("V", "read"): N_k * d, ("Q", "read"): visits * d, ("O", "read"): visits * d,
+                ("dO", "read"): visits * d, ("l", "read"): visits, ("m", "read"): visits, ("dQ", "read"): visits * d,
+                ("dQ", "write"): visits * d, ("dK", "write"): N_k * d, ("dV", "write"): N_k * d}
     return {key: heads * n for key, n in per_head.items()}
 
 

@@ -43,7 +43,7 @@ import numpy as np
 from ..memory import Memory
 from .attention import FLOAT_BYTES, causal_mask, check_fits, positive_int, softmax_scale
 
-__all__ = ["attention_backward_float64", "standard_backward", "fa2_backward", "fa2_backward_step"]
+__all__ = ["attention_backward_float64", "standard_backward", "fa1_backward", "fa2_backward", "fa2_backward_step"]
 
 
 def _arrays(fn: str, names: tuple[str, ...], *tensors):
@@ -170,6 +170,17 @@ def standard_backward(q, k, v, do, causal: bool = False, sm_scale: float | None 
     return mem.read_hbm("dQ"), mem.read_hbm("dK"), mem.read_hbm("dV")
 
 
+def _gradients_and_blocks(mem, q, k, v, B_r, B_c, causal):
+    """dQ (zeros), dK, dV in HBM; the row and key blocks, the causal offset and mask of both backwards' loops."""
+    for name, shape in (("dK", k.shape), ("dV", v.shape)):
+        mem.alloc_hbm(name, shape)
+    mem.alloc_hbm("dQ", q.shape, fill=0.0)
+    N_q, N_k = q.shape[-2], k.shape[-2]
+    rows = [slice(a, min(a + B_r, N_q)) for a in range(0, N_q, B_r)]
+    cols = [slice(a, min(a + B_c, N_k)) for a in range(0, N_k, B_c)]
+    return rows, cols, N_k - N_q, causal_mask(N_q, N_k) if causal else None
+
+
 def fa2_backward_step(Q_i, K_j, V_j, dO_i, L_i, D_i, dQ_i, dK_j, dV_j, tau: float, visible=None):
     """Lines 10-16 of Algorithm 2: one (row block i, key block j) of FlashAttention-2's backward.
 
@@ -242,13 +253,8 @@ def fa2_backward(q, k, v, o, do, L, *, block_sizes: tuple[int, int], causal: boo
                "L_i, D_i and a B_r x B_c tile)", "pass smaller block_sizes or a larger memory")
     for name, t in (("Q", q), ("K", k), ("V", v), ("O", o), ("dO", do), ("L", L)):
         mem.to_hbm(name, t)
-    for name, shape in (("D", L.shape), ("dK", k.shape), ("dV", v.shape)):
-        mem.alloc_hbm(name, shape)
-    mem.alloc_hbm("dQ", q.shape, fill=0.0)                    # line 3: dQ = 0 in HBM
-    rows = [slice(a, min(a + B_r, N_q)) for a in range(0, N_q, B_r)]
-    cols = [slice(a, min(a + B_c, N_k)) for a in range(0, N_k, B_c)]
-    offset = N_k - N_q
-    visible = causal_mask(N_q, N_k) if causal else None
+    mem.alloc_hbm("D", L.shape)
+    rows, cols, offset, visible = _gradients_and_blocks(mem, q, k, v, B_r, B_c, causal)   # line 3: dQ = 0
 
     for bh in np.ndindex(q.shape[:-2]):
         head = f"head {bh}: " if bh else ""
@@ -279,5 +285,68 @@ def fa2_backward(q, k, v, o, do, L, *, block_sizes: tuple[int, int], causal: boo
             mem.step(f"{head}j={j}: write dK_{j}, dV_{j}")
             mem.free("dK_j", "dV_j", "K_j", "V_j")
             mem.store("dK", bh + (C,), dK_j)                  # line 18
+            mem.store("dV", bh + (C,), dV_j)
+    return mem.read_hbm("dQ"), mem.read_hbm("dK"), mem.read_hbm("dV")
+
+
+def fa1_backward(q, k, v, o, do, l, m, *, block_sizes: tuple[int, int], causal: bool = False,
+                 sm_scale: float | None = None, memory: Memory | None = None):
+    """FlashAttention-1's backward (Algorithm 4 of the FlashAttention paper) on a counted memory: FA2's loops
+    with FA1's statistics.
+
+    The forward saved the row maxima ``m`` and sums ``l`` (FA1's ``fa1_attention`` keeps them in HBM), so
+    ``P_ij = exp(S_ij - m_i) / l_i``; and ``D_i = rowsum(dO_i o O_i)`` is recomputed in every inner step, from
+    O_i loaded with dO_i. Otherwise the steps are :func:`fa2_backward`'s. Returns ``(dQ, dK, dV)``; traffic:
+    :func:`flashcourse.formulas.backward.fa1_backward_traffic`.
+
+    Example:
+        >>> from flashcourse.formulas.backward import fa1_backward_traffic
+        >>> rng = np.random.default_rng(3)
+        >>> q, k, v, do = rng.normal(size=(4, 40, 8))
+        >>> S = q @ k.T / np.sqrt(8)
+        >>> m = S.max(1); l = np.exp(S - m[:, None]).sum(1)
+        >>> o = (np.exp(S - m[:, None]) / l[:, None]) @ v
+        >>> mem = Memory()
+        >>> grads = fa1_backward(q, k, v, o, do, l, m, block_sizes=(16, 16), memory=mem)
+        >>> all(np.allclose(g, w) for g, w in zip(grads, attention_backward_float64(q, k, v, do)))
+        True
+        >>> mem.totals("elements") == fa1_backward_traffic(40, 8, 16, 16)
+        True
+    """
+    fn = "fa1_backward"
+    q, k, v, o, do, l, m = _arrays(fn, ("q", "k", "v", "O", "dO", "L", "L"), q, k, v, o, do, l, m)
+    tau = softmax_scale(fn, sm_scale, q.shape[-1])
+    B_r, B_c = (positive_int(fn, "block_sizes[0] (B_r)", block_sizes[0]),
+                positive_int(fn, "block_sizes[1] (B_c)", block_sizes[1]))
+    N_q, N_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    mem = memory if memory is not None else Memory()
+    for name, t in (("Q", q), ("K", k), ("V", v), ("O", o), ("dO", do), ("l", l), ("m", m)):
+        mem.to_hbm(name, t)
+    rows, cols, offset, visible = _gradients_and_blocks(mem, q, k, v, B_r, B_c, causal)
+    for bh in np.ndindex(q.shape[:-2]):
+        head = f"head {bh}: " if bh else ""
+        for j, C in enumerate(cols):
+            mem.step(f"{head}j={j}: load K_{j}, V_{j}")
+            K_j, V_j = mem.load("K", bh + (C,), into="K_j"), mem.load("V", bh + (C,), into="V_j")
+            dK_j, dV_j = np.zeros((C.stop - C.start, d)), np.zeros((C.stop - C.start, d))
+            for i, R in enumerate(rows):
+                if causal and C.start > R.stop - 1 + offset:
+                    continue
+                masked = causal and C.stop - 1 > R.start + offset
+                mem.step(f"{head}j={j}, i={i}" + (" (masked)" if masked else ""))
+                Q_i, O_i = mem.load("Q", bh + (R,), into="Q_i"), mem.load("O", bh + (R,), into="O_i")
+                dO_i, dQ_i = mem.load("dO", bh + (R,), into="dO_i"), mem.load("dQ", bh + (R,), into="dQ_i")
+                l_i, m_i = mem.load("l", bh + (R,), into="l_i"), mem.load("m", bh + (R,), into="m_i")
+                D_i = (dO_i * O_i).sum(-1)                       # recomputed in every step
+                with np.errstate(divide="ignore"):
+                    L_i = np.where(l_i > 0, m_i + np.log(np.where(l_i > 0, l_i, 1.0)), -np.inf)
+                dQ_i, dK_j, dV_j = fa2_backward_step(Q_i, K_j, V_j, dO_i, L_i, D_i, dQ_i, dK_j, dV_j, tau,
+                                                     visible[R, C] if masked else None)
+                mem.free("dQ_i")
+                mem.store("dQ", bh + (R,), dQ_i)
+                mem.free("Q_i", "O_i", "dO_i", "l_i", "m_i")
+            mem.step(f"{head}j={j}: write dK_{j}, dV_{j}")
+            mem.free("K_j", "V_j")
+            mem.store("dK", bh + (C,), dK_j)
             mem.store("dV", bh + (C,), dV_j)
     return mem.read_hbm("dQ"), mem.read_hbm("dK"), mem.read_hbm("dV")

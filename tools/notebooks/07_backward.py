@@ -57,15 +57,17 @@ CELLS = [
 
     code("""
     # NBVAL_CHECK_OUTPUT
-    from flashcourse.formulas.backward import (backward_flops, fa2_backward_traffic, saved_elements,
-                                               standard_backward_traffic)
+    from flashcourse.formulas.backward import (backward_flops, fa1_backward_traffic, fa2_backward_traffic,
+                                               saved_elements, standard_backward_traffic)
     d, B_r, B_c = 64, 128, 64
-    print(f"{'N':>6s} {'saved: P':>12s} {'saved: L':>9s} {'HBM standard':>13s} {'HBM FA2':>11s} {'extra FLOPs':>12s}")
+    print(f"{'N':>6s} {'saved: P':>12s} {'saved: L':>9s} {'HBM standard':>14s} {'HBM FA1':>14s} {'HBM FA2':>14s} "
+          f"{'extra FLOPs':>15s}")
     for N in (1024, 4096, 16384):
-        std, fa2 = sum(standard_backward_traffic(N, d).values()), sum(fa2_backward_traffic(N, d, B_r, B_c).values())
+        std, fa1, fa2 = (sum(f(N, d, *blocks).values()) for f, blocks in
+                         ((standard_backward_traffic, ()), (fa1_backward_traffic, (B_r, B_c)), (fa2_backward_traffic, (B_r, B_c))))
         extra = backward_flops(N, d) - backward_flops(N, d, recompute=False)
-        print(f"{N:6d} {saved_elements(N, d, recompute=False):12,d} {saved_elements(N, d):9,d} {std:13,d} {fa2:11,d} "
-              f"{extra:12,.0f}")
+        print(f"{N:6d} {saved_elements(N, d, recompute=False):12,d} {saved_elements(N, d):9,d} {std:14,d} {fa1:14,d} "
+              f"{fa2:14,d} {extra:15,.0f}")
     """, "subslide", name="tradeoff-table"),
 
     md(r"""
@@ -73,8 +75,10 @@ CELLS = [
     4096x less at $N$ = 4096. The traffic falls less: FA2's backward reads $Q$, $dO$, $L$, $D$ and reads
     and writes $dQ$ once per key block, $\Theta(N^2 d / B_c)$ elements, so at $B_c = d = 64$ the standard
     backward moves only 1.7x as many (at $N$ = 16k). The recomputation's extra FLOPs, $2 N^2 d$, are
-    what a GPU with two orders of magnitude more FLOP/s than bytes/s can afford, and on a GPU the
-    repeated reads of $Q$ and $dO$ mostly come from L2 (chapter 3 measured it for the forward's $K$, $V$).
+    what a GPU with two orders of magnitude more FLOP/s than bytes/s can afford. FlashAttention-1's
+    backward (Algorithm 4 of its paper, `reference.backward.fa1_backward`) has the same loops but recomputes
+    $D_i$ in every step, reading $O_i$ again each time, and reads $l$ and $m$: a fifth to a quarter more
+    traffic than FA2's here. And on a GPU the repeated reads of $Q$ and $dO$ mostly come from L2 (chapter 3 measured it for the forward's $K$, $V$).
     """, "fragment", name="tradeoff-text"),
 
     code("""
