@@ -194,9 +194,9 @@ CELLS = [
     asynchronous tensor-core instructions FlashAttention-3 is built on. The source articles found a Triton
     backward at about 3/4 of the CUTLASS one, on the GPUs of 2023; on an H100 Triton compiles both of our
     backward kernels to Hopper's warpgroup `wgmma` (at d = 128, compiled for sm_90 with Triton 3.9 on a CPU:
-    20 `wgmma` and no `mma.sync` in each), while chapter 3 found PyTorch's flash forward, FA2's CUTLASS
-    code for the A100, issuing `mma.sync` on the H100 (its backward comes from the same code; not checked
-    here). Naive attention's step keeps S, P
+    20 `wgmma` and no `mma.sync` in each), while PyTorch's flash backend is FA2's CUTLASS code for the A100,
+    which chapter 3 read uses `mma.sync` from sm_80 on (we did not look at its backward's instructions
+    separately). Naive attention's step keeps S, P
     and their gradients: 5.2 GiB at N = 1k and 20 GiB at 4k (d = 64) where ours allocates 260 MiB (at 16k and
     d = 64 it does not fit). The tiles were tuned on an H200 (`tools/gpu_backward.py --sweep`): at d = 128
     and N = 4096 the first ones tried (key blocks of 32 x 64 and query blocks of 64 x 32, 8 warps each)
