@@ -238,3 +238,43 @@ def test_shipped_h100_results_meet_the_course_claims():
         assert naive is None or naive >= 10 * r["kernels.flash_attention fwd+bwd peak MiB"], r
     flat = {r["kernels.flash_attention fwd+bwd peak MiB"] for r in rows if r["d"] == 64}
     assert max(flat) <= 1.01 * min(flat)
+
+
+_SM90_PTX = """
+import json, os, re, sys
+import flashcourse.backend
+os.environ["TRITON_INTERPRET"] = "0"          # compile for real (flashcourse switched the interpreter on)
+from triton.backends import backends
+if "nvidia" not in backends:
+    print(json.dumps({"skip": "this Triton has no CUDA backend"})); sys.exit()
+from flashcourse.kernels import aot
+import flashcourse.kernels.backward
+out = {}
+for name in ("bwd_dkdv", "bwd_dq"):
+    for launch in aot.configs_of(name, (9, 0)):
+        if launch.constexprs["HEAD_DIM"] in (64, 128) and not launch.constexprs.get("ATOMIC_DQ"):
+            ptx = aot.ptx_of(name, (9, 0), launch)
+            out[f"{name} d={launch.constexprs['HEAD_DIM']}"] = [len(re.findall(r"\\bwgmma\\.mma_async\\.", ptx)),
+                                                                len(re.findall(r"\\bmma\\.sync\\.", ptx))]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_the_backward_kernels_use_hoppers_wgmma():
+    """What the lecture says of Triton against CUTLASS: compiled for sm_90 (on the CPU), both backward kernels'
+    dots are warpgroup wgmma, with no Ampere mma.sync (Triton 3.9: 20 wgmma each at d = 128)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", _SM90_PTX], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    if "skip" in out:
+        pytest.skip(out["skip"])
+    assert set(out) == {"bwd_dkdv d=64", "bwd_dkdv d=128", "bwd_dq d=64", "bwd_dq d=128"}
+    assert all(wgmma > 0 and mma == 0 for wgmma, mma in out.values()), out

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 __all__ = ["Launch", "Result", "TARGETS", "SHARED_LIMIT", "register", "registered", "kernel_of", "configs_of",
-           "compile_launch", "error_summary", "check", "report", "main"]
+           "compile_launch", "ptx_of", "error_summary", "check", "report", "main"]
 
 #: Compute capabilities the course promises to run on, and a GPU of each.
 TARGETS = {(7, 5): "T4", (8, 0): "A100", (8, 9): "L4 / RTX 4090", (9, 0): "H100"}
@@ -177,32 +177,49 @@ def _jit_function(kernel):
     return kernel
 
 
-def compile_launch(name: str, cc: tuple, launch: Launch) -> Result:
-    """Compile one launch of kernel ``name`` for compute capability ``cc`` and measure its shared memory.
-
-    Needs compiled (not interpreted) kernels: use :func:`check` from an interpreter process.
-    """
+def _compiled(name: str, cc: tuple, launch: Launch):
+    """Triton's compiled kernel for one launch of kernel ``name`` on compute capability ``cc``."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     entry = _REGISTRY[name]
+    fn = _jit_function(entry.kernel)
+    signature = {**entry.signature, **launch.signature}
+    missing = [a for a in fn.arg_names if a not in signature]
+    if missing:
+        raise ValueError(f"signature lacks {missing}")
+    # A real launch specialises pointers and strides divisible by 16 (Triton's default), and only
+    # then pipelines loads through shared memory: give the same hints, or the count is too low.
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
+             if str(signature.get(a, "")).startswith("*") or a.lower().startswith("stride")}
+    src = ASTSource(fn, signature, dict(launch.constexprs), attrs)
+    return triton.compile(src, target=GPUTarget("cuda", cc[0] * 10 + cc[1], 32), options=launch.options())
+
+
+def ptx_of(name: str, cc: tuple, launch: Launch) -> str:
+    """The PTX Triton writes for one launch of kernel ``name`` on compute capability ``cc``: what instructions
+    it chose (``wgmma`` or ``mma.sync``). Needs compiled kernels, like :func:`compile_launch`.
+
+    Example:
+        >>> from flashcourse.kernels import aot
+        >>> launch = aot.configs_of("bwd_dq", (9, 0))[-1]
+        >>> "wgmma" in aot.ptx_of("bwd_dq", (9, 0), launch)     # doctest: +SKIP
+        True
+    """
+    return _compiled(name, tuple(cc), launch).asm["ptx"]
+
+
+def compile_launch(name: str, cc: tuple, launch: Launch) -> Result:
+    """Compile one launch of kernel ``name`` for compute capability ``cc`` and measure its shared memory.
+
+    Needs compiled (not interpreted) kernels: use :func:`check` from an interpreter process.
+    """
     cc = tuple(cc)
     limit = SHARED_LIMIT[cc]
     shown = {**launch.constexprs, **launch.options(), **launch.signature}
     try:
-        fn = _jit_function(entry.kernel)
-        signature = {**entry.signature, **launch.signature}
-        missing = [a for a in fn.arg_names if a not in signature]
-        if missing:
-            raise ValueError(f"signature lacks {missing}")
-        # A real launch specialises pointers and strides divisible by 16 (Triton's default), and only
-        # then pipelines loads through shared memory: give the same hints, or the count is too low.
-        attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
-                 if str(signature.get(a, "")).startswith("*") or a.lower().startswith("stride")}
-        src = ASTSource(fn, signature, dict(launch.constexprs), attrs)
-        compiled = triton.compile(src, target=GPUTarget("cuda", cc[0] * 10 + cc[1], 32),
-                                  options=launch.options())
+        compiled = _compiled(name, cc, launch)
         return Result(name, cc, shown, int(compiled.metadata.shared), limit)
     except Exception as e:  # noqa: BLE001 - reported, not swallowed
         return Result(name, cc, shown, None, limit, error=f"{type(e).__name__}: {error_summary(str(e))}")
