@@ -139,14 +139,15 @@ def corpus() -> tuple[np.ndarray, list[str]]:
 
 
 def train(attention: str, cfg: GPTConfig | None = None, steps: int = 200, batch_size: int = 16, lr: float = 1e-3,
-          seed: int = 0, device: str | None = None, amp: bool | None = None, log=None) -> dict:
+          seed: int = 0, device: str | None = None, amp: bool | None = None, log=None, compile: bool = False) -> dict:
     """Train a fresh GPT with ``attention`` on :func:`corpus` for ``steps`` steps of AdamW; returns
     ``{"loss": [...], "step_ms": [...], "peak_bytes": int, "config": {...}}``.
 
     The seed fixes the initial weights and the batches, so two runs that differ only in ``attention`` see
     the same data from the same start. ``amp`` (default: on a GPU) runs under fp16 autocast; otherwise the
     model is fp32 and only q, k, v are cast to fp16 for the attention. (Under autocast the gradients are scaled, as fp16 training needs.) ``peak_bytes`` is the GPU's peak
-    allocated memory (0 on the CPU); ``step_ms`` the wall time of each step (synchronised on a GPU).
+    allocated memory (0 on the CPU); ``step_ms`` the wall time of each step (synchronised on a GPU). ``compile``
+    runs the model under ``torch.compile`` (the course's attention stays one opaque operator in its graph).
 
     Example:
         >>> cfg = GPTConfig(vocab_size=0, n_layer=1, n_head=2, n_embd=32, block_size=16)
@@ -164,12 +165,13 @@ def train(attention: str, cfg: GPTConfig | None = None, steps: int = 200, batch_
     torch.manual_seed(seed)
     model = GPT(cfg, attention).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
+    forward = torch.compile(model) if compile else model
     scaler = torch.amp.GradScaler("cuda", enabled=amp and device == "cuda")   # fp16 gradients need scaling
     rng = np.random.default_rng(seed)
     data = torch.from_numpy(ids)
     out = {"loss": [], "step_ms": [], "peak_bytes": 0,
            "config": {**cfg.__dict__, "attention": attention, "steps": steps, "batch_size": batch_size, "lr": lr,
-                      "seed": seed, "amp": amp, "device": device}}
+                      "seed": seed, "amp": amp, "device": device, "compile": compile}}
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     for step in range(steps):
@@ -180,7 +182,7 @@ def train(attention: str, cfg: GPTConfig | None = None, steps: int = 200, batch_
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         with torch.autocast(device_type="cuda", dtype=torch.float16, enabled=amp and device == "cuda"):
-            _, loss = model(x, y)
+            _, loss = forward(x, y)
         opt.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         scaler.unscale_(opt)

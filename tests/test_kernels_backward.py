@@ -184,6 +184,19 @@ def test_configs_per_compute_capability():
                 assert BM >= 16 and BN >= 16 and w in (1, 2, 4, 8) and s >= 1
 
 
+def test_the_custom_operators_pass_torch_library_opcheck(device, gen):
+    """The fake (shape) functions match the kernels, strides included: views of a qkv projection in, contiguous
+    outputs out (a fake that copied q's strides made inductor fail on the H100)."""
+    qkv = randn((1, 24, 3 * 2 * 16), gen, device)
+    q, k, v = (t.view(1, 24, 2, 16).transpose(1, 2) for t in qkv.split(32, dim=2))
+    torch.library.opcheck(torch.ops.flashcourse.flash_attention_fwd.default, (q, k, v, True, 0.25),
+                          test_utils=("test_schema", "test_faketensor"))
+    o, lse = fa2_forward(q, k, v, True, 0.25, return_lse=True)
+    do = randn((1, 2, 24, 16), gen, device)
+    torch.library.opcheck(torch.ops.flashcourse.flash_attention_bwd.default, (q, k, v, o, do, lse, True, 0.25),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
 def test_flash_attention_under_torch_compile(device, gen):
     """A custom operator: torch.compile traces around it (aot_eager: the graphs are built, forward and
     backward, without generating code) and the gradients are eager's, bit for bit."""

@@ -27,11 +27,22 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--compile", action="store_true", help="only: flash attention eager and under torch.compile, context 256")
     args = p.parse_args(argv)
     if backend.DEVICE != "cuda":
         print("tools/gpu_train.py needs a CUDA GPU; tests/test_gpt.py runs a tiny model on the CPU")
         return 2
     import torch
+    if args.compile:
+        cfg = GPTConfig(vocab_size=0, n_layer=6, n_head=6, n_embd=384, block_size=256)
+        pair = {mode: train("flash", cfg, steps=args.steps, batch_size=64, seed=0, compile=mode == "compiled")
+                for mode in ("eager", "compiled")}
+        for mode, r in pair.items():
+            print(f"flash, {mode}: loss {r['loss'][0]:.3f} -> {r['loss'][-1]:.3f}, "
+                  f"{statistics.median(r['step_ms'][20:]):.1f} ms a step", flush=True)
+        diff = max(abs(a - b) for a, b in zip(pair["eager"]["loss"], pair["compiled"]["loss"]))
+        print(f"max |loss difference| eager vs compiled: {diff:.4f}")
+        return 0
     runs = []
     for block, batch in ((256, 64), (1024, 16)):
         cfg = GPTConfig(vocab_size=0, n_layer=6, n_head=6, n_embd=384, block_size=block)

@@ -322,8 +322,8 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
 
 
 @_attention_fwd.register_fake
-def _(q, k, v, causal, sm_scale):
-    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
+def _(q, k, v, causal, sm_scale):                     # contiguous, as fa2_forward returns them, whatever q's strides
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
 @torch.library.custom_op("flashcourse::flash_attention_bwd", mutates_args=())
@@ -333,8 +333,8 @@ def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
 
 
 @_attention_bwd.register_fake
-def _(q, k, v, o, do, lse, causal, sm_scale):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+def _(q, k, v, o, do, lse, causal, sm_scale):          # contiguous, as fa2_backward returns them
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _save(ctx, inputs, output):
