@@ -80,9 +80,8 @@ def test_the_emulated_mistakes_differ_from_the_answer_where_the_cases_expose_the
                                   ("one very low key beside safe ones", "any_key", 2)):
         x, V = make_inputs(rng, *cases[kind])
         H, L, d, chunk, BLOCK_N, phi, a, b, _ = cases[kind]
-        right = partials64(x, V, phi, a, b, chunk)[output]
-        wrong = emulate(x, V, phi, a, b, chunk, BLOCK_N, mistake)[output]
+        right, wrong = partials64(x, V, phi, a, b, chunk)[:3], emulate(x, V, phi, a, b, chunk, BLOCK_N, mistake)
         if output == 2:
-            assert (right != wrong).any(), kind
-        else:
-            assert not np.allclose(right, wrong, rtol=1e-4), kind
+            assert (right[2] != wrong[2]).any(), kind
+        else:                         # ACC or LSUM (fp16 may round a sum of thousands back onto the exact one)
+            assert not (np.allclose(right[0], wrong[0], rtol=1e-4) and np.allclose(right[1], wrong[1], rtol=1e-4)), kind
