@@ -52,10 +52,9 @@ def _mistaken_step(mistake: str):
         if mistake == "no mask":
             visible = None
         new = _right_step(Q_i, K_j, V_j, dO_i, L_i, D_i, dQ_i if mistake != "dQ not added" else 0 * dQ_i, dK_j, dV_j,
-                          tau if mistake != "no tau" else 1.0, visible)
+                          tau, visible)
         if mistake == "no tau":                       # the S of the right scale, but dQ, dK without tau
-            S_new = _right_step(Q_i, K_j, V_j, dO_i, L_i, D_i, dQ_i, dK_j, dV_j, tau, visible)
-            new = (dQ_i + (S_new[0] - dQ_i) / tau, dK_j + (S_new[1] - dK_j) / tau, S_new[2])
+            new = (dQ_i + (new[0] - dQ_i) / tau, dK_j + (new[1] - dK_j) / tau, new[2])
         return new
     return step
 

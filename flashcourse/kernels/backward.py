@@ -276,21 +276,32 @@ def _launch(q, k, v, o, do, lse, causal, sm_scale, cfg, atomic=False):
                         (q, k, v, do, lse, delta, dk, dv, dq32, *scales, *strides, *dk.stride()[:3]),
                         {"HEAD_DIM": d, "BLOCK_M": BM1, "BLOCK_N": BN1, "CAUSAL": bool(causal), "num_warps": w1,
                          "num_stages": s1, "ATOMIC_DQ": atomic})
+    dq_run = None
     if atomic:
         dq.copy_(dq32)
+    else:
+        with quiet():
+            dq_run = relaunch(_bwd_dq, (triton.cdiv(N_q, BM2), H, B),
+                              (q, k, v, do, lse, delta, dq, *scales, *strides, *dq.stride()[:3]),
+                              {"HEAD_DIM": d, "BLOCK_M": BM2, "BLOCK_N": BN2, "CAUSAL": bool(causal), "num_warps": w2,
+                               "num_stages": s2})
+    o_strides, do_strides, dk_strides, dq_strides = o.stride()[:3], do.stride()[:3], dk.stride()[:3], dq.stride()[:3]
+    shapes = [(t.shape, t.dtype) for t in (q, k, v)]
+    device = q.device
 
-        def again(q, k, v, o, do, lse):
-            dk, dv = (torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes[1:])
-            delta = torch.empty((B, H, N_q), dtype=torch.float32, device=device)
-            dq32 = torch.zeros((B, H, N_q, d), dtype=torch.float32, device=device)
-            with quiet():
-                pre(o, do, delta, N_q, *o_strides, *do_strides)
-                dkdv(q, k, v, do, lse, delta, dk, dv, dq32, *scales, *strides, *dk_strides)
-            return dq32.to(shapes[0][1]), dk, dv
-        o_strides, do_strides, dk_strides = o.stride()[:3], do.stride()[:3], dk.stride()[:3]
-        shapes = [(t.shape, t.dtype) for t in (q, k, v)]
-        device = q.device
-        return (dq, dk, dv), again
+    def again(q, k, v, o, do, lse):
+        dq, dk, dv = (torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes)
+        delta = torch.empty((B, H, N_q), dtype=torch.float32, device=device)
+        acc = torch.zeros((B, H, N_q, d), dtype=torch.float32, device=device) if atomic else dq32
+        with quiet():
+            pre(o, do, delta, N_q, *o_strides, *do_strides)
+            dkdv(q, k, v, do, lse, delta, dk, dv, acc, *scales, *strides, *dk_strides)
+            if atomic:
+                dq.copy_(acc)
+            else:
+                dq_run(q, k, v, do, lse, delta, dq, *scales, *strides, *dq_strides)
+        return dq, dk, dv
+    return (dq, dk, dv), again
     with quiet():
         dq_run = relaunch(_bwd_dq, (triton.cdiv(N_q, BM2), H, B),
                           (q, k, v, do, lse, delta, dq, *scales, *strides, *dq.stride()[:3]),
