@@ -138,7 +138,7 @@ CHAPTERS: tuple[Chapter, ...] = (
             checks=("choose_block_n", "flat_gemm_kernel"), bench="gemm",
             extra_modules=("kernels.gemm_linear", "kernels.gemm_floor")),
     Chapter(7, "backward", "The backward pass: recompute P, don't store it", "07_backward",
-            layers=("formulas", "reference", "kernels", "checks", "bench"), kernels=("fa2_backward", "flash_attention"),
+            layers=("formulas", "reference", "kernels", "checks", "bench"), kernels=("fa2_backward", "fa1_backward", "flash_attention"),
             checks=("fa2_backward_step", "dkdv_kernel"), bench="backward"),
 )
 

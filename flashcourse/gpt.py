@@ -76,10 +76,10 @@ class CausalSelfAttention(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: GPTConfig, attention: str):
+    def __init__(self, cfg: GPTConfig, attention: str, attn_dtype=torch.float16):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(cfg.n_embd), nn.LayerNorm(cfg.n_embd)
-        self.attn = CausalSelfAttention(cfg, attention)
+        self.attn = CausalSelfAttention(cfg, attention, attn_dtype)
         self.mlp = nn.Sequential(nn.Linear(cfg.n_embd, 4 * cfg.n_embd), nn.GELU(), nn.Linear(4 * cfg.n_embd, cfg.n_embd))
 
     def forward(self, x):
@@ -88,13 +88,14 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """The model: ``GPT(cfg, attention="flash")(idx, targets) -> (logits, loss)`` (loss None without targets)."""
+    """The model: ``GPT(cfg, attention="flash")(idx, targets) -> (logits, loss)`` (loss None without targets);
+    the attention runs on q, k, v in ``attn_dtype`` (float16, or bfloat16 on sm_80+)."""
 
-    def __init__(self, cfg: GPTConfig, attention: str = "flash"):
+    def __init__(self, cfg: GPTConfig, attention: str = "flash", attn_dtype=torch.float16):
         super().__init__()
         self.cfg = cfg
         self.tok, self.pos = nn.Embedding(cfg.vocab_size, cfg.n_embd), nn.Embedding(cfg.block_size, cfg.n_embd)
-        self.blocks = nn.ModuleList(Block(cfg, attention) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(cfg, attention, attn_dtype) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd)
         self.head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.head.weight = self.tok.weight                                    # tied, as in GPT-2
@@ -139,13 +140,16 @@ def corpus() -> tuple[np.ndarray, list[str]]:
 
 
 def train(attention: str, cfg: GPTConfig | None = None, steps: int = 200, batch_size: int = 16, lr: float = 1e-3,
-          seed: int = 0, device: str | None = None, amp: bool | None = None, log=None, compile: bool = False) -> dict:
+          seed: int = 0, device: str | None = None, amp: bool | None = None, log=None, compile: bool = False,
+          dtype=torch.float16) -> dict:
     """Train a fresh GPT with ``attention`` on :func:`corpus` for ``steps`` steps of AdamW; returns
     ``{"loss": [...], "step_ms": [...], "peak_bytes": int, "config": {...}}``.
 
     The seed fixes the initial weights and the batches, so two runs that differ only in ``attention`` see
     the same data from the same start. ``amp`` (default: on a GPU) runs under fp16 autocast; otherwise the
-    model is fp32 and only q, k, v are cast to fp16 for the attention. (Under autocast the gradients are scaled, as fp16 training needs.) ``peak_bytes`` is the GPU's peak
+    model is fp32 and only q, k, v are cast to fp16 for the attention. ``dtype=torch.bfloat16`` runs autocast and
+    the attention in bfloat16 instead. (Under fp16 autocast the gradients are scaled, as fp16 training needs;
+    bfloat16 has fp32's exponent range and needs no scaling.) ``peak_bytes`` is the GPU's peak
     allocated memory (0 on the CPU); ``step_ms`` the wall time of each step (synchronised on a GPU). ``compile``
     runs the model under ``torch.compile`` (the course's attention stays one opaque operator in its graph).
 
@@ -163,15 +167,18 @@ def train(attention: str, cfg: GPTConfig | None = None, steps: int = 200, batch_
     if cfg.vocab_size != len(vocab):
         cfg = GPTConfig(len(vocab), cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size)
     torch.manual_seed(seed)
-    model = GPT(cfg, attention).to(device)
+    if dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"train: dtype must be torch.float16 or torch.bfloat16, got {dtype!r}")
+    model = GPT(cfg, attention, dtype).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
     forward = torch.compile(model) if compile else model
-    scaler = torch.amp.GradScaler("cuda", enabled=amp and device == "cuda")   # fp16 gradients need scaling
+    scaler = torch.amp.GradScaler("cuda", enabled=amp and device == "cuda" and dtype == torch.float16)
     rng = np.random.default_rng(seed)
     data = torch.from_numpy(ids)
     out = {"loss": [], "step_ms": [], "peak_bytes": 0,
            "config": {**cfg.__dict__, "attention": attention, "steps": steps, "batch_size": batch_size, "lr": lr,
-                      "seed": seed, "amp": amp, "device": device, "compile": compile}}
+                      "seed": seed, "amp": amp, "device": device, "compile": compile,
+                      "dtype": str(dtype).removeprefix("torch.")}}
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     for step in range(steps):
@@ -181,7 +188,7 @@ def train(attention: str, cfg: GPTConfig | None = None, steps: int = 200, batch_
         if device == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        with torch.autocast(device_type="cuda", dtype=torch.float16, enabled=amp and device == "cuda"):
+        with torch.autocast(device_type="cuda", dtype=dtype, enabled=amp and device == "cuda"):
             _, loss = forward(x, y)
         opt.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()

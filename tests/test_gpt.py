@@ -40,16 +40,25 @@ def test_bad_configs_are_named():
         GPT(GPTConfig(vocab_size=5, n_head=1, n_embd=16, block_size=8))(torch.zeros(1, 9, dtype=torch.long))
 
 
-def test_the_shipped_training_run_agrees_with_sdpa():
-    """tools/gpu_train.py on an H200 (bench.measured("gpt_train", gpu="h200")): 300 steps at contexts 256 and
-    1024; the two loss curves differ by at most 0.06 after the first 50 steps (0.15 in them, where the loss
-    falls fastest), both fall by more than 2, and both runs peak at the same memory."""
+@pytest.mark.parametrize("name", ["gpt_train", "gpt_train_bfloat16"])
+def test_the_shipped_training_run_agrees_with_sdpa(name):
+    """tools/gpu_train.py --yardstick on an H100 (bench.measured(name)), in fp16 and in bf16: 300 steps at
+    contexts 256 and 1024, trained on our attention, on SDPA's flash backend and on its memory-efficient one.
+    Two correct kernels' curves drift apart as training amplifies their last bits; ours stays as close to
+    SDPA flash's as SDPA's two backends stay to each other (mean gap over the last 50 steps: 0.0063-0.039 for
+    ours, 0.011-0.068 for theirs), never more than 0.08 apart; all fall by more than 2, at peak memories within 1%."""
     from flashcourse import bench
-    runs = bench.measured("gpt_train", gpu="h200")["runs"]
+    measured = bench.measured(name)
+    dtype = {"gpt_train": "float16", "gpt_train_bfloat16": "bfloat16"}[name]
+    assert measured["gpu"].startswith("NVIDIA H100") and measured["dtype"] == dtype
+    runs = measured["runs"]
     assert [r["block_size"] for r in runs] == [256, 1024]
     for r in runs:
-        f, s = r["flash"]["loss"], r["sdpa"]["loss"]
-        diff = np.abs(np.array(f) - np.array(s))
-        assert len(f) == len(s) == 300 and diff[50:].max() <= 0.06 and diff.max() <= 0.15
-        assert f[0] - f[-1] > 2 and s[0] - s[-1] > 2
+        f, s, e = (np.array(r[n]["loss"]) for n in ("flash", "sdpa", "sdpa-efficient"))
+        ours, theirs = np.abs(f - s), np.abs(e - s)
+        assert len(f) == len(s) == len(e) == 300 and ours.max() <= 0.08
+        assert ours[-50:].mean() <= theirs[-50:].mean(), (ours[-50:].mean(), theirs[-50:].mean())
+        assert all(c[0] - c[-1] > 2 for c in (f, s, e))
+        assert abs(r["flash"]["peak_bytes"] - r["sdpa"]["peak_bytes"]) <= 0.01 * r["sdpa"]["peak_bytes"]
         assert r["flash"]["config"]["attention"] == "flash" and r["flash"]["config"]["seed"] == r["sdpa"]["config"]["seed"]
+        assert r["flash"]["config"]["dtype"] == r["sdpa"]["config"]["dtype"] == dtype

@@ -5,11 +5,13 @@ Suite ``backward``: fp16, B * N = 16k tokens, hidden 2048 (H = 2048 / d heads), 
 
 * ``kernels.fa2_backward``: the three kernels on the forward's saved O and log-sum-exp (the allocation of
   dq, dk, dv included); ``kernels.fa2_backward (dQ atomics)``: dQ added by the dK/dV kernel with fp32 atomic
-  adds instead of the second, dQ kernel (``dq_mode="atomic"``);
+  adds instead of the second, dQ kernel (``dq_mode="atomic"``); ``kernels.fa1_backward``: FlashAttention-1's
+  order (Algorithm 4, one program a head, dQ through HBM) on ``fa1_forward``'s saved l and m;
 * ``sdpa (flash) backward``, ``sdpa (cudnn) backward``, ``sdpa (efficient) backward``: ``o.backward(do)``
   after a forward under ``sdpa_kernel(backend)``, as the baselines measured them;
 * ``kernels.flash_attention fwd+bwd`` and ``sdpa (flash) fwd+bwd``: one training step of the attention,
-  forward and backward through autograd;
+  forward and backward through autograd; ``kernels.fa1 fwd+bwd``: ``fa1_forward`` then ``fa1_backward``, the
+  step FlashAttention-1 ran (the source articles: FA2 2.27x faster at 4k);
 * ``naive (torch) fwd+bwd``: ``softmax(Q K^T * scale) V`` through autograd, which keeps S and P (skipped
   where they would not fit in the GPU's free memory).
 
@@ -34,8 +36,9 @@ from .harness import Case, Workload, suite
 __all__ = ["backward", "IMPLS"]
 
 #: The implementations the suite times, in order.
-IMPLS = ["kernels.fa2_backward", "kernels.fa2_backward (dQ atomics)", "sdpa (flash) backward", "sdpa (cudnn) backward", "sdpa (efficient) backward",
-         "kernels.flash_attention fwd+bwd", "sdpa (flash) fwd+bwd", "naive (torch) fwd+bwd"]
+IMPLS = ["kernels.fa2_backward", "kernels.fa2_backward (dQ atomics)", "kernels.fa1_backward", "sdpa (flash) backward",
+         "sdpa (cudnn) backward", "sdpa (efficient) backward", "kernels.flash_attention fwd+bwd", "kernels.fa1 fwd+bwd",
+         "sdpa (flash) fwd+bwd", "naive (torch) fwd+bwd"]
 _SDPA = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
 
 
@@ -67,8 +70,8 @@ def _cases(B, H, N, d, causal, naive, device, seed):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from ..kernels import fa2_forward
-    from ..kernels.backward import fa2_backward, flash_attention
+    from ..kernels import fa1_forward, fa2_forward
+    from ..kernels.backward import fa1_backward, fa2_backward, flash_attention
 
     if device == "cuda":
         warm_up(torch)
@@ -93,6 +96,16 @@ def _cases(B, H, N, d, causal, naive, device, seed):
         def run():
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                 F.scaled_dot_product_attention(*x, is_causal=causal).backward(do)
+        return run
+
+    def fa1_bwd():
+        o1, l1, m1 = fa1_forward(q, k, v, causal, return_stats=True)
+        return lambda: fa1_backward(q, k, v, o1, do, l1, m1, causal)
+
+    def fa1_step():
+        def run():
+            o1, l1, m1 = fa1_forward(q, k, v, causal, return_stats=True)
+            return fa1_backward(q, k, v, o1, do, l1, m1, causal)
         return run
 
     def flash_step():
@@ -134,8 +147,10 @@ def _cases(B, H, N, d, causal, naive, device, seed):
     makers = {"kernels.fa2_backward": lambda: (lambda: fa2_backward(q, k, v, o, do, lse, causal)),
               "kernels.fa2_backward (dQ atomics)": lambda: (lambda: fa2_backward(q, k, v, o, do, lse, causal,
                                                                                   dq_mode="atomic")),
+              "kernels.fa1_backward": fa1_bwd,
               **{f"sdpa ({n}) backward": (lambda n=n: sdpa_backward(n)) for n in _SDPA},
-              "kernels.flash_attention fwd+bwd": flash_step, "sdpa (flash) fwd+bwd": sdpa_step,
+              "kernels.flash_attention fwd+bwd": flash_step, "kernels.fa1 fwd+bwd": fa1_step,
+              "sdpa (flash) fwd+bwd": sdpa_step,
               "naive (torch) fwd+bwd": naive_step}
     skips = {}
     if not naive:
@@ -166,6 +181,6 @@ def _cases(B, H, N, d, causal, naive, device, seed):
             if device == "cuda":
                 torch.cuda.empty_cache()
         cases.append(Case(impl, fn=fn, flops=int(flops), kind=kind, skip=skip,
-                          check=check if impl.startswith("kernels.fa2_backward") else None, extra=extra,
+                          check=check if impl.endswith("_backward") or "(dQ atomics)" in impl else None, extra=extra,
                           inputs=(q, k, v, do)))
     return cases

@@ -166,14 +166,16 @@ def fa1_config(d: int, dtype=torch.float16, cc="current") -> aot.Launch:
 
 
 def fa1_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                sm_scale: float | None = None, *, launch: aot.Launch | None = None) -> torch.Tensor:
+                sm_scale: float | None = None, *, launch: aot.Launch | None = None, return_stats: bool = False):
     """softmax(Q K^T * sm_scale) V with FlashAttention-1's loop order (K/V outer, Q inner).
 
     Same inputs and result as :func:`flashcourse.kernels.fa2_forward` (q: (B, H, N_q, d), k, v:
     (B, H, N_k, d); float16, or bfloat16 on sm_80+; d in 16, 32, 64, 128; causal aligned
     bottom-right; rows that see no key give 0). Uses B * H * N_q * (d + 2) * 4 bytes of float32
     scratch in HBM for the running O, l and m. ``launch`` runs that config instead of
-    :func:`fa1_config`'s (its ``HEAD_DIM`` must be d).
+    :func:`fa1_config`'s (its ``HEAD_DIM`` must be d). ``return_stats=True`` returns ``(o, l, m)``: each
+    row's softmax sum and maximum of ``q k^T sm_scale`` (B, H, N_q) float32, what FlashAttention-1's backward
+    (:func:`flashcourse.kernels.fa1_backward`) reads; a row that sees no key has l = 0, m = -inf.
 
     Example:
         >>> import torch
@@ -192,7 +194,8 @@ def fa1_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool 
         launch = fa1_config(q.shape[-1], q.dtype)
     else:
         _expect_launch("fa1_forward", launch, q.shape[-1])
-    return _fa1_launch(q, k, v, causal, sm_scale, launch)
+    o, l, m = _fa1_launch(q, k, v, causal, sm_scale, launch)
+    return (o, l, m) if return_stats else o
 
 
 def _expect_launch(fn: str, launch, d: int) -> None:
@@ -206,7 +209,7 @@ def _fa1_launch(q, k, v, causal, sm_scale, launch: aot.Launch):
     N_k = k.shape[2]
     o = torch.empty((B, H, N_q, d), dtype=q.dtype, device=q.device)
     if o.numel() == 0:
-        return o
+        return o, torch.zeros((B, H, N_q), device=q.device), torch.full((B, H, N_q), -math.inf, device=q.device)
     o_acc = torch.zeros((B * H, N_q, d), dtype=torch.float32, device=q.device)   # line 2: O, l, m in HBM
     l = torch.zeros((B * H, N_q), dtype=torch.float32, device=q.device)
     m = torch.full((B * H, N_q), -math.inf, dtype=torch.float32, device=q.device)
@@ -215,7 +218,7 @@ def _fa1_launch(q, k, v, causal, sm_scale, launch: aot.Launch):
                          q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                          v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
                          CAUSAL=bool(causal), **launch.constexprs, **launch.options())
-    return o
+    return o, l.view(B, H, N_q), (m / LOG2E).view(B, H, N_q)     # m: log2 units in the kernel
 
 
 def _fa1_aot_configs(cc):

@@ -43,7 +43,7 @@ from .attention import fa2_forward, quiet
 from .launch import Plans, relaunch, shape_key
 from .validate import expect_qkv, expect_sm_scale
 
-__all__ = ["fa2_backward", "flash_attention", "backward_config"]
+__all__ = ["fa2_backward", "fa1_backward", "flash_attention", "backward_config"]
 
 HEAD_DIMS = (16, 32, 64, 128)
 
@@ -161,12 +161,75 @@ def _bwd_dq(Q, K, V, DO, LSE, Delta, DQ, qk_scale, sm_scale, N_q, N_k,
              (dQ_i * sm_scale).to(DQ.dtype.element_ty), mask=in_q[:, None])
 
 
+@triton.jit
+def _fa1_bwd(Q, K, V, O, DO, L, M, DQ32, DQ, DK, DV, qk_scale, sm_scale, N_q, N_k,
+             stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+             stride_dob, stride_doh, stride_dom, stride_dkb, stride_dkh, stride_dkn,
+             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    # Algorithm 4 of the FlashAttention paper, parallel over (batch, head) only, as FA1 was: grid (H, B), one
+    # program walks every K_j, V_j (outer) and Q_i (inner). dQ_i is read and written in HBM (fp32) in every
+    # inner step -- no race, one program owns the head; D_i is recomputed from O_i each step; P from l and m.
+    h, b = tl.program_id(0), tl.program_id(1)
+    bh = b * tl.num_programs(0) + h
+    dims = tl.arange(0, HEAD_DIM)
+    offs_m, offs_n = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_N)
+    offset = N_k - N_q
+    for start_n in range(0, N_k, BLOCK_N):                                 # line 5
+        cols = start_n + offs_n
+        in_k = cols < N_k
+        K_j = tl.load(K + b * stride_kb + h * stride_kh + cols[:, None] * stride_kn + dims[None, :],
+                      mask=in_k[:, None], other=0.0)
+        V_j = tl.load(V + b * stride_vb + h * stride_vh + cols[:, None] * stride_vn + dims[None, :],
+                      mask=in_k[:, None], other=0.0)
+        dK_j = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+        dV_j = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+        lo = 0
+        if CAUSAL:
+            lo = tl.maximum(start_n - offset, 0) // BLOCK_M * BLOCK_M
+        for start_m in range(lo, N_q, BLOCK_M):                            # line 8
+            rows = start_m + offs_m
+            in_q = rows < N_q
+            at_q = b * stride_qb + h * stride_qh + rows[:, None] * stride_qm + dims[None, :]
+            at_do = b * stride_dob + h * stride_doh + rows[:, None] * stride_dom + dims[None, :]
+            at_dq = (bh * N_q + rows[:, None]) * HEAD_DIM + dims[None, :]
+            Q_i = tl.load(Q + at_q, mask=in_q[:, None], other=0.0)         # line 9
+            O_i = tl.load(O + at_do, mask=in_q[:, None], other=0.0)        # (O, dO share strides)
+            dO_i = tl.load(DO + at_do, mask=in_q[:, None], other=0.0)
+            dQ_i = tl.load(DQ32 + at_dq, mask=in_q[:, None], other=0.0)
+            l_i = tl.load(L + bh * N_q + rows, mask=in_q, other=0.0)
+            m_i = tl.load(M + bh * N_q + rows, mask=in_q, other=0.0) * 1.4426950408889634
+            seen = l_i > 0.0                                               # a row that sees no key: P = 0
+            s = tl.dot(Q_i, tl.trans(K_j)) * qk_scale                      # line 11
+            p = tl.exp2(s - tl.where(seen, m_i, 0.0)[:, None]) / tl.where(seen, l_i, 1.0)[:, None]   # line 13
+            visible = seen[:, None] & in_q[:, None] & in_k[None, :]
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= rows[:, None] + offset)
+            p = tl.where(visible, p, 0.0)
+            dV_j += tl.dot(tl.trans(p.to(dO_i.dtype)), dO_i)               # line 16
+            dp = tl.dot(dO_i, tl.trans(V_j))                                # line 17
+            D_i = tl.sum(dO_i.to(tl.float32) * O_i.to(tl.float32), 1)      # line 19, in every step
+            ds = p * (dp - D_i[:, None])                                    # line 20
+            dQ_i += tl.dot(ds.to(K_j.dtype), K_j) * sm_scale                # line 21
+            tl.store(DQ32 + at_dq, dQ_i, mask=in_q[:, None])
+            dK_j += tl.dot(tl.trans(ds.to(Q_i.dtype)), Q_i)                # line 22
+            tl.debug_barrier()              # the next K_j reads these dQ rows back, maybe in other threads
+        out = b * stride_dkb + h * stride_dkh + cols[:, None] * stride_dkn + dims[None, :]
+        tl.store(DK + out, (dK_j * sm_scale).to(DK.dtype.element_ty), mask=in_k[:, None])   # line 24
+        tl.store(DV + out, dV_j.to(DV.dtype.element_ty), mask=in_k[:, None])
+    for start_m in range(0, N_q, BLOCK_M):                                 # dQ (fp32) -> q's dtype
+        rows = start_m + offs_m
+        in_q = rows < N_q
+        dQ_i = tl.load(DQ32 + (bh * N_q + rows[:, None]) * HEAD_DIM + dims[None, :], mask=in_q[:, None], other=0.0)
+        tl.store(DQ + (bh * N_q + rows[:, None]) * HEAD_DIM + dims[None, :], dQ_i.to(DQ.dtype.element_ty),
+                 mask=in_q[:, None])
+
+
 def backward_config(d: int, cc="current") -> dict:
     """Tiles and launch options of the three backward kernels for head dim ``d`` on compute capability ``cc``.
 
-    ``{"dkdv": (BLOCK_M, BLOCK_N, num_warps, num_stages), "dq": (...), "pre": BLOCK_M}``: the dK/dV kernel
-    holds a key block of BLOCK_N with its dK, dV and walks query blocks of BLOCK_M; the dQ kernel the
-    other way round. The interpreter runs 16 x 16 tiles (fast on a CPU; warps mean nothing there).
+    ``{"dkdv": (BLOCK_M, BLOCK_N, num_warps, num_stages), "dq": (...), "pre": BLOCK_M, "fa1": (...)}``: the
+    dK/dV kernel holds a key block of BLOCK_N with its dK, dV and walks query blocks of BLOCK_M; the dQ kernel
+    the other way round; :func:`fa1_backward` takes the dK/dV kernel's tiles where they fit. The interpreter runs 16 x 16 tiles (fast on a CPU; warps mean nothing there).
 
     Example:
         >>> backward_config(64, None)["dkdv"]
@@ -175,18 +238,20 @@ def backward_config(d: int, cc="current") -> dict:
     if cc == "current":
         cc = backend.compute_capability()
     if cc is None:
-        return {"dkdv": (16, 16, 4, 1), "dq": (16, 16, 4, 1), "pre": 16}
+        return {"dkdv": (16, 16, 4, 1), "dq": (16, 16, 4, 1), "pre": 16, "fa1": (16, 16, 4, 1)}
     if cc < (8, 0):                                       # a T4: 64 KB of shared memory, no async copies
-        return ({"dkdv": (32, 64, 4, 1), "dq": (64, 32, 4, 1), "pre": 64} if d <= 64 else
-                {"dkdv": (32, 32, 4, 1), "dq": (32, 32, 4, 1), "pre": 64})
+        return ({"dkdv": (32, 64, 4, 1), "dq": (64, 32, 4, 1), "pre": 64, "fa1": (32, 64, 4, 1)} if d <= 64 else
+                {"dkdv": (32, 32, 4, 1), "dq": (32, 32, 4, 1), "pre": 64, "fa1": (16, 32, 4, 1)})
     # Measured on an H200 (sm_90, Triton 3.6; tools/gpu_backward.py --sweep --pairs, fp16, 16k tokens, N = 4k):
     # at d = 128 these ran at 349 TFLOP/s (causal 307), 32 x 64 tiles with 8 warps and 64 x 32 with 8 at
     # 146; 4 warps over a 64-key block keep dK_j and dV_j in registers without spilling.
     stages = 2 if cc == (8, 9) else 3                     # an L4's 99 KB of shared memory
-    return {"dkdv": (32, 128 if d <= 64 else 64, 4, stages), "dq": (128, 64, 8, stages), "pre": 64}
+    dkdv = (32, 128 if d <= 64 else 64, 4, stages)
+    return {"dkdv": dkdv, "dq": (128, 64, 8, stages), "pre": 64, "fa1": dkdv}   # fa1_backward: the dK/dV tiles
 
 
-def _expect_saved(fn, q, k, o, do, lse):
+def _expect_saved(fn, q, o, do, stats: dict, source: str):
+    """o and do as q; each of ``stats`` (name -> tensor) float32 of shape (B, H, N_q), as ``source`` returns it."""
     B, H, N_q, d = q.shape
     for name, t in (("o", o), ("do", do)):
         if not isinstance(t, torch.Tensor):
@@ -195,16 +260,19 @@ def _expect_saved(fn, q, k, o, do, lse):
             raise ValueError(f"{fn}: {name} is {tuple(t.shape)}; expected q's shape {tuple(q.shape)}")
         if t.device != q.device or t.dtype != q.dtype:
             raise ValueError(f"{fn}: {name} is {t.dtype} on {t.device}; expected q's {q.dtype} on {q.device}")
-    if lse is None:
-        raise ValueError(f"{fn}: lse is None: the backward needs the log-sum-exp the forward saved; "
-                         "call fa2_forward(q, k, v, return_lse=True), or use flash_attention, which saves it")
-    if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != (B, H, N_q) or lse.dtype != torch.float32:
-        got = f"{tuple(lse.shape)} {lse.dtype}" if isinstance(lse, torch.Tensor) else type(lse).__name__
-        raise ValueError(f"{fn}: lse is {got}; expected float32 of shape ({B}, {H}, {N_q}), as "
-                         "fa2_forward(..., return_lse=True) returns it")
-    if lse.device != q.device:
-        raise ValueError(f"{fn}: lse is on {lse.device}, q on {q.device}")
-    return o if o.stride(-1) == 1 else o.contiguous(), do if do.stride(-1) == 1 else do.contiguous(), lse.contiguous()
+    for name, t in stats.items():
+        if t is None:
+            what = "log-sum-exp" if name == "lse" else "row sums l and maxima m"
+            raise ValueError(f"{fn}: {name} is None: the backward needs the {what} the forward saved; "
+                             f"call {source}" + (", or use flash_attention, which saves it" if name == "lse" else ""))
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != (B, H, N_q) or t.dtype != torch.float32:
+            got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{fn}: {name} is {got}; expected float32 of shape ({B}, {H}, {N_q}), as {source} "
+                             "returns it")
+        if t.device != q.device:
+            raise ValueError(f"{fn}: {name} is on {t.device}, q on {q.device}")
+    return (o if o.stride(-1) == 1 else o.contiguous(), do if do.stride(-1) == 1 else do.contiguous(),
+            *(t.contiguous() for t in stats.values()))
 
 
 def fa2_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
@@ -241,7 +309,7 @@ def fa2_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
     fn = "fa2_backward"
     given = (q, k, v, o, do, lse)
     q, k, v = expect_qkv(fn, q, k, v, head_dims=HEAD_DIMS)
-    o, do, lse = _expect_saved(fn, q, k, o, do, lse)
+    o, do, lse = _expect_saved(fn, q, o, do, {"lse": lse}, "fa2_forward(q, k, v, return_lse=True)")
     sm_scale = expect_sm_scale(fn, sm_scale, q.shape[-1])
     grads, again = _launch(q, k, v, o, do, lse, causal, sm_scale,
                            backward_config(q.shape[-1]) if config is None else {**backward_config(q.shape[-1]), **config},
@@ -302,24 +370,46 @@ def _launch(q, k, v, o, do, lse, causal, sm_scale, cfg, atomic=False):
                 dq_run(q, k, v, do, lse, delta, dq, *scales, *strides, *dq_strides)
         return dq, dk, dv
     return (dq, dk, dv), again
-    with quiet():
-        dq_run = relaunch(_bwd_dq, (triton.cdiv(N_q, BM2), H, B),
-                          (q, k, v, do, lse, delta, dq, *scales, *strides, *dq.stride()[:3]),
-                          {"HEAD_DIM": d, "BLOCK_M": BM2, "BLOCK_N": BN2, "CAUSAL": bool(causal), "num_warps": w2,
-                           "num_stages": s2})
-    o_strides, do_strides, dk_strides, dq_strides = o.stride()[:3], do.stride()[:3], dk.stride()[:3], dq.stride()[:3]
-    shapes = [(t.shape, t.dtype) for t in (q, k, v)]
-    device = q.device
 
-    def again(q, k, v, o, do, lse):
-        dq, dk, dv = (torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes)
-        delta = torch.empty((B, H, N_q), dtype=torch.float32, device=device)
-        with quiet():
-            pre(o, do, delta, N_q, *o_strides, *do_strides)
-            dkdv(q, k, v, do, lse, delta, dk, dv, dq32, *scales, *strides, *dk_strides)
-            dq_run(q, k, v, do, lse, delta, dq, *scales, *strides, *dq_strides)
-        return dq, dk, dv
-    return (dq, dk, dv), again
+
+def fa1_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
+                 l: torch.Tensor, m: torch.Tensor, causal: bool = False, sm_scale: float | None = None):
+    """``(dq, dk, dv)`` the way FlashAttention-1 computed them (Algorithm 4 of its paper): for comparison.
+
+    One program per (batch, head) walks every key block (outer) and query block (inner), as FA1 did before
+    FA2 parallelised the backward over the sequence; dQ_i goes through HBM (fp32) in every inner step, D_i
+    is recomputed from O_i in every step, and P comes from the row maxima ``m`` and sums ``l`` that
+    ``fa1_forward(..., return_stats=True)`` returns. Inputs and results otherwise as :func:`fa2_backward`'s
+    (``l``, ``m``: (B, H, N_q) float32); the tiles are ``backward_config(d)["fa1"]``.
+
+    Example:
+        >>> import torch
+        >>> from flashcourse.backend import DEVICE
+        >>> from flashcourse.kernels import fa1_forward
+        >>> q, k, v, do = (torch.randn(1, 1, 33, 16, device=DEVICE).half() for _ in range(4))
+        >>> o, l, m = fa1_forward(q, k, v, return_stats=True)
+        >>> fa1 = fa1_backward(q, k, v, o, do, l, m)
+        >>> fa2 = fa2_backward(q, k, v, o, do, m + l.log())      # the log-sum-exp L = m + log l
+        >>> max((a.float() - b.float()).abs().max().item() for a, b in zip(fa1, fa2)) < 1e-2
+        True
+    """
+    fn = "fa1_backward"
+    q, k, v = expect_qkv(fn, q, k, v, head_dims=HEAD_DIMS)
+    o, do, l, m = _expect_saved(fn, q, o, do, {"l": l, "m": m}, "fa1_forward(q, k, v, return_stats=True)")
+    o, do = o.contiguous(), do.contiguous()                  # the kernel reads both with do's strides
+    sm_scale = expect_sm_scale(fn, sm_scale, q.shape[-1])
+    B, H, N_q, d = q.shape
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    if dq.numel() == 0 or dk.numel() == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    dq32 = torch.zeros((B, H, N_q, d), dtype=torch.float32, device=q.device)
+    BM, BN, warps, stages = backward_config(d)["fa1"]
+    with quiet():
+        _fa1_bwd[(H, B)](q, k, v, o, do, l, m, dq32, dq, dk, dv, sm_scale * LOG2E, sm_scale,
+                         N_q, k.shape[2], *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],
+                         *dk.stride()[:3], HEAD_DIM=d, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=bool(causal), num_warps=warps,
+                         num_stages=stages)
+    return dq, dk, dv
 
 
 # flash_attention is a custom operator of torch.library (flashcourse::flash_attention_fwd and _bwd) with an
@@ -418,6 +508,10 @@ def _aot(kernel_name):
             cfg = backward_config(d, cc)
             if kernel_name == "pre":
                 yield aot.Launch({"HEAD_DIM": d, "BLOCK_M": cfg["pre"]}, 4, 1, kernel="bwd_preprocess")
+            elif kernel_name == "fa1":
+                BM, BN, warps, stages = cfg["fa1"]
+                yield aot.Launch({"HEAD_DIM": d, "BLOCK_M": BM, "BLOCK_N": BN, "CAUSAL": True}, warps, stages,
+                                 kernel="fa1_bwd")
             else:
                 BM, BN, warps, stages = cfg[kernel_name]
                 for atomic in ((False, True) if kernel_name == "dkdv" else (None,)):
@@ -429,7 +523,7 @@ def _aot(kernel_name):
 
 def _signature(names):
     const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "ATOMIC_DQ"}
-    fp32 = {"LSE", "Delta", "DQ32"}
+    fp32 = {"LSE", "Delta", "DQ32", "L", "M"}
     return {n: ("constexpr" if n in const else "*fp32" if n in fp32 else "fp32" if n in ("qk_scale", "sm_scale")
                 else "i32" if n in ("N_q", "N_k") or n.startswith("stride") else "*fp16") for n in names}
 
@@ -437,3 +531,4 @@ def _signature(names):
 aot.register("bwd_preprocess", _bwd_preprocess, signature=_signature(_bwd_preprocess.arg_names), configs=_aot("pre"))
 aot.register("bwd_dkdv", _bwd_dkdv, signature=_signature(_bwd_dkdv.arg_names), configs=_aot("dkdv"))
 aot.register("bwd_dq", _bwd_dq, signature=_signature(_bwd_dq.arg_names), configs=_aot("dq"))
+aot.register("fa1_bwd", _fa1_bwd, signature=_signature(_fa1_bwd.arg_names), configs=_aot("fa1"))

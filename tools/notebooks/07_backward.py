@@ -176,21 +176,21 @@ CELLS = [
     from flashcourse.bench.attention import table
     result = bench.shipped("backward")
     print(result.gpu, "|", "torch", result.provenance["torch"], "| triton", result.provenance["triton"])
-    print(f"{'d':>3s} {'N':>6s} {'causal':>6s} {'ours':>5s} {'atomic':>6s} {'flash':>6s} {'cuDNN':>6s} {'mem-eff':>7s} | "
-          f"{'step: ours':>10s} {'flash':>6s} | {'MiB: ours':>9s} {'flash':>6s} {'naive':>7s}")
+    print(f"{'d':>3s} {'N':>6s} {'causal':>6s} {'ours':>5s} {'atomic':>6s} {'FA1':>4s} {'flash':>6s} {'cuDNN':>6s} "
+          f"{'mem-eff':>7s} | {'step: ours':>10s} {'FA1':>4s} {'flash':>6s} | {'MiB: ours':>9s} {'flash':>6s} {'naive':>7s}")
     for r in table(result):
         naive = r.get("naive (torch) fwd+bwd peak MiB")
         print(f"{r['d']:3d} {r['N']:6d} {str(r['causal']):>6s} {r['kernels.fa2_backward']:5.0f} "
-              f"{r['kernels.fa2_backward (dQ atomics)']:6.0f} "
+              f"{r['kernels.fa2_backward (dQ atomics)']:6.0f} {r['kernels.fa1_backward']:4.0f} "
               f"{r['sdpa (flash) backward']:6.0f} {r['sdpa (cudnn) backward']:6.0f} {r['sdpa (efficient) backward']:7.0f} | "
-              f"{r['kernels.flash_attention fwd+bwd']:10.0f} {r['sdpa (flash) fwd+bwd']:6.0f} | "
+              f"{r['kernels.flash_attention fwd+bwd']:10.0f} {r['kernels.fa1 fwd+bwd']:4.0f} {r['sdpa (flash) fwd+bwd']:6.0f} | "
               f"{r['kernels.flash_attention fwd+bwd peak MiB']:9.0f} {r['sdpa (flash) fwd+bwd peak MiB']:6.0f} "
               f"{'-' if naive is None else f'{naive:.0f}':>7s}")
     """, "subslide", name="measured-table"),
 
     md("""
-    The Triton backward runs at 1.07-1.79x PyTorch's flash backend (FlashAttention-2's CUTLASS code) at
-    every shape, 2.6-3.2x the memory-efficient one, and at 0.65-1.17x cuDNN's, which on Hopper uses the
+    The Triton backward runs at 1.04-1.69x PyTorch's flash backend (FlashAttention-2's CUTLASS code) at
+    every shape, 2.6-3.2x the memory-efficient one, and at 0.69-1.18x cuDNN's, which on Hopper uses the
     asynchronous tensor-core instructions FlashAttention-3 is built on. The source articles found a Triton
     backward at about 3/4 of the CUTLASS one, on the GPUs of 2023; on an H100 Triton compiles both of our
     backward kernels to Hopper's warpgroup `wgmma` (at d = 128, compiled for sm_90 with Triton 3.9 on a CPU:
@@ -205,46 +205,69 @@ CELLS = [
     **dQ: a second kernel or atomic adds?** The column *atomic* is `fa2_backward(..., dq_mode="atomic")`:
     Algorithm 2 as written, each key-block program adding its $dS_{ij} K_j$ to an fp32 $dQ$ in HBM with
     `tl.atomic_add`, and no dQ kernel. It does 5 matmuls a tile instead of the two kernels' 4 + 3, yet
-    takes 1.15-1.39x as long here: every program writes a $B_r \\times d$ tile of fp32 atomics per query block,
+    takes 1.15-1.38x as long here: every program writes a $B_r \\times d$ tile of fp32 atomics per query block,
     $T_c$ times over every row of $dQ$, and the adds to one row wait for each other. It also needs the
     fp32 $dQ$ (322 MiB against 194 at d = 64, N = 1k). Recomputing is again cheaper than moving bytes.
     """, "fragment", name="measured-text"),
 
     md("""
+    **FlashAttention-1's backward.** The columns *FA1* are `kernels.fa1_backward`, Algorithm 4 of the
+    FlashAttention paper as a Triton kernel (one program per (batch, head) walks every key block and, inside,
+    every query block; $dQ_i$ goes through HBM in fp32 at every step; $D_i$ is recomputed from $O_i$ at every
+    step; $P$ comes from FA1's $m$ and $\\ell$), and a whole FA1 step, `fa1_forward` then `fa1_backward`. The
+    source articles report FA2's training step 2.27x as fast as FA1's at 4k tokens. Here FA2's step is
+    2.1-3.3x as fast at N = 1k, where the batch gives FA1 256-512 programs for the H100's 132 SMs; the gap
+    grows as N grows and the batch shrinks: 4.0-9.4x at 4k (64-128 programs), 15-36x at 16k (16-32
+    programs, most SMs idle). Spreading the work over the sequence, FA2's first change, removes that part;
+    at N = 1k and d = 64, where FA1 already has 512 programs, what is left (dQ through HBM, D recomputed,
+    one program doing a whole head's work in order) costs 2.1-2.6x, near the articles' figure. (Their 2.27x
+    compares the two CUDA implementations; ours are the papers' algorithms in Triton, with the same tiles.)
+    """, "fragment", name="measured-fa1"),
+
+    md("""
     ## A model trained on it
 
     `flashcourse.gpt`: a nanoGPT-style model (6 layers, 6 heads of d = 64, characters of the course's own
-    prose), trained twice from the same seed, once on `flash_attention` and once on SDPA, 300 steps of
-    AdamW in fp16 autocast (`tools/gpu_train.py` on the H200; `bench.measured("gpt_train", gpu="h200")`):
+    prose), trained three times from the same seed, on `flash_attention`, on SDPA's flash backend and on its
+    memory-efficient backend, 300 steps of AdamW under autocast, in fp16 and in bf16 (`tools/gpu_train.py
+    --yardstick [--dtype bfloat16]` on an H100; `bench.measured("gpt_train")`, `"gpt_train_bfloat16"`):
     """, "slide", name="training"),
 
     code("""
     # NBVAL_IGNORE_OUTPUT
-    runs = bench.measured("gpt_train", gpu="h200")["runs"]
-    fig, axes = plt.subplots(1, len(runs), figsize=(10, 3.2), sharey=True)
-    for ax, r in zip(axes, runs):
-        for name in ("flash", "sdpa"):
-            ax.plot(r[name]["loss"], lw=1, label=f"{name}: {r[name]['median_step_ms']:.1f} ms a step, "
-                                                 f"peak {r[name]['peak_bytes'] / 2**20:.0f} MiB")
-        ax.set_title(f"context {r['block_size']}, batch {r['batch_size']}", fontsize=9)
-        ax.set_xlabel("step"); ax.legend(fontsize=7); ax.grid(alpha=0.3)
-    axes[0].set_ylabel("training loss")
-    plt.show()
+    trained = {dtype: bench.measured(name) for dtype, name in (("fp16", "gpt_train"), ("bf16", "gpt_train_bfloat16"))}
+    fig, axes = plt.subplots(2, 2, figsize=(10, 5.5), sharey=True)
+    for row, (dtype, measured) in zip(axes, trained.items()):
+        for ax, r in zip(row, measured["runs"]):
+            for name in ("flash", "sdpa", "sdpa-efficient"):
+                ax.plot(r[name]["loss"], lw=1, label=f"{name}: {r[name]['median_step_ms']:.1f} ms a step, "
+                                                     f"peak {r[name]['peak_bytes'] / 2**20:.0f} MiB")
+            ax.set_title(f"{dtype}, context {r['block_size']}, batch {r['batch_size']}", fontsize=9)
+            ax.set_xlabel("step"); ax.legend(fontsize=7); ax.grid(alpha=0.3)
+        row[0].set_ylabel("training loss")
+    plt.tight_layout(); plt.show()
     """, "fragment", name="training-plot"),
 
     code("""
     # NBVAL_CHECK_OUTPUT
-    for r in runs:
-        diff = np.abs(np.array(r["flash"]["loss"]) - np.array(r["sdpa"]["loss"]))
-        print(f"context {r['block_size']}: final loss {r['flash']['loss'][-1]:.3f} (flash) vs {r['sdpa']['loss'][-1]:.3f} "
-              f"(SDPA); largest gap after step 50: {diff[50:].max():.3f}")
+    for dtype, measured in trained.items():
+        for r in measured["runs"]:
+            loss = {name: np.array(r[name]["loss"]) for name in ("flash", "sdpa", "sdpa-efficient")}
+            ours, theirs = np.abs(loss["flash"] - loss["sdpa"]), np.abs(loss["sdpa-efficient"] - loss["sdpa"])
+            print(f"{dtype} context {r['block_size']:4d}: final loss {loss['flash'][-1]:.3f} (ours) "
+                  f"{loss['sdpa'][-1]:.3f} (SDPA flash) {loss['sdpa-efficient'][-1]:.3f} (SDPA mem-eff); "
+                  f"mean gap, last 50 steps: ours-flash {ours[-50:].mean():.3f}, mem-eff-flash {theirs[-50:].mean():.3f}")
     """, "fragment", name="training-gap"),
 
     md("""
-    The curves agree to the noise of fp16 training (the runs share weights and batches; the last bits of
-    each step differ, and training amplifies them a little). At this size a step is host-bound: our step
-    took about 20% longer than SDPA's, all of it Python and launch time around kernels that take tens of
-    microseconds (the GPU time of our backward alone is below SDPA's, above).
+    Two correct attention kernels do not give the same curve: their last bits differ, and training amplifies
+    the difference step by step. SDPA's own two backends are the yardstick: our curve stays as close to SDPA
+    flash's as SDPA's memory-efficient backend does, in fp16 and in bf16 (bf16 keeps 8 bits of mantissa
+    to fp16's 11, and its curves drift further apart). Not even one backend repeats itself: SDPA's flash
+    backward adds dQ with atomics, in whatever order the blocks finish: an earlier bf16 run on the same H100,
+    same seed and batches, ended at 2.198 on SDPA flash where this one ends at 2.363. At this size a step is host-bound:
+    ours took 9-16% longer than SDPA flash's, all of it Python and launch time around kernels that take tens
+    of microseconds (the GPU time of our backward alone is below SDPA's, above).
     """, "fragment", name="training-text"),
 
     md("""
@@ -255,7 +278,10 @@ CELLS = [
     * FlashAttention stores $L$ instead of $P$: $O(N)$ memory instead of $O(N^2)$, paid for with one more
       matmul per tile (2.5x the forward's FLOPs instead of 2x).
     * K/V outside keeps $dK_j, dV_j$ on chip; $dQ$ then needs atomics or a second pass.
-    * A model trains on the course's kernels with the same loss curve as on PyTorch's.
+    * A model trains on the course's kernels, its loss curve as close to PyTorch's as PyTorch's two backends
+      are to each other.
+    * FA1's backward, one program a head with dQ through HBM, falls 2-36x behind FA2's: parallelism over the
+      sequence matters most when the batch is small.
 
     **Exercise:** `exercises/07_backward.ipynb` — the recomputed step in NumPy, and the inner loop of the
     dK/dV kernel.
