@@ -140,6 +140,10 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter(7, "backward", "The backward pass: recompute P, don't store it", "07_backward",
             layers=("formulas", "reference", "kernels", "checks", "bench"), kernels=("fa2_backward", "fa1_backward", "flash_attention"),
             checks=("fa2_backward_step", "dkdv_kernel"), bench="backward"),
+    Chapter(8, "sparse", "Block-sparse FlashAttention: skip the empty blocks", "08_block_sparse",
+            layers=("formulas", "reference", "kernels", "checks", "bench"),
+            kernels=("block_sparse_attention", "create_block_mask"), checks=("block_lists", "sparse_kernel"),
+            bench="sparse"),
 )
 
 

@@ -39,6 +39,10 @@ The checks, by chapter:
 * :mod:`.gemm` (chapter 6): :func:`choose_block_n` (FlashDecoding++'s choice of B_N from the
   compute/memory ratio and the SM count, in Python) and :func:`flat_gemm_kernel` (the K loop of the
   flat GEMM Triton kernel).
+* :mod:`.backward` (chapter 7): :func:`fa2_backward_step` (the recomputed backward step, in NumPy, run inside
+  the chapter's loops) and :func:`dkdv_kernel` (the inner loop of the dK/dV kernel in Triton).
+* :mod:`.sparse` (chapter 8): :func:`block_lists` (the full and partial key blocks of each query block, from
+  a mask function, in NumPy) and :func:`sparse_kernel` (the kernel's loops over those lists, in Triton).
 
 Adding a check for a later chapter: a module ``STEM.py`` here (the chapter's stem, see
 :mod:`flashcourse.chapters`) with a function ``NAME(fn, seed=None)`` that refuses a non-function

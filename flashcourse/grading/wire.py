@@ -4,7 +4,9 @@ The grader calls a student's function in another process (:mod:`.worker`) and mu
 returned without trusting it. ``pickle`` would run code while loading, so values travel as JSON in
 which arrays are tagged: :func:`encode` accepts NumPy arrays of numbers or booleans, NumPy scalars,
 Python ``int``/``float``/``bool``/``str``/``None`` (``nan`` and ``inf`` included), and tuples, lists
-and dicts with string keys of those; :func:`decode` builds nothing else. Anything the student returns
+and dicts with string keys of those, and chapter 8's masks as their recipes (``Mask.spec``, built again by
+:func:`flashcourse.formulas.sparse.mask_from_spec` from the course's own constructors); :func:`decode`
+builds nothing else. Anything the student returns
 that is not plain data (a generator, a torch tensor on a GPU already moved to the CPU first, an
 object) becomes an :class:`Opaque` value that names its type, so the check says what came back.
 
@@ -22,6 +24,8 @@ import json
 import math
 
 import numpy as np
+
+from ..formulas.sparse import Mask, mask_from_spec
 
 __all__ = ["Opaque", "encode", "decode", "WireError", "MAX_BYTES"]
 
@@ -84,6 +88,8 @@ def _plain(v, depth: int = 0):
         return {"$": "dict", "items": {k: _plain(x, depth + 1) for k, x in v.items()}}
     if type(v).__module__ == "torch" and type(v).__name__ == "Tensor":   # a tensor: its values, on the CPU
         return _plain(v.detach().cpu().numpy(), depth)
+    if isinstance(v, Mask) and v.spec is not None:     # chapter 8's mask: its recipe, built again on arrival
+        return {"$": "mask", "spec": _plain(v.spec, depth + 1)}
     return {"$": "opaque", "type": type(v).__name__}
 
 
@@ -137,6 +143,11 @@ def _built(v, depth: int = 0):
         return {str(k): _built(x, depth + 1) for k, x in v["items"].items()}
     if tag == "opaque":
         return Opaque(v.get("type", "unknown"))
+    if tag == "mask":
+        try:
+            return mask_from_spec(_built(v["spec"], depth + 1))
+        except (ValueError, TypeError) as e:
+            raise WireError(f"a mask: {e}") from None
     raise WireError(f"an unknown tag {tag!r}")
 
 

@@ -91,21 +91,30 @@ def _check_qkv(name, q, k, v):
     return q, k, v
 
 
-def attention_float64(q, k, v, causal: bool = False, sm_scale: float | None = None) -> np.ndarray:
+def attention_float64(q, k, v, causal: bool = False, sm_scale: float | None = None, mask=None) -> np.ndarray:
     """softmax(Q K^T * scale) V in float64 with NumPy: the ground truth the tests compare against.
 
-    Rows that can see no key (causal with N_q > N_k) are 0, as in FlashAttention.
+    ``mask``: an (N_q, N_k) boolean array, True where a query sees a key (chapter 8's masks, as
+    ``Mask.dense(N_q, N_k)`` gives them), on top of ``causal``. Rows that can see no key (causal with
+    N_q > N_k, or masked) are 0, as in FlashAttention.
 
     Example:
         >>> q = k = v = np.eye(2)
         >>> attention_float64(q, k, v, sm_scale=0.0).tolist()
         [[0.5, 0.5], [0.5, 0.5]]
+        >>> attention_float64(q, k, v, sm_scale=0.0, mask=np.array([[True, False], [False, False]])).tolist()
+        [[1.0, 0.0], [0.0, 0.0]]
     """
     q, k, v = (np.asarray(t, dtype=np.float64) for t in _check_qkv("attention_float64", q, k, v))
     scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
     s = q @ np.swapaxes(k, -1, -2) * scale
     if causal:
         s = np.where(causal_mask(q.shape[-2], k.shape[-2]), s, -np.inf)
+    if mask is not None:
+        mask = np.asarray(mask, dtype=bool)
+        if mask.shape != s.shape[-2:]:
+            raise ValueError(f"attention_float64: mask is {mask.shape}; expected (N_q, N_k) = {s.shape[-2:]}")
+        s = np.where(mask, s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
     m = np.where(np.isneginf(m), 0.0, m)
     p = np.exp(s - m)

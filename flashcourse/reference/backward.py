@@ -68,10 +68,12 @@ def _probabilities(S, L):
         return np.where(np.isneginf(L)[..., None], 0.0, np.exp(S - np.where(np.isneginf(L), 0.0, L)[..., None]))
 
 
-def attention_backward_float64(q, k, v, do, causal: bool = False, sm_scale: float | None = None):
+def attention_backward_float64(q, k, v, do, causal: bool = False, sm_scale: float | None = None, mask=None):
     """``(dQ, dK, dV)`` of ``O = softmax(tau Q K^T) V`` for the upstream gradient ``do``, in float64.
 
-    ``q``, ``do`` are (..., N_q, d), ``k``, ``v`` (..., N_k, d). What autograd computes, written out.
+    ``q``, ``do`` are (..., N_q, d), ``k``, ``v`` (..., N_k, d); ``mask`` an (N_q, N_k) boolean array on top
+    of ``causal``, as :func:`flashcourse.reference.attention_float64` takes it. What autograd computes,
+    written out.
 
     Example:
         >>> import torch
@@ -88,6 +90,11 @@ def attention_backward_float64(q, k, v, do, causal: bool = False, sm_scale: floa
     S = tau * q @ np.swapaxes(k, -1, -2)
     if causal:
         S = np.where(causal_mask(q.shape[-2], k.shape[-2]), S, -np.inf)
+    if mask is not None:
+        mask = np.asarray(mask, dtype=bool)
+        if mask.shape != S.shape[-2:]:
+            raise ValueError(f"attention_backward_float64: mask is {mask.shape}; expected (N_q, N_k) = {S.shape[-2:]}")
+        S = np.where(mask, S, -np.inf)
     m = S.max(axis=-1, keepdims=True)
     with np.errstate(divide="ignore"):                       # a row that sees no key: log 0 = -inf, its L
         L = m[..., 0] + np.log(np.exp(S - np.where(np.isneginf(m), 0.0, m)).sum(-1))

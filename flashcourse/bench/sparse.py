@@ -1,0 +1,148 @@
+"""Chapter 8: block-sparse attention, the course's kernel beside FlexAttention on the same masks.
+
+Suite ``sparse``: fp16, B * N = 16k tokens, H = 16 heads of d = 128 (the shapes of ``../shared/baselines``),
+N in {4k, 16k}, three masks: ``causal``, ``sliding_window(1024)`` (causal) and ``documents`` (a packed batch
+of documents of 256-2048 tokens, causal within each, lengths drawn from a fixed seed). Timed:
+
+* ``kernels.block_sparse_attention``: the forward on a block mask built beforehand
+  (:func:`flashcourse.kernels.create_block_mask`, the kernel's own tiles: 128 x 64 on sm_80+);
+* ``flex_attention``: ``torch.compile(flex_attention)`` on ``torch.nn.attention.flex_attention.create_block_mask``'s
+  block mask of the same mask function (its default 128 x 128 blocks), as the baselines measured it;
+* ``kernels.create_block_mask`` and ``flex create_block_mask``: building each block mask (time only);
+* ``kernels.fa2_forward (dense causal)`` and ``sdpa (flash) dense causal``: causal attention over every block
+  below the diagonal, what a mask costs without block sparsity.
+
+FLOPs: ``4 d`` per (query, key) pair the mask keeps, per head (``BlockMask.visible``): the useful work, the
+same for everyone. ``extra["density"]``: the fraction of the course's blocks that are not empty.
+``kernels.block_sparse_attention`` is checked against FlexAttention's output before it is timed.
+
+Example:
+    >>> from flashcourse.bench import get_suite
+    >>> [w.label for w in get_suite("sparse").workloads(quick=True)]
+    ['N=4096 causal', 'N=4096 sliding_window(1024)', 'N=4096 documents']
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import backend
+from .attention import warm_up
+from .harness import Case, Workload, suite
+
+__all__ = ["sparse", "IMPLS", "MASKS", "document_lengths"]
+
+#: The implementations the suite times, in order.
+IMPLS = ["kernels.block_sparse_attention", "flex_attention", "kernels.create_block_mask", "flex create_block_mask",
+         "kernels.fa2_forward (dense causal)", "sdpa (flash) dense causal"]
+#: The masks, by label.
+MASKS = ("causal", "sliding_window(1024)", "documents")
+
+
+def document_lengths(N: int, seed: int = 0, low: int = 256, high: int = 2048) -> list[int]:
+    """Lengths of documents packed into N tokens: uniform in [low, high], the last one cut to fit.
+
+    Example:
+        >>> sum(document_lengths(4096)), len(document_lengths(4096)) > 1
+        (4096, True)
+    """
+    rng, out = np.random.default_rng(seed), []
+    while sum(out) < N:
+        out.append(int(min(rng.integers(low, high + 1), N - sum(out))))
+    return out
+
+
+@suite("sparse", help="chapter 8: block-sparse attention forward beside FlexAttention, fp16, 16k tokens, 16 heads of "
+                      "d = 128, N 4k and 16k, causal / sliding window 1024 / packed documents")
+def sparse(quick: bool = False, Ns=(4096, 16384), masks=MASKS, tokens: int = 16384, heads: int = 16, d: int = 128,
+           device=None, seed: int = 0) -> list[Workload]:
+    """One workload per (N, mask): B = tokens / N sequences. ``quick`` keeps N = 4k."""
+    if quick:
+        Ns = tuple(n for n in Ns if n <= 4096)
+    out = []
+    for N in Ns:
+        for name in masks:
+            params = {"op": "block-sparse attention", "dtype": "float16", "B": max(1, tokens // N), "H": heads, "N": N,
+                      "d": d, "mask": name}
+            out.append(Workload(f"N={N} {name}", params,
+                                lambda N=N, name=name: _cases(max(1, tokens // N), heads, N, d, name,
+                                                              device or backend.DEVICE, seed)))
+    return out
+
+
+def _mask(name: str, N: int):
+    from ..formulas.sparse import causal, documents, sliding_window
+    if name == "causal":
+        return causal()
+    if name.startswith("sliding_window"):
+        return sliding_window(int(name.split("(")[1].rstrip(")")))
+    return documents(document_lengths(N))
+
+
+def _cases(B, H, N, d, name, device, seed):
+    import torch
+    import torch.nn.functional as F
+
+    from ..kernels import fa2_forward
+    from ..kernels.sparse import block_sparse_attention, create_block_mask
+
+    if device == "cuda":
+        warm_up(torch)
+    g = torch.Generator(device=device).manual_seed(seed)
+    q, k, v = (torch.randn((B, H, N, d), generator=g, device=device, dtype=torch.float16) for _ in range(3))
+    mask = _mask(name, N)
+    bm = create_block_mask(mask, N, N, device=device)
+    flops = 4 * d * bm.visible * B * H
+    extra = {"density": bm.density, "block_size": list(bm.block_size), "blocks": bm.counts()}
+    flex = _flex(torch, mask, N, q, k, v, device)
+    reference = None if isinstance(flex, str) else flex[0]()
+
+    def check(o):
+        if reference is None:
+            return None
+        err = (o.float() - reference.float()).abs().max().item()
+        return None if err <= 2e-2 else f"max |o - flex_attention's| = {err:.3g}"
+    cases = [Case("kernels.block_sparse_attention", fn=lambda: block_sparse_attention(q, k, v, bm), flops=flops,
+                  check=check, extra=extra, inputs=(q, k, v))]
+    if isinstance(flex, str):
+        cases += [Case("flex_attention", skip=flex, kind="baseline")]
+    else:
+        run, build, flex_bm = flex
+        cases += [Case("flex_attention", fn=run, flops=flops, kind="baseline",
+                       extra={"sparsity": float(flex_bm.sparsity()), "block_size": list(flex_bm.BLOCK_SIZE)})]
+    cases.append(Case("kernels.create_block_mask", fn=lambda: create_block_mask(mask, N, N, device=device)))
+    cases.append(Case("flex create_block_mask", skip=flex, kind="baseline") if isinstance(flex, str) else
+                 Case("flex create_block_mask", fn=flex[1], kind="baseline"))
+    if name == "causal":
+        cases.append(Case("kernels.fa2_forward (dense causal)", fn=lambda: fa2_forward(q, k, v, causal=True),
+                          flops=flops))
+    else:
+        cases.append(Case("kernels.fa2_forward (dense causal)", skip="only beside the causal mask"))
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def sdpa():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    cases.append(Case("sdpa (flash) dense causal", fn=sdpa, flops=4 * d * (N * (N + 1) // 2) * B * H, kind="baseline"))
+    return cases
+
+
+def _flex(torch, mask, N, q, k, v, device):
+    """``(run, build, block_mask)`` of compiled FlexAttention on ``mask``, or why it cannot run here."""
+    if device != "cuda":
+        return "FlexAttention is compiled for a GPU here"
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask as flex_block_mask
+        from torch.nn.attention.flex_attention import flex_attention
+        mask(torch.arange(2, device=device)[:, None], torch.arange(2, device=device)[None, :])   # its tensors, made once
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return mask(q_idx, kv_idx)
+
+        def build():
+            return flex_block_mask(mask_mod, None, None, N, N, device=device)
+        flex_bm = build()
+        compiled = torch.compile(flex_attention)
+        compiled(q, k, v, block_mask=flex_bm)
+        return (lambda: compiled(q, k, v, block_mask=flex_bm)), build, flex_bm
+    except Exception as e:  # noqa: BLE001  (a torch without FlexAttention, or one that cannot compile it)
+        return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"

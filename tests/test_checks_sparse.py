@@ -1,0 +1,96 @@
+"""Chapter 8's checks: block_lists and sparse_kernel accept the solutions notebook's code and reject the mistakes
+the chapter teaches -- partial blocks treated as full, a block judged by its corners (a skipped block that was not
+empty), block edges off by one, a ragged block called full, partial blocks skipped, a tile's bits read backwards,
+loads past N_k, rows that see no key -- under the graded seed and three fresh ones, with the hint the check
+derives from the mistake's own answer.
+
+The mutants are textual mutations of the solutions notebook's cells (tests/solution_cells.py).
+"""
+import pytest
+
+import flashcourse  # noqa: F401
+from flashcourse import checks
+import solution_cells as cells
+from solution_cells import rejected, seeds_of
+
+NOTEBOOK = "08_block_sparse"
+
+
+def lists(tmp_path, *replace):
+    return cells.load(tmp_path, NOTEBOOK, "block-lists", "block_lists", replace)
+
+
+def kernel(tmp_path, *replace):
+    return cells.load(tmp_path, NOTEBOOK, "sparse-kernel", "sparse_kernel", replace)
+
+
+def test_the_solutions_pass(tmp_path, seed, capsys):
+    fn, k = lists(tmp_path), kernel(tmp_path)
+    for s in seeds_of(seed)[:2]:
+        checks.block_lists(fn, seed=s)
+        checks.sparse_kernel(k, seed=s)
+    assert set(capsys.readouterr().out.strip().splitlines()) == {
+        "block_lists: 10 cases passed (5 shown, 5 hidden) ✓", "sparse_kernel: 10 cases passed (5 shown, 5 hidden) ✓"}
+
+
+def test_the_exercises_as_given_are_not_implemented_yet(tmp_path):
+    fn = cells.load(tmp_path, NOTEBOOK, "block-lists", "block_lists", exercise=True)
+    with pytest.raises(NotImplementedError, match="not implemented yet"):
+        checks.block_lists(fn, seed=0)
+    k = cells.load(tmp_path, NOTEBOOK, "sparse-kernel", "sparse_kernel", exercise=True)
+    with pytest.raises(NotImplementedError, match="wrote nothing \\(or only zeros\\) to O"):
+        checks.sparse_kernel(k, seed=0)
+
+
+@pytest.mark.parametrize("replace, expected", [
+    pytest.param((("if seen.all() and len(cols) == B_c:", "if seen.any():"),), ("is partial, not full",),
+                 id="partial-as-full"),
+    pytest.param((("seen = np.broadcast_to(mask(rows[:, None], cols[None, :]), (len(rows), len(cols)))",
+                   "r2, c2 = rows[[0, -1]], cols[[0, -1]]\n"
+                   "            seen = np.broadcast_to(mask(r2[:, None], c2[None, :]), (2, 2))"),),
+                 ("four corners",), id="judged-by-its-corners"),
+    pytest.param((("cols = np.arange(j * B_c, min((j + 1) * B_c, N_k))", "cols = np.arange(j * B_c, min((j + 1) * B_c + 1, N_k))"),),
+                 ("the end of a block is excluded",), id="block-edge-off-by-one"),
+    pytest.param((("if seen.all() and len(cols) == B_c:", "if seen.all():"),), ("never full",), id="ragged-block-full"),
+])
+def test_list_mutants_are_rejected(tmp_path, seed, replace, expected):
+    rejected(checks.block_lists, lists(tmp_path, *replace), seed, *expected)
+
+
+@pytest.mark.parametrize("replace, expected", [
+    pytest.param((("qk = tl.where(seen != 0, tl.dot(Q_i, tl.trans(K_j)) * qk_scale, -float(\"inf\"))",
+                   "qk = tl.where(in_k[None, :], tl.dot(Q_i, tl.trans(K_j)) * qk_scale, -float(\"inf\"))"),),
+                 ("masked with its bit tile",), id="partial-as-full"),
+    pytest.param((("for t in range(0, tl.load(PART_NUM + i)):", "for t in range(0, 0 * tl.load(PART_NUM + i)):"),),
+                 ("walk both lists",), id="partial-blocks-skipped"),
+    pytest.param((("(packed[:, :, None] >> tl.arange(0, 8)[None, None, :])", "(packed[:, :, None] >> (7 - tl.arange(0, 8))[None, None, :])"),),
+                 ("bit b of byte c",), id="bits-reversed"),
+    pytest.param((("V_j = tl.load(V + h * stride_kh + keys[:, None] * stride_kn + dims[None, :], mask=in_k[:, None], other=0.0)",
+                   "V_j = tl.load(V + h * stride_kh + keys[:, None] * stride_kn + dims[None, :])"),),
+                 ("a load past N_k",), id="partial-load-past-N_k"),
+    pytest.param((("m_shift = tl.where(m_new == -float(\"inf\"), 0.0, m_new)", "m_shift = m_new"),),
+                 ("sees no key",), id="rows-that-see-no-key"),
+])
+def test_kernel_mutants_are_rejected(tmp_path, seed, replace, expected):
+    rejected(checks.sparse_kernel, kernel(tmp_path, *replace), seed, *expected)
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    return cells.grade_untouched_and_completed(tmp_path_factory, NOTEBOOK)
+
+
+@pytest.mark.slow
+def test_grade_reports_the_untouched_exercise_as_not_implemented(graded):
+    report = graded["untouched"]
+    assert not report.passed
+    assert [(c.name, c.status) for c in report.checks] == [("block_lists", "not implemented"),
+                                                         ("sparse_kernel", "not implemented")], report.format()
+
+
+@pytest.mark.slow
+def test_grade_passes_the_completed_exercise(graded):
+    report = graded["completed"]
+    assert report.passed, report.format()
+    assert [(c.name, c.status) for c in report.checks] == [("block_lists", "passed"), ("sparse_kernel", "passed")]
+    assert report.other_failures == [] and report.notes == []
