@@ -123,20 +123,58 @@ def test_bad_block_masks_are_named(device):
 
 def test_shipped_h100_results_meet_the_course_claims():
     """The chapter's suite on an H100 (flashcourse bench sparse; bench.shipped("sparse")): block_sparse_attention at
-    least as fast as compiled FlexAttention on every mask and N (1.07-1.69x), a sliding window of 1024 at N = 16k
-    at least 6x faster than dense causal attention (8.5x), and the causal mask within 10% of fa2_forward's causal
+    least as fast as compiled FlexAttention on every mask and N (1.01-1.16x), a sliding window of 1024 at N = 16k
+    at least 6x faster than dense causal attention (8.6x), and the causal mask within 15% of fa2_forward's causal
     loop (1.04-1.05x); the densities the lecture quotes."""
     from flashcourse.bench import shipped
     result = shipped("sparse")
     assert result.gpu.startswith("NVIDIA H100")
-    assert len(result.workloads()) == 6
+    assert len(result.workloads()) == 8
     for w in result.workloads():
         t = {r.impl: r for r in result.select(workload=w)}
         ours = t["kernels.block_sparse_attention"]
         assert ours.ms is not None and t["flex_attention"].ms is not None, w
         assert ours.ms <= t["flex_attention"].ms, w
         if ours.params["mask"] == "causal":
-            assert ours.ms <= 1.1 * t["kernels.fa2_forward (dense causal)"].ms, w
+            assert ours.ms <= 1.15 * t["kernels.fa2_forward (dense causal)"].ms, w
         if ours.params["mask"] == "sliding_window(1024)" and ours.params["N"] == 16384:
             assert t["sdpa (flash) dense causal"].ms >= 6 * ours.ms
             assert round(ours.extra["density"], 3) == 0.068
+
+
+def torch_grads(q, k, v, do, dense):
+    """PyTorch's own low-precision gradients under the mask (as torch_attention computes the forward)."""
+    t = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    torch_attention(*t, dense).backward(do)
+    return [x.grad.nan_to_num(0.0) for x in t]
+
+
+def assert_grads_close(grads, q, k, v, do, mask, what=""):
+    from flashcourse.reference.backward import attention_backward_float64
+    dense = mask.dense(q.shape[2], k.shape[2])
+    ref = attention_backward_float64(*(t.cpu().double().numpy() for t in (q, k, v, do)), mask=dense)
+    for name, g, r, m in zip(("dq", "dk", "dv"), grads, ref, torch_grads(q, k, v, do, dense)):
+        assert g.shape == m.shape and g.dtype == q.dtype, (name, g.shape, g.dtype)
+        rule = error_rule(g, r, m)
+        assert rule.ok, f"{mask}{what} {name}: max error {rule.error:.3g} > bound {rule.bound:.3g} (torch {rule.torch_error:.3g})"
+
+
+BWD_SHAPES = [(1, 2, 100, 100, 32), (1, 1, 70, 130, 64)] if not GPU else \
+             [(2, 2, n, n, d) for d in (16, 64, 128) for n in (17, 256, 1000)] + [(1, 2, 113, 1000, 64), (1, 2, 1000, 113, 128)]
+
+
+@pytest.mark.parametrize("shape", BWD_SHAPES, ids=lambda s: "B{}H{}-{}x{}-d{}".format(*s))
+def test_gradients_of_every_mask_against_float64(device, shape, seed):
+    """Autograd through block_sparse_attention: chapter 7's kernels over the block lists, every mask, rows that see
+    no key, by the FlashAttention error rule on dq, dk and dv."""
+    rng = np.random.default_rng(seed)
+    B, H, n_q, n_k, d = shape
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, do = ((torch.randn((B, H, n, d), generator=g) * s).half().to(device)
+                   for n, s in ((n_q, 1.5), (n_k, 1.5), (n_k, 1), (n_q, 1)))
+    block = sparse_block_size() if GPU else (16, 16)
+    for mask in the_masks(n_q, n_k, rng):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        o = block_sparse_attention(*leaves, create_block_mask(mask, n_q, n_k, block_size=block))
+        o.backward(do)
+        assert_grads_close([t.grad for t in leaves], q, k, v, do, mask, f" {shape}")

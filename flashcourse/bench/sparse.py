@@ -2,7 +2,8 @@
 
 Suite ``sparse``: fp16, B * N = 16k tokens, H = 16 heads of d = 128 (the shapes of ``../shared/baselines``),
 N in {4k, 16k}, three masks: ``causal``, ``sliding_window(1024)`` (causal) and ``documents`` (a packed batch
-of documents of 256-2048 tokens, causal within each, lengths drawn from a fixed seed). Timed:
+of documents of 256-2048 tokens, causal within each, lengths drawn from a fixed seed); at 16k also windows of
+256 and 4096 keys (time against s). Timed:
 
 * ``kernels.block_sparse_attention``: the forward on a block mask built beforehand
   (:func:`flashcourse.kernels.create_block_mask`, the kernel's own tiles: 128 x 64 on sm_80+);
@@ -10,7 +11,9 @@ of documents of 256-2048 tokens, causal within each, lengths drawn from a fixed 
   block mask of the same mask function (its default 128 x 128 blocks), as the baselines measured it;
 * ``kernels.create_block_mask`` and ``flex create_block_mask``: building each block mask (time only);
 * ``kernels.fa2_forward (dense causal)`` and ``sdpa (flash) dense causal``: causal attention over every block
-  below the diagonal, what a mask costs without block sparsity.
+  below the diagonal, what a mask costs without block sparsity;
+* ``kernels.block_sparse_attention fwd+bwd`` and ``flex_attention fwd+bwd``: a training step of the attention,
+  forward and backward through autograd (FLOPs 3.5x the forward's: the backward recomputes P).
 
 FLOPs: ``4 d`` per (query, key) pair the mask keeps, per head (``BlockMask.visible``): the useful work, the
 same for everyone. ``extra["density"]``: the fraction of the course's blocks that are not empty.
@@ -29,13 +32,15 @@ from .. import backend
 from .attention import warm_up
 from .harness import Case, Workload, suite
 
-__all__ = ["sparse", "IMPLS", "MASKS", "document_lengths"]
+__all__ = ["sparse", "IMPLS", "MASKS", "WINDOWS", "document_lengths"]
 
 #: The implementations the suite times, in order.
 IMPLS = ["kernels.block_sparse_attention", "flex_attention", "kernels.create_block_mask", "flex create_block_mask",
-         "kernels.fa2_forward (dense causal)", "sdpa (flash) dense causal"]
-#: The masks, by label.
+         "kernels.fa2_forward (dense causal)", "sdpa (flash) dense causal", "kernels.block_sparse_attention fwd+bwd",
+         "flex_attention fwd+bwd"]
+#: The masks, by label; and the windows also timed at the longest N, for time against s.
 MASKS = ("causal", "sliding_window(1024)", "documents")
+WINDOWS = ("sliding_window(256)", "sliding_window(4096)")
 
 
 def document_lengths(N: int, seed: int = 0, low: int = 256, high: int = 2048) -> list[int]:
@@ -60,7 +65,7 @@ def sparse(quick: bool = False, Ns=(4096, 16384), masks=MASKS, tokens: int = 163
         Ns = tuple(n for n in Ns if n <= 4096)
     out = []
     for N in Ns:
-        for name in masks:
+        for name in masks + (WINDOWS if N == max(Ns) and not quick and masks == MASKS else ()):
             params = {"op": "block-sparse attention", "dtype": "float16", "B": max(1, tokens // N), "H": heads, "N": N,
                       "d": d, "mask": name}
             out.append(Workload(f"N={N} {name}", params,
@@ -106,7 +111,7 @@ def _cases(B, H, N, d, name, device, seed):
     if isinstance(flex, str):
         cases += [Case("flex_attention", skip=flex, kind="baseline")]
     else:
-        run, build, flex_bm = flex
+        run, build, flex_bm, _ = flex
         cases += [Case("flex_attention", fn=run, flops=flops, kind="baseline",
                        extra={"sparsity": float(flex_bm.sparsity()), "block_size": list(flex_bm.BLOCK_SIZE)})]
     cases.append(Case("kernels.create_block_mask", fn=lambda: create_block_mask(mask, N, N, device=device)))
@@ -123,11 +128,22 @@ def _cases(B, H, N, d, name, device, seed):
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     cases.append(Case("sdpa (flash) dense causal", fn=sdpa, flops=4 * d * (N * (N + 1) // 2) * B * H, kind="baseline"))
+    do = torch.randn_like(q)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    cases.append(Case("kernels.block_sparse_attention fwd+bwd", fn=lambda: block_sparse_attention(*leaves, bm).backward(do),
+                      flops=int(3.5 * flops)))
+    if isinstance(flex, str):
+        cases.append(Case("flex_attention fwd+bwd", skip=flex, kind="baseline"))
+    else:
+        flex_leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        cases.append(Case("flex_attention fwd+bwd", fn=lambda: flex[3](*flex_leaves).backward(do), flops=int(3.5 * flops),
+                          kind="baseline"))
     return cases
 
 
 def _flex(torch, mask, N, q, k, v, device):
-    """``(run, build, block_mask)`` of compiled FlexAttention on ``mask``, or why it cannot run here."""
+    """``(run, build, block_mask, call)`` of compiled FlexAttention on ``mask`` (``call(q, k, v)``: on other tensors),
+    or why it cannot run here."""
     if device != "cuda":
         return "FlexAttention is compiled for a GPU here"
     try:
@@ -141,8 +157,10 @@ def _flex(torch, mask, N, q, k, v, device):
         def build():
             return flex_block_mask(mask_mod, None, None, N, N, device=device)
         flex_bm = build()
-        compiled = torch.compile(flex_attention)
+        torch.compiler.reset()     # each workload's mask is new code: past the recompile limit, dynamo would fall
+        compiled = torch.compile(flex_attention)      # back to eager flex_attention, which materialises the scores
         compiled(q, k, v, block_mask=flex_bm)
-        return (lambda: compiled(q, k, v, block_mask=flex_bm)), build, flex_bm
+        return (lambda: compiled(q, k, v, block_mask=flex_bm)), build, flex_bm, \
+            (lambda *x: compiled(*x, block_mask=flex_bm))
     except Exception as e:  # noqa: BLE001  (a torch without FlexAttention, or one that cannot compile it)
         return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"

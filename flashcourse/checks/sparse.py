@@ -95,7 +95,8 @@ def _list_cases(rng):
              ("sliding window of 40 keys: 2.5 blocks", sliding_window(40), 96, 96, 16, 16),
              ("documents of 30, 50 and 20 tokens: blocks partial on one side only", documents([30, 50, 20]), 100, 100, 16, 32),
              ("causal, N_q > N_k: the first rows see no key, the last all 30 keys", causal(-20), 66, 30, 16, 8),
-             ("local + global tokens, ragged N", local_global(12, 5), 90, 90, 32, 16)]
+             ("local + global tokens, ragged N", local_global(12, 5), 90, 90, 32, 16),
+             ("strided(10): blocks whose corners see nothing, but whose inside does", strided(10), 64, 64, 16, 16)]
     hidden = [("random sliding window", sliding_window(r(1, 60)), n, n, r(3, 20), r(3, 20)),
               ("random documents", documents(np.diff(np.concatenate([[0], cuts, [n]])).tolist()), n, n, r(3, 20), r(3, 20)),
               ("strided pattern", strided(r(2, 12)), n, n, r(3, 16), r(3, 16)),
@@ -136,12 +137,12 @@ def _kinds_of(full, partial, T_r, T_c):
 
 
 def block_lists(fn, seed: int | None = None) -> None:
-    """Check ``fn(mask, N_q, N_k, B_r, B_c) -> (full, partial)`` (see the module's docstring): 5 shown cases and 5
+    """Check ``fn(mask, N_q, N_k, B_r, B_c) -> (full, partial)`` (see the module's docstring): 6 shown cases and 5
     hidden ones (random windows, documents, the strided pattern, N_q != N_k, one query block).
 
     Example:
         >>> block_lists(reference_block_lists, seed=0)
-        block_lists: 10 cases passed (5 shown, 5 hidden) ✓
+        block_lists: 11 cases passed (6 shown, 5 hidden) ✓
     """
     name = "block_lists"
     require_callable(name, fn, "check.block_lists(block_lists)")

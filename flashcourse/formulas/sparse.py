@@ -378,9 +378,9 @@ def block_sparse_traffic(bm: BlockMask, d: int, heads: int = 1) -> dict[tuple[st
         True
     """
     expect_positive("block_sparse_traffic", d=d, heads=heads)
-    keys, (B_r, B_c) = _visited_keys(bm), bm.block_size
+    keys, (B_r, B_c), partial = _visited_keys(bm), bm.block_size, bm.counts()["partial"]
     per_head = {("Q", "read"): bm.N_q * d, ("K", "read"): keys * d, ("V", "read"): keys * d,
-                ("mask", "read"): bm.counts()["partial"] * B_r * ceil_div(B_c, 8),
+                **({("mask", "read"): partial * B_r * ceil_div(B_c, 8)} if partial else {}),   # no partial block: no tile
                 ("O", "write"): bm.N_q * d, ("L", "write"): bm.N_q}
     return {key: heads * n for key, n in per_head.items()}
 
@@ -393,7 +393,7 @@ def block_sparse_accesses(N: int, d: int, B_r: int, s: float, partial: float = 0
     Example:
         >>> bm = block_mask(sliding_window(32), 128, 128, (16, 16))
         >>> exact = sum(block_sparse_traffic(bm, d=8).values())
-        >>> exact == block_sparse_accesses(128, 8, 16, bm.density, bm.counts()["partial"] / bm.kinds.size)
+        >>> exact == round(block_sparse_accesses(128, 8, 16, bm.density, bm.counts()["partial"] / bm.kinds.size))
         True
     """
     expect_positive("block_sparse_accesses", N=N, d=d, B_r=B_r)

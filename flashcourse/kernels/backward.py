@@ -250,6 +250,25 @@ def backward_config(d: int, cc="current") -> dict:
     return {"dkdv": dkdv, "dq": (128, 64, 8, stages), "pre": 64, "fa1": dkdv}   # fa1_backward: the dK/dV tiles
 
 
+def backward_delta(o: torch.Tensor, do: torch.Tensor, block: int = 64) -> torch.Tensor:
+    """``D = rowsum(dO o O)``, (B, H, N) float32, with the backward's first kernel (line 4 of Algorithm 2): for
+    the backwards that reuse it (chapter 8's). ``o``, ``do``: (B, H, N, d) with unit last stride.
+
+    Example:
+        >>> from flashcourse.backend import DEVICE
+        >>> o, do = (torch.randn(1, 2, 5, 16, device=DEVICE).half() for _ in range(2))
+        >>> bool(torch.allclose(backward_delta(o, do), (o.float() * do.float()).sum(-1), atol=1e-3))
+        True
+    """
+    B, H, N, d = o.shape
+    delta = torch.empty((B, H, N), dtype=torch.float32, device=o.device)
+    if delta.numel():
+        with quiet():
+            _bwd_preprocess[(triton.cdiv(N, block), H, B)](o, do, delta, N, *o.stride()[:3], *do.stride()[:3],
+                                                             HEAD_DIM=d, BLOCK_M=block)
+    return delta
+
+
 def _expect_saved(fn, q, o, do, stats: dict, source: str):
     """o and do as q; each of ``stats`` (name -> tensor) float32 of shape (B, H, N_q), as ``source`` returns it."""
     B, H, N_q, d = q.shape

@@ -31,9 +31,10 @@ from ..formulas.counting import LOG2E, ceil_div
 from ..formulas.sparse import EMPTY, FULL, PARTIAL, BlockMask, Mask, check_mask_sizes
 from . import aot
 from .attention import quiet
+from .backward import backward_delta
 from .validate import expect_qkv, expect_sm_scale
 
-__all__ = ["block_sparse_attention", "create_block_mask", "sparse_block_size", "sparse_config"]
+__all__ = ["block_sparse_attention", "block_sparse_backward", "create_block_mask", "sparse_block_size", "sparse_config"]
 
 HEAD_DIMS = (16, 32, 64, 128)
 TILE_SIZES = (16, 32, 64, 128)
@@ -109,19 +110,138 @@ def _sparse_fwd(Q, K, V, O, LSE, KV_FULL_NUM, KV_FULL_IDX, KV_PART_NUM, KV_PART_
         tl.store(LSE + (b * tl.num_programs(1) + h) * N_q + rows, lse, mask=in_q)
 
 
-def sparse_block_size(cc="current") -> tuple[int, int]:
-    """The block size ``(B_r, B_c)`` :func:`create_block_mask` uses by default: the kernel's fastest tiles.
+@triton.jit
+def _dkdv_step(Q, DO, LSE, Delta, TILES, K_j, V_j, dK_j, dV_j, rows, tile_rows, tile, qk_scale, N_q, stat,
+               q_base, stride_qm, do_base, stride_dom, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr):
+    """Chapter 7's inner step for the query rows ``rows`` against K_j, V_j; ``tile`` >= 0: mask P by the bit tile's
+    rows ``tile_rows`` (a partial block), -1: no mask (a full block)."""
+    dims = tl.arange(0, HEAD_DIM)
+    in_q = rows < N_q
+    Q_i = tl.load(Q + q_base + rows[:, None] * stride_qm + dims[None, :], mask=in_q[:, None], other=0.0)
+    dO_i = tl.load(DO + do_base + rows[:, None] * stride_dom + dims[None, :], mask=in_q[:, None], other=0.0)
+    L_i = tl.load(LSE + stat + rows, mask=in_q, other=float("inf")) * 1.4426950408889634
+    L_i = tl.where(L_i == float("-inf"), float("inf"), L_i)                   # a row that sees no key: P = 0
+    D_i = tl.load(Delta + stat + rows, mask=in_q, other=0.0)
+    p_t = tl.exp2(tl.dot(K_j, tl.trans(Q_i)) * qk_scale - L_i[None, :])      # P_ij^T (BLOCK_N, rows)
+    if tile >= 0:
+        BYTES: tl.constexpr = BLOCK_N // 8
+        packed = tl.load(TILES + tile * (BLOCK_M * BYTES) + tile_rows[:, None] * BYTES
+                         + tl.arange(0, BYTES)[None, :]).to(tl.int32)
+        seen = tl.reshape((packed[:, :, None] >> tl.arange(0, 8)[None, None, :]) & 1, (rows.shape[0], BLOCK_N))
+        p_t = tl.where(tl.trans(seen) != 0, p_t, 0.0)
+    dV_j += tl.dot(p_t.to(dO_i.dtype), dO_i)
+    ds_t = p_t * (tl.dot(V_j, tl.trans(dO_i)) - D_i[None, :])
+    dK_j += tl.dot(ds_t.to(Q_i.dtype), Q_i)
+    return dK_j, dV_j
 
-    FlashAttention-2's forward tiles (:func:`flashcourse.kernels.fa2_config`): 128 x 64 from sm_80 on,
-    64 x 64 on a T4 (sm_75) and in the interpreter.
+
+@triton.jit
+def _sparse_bwd_dkdv(Q, K, V, DO, LSE, Delta, DK, DV, Q_FULL_NUM, Q_FULL_IDX, Q_PART_NUM, Q_PART_IDX, Q_PART_TILE, TILES,
+                     qk_scale, sm_scale, N_q, N_k, T_r,
+                     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                     stride_dob, stride_doh, stride_dom, stride_dkb, stride_dkh, stride_dkn,
+                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SUB_M: tl.constexpr):
+    # Chapter 7's dK/dV kernel (K_j, V_j outer, keys along the rows of P^T) over key block j's lists of query
+    # blocks; each query block of BLOCK_M rows is walked SUB_M rows at a time. grid: (T_c, H, B)
+    j = tl.program_id(0)
+    h, b = tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
+    cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, HEAD_DIM)
+    sub = tl.arange(0, SUB_M)
+    in_k = cols < N_k
+    K_j = tl.load(K + b * stride_kb + h * stride_kh + cols[:, None] * stride_kn + dims[None, :], mask=in_k[:, None], other=0.0)
+    V_j = tl.load(V + b * stride_vb + h * stride_vh + cols[:, None] * stride_vn + dims[None, :], mask=in_k[:, None], other=0.0)
+    dK_j = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dV_j = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    stat = (b * tl.num_programs(1) + h) * N_q
+    n_full = tl.load(Q_FULL_NUM + j)
+    i = tl.load(Q_FULL_IDX + j * T_r)
+    for t in range(0, n_full):                        # full query blocks (the next index read one step ahead)
+        for s in range(0, BLOCK_M, SUB_M):
+            dK_j, dV_j = _dkdv_step(Q, DO, LSE, Delta, TILES, K_j, V_j, dK_j, dV_j, i * BLOCK_M + s + sub, s + sub, -1,
+                                    qk_scale, N_q, stat, b * stride_qb + h * stride_qh, stride_qm,
+                                    b * stride_dob + h * stride_doh, stride_dom, HEAD_DIM, BLOCK_M, BLOCK_N)
+        i = tl.load(Q_FULL_IDX + j * T_r + t + 1, mask=t + 1 < n_full, other=0)
+    n_part = tl.load(Q_PART_NUM + j)
+    i = tl.load(Q_PART_IDX + j * T_r)
+    tile = tl.load(Q_PART_TILE + j * T_r).to(tl.int64)
+    for t in range(0, n_part):                        # partial query blocks, masked by their bit tiles
+        for s in range(0, BLOCK_M, SUB_M):
+            dK_j, dV_j = _dkdv_step(Q, DO, LSE, Delta, TILES, K_j, V_j, dK_j, dV_j, i * BLOCK_M + s + sub, s + sub, tile,
+                                    qk_scale, N_q, stat, b * stride_qb + h * stride_qh, stride_qm,
+                                    b * stride_dob + h * stride_doh, stride_dom, HEAD_DIM, BLOCK_M, BLOCK_N)
+        i = tl.load(Q_PART_IDX + j * T_r + t + 1, mask=t + 1 < n_part, other=0)
+        tile = tl.load(Q_PART_TILE + j * T_r + t + 1, mask=t + 1 < n_part, other=0).to(tl.int64)
+    out = b * stride_dkb + h * stride_dkh + cols[:, None] * stride_dkn + dims[None, :]
+    tl.store(DK + out, (dK_j * sm_scale).to(DK.dtype.element_ty), mask=in_k[:, None])
+    tl.store(DV + out, dV_j.to(DV.dtype.element_ty), mask=in_k[:, None])
+
+
+@triton.jit
+def _sparse_bwd_dq(Q, K, V, DO, LSE, Delta, DQ, KV_FULL_NUM, KV_FULL_IDX, KV_PART_NUM, KV_PART_IDX, KV_PART_TILE, TILES,
+                   qk_scale, sm_scale, N_q, N_k, T_c,
+                   stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                   stride_dob, stride_doh, stride_dom, stride_dqb, stride_dqh, stride_dqm,
+                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # Chapter 7's dQ kernel over query block i's lists of key blocks. grid: (T_r, H, B)
+    i = tl.program_id(0)
+    h, b = tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
+    rows = i * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, HEAD_DIM)
+    in_q = rows < N_q
+    Q_i = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qm + dims[None, :], mask=in_q[:, None], other=0.0)
+    dO_i = tl.load(DO + b * stride_dob + h * stride_doh + rows[:, None] * stride_dom + dims[None, :],
+                   mask=in_q[:, None], other=0.0)
+    stat = (b * tl.num_programs(1) + h) * N_q
+    L_i = tl.load(LSE + stat + rows, mask=in_q, other=float("inf")) * 1.4426950408889634
+    L_i = tl.where(L_i == float("-inf"), float("inf"), L_i)
+    D_i = tl.load(Delta + stat + rows, mask=in_q, other=0.0)
+    dQ_i = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    K_ptrs = K + b * stride_kb + h * stride_kh + cols[:, None] * stride_kn + dims[None, :]
+    V_ptrs = V + b * stride_vb + h * stride_vh + cols[:, None] * stride_vn + dims[None, :]
+    BYTES: tl.constexpr = BLOCK_N // 8
+    bit = tl.arange(0, 8)
+    n_full = tl.load(KV_FULL_NUM + i)
+    start_n = tl.load(KV_FULL_IDX + i * T_c).to(tl.int64) * BLOCK_N
+    for t in range(0, n_full):                        # full blocks (the next index read one step ahead)
+        K_j = tl.load(K_ptrs + start_n * stride_kn)
+        V_j = tl.load(V_ptrs + start_n * stride_vn)
+        p = tl.exp2(tl.dot(Q_i, tl.trans(K_j)) * qk_scale - L_i[:, None])
+        ds = p * (tl.dot(dO_i, tl.trans(V_j)) - D_i[:, None])
+        dQ_i += tl.dot(ds.to(K_j.dtype), K_j)
+        start_n = tl.load(KV_FULL_IDX + i * T_c + t + 1, mask=t + 1 < n_full, other=0).to(tl.int64) * BLOCK_N
+    tile_rows = tl.arange(0, BLOCK_M)[:, None] * BYTES + tl.arange(0, BYTES)[None, :]
+    for t in range(0, tl.load(KV_PART_NUM + i)):      # partial blocks, masked by their bit tiles
+        start_n = tl.load(KV_PART_IDX + i * T_c + t).to(tl.int64) * BLOCK_N
+        tile = tl.load(KV_PART_TILE + i * T_c + t).to(tl.int64)
+        in_k = (start_n + cols) < N_k
+        K_j = tl.load(K_ptrs + start_n * stride_kn, mask=in_k[:, None], other=0.0)
+        V_j = tl.load(V_ptrs + start_n * stride_vn, mask=in_k[:, None], other=0.0)
+        packed = tl.load(TILES + tile * (BLOCK_M * BYTES) + tile_rows).to(tl.int32)
+        seen = tl.reshape((packed[:, :, None] >> bit[None, None, :]) & 1, (BLOCK_M, BLOCK_N))
+        p = tl.where(seen != 0, tl.exp2(tl.dot(Q_i, tl.trans(K_j)) * qk_scale - L_i[:, None]), 0.0)
+        ds = p * (tl.dot(dO_i, tl.trans(V_j)) - D_i[:, None])
+        dQ_i += tl.dot(ds.to(K_j.dtype), K_j)
+    tl.store(DQ + b * stride_dqb + h * stride_dqh + rows[:, None] * stride_dqm + dims[None, :],
+             (dQ_i * sm_scale).to(DQ.dtype.element_ty), mask=in_q[:, None])
+
+
+def sparse_block_size(cc="current") -> tuple[int, int]:
+    """The block size ``(B_r, B_c)`` :func:`create_block_mask` uses by default: the kernels' tiles.
+
+    FlashAttention-2's forward tiles (:func:`flashcourse.kernels.fa2_config`) from sm_80 on, 128 x 64; on a
+    T4 (sm_75, 64 KB of shared memory) 32 x 32, small enough for the backward's kernels at d = 128; 64 x 64 in
+    the interpreter.
 
     Example:
         >>> sparse_block_size((9, 0)), sparse_block_size((7, 5))
-        ((128, 64), (64, 64))
+        ((128, 64), (32, 32))
     """
     if cc == "current":
         cc = backend.compute_capability()
-    return (128, 64) if cc is not None and cc >= (8, 0) else (64, 64)
+    return (64, 64) if cc is None else (128, 64) if cc >= (8, 0) else (32, 32)
 
 
 def sparse_config(d: int, block_size: tuple[int, int], cc="current") -> tuple[int, int]:
@@ -232,6 +352,8 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bl
     whose arrays are copied to the GPU at every call) for these N_q and N_k, one mask for every batch and
     head, blocks of 16-128 (the kernel's tiles). Rows that see no key give 0. ``return_lse=True`` returns
     ``(o, lse)`` with the log-sum-exp of each row, (B, H, N_q) float32 (-inf where no key is seen).
+    Autograd differentiates it (when q, k or v requires grad): the backward is chapter 7's two kernels
+    over the same lists (:func:`block_sparse_backward`), recomputing P from the saved log-sum-exp.
 
     Example:
         >>> from flashcourse.backend import DEVICE
@@ -246,6 +368,13 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bl
     q, k, v = expect_qkv(fn, q, k, v, head_dims=HEAD_DIMS)
     sm_scale = expect_sm_scale(fn, sm_scale, q.shape[-1])
     arrays = _on_device(fn, block_mask, q, k)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        o, lse = BlockSparseAttention.apply(q, k, v, block_mask, sm_scale)
+        return (o, lse.detach()) if return_lse else o
+    return _forward(q, k, v, block_mask, arrays, sm_scale, return_lse)
+
+
+def _forward(q, k, v, block_mask, arrays, sm_scale, return_lse):
     B, H, N_q, d = q.shape
     (B_r, B_c), T_r, T_c = block_mask.block_size, block_mask.shape[0], block_mask.shape[1]
     o = torch.empty((B, H, N_q, d), dtype=q.dtype, device=q.device)
@@ -262,22 +391,98 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bl
     return (o, lse) if return_lse else o
 
 
+def block_sparse_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
+                          lse: torch.Tensor, block_mask: BlockMask, sm_scale: float | None = None):
+    """``(dq, dk, dv)`` of :func:`block_sparse_attention` for the upstream gradient ``do``, from its saved ``o`` and
+    ``lse`` (``return_lse=True``): chapter 7's backward over the block mask's lists. D = rowsum(dO o O); one
+    program per key block walks its query blocks (``q_*`` lists) for dK, dV; one per query block walks its key
+    blocks (``kv_*``) for dQ; P is recomputed in each, masked by the bit tiles of the partial blocks.
+
+    Example:
+        >>> from flashcourse.backend import DEVICE
+        >>> from flashcourse.formulas.sparse import sliding_window
+        >>> q, k, v, do = (torch.randn(1, 1, 48, 16, device=DEVICE).half() for _ in range(4))
+        >>> bm = create_block_mask(sliding_window(20), 48, 48, block_size=(16, 16))
+        >>> o, lse = block_sparse_attention(q, k, v, bm, return_lse=True)
+        >>> [t.shape[2] for t in block_sparse_backward(q, k, v, o, do, lse, bm)]
+        [48, 48, 48]
+    """
+    fn = "block_sparse_backward"
+    q, k, v = expect_qkv(fn, q, k, v, head_dims=HEAD_DIMS)
+    sm_scale = expect_sm_scale(fn, sm_scale, q.shape[-1])
+    arrays = _on_device(fn, block_mask, q, k)
+    for name, t, shape in (("o", o, q.shape), ("do", do, q.shape), ("lse", lse, q.shape[:3])):
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(shape) or t.device != q.device:
+            got = f"{tuple(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{fn}: {name} is {got}; expected {tuple(shape)} on {q.device}, as "
+                             "block_sparse_attention(..., return_lse=True) gives o and lse")
+    B, H, N_q, d = q.shape
+    N_k = k.shape[2]
+    (B_r, B_c), (T_r, T_c) = block_mask.block_size, block_mask.shape
+    do = do.to(q.dtype)
+    interpreted = backend.compute_capability() is None
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    if dq.numel() == 0 or dk.numel() == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    o, do = (t if t.stride(-1) == 1 else t.contiguous() for t in (o, do))
+    delta = backward_delta(o, do, 16 if interpreted else 64)                # D_i = rowsum(dO_i o O_i)
+    lse = lse.contiguous()
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
+    sub = min(B_r, 16 if interpreted else 32)
+    warps, stages = sparse_config(d, (B_r, B_c))
+    with quiet():
+        _sparse_bwd_dkdv[(T_c, H, B)](
+            q, k, v, do, lse, delta, dk, dv, arrays["q_full_num"], arrays["q_full_idx"], arrays["q_part_num"],
+            arrays["q_part_idx"], arrays["q_part_tile"], arrays["tiles"], sm_scale * LOG2E, sm_scale, N_q, N_k, T_r,
+            *strides, *dk.stride()[:3], HEAD_DIM=d, BLOCK_M=B_r, BLOCK_N=B_c, SUB_M=sub, num_warps=4, num_stages=stages)
+        _sparse_bwd_dq[(T_r, H, B)](
+            q, k, v, do, lse, delta, dq, arrays["kv_full_num"], arrays["kv_full_idx"], arrays["kv_part_num"],
+            arrays["kv_part_idx"], arrays["kv_part_tile"], arrays["tiles"], sm_scale * LOG2E, sm_scale, N_q, N_k, T_c,
+            *strides, *dq.stride()[:3], HEAD_DIM=d, BLOCK_M=B_r, BLOCK_N=B_c, num_warps=warps, num_stages=stages)
+    return dq, dk, dv
+
+
+class BlockSparseAttention(torch.autograd.Function):
+    """:func:`block_sparse_attention` under autograd: the forward saves O and the log-sum-exp, the backward is
+    :func:`block_sparse_backward`."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, block_mask, sm_scale):
+        o, lse = _forward(q, k, v, block_mask, _on_device("block_sparse_attention", block_mask, q, k), sm_scale, True)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.block_mask, ctx.sm_scale = block_mask, sm_scale
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        return (*block_sparse_backward(q, k, v, o, do, lse, ctx.block_mask, ctx.sm_scale), None, None)
+
+
 # --------------------------------------------------------------------------------------------------
 # Ahead-of-time check: the kernel at the default tiles of each target, every d.
 
-def _aot_configs(cc):
-    block = sparse_block_size(cc)
-    for d in HEAD_DIMS:
-        warps, stages = sparse_config(d, block, cc)
-        yield aot.Launch({"HEAD_DIM": d, "BLOCK_M": block[0], "BLOCK_N": block[1], "STORE_LSE": True}, warps, stages,
-                         kernel="sparse_fwd", note=f"d={d}")
+def _aot_configs(kernel):
+    def configs(cc):
+        block = sparse_block_size(cc)
+        for d in HEAD_DIMS:
+            warps, stages = sparse_config(d, block, cc)
+            tiles = {"HEAD_DIM": d, "BLOCK_M": block[0], "BLOCK_N": block[1]}
+            if kernel == "sparse_fwd":
+                tiles["STORE_LSE"] = True
+            if kernel == "sparse_bwd_dkdv":
+                tiles["SUB_M"], warps = min(block[0], 32), 4
+            yield aot.Launch(tiles, warps, stages, kernel=kernel, note=f"d={d}")
+    return configs
 
 
 def _signature(names):
-    ints = {"KV_FULL_NUM", "KV_FULL_IDX", "KV_PART_NUM", "KV_PART_IDX", "KV_PART_TILE", "ORDER"}
-    return {n: ("constexpr" if n in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "STORE_LSE") else "*i32" if n in ints
-                else "*u8" if n == "TILES" else "*fp32" if n == "LSE" else "fp32" if n == "qk_scale"
-                else "i32" if n in ("N_q", "N_k", "T_c") or n.startswith("stride") else "*fp16") for n in names}
+    return {n: ("constexpr" if n in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "STORE_LSE", "SUB_M")
+                else "*i32" if n.endswith(("_NUM", "_IDX", "_TILE")) or n == "ORDER"
+                else "*u8" if n == "TILES" else "*fp32" if n in ("LSE", "Delta") else "fp32" if n in ("qk_scale", "sm_scale")
+                else "i32" if n in ("N_q", "N_k", "T_c", "T_r") or n.startswith("stride") else "*fp16") for n in names}
 
 
-aot.register("sparse_fwd", _sparse_fwd, signature=_signature(_sparse_fwd.arg_names), configs=_aot_configs)
+for _name, _kernel in (("sparse_fwd", _sparse_fwd), ("sparse_bwd_dkdv", _sparse_bwd_dkdv), ("sparse_bwd_dq", _sparse_bwd_dq)):
+    aot.register(_name, _kernel, signature=_signature(_kernel.arg_names), configs=_aot_configs(_name))
