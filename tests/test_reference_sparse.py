@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flashcourse.formulas.sparse import (EMPTY, block_mask, block_sparse_traffic, causal, documents, local_global,
-                                         sliding_window, strided)
+from flashcourse.formulas.sparse import (EMPTY, block_mask, block_sparse_nonmatmul_flops, block_sparse_traffic, causal,
+                                         documents, local_global, sliding_window, strided)
 from flashcourse.memory import Memory
 from flashcourse.reference import attention_float64
 from flashcourse.reference.attention import fa2_attention
@@ -35,12 +35,14 @@ def test_block_sparse_attention_is_masked_attention(name, seed):
     B_r, B_c = int(rng.choice([1, 5, 8, 16])), int(rng.choice([1, 7, 8, 16]))
     q, k, v = rng.normal(size=(2, 1, n_q, d)) * 3, rng.normal(size=(2, 1, n_k, d)) * 3, rng.normal(size=(2, 1, n_k, d))
     bm = block_mask(mask, n_q, n_k, (B_r, B_c))
-    mem = Memory()
-    o, L = block_sparse_attention(q, k, v, bm, memory=mem, return_lse=True, sm_scale=0.7)
+    mem, flops = Memory(), {}
+    o, L = block_sparse_attention(q, k, v, bm, memory=mem, return_lse=True, sm_scale=0.7, flops=flops)
     dense = mask.dense(n_q, n_k)
     np.testing.assert_allclose(o, attention_float64(q, k, v, sm_scale=0.7, mask=dense), atol=1e-12)
     np.testing.assert_allclose(L, lse_float64(q, k, dense, 0.7), atol=1e-12)
     assert mem.totals("elements") == block_sparse_traffic(bm, d, heads=2)
+    want = block_sparse_nonmatmul_flops(bm, d, heads=2, by_kind=True)
+    assert {kind: flops.get(kind, 0) for kind in want} == want
     loads = [(mem.step_labels[e.step], e.tile[-2][0] // B_c) for e in mem.events if e.tensor == "K"]
     assert len(loads) == 2 * int((bm.kinds != EMPTY).sum())                    # each non-empty block, per head
     for label, j in loads:                                                      # and never an empty one

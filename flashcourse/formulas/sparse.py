@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .counting import ceil_div, expect_positive
+from .counting import ceil_div, expect_positive, flop_counts
 
 __all__ = ["EMPTY", "PARTIAL", "FULL", "Mask", "mask_from_spec", "causal", "sliding_window", "strided", "local_global", "documents",
            "BlockMask", "check_mask_sizes", "block_kinds", "block_mask", "block_sparse_traffic", "block_sparse_accesses",
-           "block_sparse_flops"]
+           "block_sparse_flops", "block_sparse_nonmatmul_flops"]
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 
@@ -416,3 +416,26 @@ def block_sparse_flops(bm: BlockMask, d: int, heads: int = 1) -> int:
     B_c = bm.block_size[1]
     widths = np.minimum(B_c, bm.N_k - B_c * np.arange(bm.shape[1]))
     return int(4 * d * heads * ((bm.kinds != EMPTY) * np.outer(heights, widths)).sum())
+
+
+def block_sparse_nonmatmul_flops(bm: BlockMask, d: int, heads: int = 1, by_kind: bool = False):
+    """Non-matmul FLOPs of block-sparse FlashAttention-2: FlashAttention-2's count per visited block
+    (:func:`flashcourse.formulas.attention.fa2_nonmatmul_flops`: r c mul, 2 r c add, r c max, r c exp, and per
+    row r (1 + d) mul, r (2 + d) add, r max, r exp) over the non-empty blocks only, and its end of each row
+    block (N_q d div, N_q log, N_q add). The element masks of partial blocks are selections, not FLOPs.
+
+    Example:
+        >>> from flashcourse.formulas.attention import fa2_nonmatmul_flops
+        >>> bm = block_mask(causal(), 64, 64, (16, 16))
+        >>> block_sparse_nonmatmul_flops(bm, 8) == fa2_nonmatmul_flops(64, 8, 16, 16, causal=True)
+        True
+    """
+    expect_positive("block_sparse_nonmatmul_flops", d=d, heads=heads)
+    (B_r, B_c), seen = bm.block_size, bm.kinds != EMPTY
+    heights = np.minimum(B_r, bm.N_q - B_r * np.arange(bm.shape[0]))
+    widths = np.minimum(B_c, bm.N_k - B_c * np.arange(bm.shape[1]))
+    area = int((seen * np.outer(heights, widths)).sum())
+    R = int((seen * heights[:, None]).sum())
+    counts = {"mul": area + R * (1 + d), "add": 2 * area + R * (2 + d) + bm.N_q, "max": area + R,
+              "exp": area + R, "div": bm.N_q * d, "log": bm.N_q}
+    return flop_counts(counts, heads, by_kind)
