@@ -142,7 +142,8 @@ CHAPTERS: tuple[Chapter, ...] = (
             checks=("fa2_backward_step", "dkdv_kernel"), bench="backward"),
     Chapter(8, "sparse", "Block-sparse FlashAttention: skip the empty blocks", "08_block_sparse",
             layers=("formulas", "reference", "kernels", "checks", "bench"),
-            kernels=("block_sparse_attention", "create_block_mask"), checks=("block_lists", "sparse_kernel"),
+            kernels=("block_sparse_attention", "block_sparse_backward", "create_block_mask"),
+            checks=("block_lists", "sparse_kernel"),
             bench="sparse"),
 )
 

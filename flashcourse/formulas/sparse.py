@@ -265,12 +265,23 @@ class BlockMask:
                                                                   ("full", FULL))}
 
     def picture(self) -> str:
-        """The block mask as text: ``#`` full, ``\\`` partial, ``.`` empty, one row per query block."""
+        """The block mask as text: ``#`` full, ``\\`` partial, ``.`` empty, one row per query block.
+
+        Example:
+            >>> print(block_mask(causal(), 32, 32, (16, 16)).picture())
+            \\ .
+            # \\
+        """
         return "\n".join(" ".join("#" if k == FULL else "\\" if k == PARTIAL else "." for k in row)
                          for row in self.kinds)
 
     def tile(self, t: int) -> np.ndarray:
-        """Partial tile ``t`` unpacked: a (B_r, B_c) bool array (NumPy)."""
+        """Partial tile ``t`` unpacked: a (B_r, B_c) bool array (NumPy).
+
+        Example:
+            >>> block_mask(causal(), 3, 3, (3, 8)).tile(0).astype(int).tolist()
+            [[1, 0, 0, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0]]
+        """
         tiles = self.tiles if isinstance(self.tiles, np.ndarray) else self.tiles.cpu().numpy()
         return np.unpackbits(tiles[t], axis=-1, count=self.block_size[1], bitorder="little").astype(bool)
 

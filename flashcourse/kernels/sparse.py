@@ -5,7 +5,8 @@ windows, documents, ...) into blocks on the GPU; :func:`block_sparse_attention` 
 forward over it: one program per query block Q_i, which loops over the *full* key blocks of its list
 without any element mask, then over its *partial* ones, each masked by its bit tile (B_r x B_c bits,
 loaded beside K_j and V_j). Empty blocks cost nothing: with a fraction s of blocks non-empty, the time
-is about s times dense attention's.
+is about s times dense attention's. Under autograd the backward (:func:`block_sparse_backward`) is chapter
+7's dK/dV and dQ kernels walking the same lists the other way round and the same way.
 
 Example:
     >>> import torch

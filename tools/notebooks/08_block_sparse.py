@@ -135,8 +135,9 @@ CELLS = [
     md("""
     ## Watch the tiles
 
-    A window of 40 keys over 96 queries in blocks of 16: each query block loads only the key blocks near
-    its diagonal; the blocks further left are never touched, and their column stays empty.
+    A window of 40 keys over 96 queries in blocks of 16. The frames below are query block 4 (rows 64-79,
+    windows from key 25 to key 79): its one full key block first, then its three partial ones with their bit
+    tiles; key block 0 is never loaded. The widget steps through every query block.
     """, "slide", name="stepper-md"),
     code("""
     # NBVAL_IGNORE_OUTPUT
@@ -148,7 +149,8 @@ CELLS = [
     q, k, v = np.random.default_rng(1).normal(size=(3, 96, 16))
     mem = Memory()
     block_sparse_attention(q, k, v, block_mask(sliding_window(40), 96, 96, (16, 16)), memory=mem)
-    show_stepper(mem)
+    from flashcourse.viz.stepper import stepper_frames
+    show_stepper(mem, steps=[n for n, f in enumerate(stepper_frames(mem)) if f.label.startswith("i=4, ")])
     """, "subslide", name="stepper"),
 
     md(r"""
@@ -179,6 +181,22 @@ CELLS = [
     print(bm.picture())
     print("max error against float64:", float(np.abs(o.cpu().double().numpy() - ref).max()) < 2e-3)
     """, "subslide", name="kernel-demo"),
+
+    md(r"""
+    It trains too: under autograd the backward is chapter 7's two kernels walking the same lists, the dK/dV
+    kernel over each key block's query blocks (`q_*`), the dQ kernel over each query block's key blocks
+    (`kv_*`), recomputing $P$ from the saved log-sum-exp and masking partial blocks with the same bit tiles:
+    """, "fragment", name="backward-text"),
+
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    from flashcourse.reference.backward import attention_backward_float64
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    do = torch.randn(1, 2, 200, 64, generator=g).half().to(DEVICE)
+    block_sparse_attention(*leaves, bm).backward(do)
+    ref = attention_backward_float64(*(t.cpu().double().numpy() for t in (q, k, v, do)), mask=mask.dense(200, 200))
+    [float(np.abs(t.grad.cpu().double().numpy() - r).max()) < 2e-2 for t, r in zip(leaves, ref)]
+    """, "fragment", name="backward-demo"),
 
     md(r"""
     ## Measured against FlexAttention
