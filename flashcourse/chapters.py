@@ -125,7 +125,7 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter(3, "attention", "FlashAttention-2: swap the loops, defer the rescale", "03_flashattention2",
             layers=_ALL, kernels=("fa2_forward",), checks=("fa2_attention", "fa2_kernel", "choose_fa2_config"),
             bench="attention",
-            extra_modules=("reference.attention_warps", "checks.attention_tiles")),
+            extra_modules=("reference.attention_warps", "reference.attention_gqa", "checks.attention_tiles")),
     Chapter(4, "decode", "Flash-Decoding: split the keys, not the queries", "04_flash_decode",
             layers=_ALL, kernels=("flash_decode",), checks=("lse_combine", "split_kv_kernel", "choose_num_splits"),
             bench="decode", extra_modules=("checks.decode_splits",), former_names=("04_flash_decoding",)),

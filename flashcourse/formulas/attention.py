@@ -209,7 +209,7 @@ def flash_accesses_asymptote(N, d: int, M: float):
 
 
 def fa2_traffic(N: int, d: int, B_r: int, B_c: int, N_k: int | None = None, heads: int = 1,
-                causal: bool = False) -> dict[tuple[str, str], int]:
+                causal: bool = False, kv_heads: int | None = None) -> dict[tuple[str, str], int]:
     """HBM element accesses of FlashAttention-2, by ``(tensor, direction)`` as ``Memory.totals("elements")``.
 
     Q read once (N d); for each of the T_r = ceil(N / B_r) row blocks, the key blocks it visits
@@ -220,16 +220,26 @@ def fa2_traffic(N: int, d: int, B_r: int, B_c: int, N_k: int | None = None, head
     the block holding the last key its last row sees; for N = N_k and B_r = B_c = B dividing N that is
     (i + 1) B keys, so K and V are each read N d (T_r + 1) / 2 — about half.
 
+    ``kv_heads``: grouped-query attention, ``heads`` query heads sharing ``kv_heads`` K/V heads (``heads`` a
+    multiple of it; default ``heads``, multi-head attention). A group's query blocks are packed into one
+    (:func:`flashcourse.reference.attention_gqa.fa2_gqa_attention`), so each K/V head is read once per row
+    block for its whole group: K and V traffic scales with ``kv_heads``, Q, O and L with ``heads``.
+
     Example:
         >>> [fa2_traffic(N=256, d=64, B_r=64, B_c=64, causal=c)[("K", "read")] for c in (False, True)]
         [65536, 40960]
+        >>> [fa2_traffic(256, 64, 64, 64, heads=32, kv_heads=g)[("K", "read")] // 65536 for g in (32, 8, 1)]
+        [32, 8, 1]
     """
     N_k = N if N_k is None else N_k
-    expect_positive("fa2_traffic", N=N, N_k=N_k, d=d, B_r=B_r, B_c=B_c, heads=heads)
+    kv_heads = heads if kv_heads is None else kv_heads
+    expect_positive("fa2_traffic", N=N, N_k=N_k, d=d, B_r=B_r, B_c=B_c, heads=heads, kv_heads=kv_heads)
+    if heads % kv_heads:
+        raise ValueError(f"fa2_traffic: heads = {heads} is not a multiple of kv_heads = {kv_heads}")
     keys = sum(n for _, _, n in row_blocks(N, N_k, B_r, B_c, causal))
     per_head = {("Q", "read"): N * d, ("K", "read"): keys * d, ("V", "read"): keys * d,
                 ("O", "write"): N * d, ("L", "write"): N}
-    return {key: heads * n for key, n in per_head.items()}
+    return {key: (kv_heads if key[0] in "KV" else heads) * n for key, n in per_head.items()}
 
 
 def fa2_accesses(N: int, d: int, B_r: int, B_c: int, N_k: int | None = None, heads: int = 1,
