@@ -20,7 +20,7 @@ ragged last key block called full, the bits of a tile read in the wrong order.
 Example:
     >>> from flashcourse import checks
     >>> checks.block_lists(reference_block_lists)            # doctest: +ELLIPSIS
-    block_lists: ... cases passed (5 shown, 5 hidden) ✓
+    block_lists: ... cases passed (6 shown, 5 hidden) ✓
 """
 from __future__ import annotations
 
