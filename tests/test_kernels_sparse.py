@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from flashcourse import backend  # first: it decides the backend before triton is imported
 
 from flashcourse.checks.cases import error_rule  # noqa: E402
-from flashcourse.formulas.sparse import (block_mask, causal, documents, local_global, sliding_window,  # noqa: E402
-                                         strided)
+from flashcourse.formulas.sparse import (Mask, block_mask, causal, documents, local_global,  # noqa: E402
+                                         sliding_window, strided)
 from flashcourse.kernels import fa2_forward  # noqa: E402
 from flashcourse.kernels.sparse import block_sparse_attention, create_block_mask, sparse_block_size  # noqa: E402
 from flashcourse.kernels.validate import supports_bf16  # noqa: E402
@@ -117,6 +117,12 @@ def test_bad_block_masks_are_named(device):
         create_block_mask(causal(), 64, 64, (16, 12))
     with pytest.raises(ValueError, match="create_block_mask: Mask.documents.*defined for a sequence of 30 tokens"):
         create_block_mask(documents([10, 20]), 64, 64)
+    with pytest.raises(ValueError, match=r"create_block_mask: Mask\(numpy only\) failed on torch tensors .* not np\.\* "
+                                         r"or torch\.\* calls"):
+        create_block_mask(Mask(lambda q, kv: (kv <= q).astype(bool), "numpy only"), 64, 64, (16, 16))
+    with pytest.raises(ValueError, match=r"create_block_mask: Mask\(ints\) gave int64 values; a mask function returns "
+                                         r"booleans"):
+        create_block_mask(Mask(lambda q, kv: q - kv, "ints"), 64, 64, (16, 16))
     with pytest.raises(ValueError, match="block_sparse_attention: q is"):
         block_sparse_attention(q[0], q, q, create_block_mask(causal(), 64, 64, (16, 16)))
 

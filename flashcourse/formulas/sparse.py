@@ -33,7 +33,7 @@ import numpy as np
 from .counting import ceil_div, expect_positive, flop_counts
 
 __all__ = ["EMPTY", "PARTIAL", "FULL", "Mask", "mask_from_spec", "causal", "sliding_window", "strided", "local_global", "documents",
-           "BlockMask", "check_mask_sizes", "block_kinds", "block_mask", "block_sparse_traffic", "block_sparse_accesses",
+           "BlockMask", "check_mask_sizes", "evaluate_mask", "block_kinds", "block_mask", "block_sparse_traffic", "block_sparse_accesses",
            "block_sparse_flops", "block_sparse_nonmatmul_flops"]
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
@@ -78,7 +78,7 @@ class Mask:
             >>> causal(offset=1).dense(2, 3).astype(int).tolist()
             [[1, 1, 0], [1, 1, 1]]
         """
-        return np.broadcast_to(self(np.arange(N_q)[:, None], np.arange(N_k)[None, :]), (N_q, N_k)).copy()
+        return evaluate_mask("Mask.dense", self, np.arange(N_q)[:, None], np.arange(N_k)[None, :]).copy()
 
 
 def _pair(op, a, b):
@@ -324,6 +324,39 @@ def check_mask_sizes(fn: str, mask, N_q, N_k, block_size) -> tuple[int, int, int
     return N_q, N_k, B_r, B_c
 
 
+def evaluate_mask(fn: str, mask: Mask, rows, cols):
+    """``mask(rows, cols)`` broadcast to (len(rows), len(cols)): ``rows`` a column and ``cols`` a row of indices,
+    NumPy arrays or torch tensors. A mask that fails on them, or gives anything but booleans, is named in a
+    ValueError (raised by ``fn``) that says what a mask function must be.
+
+    Example:
+        >>> evaluate_mask("block_mask", causal(), np.arange(2)[:, None], np.arange(3)[None, :]).astype(int).tolist()
+        [[1, 0, 0], [1, 1, 0]]
+        >>> evaluate_mask("block_mask", Mask(lambda q, kv: q - kv, "diff"), np.arange(2)[:, None], np.arange(2)[None, :])
+        Traceback (most recent call last):
+        ...
+        ValueError: block_mask: Mask(diff) gave int64 values; a mask function returns booleans (True: the query sees the key), e.g. kv <= q
+    """
+    shape = (rows.shape[0], cols.shape[-1])
+    try:
+        out = mask(rows, cols)
+        dtype = str(getattr(out, "dtype", type(out).__name__)).removeprefix("torch.")
+        if dtype != "bool":
+            raise ValueError(f"{fn}: {mask!r} gave {dtype} values; a mask function returns booleans (True: the "
+                             "query sees the key), e.g. kv <= q")
+        return (np if isinstance(out, np.ndarray) else sys.modules["torch"]).broadcast_to(out, shape)
+    except ValueError as e:
+        if str(e).startswith(f"{fn}: "):
+            raise
+        error = e
+    except Exception as e:  # noqa: BLE001  (the student's function: say what it must be)
+        error = e
+    kind = "NumPy arrays" if isinstance(rows, np.ndarray) else f"torch tensors on {rows.device}"
+    raise ValueError(f"{fn}: {mask!r} failed on {kind} of query and key indices ({type(error).__name__}: {error}); "
+                     "write it with the operators NumPy and torch share (< <= == & | ~ % + -, and indexing an "
+                     "array by the indices), not np.* or torch.* calls") from error
+
+
 def block_kinds(rows_mask: np.ndarray, B_c: int) -> np.ndarray:
     """The kind of each block of one query block's row of the mask: ``rows_mask`` (r, T_c B_c) bool, the real
     rows of the query block against every key, keys past N_k False. Full needs every key of the block (so a
@@ -360,7 +393,7 @@ def block_mask(mask: Mask, N_q: int, N_k: int, block_size: tuple[int, int] = (64
     for i in range(T_r):
         rows = np.arange(i * B_r, min((i + 1) * B_r, N_q))[:, None]
         m = np.zeros((B_r, T_c * B_c), bool)
-        m[:rows.shape[0], :N_k] = np.broadcast_to(mask(rows, kv), (rows.shape[0], N_k))
+        m[:rows.shape[0], :N_k] = evaluate_mask("block_mask", mask, rows, kv)
         visible += int(m.sum())
         kinds[i] = block_kinds(m[:rows.shape[0]], B_c)
         for j in np.flatnonzero(kinds[i] == PARTIAL):

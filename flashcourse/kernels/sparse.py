@@ -29,7 +29,7 @@ import triton.language as tl
 
 from .. import backend
 from ..formulas.counting import LOG2E, ceil_div
-from ..formulas.sparse import EMPTY, FULL, PARTIAL, BlockMask, Mask, check_mask_sizes
+from ..formulas.sparse import EMPTY, FULL, PARTIAL, BlockMask, Mask, check_mask_sizes, evaluate_mask
 from . import aot
 from .attention import quiet
 from .backward import backward_delta
@@ -299,7 +299,7 @@ def create_block_mask(mask: Mask, N_q: int, N_k: int, block_size: tuple[int, int
     for i0 in range(0, T_r, band):
         n = min(band, T_r - i0)
         r0, r1 = i0 * B_r, min((i0 + n) * B_r, N_q)
-        seen = torch.broadcast_to(mask(torch.arange(r0, r1, device=device)[:, None], kv), (r1 - r0, N_k))
+        seen = evaluate_mask("create_block_mask", mask, torch.arange(r0, r1, device=device)[:, None], kv)
         if (r1 - r0, N_k) != (n * B_r, T_c * B_c):                   # ragged: pad with keys and rows unseen
             seen, m = torch.zeros((n * B_r, T_c * B_c), dtype=torch.bool, device=device), seen
             seen[:r1 - r0, :N_k] = m
