@@ -29,6 +29,7 @@ import math
 import numpy as np
 
 from ..formulas.sparse import EMPTY, FULL, PARTIAL, block_mask, causal, documents, local_global, sliding_window, strided
+from ..reference.attention import attention_float64
 from .attention import kernel_atol
 from .cases import Case, KernelCase, call, compile_after, join_lines, launch, passed, require_callable, require_kernel, seed_of
 
@@ -207,14 +208,6 @@ def effective_mask(bm, mistake: str = "") -> np.ndarray:
     return out[:bm.N_q, :bm.N_k]
 
 
-def _attention64(q, k, v, mask, scale):
-    s = np.where(mask, scale * q @ k.T, -np.inf)
-    m = s.max(1, keepdims=True)
-    p = np.exp(s - np.where(np.isneginf(m), 0.0, m))
-    l = p.sum(1, keepdims=True)
-    return p @ v / np.where(l == 0, 1.0, l)
-
-
 def _kernel_cases(rng):
     """(kind, mask, N_q, N_k, d, BLOCK_M, BLOCK_N, scale of q and k)."""
     r = lambda lo, hi: int(rng.integers(lo, hi))                             # noqa: E731
@@ -287,7 +280,7 @@ def sparse_kernel(kernel, seed: int | None = None) -> None:
             if i == 0 and (np.isnan(got).all() or not got.any()):
                 raise NotImplementedError(f"{name} wrote nothing (or only zeros) to O: not implemented yet? Write the "
                                           f"loops under `# YOUR CODE HERE`.")
-            want = np.stack([_attention64(q[h], k[h], v[h], effective_mask(bm), scale) for h in range(H)])
+            want = attention_float64(q[None], k[None], v[None], sm_scale=scale, mask=effective_mask(bm))[0]
             atol = kernel_atol(q, k, v, scale)
             bad = ~(np.abs(got - want) <= atol)
             if not bad.any():
@@ -295,7 +288,8 @@ def sparse_kernel(kernel, seed: int | None = None) -> None:
             idx = tuple(int(t) for t in np.argwhere(bad)[0])
             hint = ""
             for mistake, text in KERNEL_MISTAKES.items():
-                emu = np.stack([_attention64(q[h], k[h], v[h], effective_mask(bm, mistake), scale) for h in range(H)])
+                emu = attention_float64(q[None], k[None], v[None], sm_scale=scale,
+                                        mask=effective_mask(bm, mistake))[0]
                 if (np.abs(got - emu) <= atol).all() and not (np.abs(emu - want) <= atol).all():
                     hint = text
                     break
