@@ -27,7 +27,7 @@ Example:
     >>> modules("kernels")[:4]
     ['online', 'attention', 'decode', 'gemm']
     >>> layer_modules("kernels")[:6]
-    ['online', 'attention', 'decode', 'gemm', 'gemm_linear', 'gemm_floor']
+    ['online', 'attention', 'attention_gqa', 'decode', 'gemm', 'gemm_linear']
 """
 from __future__ import annotations
 
@@ -50,7 +50,8 @@ class Chapter:
     adds to :mod:`flashcourse.kernels`; ``bench`` its benchmark suite (named by its stem);
     ``checks`` the functions of :mod:`flashcourse.checks` its exercise notebook calls;
     ``extra_modules`` its modules besides ``LAYER/STEM.py``, as ``"LAYER.NAME"`` with NAME
-    beginning with ``STEM_`` (imported and exported with the layer, after ``STEM.py``);
+    beginning with ``STEM_`` (imported and exported with the layer, after ``STEM.py``; an extra bench
+    module registers a suite named by the module, as chapter 3's ``bench.attention_gqa`` does);
     ``former_names`` the names its notebooks had before the chapters were renamed (so that
     ``flashcourse grade`` still knows a student's ``01_softmax.ipynb``; see :func:`renamed`);
     ``part`` a letter for a chapter slotted in after chapter ``number`` without renumbering the ones
@@ -125,7 +126,8 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter(3, "attention", "FlashAttention-2: swap the loops, defer the rescale", "03_flashattention2",
             layers=_ALL, kernels=("fa2_forward",), checks=("fa2_attention", "fa2_kernel", "choose_fa2_config"),
             bench="attention",
-            extra_modules=("reference.attention_warps", "reference.attention_gqa", "checks.attention_tiles")),
+            extra_modules=("reference.attention_warps", "reference.attention_gqa", "kernels.attention_gqa",
+                           "checks.attention_tiles", "bench.attention_gqa")),
     Chapter(4, "decode", "Flash-Decoding: split the keys, not the queries", "04_flash_decode",
             layers=_ALL, kernels=("flash_decode",), checks=("lse_combine", "split_kv_kernel", "choose_num_splits"),
             bench="decode", extra_modules=("checks.decode_splits",), former_names=("04_flash_decoding",)),
@@ -200,7 +202,7 @@ def layer_modules(layer: str) -> list[str]:
     the ``extra_modules`` its chapters name in that layer.
 
     Example:
-        >>> layer_modules("kernels")[3:6]
+        >>> layer_modules("kernels")[4:7]
         ['gemm', 'gemm_linear', 'gemm_floor']
         >>> layer_modules("reference")[1:3]           # chapter 3's warps have a module of their own
         ['attention', 'attention_warps']

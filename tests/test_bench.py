@@ -357,6 +357,88 @@ def test_softmax_check_rejects_wrong_outputs():
     assert "expected a (8, 64) torch.float16 tensor" in check(torch.softmax(x.float(), -1))
 
 
+# -- chapter 3's grouped-query suite (issue 17) ---------------------------------------------------
+def test_gqa_suite_shapes_are_the_issues():
+    from flashcourse.bench.attention_gqa import IMPLS
+    ws = bench.get_suite("attention_gqa").workloads()
+    assert len(ws) == 12 and len(IMPLS) == len(set(IMPLS))
+    for w in ws:
+        p = w.params
+        assert p["B"] * p["N"] == 16384 and (p["H"], p["d"], p["dtype"]) == (32, 128, "float16")
+    assert {(w.params["H_kv"], w.params["N"], w.params["causal"]) for w in ws} == {
+        (h, n, c) for h in (8, 1) for n in (1024, 4096, 16384) for c in (False, True)}
+    assert [w.label for w in ws[:2]] == ["GQA 32/8 N=1024", "GQA 32/8 N=1024 causal"]
+    quick = bench.get_suite("attention_gqa").workloads(quick=True)
+    assert len(quick) == 8 and max(w.params["N"] for w in quick) == 4096
+    with pytest.raises(ValueError, match=r"kv_heads \[3\] do not divide heads = 32"):
+        bench.get_suite("attention_gqa").workloads(kv_heads=(8, 3))
+
+
+@pytest.fixture(scope="module")
+def gqa_cases():
+    """MQA on tiny shapes (4 query heads, 1 K/V head), with cuDNN's and the efficient backend's enable_gqa
+    refused the way PyTorch refuses it: a warning that says why, then a RuntimeError."""
+    import warnings
+
+    import torch.nn.functional as F
+    sdpa = F.scaled_dot_product_attention
+
+    def picky(*args, enable_gqa=False, **kwargs):
+        if enable_gqa and not (torch.backends.cuda.flash_sdp_enabled() or torch.backends.cuda.math_sdp_enabled()):
+            warnings.warn("Memory efficient kernel not used because: no enable_gqa here")
+            raise RuntimeError("No available kernel. Aborting execution.")
+        return sdpa(*args, enable_gqa=enable_gqa, **kwargs)
+    (w,) = bench.get_suite("attention_gqa").workloads(device=DEV, heads=4, kv_heads=(1,), Ns=(32,), d=16,
+                                                      tokens=32, causal=(True,))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(F, "scaled_dot_product_attention", picky)
+        return w, w.setup()
+
+
+def test_gqa_suite_accounting_skips_and_table(gqa_cases):
+    from flashcourse.bench.attention_gqa import BACKWARD, FORWARD, IMPLS, STEP, table
+    w, cases = gqa_cases
+    timer = FakeTimer(ms=1.0)
+    result = Result("attention_gqa", {}, {}, [harness.measure(c, w, timer) for c in cases])
+    assert result.impls() == IMPLS and w.label == "MQA 4/1 N=32 causal"
+    fwd = formulas.attention_flops(32, 16, heads=4, causal=True)       # H query heads: MHA's FLOPs
+    for r in result.records:
+        assert r.extra["g"] == 4
+        assert r.flops == {**dict.fromkeys(FORWARD, fwd), **dict.fromkeys(BACKWARD, 2.5 * fwd),
+                           **dict.fromkeys(STEP, 3.5 * fwd)}[r.impl]
+        assert r.bytes == (2 * (4 + 1) * 32 * 16 * 2 if r.impl in FORWARD else None)     # Q, O; K, V (1 head)
+        if r.kind == "course":
+            assert r.ok, (r.impl, r.error)
+        else:
+            assert r.ok or r.skipped, (r.impl, r.error)
+    for impl in ("sdpa (cudnn) enable_gqa", "sdpa (efficient) enable_gqa backward", "sdpa (cudnn) enable_gqa fwd+bwd"):
+        assert result.get(impl).skipped.startswith("RuntimeError: No available kernel"), impl
+        assert "torch warned: Memory efficient kernel not used because: no enable_gqa here" in result.get(impl).skipped
+    assert result.get("sdpa (flash) enable_gqa").ok and result.get("sdpa (math) enable_gqa").ok
+    (row,) = table(result)
+    assert (row["H"], row["H_kv"], row["N"], row["causal"]) == (4, 1, 32, True)
+    assert row["fwd vs repeated"] == row["bwd vs repeated"] == row["fwd+bwd vs repeated"] == 1.0
+    assert row["fwd best sdpa"] == "sdpa (flash) enable_gqa" and row["fwd vs best sdpa"] == 1.0
+
+
+def test_gqa_checks_reject_wrong_outputs_and_gradients(gqa_cases):
+    _, cases = gqa_cases
+    case = {c.impl: c for c in cases}
+    fwd = case["kernels.fa2_forward (gqa)"]
+    o = fwd.fn()
+    assert fwd.check(o) is None
+    assert "max |o - sdpa's|" in fwd.check(o + 0.5)
+    assert "expected a (1, 4, 32, 16) tensor" in fwd.check(o[:, :1])
+    bwd = case["kernels.fa2_backward (gqa)"]
+    dq, dk, dv = bwd.fn()
+    assert dk.shape == dv.shape == (1, 1, 32, 16) and bwd.check((dq, dk, dv)) is None
+    assert "max |dk - sdpa's|" in bwd.check((dq, dk * 1.5, dv))
+    assert "dv: expected a (1, 1, 32, 16) tensor" in bwd.check((dq, dk, dv.expand(1, 4, 32, 16)))
+    only = case["kernels.fa2_backward (repeated K/V, kernel only)"]
+    assert only.check(only.fn()) is None                        # dK, dV of 4 heads, summed by the check
+    assert "max |dq - sdpa's|" in only.check((dq * 0, *only.fn()[1:]))
+
+
 # -- no GPU: plain refusal ------------------------------------------------------------------------
 needs_cpu = pytest.mark.skipif(backend.DEVICE == "cuda", reason="checks the refusal on a CPU-only machine")
 

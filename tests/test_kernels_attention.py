@@ -210,8 +210,16 @@ def test_errors_speak_to_the_student(name):
     q = z(2, 8, 100, 64)
     with pytest.raises(ValueError, match=rf"^{name}_forward: q is \(2, 8, 100, 96\) but head dim 96 is not one of 16, 32, 64, 128$"):
         fn(z(2, 8, 100, 96), z(2, 8, 100, 96), z(2, 8, 100, 96))
-    with pytest.raises(ValueError, match=r"q is \(2, 8, 100, 64\) but k is \(2, 4, 100, 64\); expected k of shape \(2, 8, N_k, 64\)"):
-        fn(q, z(2, 4, 100, 64), z(2, 4, 100, 64))
+    if name == "fa1":
+        with pytest.raises(ValueError, match=r"q is \(2, 8, 100, 64\) but k is \(2, 4, 100, 64\); expected k of shape "
+                                             r"\(2, 8, N_k, 64\).*takes no grouped-query K/V"):
+            fn(q, z(2, 4, 100, 64), z(2, 4, 100, 64))
+    else:                                        # grouped-query attention: tests/test_kernels_gqa.py
+        with pytest.raises(ValueError, match=r"q has 8 heads but k has 3; expected H_q a multiple of H_kv"):
+            fn(q, z(2, 3, 100, 64), z(2, 3, 100, 64))
+    with pytest.raises(ValueError, match=r"q is \(2, 8, 100, 64\) but k is \(3, 8, 100, 64\); expected k of shape "
+                                         r"\(2, (8|H_kv), N_k, 64\)"):
+        fn(q, z(3, 8, 100, 64), z(3, 8, 100, 64))
     with pytest.raises(ValueError, match=r"k is \(2, 8, 100, 64\) but v is \(2, 8, 90, 64\)"):
         fn(q, q, z(2, 8, 90, 64))
     with pytest.raises(ValueError, match=r"q is \(100, 64\); expected 4 dimensions \(B, H, N, d\)"):
@@ -247,8 +255,9 @@ def test_configs_per_compute_capability():
                 assert bm >= 16 and bn >= 16 and bm & (bm - 1) == 0 and bn & (bn - 1) == 0
         # the AOT check compiles each config fa2_config / fa1_config picks (one per head dim)
         for name, config in (("fa2_fwd", fa2_config), ("fa1_fwd", fa1_config)):
-            keys = {(tuple((k, v) for k, v in sorted(l.constexprs.items()) if k not in ("CAUSAL", "STORE_LSE")),
-                     l.num_warps, l.num_stages) for l in aot.configs_of(name, cc)}
+            keys = {(tuple((k, v) for k, v in sorted(l.constexprs.items())
+                           if k not in ("CAUSAL", "STORE_LSE", "GROUP", "SPLITS")),
+                     l.num_warps, l.num_stages) for l in aot.configs_of(name, cc) if l.constexprs.get("GROUP", 1) == 1}
             for d in FA.HEAD_DIMS:
                 for dtype in [torch.float16] + ([torch.bfloat16] if cc >= (8, 0) else []):
                     args = (d, dtype, cc) + ((True,) if name == "fa2_fwd" else ())
@@ -277,14 +286,16 @@ _SM90_PTX = textwrap.dedent("""
     strides = {f"stride_{t}{s}": "i32" for t, n in (("q", "m"), ("k", "n"), ("v", "n"), ("o", "m")) for s in ("b", "h", n)}
     signature = {"Q": "*fp16", "K": "*fp16", "V": "*fp16", "O": "*fp16", "LSE": "*fp32", "qk_scale": "fp32",
                  "N_q": "i32", "N_k": "i32", **strides, "HEAD_DIM": "constexpr", "BLOCK_M": "constexpr",
-                 "BLOCK_N": "constexpr", "CAUSAL": "constexpr", "STORE_LSE": "constexpr"}
+                 "BLOCK_N": "constexpr", "CAUSAL": "constexpr", "STORE_LSE": "constexpr", "GROUP": "constexpr",
+                 "SPLITS": "constexpr"}
     # pointers and strides divisible by 16, as a real launch specialises them (aot.compile_launch does the same)
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(kernel.arg_names)
              if signature[a].startswith("*") or a.startswith("stride")}
     out = {}
     for d in (64, 128):
         launch = fa2_config(d, torch.float16, (9, 0))
-        src = ASTSource(kernel, signature, {**launch.constexprs, "CAUSAL": False, "STORE_LSE": False}, attrs)
+        multi_head = {"CAUSAL": False, "STORE_LSE": False, "GROUP": 1, "SPLITS": 1}
+        src = ASTSource(kernel, signature, {**launch.constexprs, **multi_head}, attrs)
         asm = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=launch.options()).asm
         ptx = asm["ptx"]
         out[d] = {"BLOCK_M": launch.constexprs["BLOCK_M"], "BLOCK_N": launch.constexprs["BLOCK_N"],

@@ -295,7 +295,7 @@ for name in ("bwd_dkdv", "bwd_dq"):
     for launch in aot.configs_of(name, (9, 0)):
         if launch.constexprs["HEAD_DIM"] in (64, 128) and not launch.constexprs.get("ATOMIC_DQ"):
             ptx = aot.ptx_of(name, (9, 0), launch)
-            out[f"{name} d={launch.constexprs['HEAD_DIM']}"] = [len(re.findall(r"\\bwgmma\\.mma_async\\.", ptx)),
+            out[f"{name} d={launch.constexprs['HEAD_DIM']}" + (f" {launch.note}" if launch.note else "")] = [len(re.findall(r"\\bwgmma\\.mma_async\\.", ptx)),
                                                                 len(re.findall(r"\\bmma\\.sync\\.", ptx))]
 print(json.dumps(out))
 """
@@ -304,7 +304,8 @@ print(json.dumps(out))
 @pytest.mark.slow
 def test_the_backward_kernels_use_hoppers_wgmma():
     """What the lecture says of Triton against CUTLASS: compiled for sm_90 (on the CPU), both backward kernels'
-    dots are warpgroup wgmma, with no Ampere mma.sync (Triton 3.9: 20 wgmma each at d = 128)."""
+    dots are warpgroup wgmma, with no Ampere mma.sync (Triton 3.9: 20 wgmma each at d = 128), grouped-query
+    attention's packed rows too."""
     import json
     import os
     import subprocess
@@ -317,5 +318,6 @@ def test_the_backward_kernels_use_hoppers_wgmma():
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     if "skip" in out:
         pytest.skip(out["skip"])
-    assert set(out) == {"bwd_dkdv d=64", "bwd_dkdv d=128", "bwd_dq d=64", "bwd_dq d=128"}
+    assert set(out) == {"bwd_dkdv d=64", "bwd_dkdv d=128", "bwd_dq d=64", "bwd_dq d=128", "bwd_dkdv d=128 GQA 8",
+                        "bwd_dq d=128 GQA 8"}
     assert all(wgmma > 0 and mma == 0 for wgmma, mma in out.values()), out

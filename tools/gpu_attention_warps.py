@@ -83,7 +83,8 @@ def compiled_code(d: int, block_m: int, warps: int, stages: int, cc: tuple, load
     # a real launch specialises pointers and strides divisible by 16: give the same hints
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
              if sig[a].startswith("*") or a.startswith("stride")}
-    constexprs = {"HEAD_DIM": d, "BLOCK_M": block_m, "BLOCK_N": block_n, "CAUSAL": False, "STORE_LSE": False}
+    constexprs = {"HEAD_DIM": d, "BLOCK_M": block_m, "BLOCK_N": block_n, "CAUSAL": False, "STORE_LSE": False,
+                  "GROUP": 1, "SPLITS": 1}
     c = triton.compile(ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", cc[0] * 10 + cc[1], 32),
                        options={"num_warps": warps, "num_stages": stages})
     ttgir, ptx = c.asm["ttgir"], c.asm["ptx"]

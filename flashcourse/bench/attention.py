@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from .. import backend, formulas
 from .harness import Case, Workload, suite
+from .inputs import memory_skip
 
 __all__ = ["attention", "IMPLS", "table"]
 
@@ -141,12 +142,8 @@ def _cases(B, H, N, d, causal, fa1, naive, device, seed):
         skips["kernels.fa1_forward"] = "left out (fa1=False)"
     if not naive:
         skips["naive (torch)"] = "left out (naive=False)"
-    else:
-        need = 2 * B * H * N * N * q.element_size()                      # S and P
-        free, _ = torch.cuda.mem_get_info()
-        if need > 0.8 * free:
-            skips["naive (torch)"] = (f"S and P need {need / 2**30:.1f} GiB; "
-                                      f"{free / 2**30:.1f} GiB of GPU memory is free")
+    elif why := memory_skip(2 * B * H * N * N * q.element_size(), "S and P"):
+        skips["naive (torch)"] = why
     cases = []
     for impl in IMPLS:
         kind = "course" if impl.startswith("kernels.") else "baseline"

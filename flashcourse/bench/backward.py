@@ -32,6 +32,7 @@ from ..formulas.attention import attention_flops
 from ..formulas.backward import backward_flops
 from .attention import warm_up
 from .harness import Case, Workload, suite
+from .inputs import memory_skip
 
 __all__ = ["backward", "IMPLS"]
 
@@ -155,12 +156,8 @@ def _cases(B, H, N, d, causal, naive, device, seed):
     skips = {}
     if not naive:
         skips["naive (torch) fwd+bwd"] = "left out (naive=False)"
-    elif device == "cuda":
-        need = 4 * B * H * N * N * q.element_size()                # S, P and their gradients
-        free, _ = torch.cuda.mem_get_info()
-        if need > 0.8 * free:
-            skips["naive (torch) fwd+bwd"] = f"S, P and their gradients need {need / 2**30:.1f} GiB; " \
-                                             f"{free / 2**30:.1f} GiB of GPU memory is free"
+    elif device == "cuda" and (why := memory_skip(4 * B * H * N * N * q.element_size(), "S, P and their gradients")):
+        skips["naive (torch) fwd+bwd"] = why
     cases = []
     for impl in IMPLS:
         kind = "course" if impl.startswith("kernels.") else "baseline"

@@ -52,9 +52,10 @@ def run(args) -> int:
     from . import registered  # the package registers the course's suites on import
     known = registered()
     if args.list or not args.suite:
+        width = max(map(len, known), default=0)
         for name, s in sorted(known.items()):
             shipped = " (H100 results shipped)" if name in harness.shipped_suites() else ""
-            print(f"{name:<10} {s.help}{shipped}")
+            print(f"{name:<{width}}  {s.help}{shipped}")
         if not args.list:
             _err("name a suite to run, e.g. `flashcourse bench memory`")
             return 1

@@ -11,8 +11,9 @@ B = 32 at 128k with H_kv = 32, holds 64 GiB of cache), timing
   multiplied by 100 -- their scores leave the safe range, so those chunks are recomputed: what the
   fallback costs (``extra`` records how many heads fell back);
 * ``kernels.fa2_forward (one token)``: chapter 3's kernel, q of shape (B, H_q, 1, d): no split,
-  B * H_q programs. It needs as many KV heads as query heads: with GQA it reads K and V expanded
-  to 32 heads (copied once, outside the timing; 4x the bytes; skipped above 8 GiB of copy);
+  B * H_q programs. With GQA it runs on K and V expanded to 32 heads (copied once, outside the
+  timing; 4x the bytes; skipped above 8 GiB of copy), as the shipped results were measured before
+  fa2_forward took grouped K/V (issue 17);
 * ``sdpa (flash | cudnn | efficient | math)``: ``scaled_dot_product_attention`` on q (B, H_q, 1, d)
   with one backend forced by ``torch.nn.attention.sdpa_kernel``; with GQA, ``enable_gqa=True``
   (no copy by us; a backend that refuses it is recorded as skipped). ``math`` only where the cache

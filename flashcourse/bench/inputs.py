@@ -1,4 +1,5 @@
-"""What the benchmark suites run on: seeded random tensors on the benchmark's device, dtypes by name.
+"""What the benchmark suites run on: seeded random tensors on the benchmark's device, dtypes by name, and
+whether a case fits in the GPU's memory.
 
 Example:
     >>> size_label(2 * GiB), size_label(4 * MiB)
@@ -8,7 +9,8 @@ from __future__ import annotations
 
 from .. import backend
 
-__all__ = ["MiB", "GiB", "torch_dtype", "device_or_default", "randn", "size_label", "bf16_unsupported"]
+__all__ = ["MiB", "GiB", "torch_dtype", "device_or_default", "randn", "size_label", "bf16_unsupported",
+           "memory_skip"]
 
 MiB, GiB = 2**20, 2**30
 
@@ -76,4 +78,21 @@ def bf16_unsupported(device) -> str | None:
     cc = _torch().cuda.get_device_capability()
     if cc < (8, 0):
         return f"bfloat16 needs compute capability 8.0 or newer; this GPU is sm_{cc[0]}{cc[1]}"
+    return None
+
+
+def memory_skip(need: int, what: str, free: int | None = None) -> str | None:
+    """Why a case that allocates ``need`` bytes (``what``: S and P, say) is skipped: more than 80% of the GPU's
+    ``free`` memory (default: what CUDA reports free now); None when it fits.
+
+    Example:
+        >>> memory_skip(3 * 2**30, "S and P", free=2**30)
+        'S and P need 3.0 GiB; 1.0 GiB of GPU memory is free'
+        >>> memory_skip(2**20, "S and P", free=2**30) is None
+        True
+    """
+    if free is None:
+        free, _ = _torch().cuda.mem_get_info()
+    if need > 0.8 * free:
+        return f"{what} need {need / 2**30:.1f} GiB; {free / 2**30:.1f} GiB of GPU memory is free"
     return None

@@ -66,6 +66,7 @@ from .. import backend
 from ..formulas.counting import LOG2E
 from . import aot
 from .launch import Plans, relaunch, shape_key
+from .attention_gqa import gqa_splits, packed_rows
 from .validate import expect_qkv, expect_sm_scale
 
 __all__ = ["fa1_forward", "fa1_config", "fa2_forward", "fa2_config", "HEAD_DIMS"]
@@ -297,24 +298,25 @@ def _fa2_fwd(Q, K, V, O, LSE, qk_scale, N_q, N_k,
              stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
              stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-             CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr):
-    # grid: (T_r query blocks, H, B), line 3's loop in parallel. Causal blocks near the end see the
-    # most keys: start them first.
+             CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, GROUP: tl.constexpr, SPLITS: tl.constexpr):
+    # grid: (T_r blocks of packed rows, H_kv * SPLITS, B), line 3's loop in parallel. Grouped-query attention: the
+    # query heads of K/V head h // SPLITS in SPLITS parts of GROUP heads, packed. Causal blocks near the end see
+    # the most keys: start them first.
     if CAUSAL:
         start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     else:
         start_m = tl.program_id(0) * BLOCK_M
-    h = tl.program_id(1).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)                        # K/V head h // SPLITS, part h % SPLITS
     b = tl.program_id(2).to(tl.int64)
-    rows = start_m + tl.arange(0, BLOCK_M)                   # (B_r,) query rows of Q_i
+    rows, heads = packed_rows(start_m, h, BLOCK_M, GROUP)    # (B_r,) query rows of Q_i, and their heads
     cols = tl.arange(0, BLOCK_N)                             # (B_c,) key columns within K_j
     dims = tl.arange(0, HEAD_DIM)
     in_q = rows < N_q
 
-    Q_i = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qm + dims[None, :],
+    Q_i = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + rows[:, None] * stride_qm + dims[None, :],
                   mask=in_q[:, None], other=0.0)             # line 4 (B_r, d): stays on chip
-    K_ptrs = K + b * stride_kb + h * stride_kh + cols[:, None] * stride_kn + dims[None, :]
-    V_ptrs = V + b * stride_vb + h * stride_vh + cols[:, None] * stride_vn + dims[None, :]
+    K_ptrs = K + b * stride_kb + (h // SPLITS) * stride_kh + cols[:, None] * stride_kn + dims[None, :]
+    V_ptrs = V + b * stride_vb + (h // SPLITS) * stride_vh + cols[:, None] * stride_vn + dims[None, :]
 
     m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)      # line 5
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -324,8 +326,8 @@ def _fa2_fwd(Q, K, V, O, LSE, qk_scale, N_q, N_k,
     # in whole blocks (no mask); [full, hi) holds the diagonal blocks and a ragged last block (masked).
     offset = N_k - N_q
     if CAUSAL:
-        hi = tl.minimum(N_k, start_m + BLOCK_M + offset)     # past the diagonal: skipped
-        full = tl.minimum(start_m + offset + 1, N_k)         # the first row sees keys < full
+        hi = tl.minimum(N_k, (start_m + BLOCK_M - 1) // GROUP + 1 + offset)   # past the diagonal: skipped
+        full = tl.minimum(start_m // GROUP + offset + 1, N_k)                # the first row sees keys < full
     else:
         hi = N_k
         full = N_k
@@ -340,14 +342,14 @@ def _fa2_fwd(Q, K, V, O, LSE, qk_scale, N_q, N_k,
     # line 12, the deferred normalisation; a row that saw no key has l_i = 0 and outputs 0
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     O_i = acc / l_safe[:, None]
-    tl.store(O + b * stride_ob + h * stride_oh + rows[:, None] * stride_om + dims[None, :],
+    tl.store(O + b * stride_ob + heads[:, None] * stride_oh + rows[:, None] * stride_om + dims[None, :],
              O_i.to(O.dtype.element_ty), mask=in_q[:, None])                    # line 14
     # end of exercise
     if STORE_LSE:
         # line 13, L_i = m_i + log l_i in natural log: (m_i + log2 l_i) ln 2 (-inf for no key)
         lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
-        nh = tl.num_programs(1).to(tl.int64)
-        tl.store(LSE + (b * nh + h) * N_q + rows, lse, mask=in_q)                # line 15
+        nh = tl.num_programs(1).to(tl.int64) * GROUP                             # H query heads
+        tl.store(LSE + (b * nh + heads) * N_q + rows, lse, mask=in_q)            # line 15
 
 
 # --------------------------------------------------------------------------------------------------
@@ -397,17 +399,20 @@ def _fa2_launch(q, k, v, causal, sm_scale, return_lse, launch: aot.Launch):
     same call for new tensors of the same :func:`~flashcourse.kernels.launch.shape_key`, with the host's
     work done (a plan; None for empty inputs)."""
     B, H, N_q, d = q.shape
-    N_k = k.shape[2]
+    H_kv, N_k = k.shape[1], k.shape[2]
     o = torch.empty((B, H, N_q, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, N_q) if return_lse else (1,), dtype=torch.float32, device=q.device)
     if o.numel() == 0:
         return ((o, lse.fill_(-math.inf)) if return_lse else o), None
-    grid = (triton.cdiv(N_q, launch.constexprs["BLOCK_M"]), H, B)
+    group = H // H_kv                     # grouped-query attention: a tile packs group / splits query heads
+    splits = launch.constexprs.get("SPLITS", gqa_splits("fwd", group, causal, N_q, launch.constexprs["BLOCK_M"]))
+    grid = (triton.cdiv(group // splits * N_q, launch.constexprs["BLOCK_M"]), H_kv * splits, B)
     rest = (sm_scale * LOG2E, N_q, N_k, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2))
     with quiet():
         run = relaunch(_fa2_fwd, grid, (q, k, v, o, lse, *rest),
-                       {"CAUSAL": bool(causal), "STORE_LSE": bool(return_lse), **launch.constexprs, **launch.options()})
+                       {"CAUSAL": bool(causal), "STORE_LSE": bool(return_lse), **launch.constexprs,
+                        "GROUP": group // splits, "SPLITS": splits, **launch.options()})
     o_shape, lse_shape, dtype, device = o.shape, lse.shape, q.dtype, q.device
 
     def again(q, k, v):
@@ -436,8 +441,13 @@ def fa2_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool 
                 sm_scale: float | None = None, return_lse: bool = False, *, launch: aot.Launch | None = None):
     """softmax(Q K^T * sm_scale) V with FlashAttention-2's loop order: ``O`` of q's shape.
 
-    ``q``: (B, H, N_q, d), ``k`` and ``v``: (B, H, N_k, d), the layout of
-    ``torch.nn.functional.scaled_dot_product_attention``; float16, or bfloat16 on a GPU of sm_80
+    ``q``: (B, H, N_q, d), ``k`` and ``v``: (B, H_kv, N_k, d), the layout of
+    ``torch.nn.functional.scaled_dot_product_attention``, with H a multiple of H_kv: multi-head
+    (H_kv = H), grouped-query (query head h reads K/V head h // (H / H_kv), as SDPA's ``enable_gqa``)
+    or multi-query attention (H_kv = 1). K and V are read in place, never copied: causal, or with
+    fewer query rows than a tile, a program packs a group's query heads into one tile, so each K/V tile
+    it loads serves the group; otherwise a program per query head reads its K/V head
+    (:func:`~flashcourse.kernels.attention_gqa.gqa_splits`, measured). float16, or bfloat16 on a GPU of sm_80
     or newer; d one of 16, 32, 64, 128; any strides (a tensor whose last dim is not contiguous is
     copied first). ``causal`` masks keys after the query, aligned bottom-right when N_q != N_k;
     ``sm_scale`` defaults to 1/sqrt(d). With ``return_lse`` also returns the log-sum-exp of each
@@ -459,6 +469,11 @@ def fa2_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool 
         >>> o2 = fa2_forward(q, k, v, launch=aot.Launch({"HEAD_DIM": 32, "BLOCK_M": 16, "BLOCK_N": 32}))
         >>> (o2.float() - o.float()).abs().max().item() < 2e-3
         True
+        >>> gqa = fa2_forward(q, k[:, :1], v[:, :1])          # both query heads read the one K/V head
+        >>> ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k[:, :1].float(), v[:, :1].float(),
+        ...                                                        enable_gqa=True)
+        >>> (gqa.float() - ref).abs().max().item() < 2e-3
+        True
     """
     plain = launch is None and all(isinstance(t, torch.Tensor) for t in (q, k, v))
     plain = plain and (sm_scale is None or isinstance(sm_scale, (int, float)))
@@ -468,7 +483,7 @@ def fa2_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool 
         if again is not None:
             return again(q, k, v)
     q_in, k_in, v_in = q, k, v
-    q, k, v = expect_qkv("fa2_forward", q, k, v, head_dims=HEAD_DIMS)
+    q, k, v = expect_qkv("fa2_forward", q, k, v, head_dims=HEAD_DIMS, grouped=True)
     sm_scale = expect_sm_scale("fa2_forward", sm_scale, q.shape[-1])
     if launch is None:
         launch = fa2_config(q.shape[-1], q.dtype, causal=bool(causal))
@@ -492,8 +507,11 @@ def _fa2_aot_configs(cc):
     # this kernel takes seconds; 4 per target keeps the check a couple of minutes on 2 cores.)
     for d in HEAD_DIMS:
         launch = fa2_config(d, torch.float16, cc, causal=True)
-        yield aot.Launch({**launch.constexprs, "CAUSAL": True, "STORE_LSE": True},
+        yield aot.Launch({**launch.constexprs, "CAUSAL": True, "STORE_LSE": True, "GROUP": 1, "SPLITS": 1},
                          launch.num_warps, launch.num_stages, launch.signature, launch.kernel, launch.note)
+    launch = fa2_config(128, torch.float16, cc, causal=True)            # grouped-query attention, 8 heads a group
+    yield aot.Launch({**launch.constexprs, "CAUSAL": True, "STORE_LSE": True, "GROUP": 8, "SPLITS": 1},
+                     launch.num_warps, launch.num_stages, launch.signature, launch.kernel, launch.note + " GQA 8")
 
 
 _FA2_SIGNATURE = {"Q": "*fp16", "K": "*fp16", "V": "*fp16", "O": "*fp16", "LSE": "*fp32",
@@ -501,7 +519,7 @@ _FA2_SIGNATURE = {"Q": "*fp16", "K": "*fp16", "V": "*fp16", "O": "*fp16", "LSE":
               **{f"stride_{t}{s}": "i32" for t, n in (("q", "m"), ("k", "n"), ("v", "n"), ("o", "m"))
                  for s in ("b", "h", n)},
               "HEAD_DIM": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
-              "CAUSAL": "constexpr", "STORE_LSE": "constexpr"}
+              "CAUSAL": "constexpr", "STORE_LSE": "constexpr", "GROUP": "constexpr", "SPLITS": "constexpr"}
 aot.register("fa2_fwd", _fa2_fwd, signature=_FA2_SIGNATURE, configs=_fa2_aot_configs)
 
 __test__ = {"fa2_inner": fa2_inner.fn}   # its docstring's example (doctest does not look inside a jit function)

@@ -40,8 +40,9 @@ from .. import backend
 from ..formulas.counting import LOG2E
 from . import aot
 from .attention import fa2_forward, quiet
+from .attention_gqa import gqa_splits, packed_rows, sum_parts
 from .launch import Plans, relaunch, shape_key
-from .validate import expect_qkv, expect_sm_scale
+from .validate import expect_qkv, expect_saved, expect_sm_scale
 
 __all__ = ["fa2_backward", "fa1_backward", "flash_attention", "backward_config"]
 
@@ -68,34 +69,37 @@ def _bwd_dkdv(Q, K, V, DO, LSE, Delta, DK, DV, DQ32, qk_scale, sm_scale, N_q, N_
               stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
               stride_dob, stride_doh, stride_dom, stride_dkb, stride_dkh, stride_dkn,
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-              ATOMIC_DQ: tl.constexpr):
-    # lines 5-19: one key block K_j, V_j per program (grid: (key blocks, H, B)); dK_j, dV_j in registers
-    h, b = tl.program_id(1), tl.program_id(2)
+              ATOMIC_DQ: tl.constexpr, GROUP: tl.constexpr, SPLITS: tl.constexpr):
+    # lines 5-19: one key block K_j, V_j per program (grid: (key blocks, H_kv * SPLITS, B)); dK_j, dV_j in registers.
+    # Grouped-query attention: a K/V head's query heads are split in SPLITS parts of GROUP heads; program h walks
+    # packed rows (packed_rows) of part h, so dK_j and dV_j sum over its GROUP heads on chip, and DK, DV hold
+    # one sum per part (B, H_kv * SPLITS, N_k, d), which the caller adds up when SPLITS > 1.
+    h, b = tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, HEAD_DIM)
     offs_m = tl.arange(0, BLOCK_M)
     in_k = cols < N_k
-    K_j = tl.load(K + b * stride_kb + h * stride_kh + cols[:, None] * stride_kn + dims[None, :],
+    K_j = tl.load(K + b * stride_kb + (h // SPLITS) * stride_kh + cols[:, None] * stride_kn + dims[None, :],
                   mask=in_k[:, None], other=0.0)
-    V_j = tl.load(V + b * stride_vb + h * stride_vh + cols[:, None] * stride_vn + dims[None, :],
+    V_j = tl.load(V + b * stride_vb + (h // SPLITS) * stride_vh + cols[:, None] * stride_vn + dims[None, :],
                   mask=in_k[:, None], other=0.0)
     dK_j = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dV_j = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     offset = N_k - N_q                                    # causal: query r sees keys c <= r + offset
     lo = 0
     if CAUSAL:                                            # the first query block that sees a key of this block
-        lo = tl.maximum(tl.program_id(0) * BLOCK_N - offset, 0) // BLOCK_M * BLOCK_M
-    stat = (b * tl.num_programs(1) + h) * N_q
-    for start_m in range(lo, N_q, BLOCK_M):              # line 8
-        rows = start_m + offs_m
+        lo = tl.maximum(tl.program_id(0) * BLOCK_N - offset, 0) * GROUP // BLOCK_M * BLOCK_M
+    for start_m in range(lo, N_q * GROUP, BLOCK_M):      # line 8
+        rows, heads = packed_rows(start_m, h, BLOCK_M, GROUP)
         in_q = rows < N_q
-        Q_i = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qm + dims[None, :],
+        Q_i = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + rows[:, None] * stride_qm + dims[None, :],
                       mask=in_q[:, None], other=0.0)
-        dO_i = tl.load(DO + b * stride_dob + h * stride_doh + rows[:, None] * stride_dom + dims[None, :],
+        dO_i = tl.load(DO + b * stride_dob + heads[:, None] * stride_doh + rows[:, None] * stride_dom + dims[None, :],
                        mask=in_q[:, None], other=0.0)
-        L_i = tl.load(LSE + stat + rows, mask=in_q, other=float("inf")) * 1.4426950408889634   # log2 units
+        stat = (b * tl.num_programs(1) * GROUP + heads) * N_q + rows
+        L_i = tl.load(LSE + stat, mask=in_q, other=float("inf")) * 1.4426950408889634   # log2 units
         L_i = tl.where(L_i == float("-inf"), float("inf"), L_i)      # a row that sees no key: P = 0
-        D_i = tl.load(Delta + stat + rows, mask=in_q, other=0.0)
+        D_i = tl.load(Delta + stat, mask=in_q, other=0.0)
         # line 11, transposed (keys along rows): P_ij^T = exp(S_ij^T - L_i)
         s_t = tl.dot(K_j, tl.trans(Q_i)) * qk_scale                  # (BLOCK_N, BLOCK_M), log2 units
         p_t = tl.exp2(s_t - L_i[None, :])
@@ -109,8 +113,7 @@ def _bwd_dkdv(Q, K, V, DO, LSE, Delta, DK, DV, DQ32, qk_scale, sm_scale, N_q, N_
         dK_j += tl.dot(ds_t.to(Q_i.dtype), Q_i)                         # line 16
         if ATOMIC_DQ:                                   # line 15 as Algorithm 2 writes it: dQ_i += dS_ij K_j in HBM,
             dq = tl.dot(tl.trans(ds_t.to(K_j.dtype)), K_j) * sm_scale  # added atomically (fp32, (B, H, N_q, d))
-            tl.atomic_add(DQ32 + ((b * tl.num_programs(1) + h) * N_q + rows[:, None]) * HEAD_DIM + dims[None, :], dq,
-                          mask=in_q[:, None], sem="relaxed")
+            tl.atomic_add(DQ32 + stat[:, None] * HEAD_DIM + dims[None, :], dq, mask=in_q[:, None], sem="relaxed")
     dK_j *= sm_scale
     out = b * stride_dkb + h * stride_dkh + cols[:, None] * stride_dkn + dims[None, :]
     tl.store(DK + out, dK_j.to(DK.dtype.element_ty), mask=in_k[:, None])           # line 18
@@ -121,33 +124,35 @@ def _bwd_dkdv(Q, K, V, DO, LSE, Delta, DK, DV, DQ32, qk_scale, sm_scale, N_q, N_
 def _bwd_dq(Q, K, V, DO, LSE, Delta, DQ, qk_scale, sm_scale, N_q, N_k,
             stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
             stride_dob, stride_doh, stride_dom, stride_dqb, stride_dqh, stride_dqm,
-            HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    # line 15 without atomics: one query block Q_i per program (grid: (row blocks, H, B)); dQ_i in registers
-    h, b = tl.program_id(1), tl.program_id(2)
+            HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+            GROUP: tl.constexpr, SPLITS: tl.constexpr):
+    # line 15 without atomics: one query block Q_i per program (grid: (packed row blocks, H_kv * SPLITS, B)), packed
+    # as the forward packs it; dQ_i in registers
+    h, b = tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
     start_m = tl.program_id(0) * BLOCK_M
-    rows = start_m + tl.arange(0, BLOCK_M)
+    rows, heads = packed_rows(start_m, h, BLOCK_M, GROUP)
     dims = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
     in_q = rows < N_q
-    Q_i = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qm + dims[None, :],
+    Q_i = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + rows[:, None] * stride_qm + dims[None, :],
                   mask=in_q[:, None], other=0.0)
-    dO_i = tl.load(DO + b * stride_dob + h * stride_doh + rows[:, None] * stride_dom + dims[None, :],
+    dO_i = tl.load(DO + b * stride_dob + heads[:, None] * stride_doh + rows[:, None] * stride_dom + dims[None, :],
                    mask=in_q[:, None], other=0.0)
-    stat = (b * tl.num_programs(1) + h) * N_q
-    L_i = tl.load(LSE + stat + rows, mask=in_q, other=float("inf")) * 1.4426950408889634
+    stat = (b * tl.num_programs(1) * GROUP + heads) * N_q + rows
+    L_i = tl.load(LSE + stat, mask=in_q, other=float("inf")) * 1.4426950408889634
     L_i = tl.where(L_i == float("-inf"), float("inf"), L_i)
-    D_i = tl.load(Delta + stat + rows, mask=in_q, other=0.0)
+    D_i = tl.load(Delta + stat, mask=in_q, other=0.0)
     dQ_i = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     offset = N_k - N_q
     hi = N_k
     if CAUSAL:                                            # the key blocks some row of Q_i sees
-        hi = tl.minimum(N_k, start_m + BLOCK_M + offset)
+        hi = tl.minimum(N_k, (start_m + BLOCK_M - 1) // GROUP + 1 + offset)
     for start_n in range(0, hi, BLOCK_N):
         cols = start_n + offs_n
         in_k = cols < N_k
-        K_j = tl.load(K + b * stride_kb + h * stride_kh + cols[:, None] * stride_kn + dims[None, :],
+        K_j = tl.load(K + b * stride_kb + (h // SPLITS) * stride_kh + cols[:, None] * stride_kn + dims[None, :],
                       mask=in_k[:, None], other=0.0)
-        V_j = tl.load(V + b * stride_vb + h * stride_vh + cols[:, None] * stride_vn + dims[None, :],
+        V_j = tl.load(V + b * stride_vb + (h // SPLITS) * stride_vh + cols[:, None] * stride_vn + dims[None, :],
                       mask=in_k[:, None], other=0.0)
         p = tl.exp2(tl.dot(Q_i, tl.trans(K_j)) * qk_scale - L_i[:, None])    # P_ij, recomputed
         visible = in_q[:, None] & in_k[None, :]
@@ -157,7 +162,7 @@ def _bwd_dq(Q, K, V, DO, LSE, Delta, DQ, qk_scale, sm_scale, N_q, N_k,
         dp = tl.dot(dO_i, tl.trans(V_j))
         ds = p * (dp - D_i[:, None])
         dQ_i += tl.dot(ds.to(K_j.dtype), K_j)
-    tl.store(DQ + b * stride_dqb + h * stride_dqh + rows[:, None] * stride_dqm + dims[None, :],
+    tl.store(DQ + b * stride_dqb + heads[:, None] * stride_dqh + rows[:, None] * stride_dqm + dims[None, :],
              (dQ_i * sm_scale).to(DQ.dtype.element_ty), mask=in_q[:, None])
 
 
@@ -269,42 +274,19 @@ def backward_delta(o: torch.Tensor, do: torch.Tensor, block: int = 64) -> torch.
     return delta
 
 
-def _expect_saved(fn, q, o, do, stats: dict, source: str):
-    """o and do as q; each of ``stats`` (name -> tensor) float32 of shape (B, H, N_q), as ``source`` returns it."""
-    B, H, N_q, d = q.shape
-    for name, t in (("o", o), ("do", do)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{fn}: {name} must be a torch.Tensor of q's shape {tuple(q.shape)}, got {type(t).__name__}")
-        if tuple(t.shape) != tuple(q.shape):
-            raise ValueError(f"{fn}: {name} is {tuple(t.shape)}; expected q's shape {tuple(q.shape)}")
-        if t.device != q.device or t.dtype != q.dtype:
-            raise ValueError(f"{fn}: {name} is {t.dtype} on {t.device}; expected q's {q.dtype} on {q.device}")
-    for name, t in stats.items():
-        if t is None:
-            what = "log-sum-exp" if name == "lse" else "row sums l and maxima m"
-            raise ValueError(f"{fn}: {name} is None: the backward needs the {what} the forward saved; "
-                             f"call {source}" + (", or use flash_attention, which saves it" if name == "lse" else ""))
-        if not isinstance(t, torch.Tensor) or tuple(t.shape) != (B, H, N_q) or t.dtype != torch.float32:
-            got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ValueError(f"{fn}: {name} is {got}; expected float32 of shape ({B}, {H}, {N_q}), as {source} "
-                             "returns it")
-        if t.device != q.device:
-            raise ValueError(f"{fn}: {name} is on {t.device}, q on {q.device}")
-    return (o if o.stride(-1) == 1 else o.contiguous(), do if do.stride(-1) == 1 else do.contiguous(),
-            *(t.contiguous() for t in stats.values()))
-
-
 def fa2_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
                  lse: torch.Tensor, causal: bool = False, sm_scale: float | None = None, *, config: dict | None = None,
                  dq_mode: str = "kernel"):
     """``(dq, dk, dv)`` of ``o = softmax(q k^T sm_scale) v`` for the upstream gradient ``do``, recomputing P.
 
-    ``q``, ``o``, ``do``: (B, H, N_q, d); ``k``, ``v``: (B, H, N_k, d); ``lse``: (B, H, N_q) float32, the
-    log-sum-exp ``fa2_forward(q, k, v, causal, sm_scale, return_lse=True)`` returned with ``o``. float16,
+    ``q``, ``o``, ``do``: (B, H, N_q, d); ``k``, ``v``: (B, H_kv, N_k, d) with H a multiple of H_kv (grouped-query
+    attention, as :func:`fa2_forward`: dk and dv sum over the H / H_kv query heads of a group, on chip);
+    ``lse``: (B, H, N_q) float32, the log-sum-exp ``fa2_forward(q, k, v, causal, sm_scale, return_lse=True)`` returned with ``o``. float16,
     or bfloat16 on a GPU of sm_80 or newer; d one of 16, 32, 64, 128. ``causal`` and ``sm_scale`` must be
     the forward's. Gradients come in q's dtype, accumulated in float32. ``config`` runs those tiles instead
-    of :func:`backward_config`'s (for tuning: tools/gpu_backward.py). ``dq_mode="atomic"`` computes dQ inside
-    the dK/dV kernel, every key block adding its ``dS_ij K_j`` to an fp32 dQ in HBM with atomic adds (Algorithm 2
+    of :func:`backward_config`'s (for tuning: tools/gpu_backward.py), and its ``"dkdv_splits"``, ``"dq_splits"`` the
+    split of each grouped-query group instead of :func:`~flashcourse.kernels.attention_gqa.gqa_splits`'
+    (tools/gpu_gqa.py). ``dq_mode="atomic"`` computes dQ inside the dK/dV kernel, every key block adding its ``dS_ij K_j`` to an fp32 dQ in HBM with atomic adds (Algorithm 2
     as written), instead of the second, Q-outer kernel (``"kernel"``): the trade-off chapter 7 measures.
 
     Example:
@@ -327,8 +309,8 @@ def fa2_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
             return again(q, k, v, o, do, lse)
     fn = "fa2_backward"
     given = (q, k, v, o, do, lse)
-    q, k, v = expect_qkv(fn, q, k, v, head_dims=HEAD_DIMS)
-    o, do, lse = _expect_saved(fn, q, o, do, {"lse": lse}, "fa2_forward(q, k, v, return_lse=True)")
+    q, k, v = expect_qkv(fn, q, k, v, head_dims=HEAD_DIMS, grouped=True)
+    o, do, lse = expect_saved(fn, q, o, do, {"lse": lse}, "fa2_forward(q, k, v, return_lse=True)")
     sm_scale = expect_sm_scale(fn, sm_scale, q.shape[-1])
     grads, again = _launch(q, k, v, o, do, lse, causal, sm_scale,
                            backward_config(q.shape[-1]) if config is None else {**backward_config(q.shape[-1]), **config},
@@ -345,11 +327,19 @@ def _launch(q, k, v, o, do, lse, causal, sm_scale, cfg, atomic=False):
     """The three kernels on checked inputs; returns ``(dq, dk, dv)`` and ``again(q, k, v, o, do, lse)``, the same
     call for tensors of the same shape_key with the host's work done (None for empty inputs)."""
     B, H, N_q, d = q.shape
-    N_k = k.shape[2]
+    H_kv, N_k = k.shape[1], k.shape[2]
+    group = H // H_kv                          # grouped-query attention: the kernels pack a group's query heads
+    splits = cfg.get("dkdv_splits", gqa_splits("dkdv", group, causal, N_q, cfg["dkdv"][0]))   # parts summed after
+    dq_splits = cfg.get("dq_splits", gqa_splits("dq", group, causal, N_q, cfg["dq"][0]))
+    for name, value in (("dkdv_splits", splits), ("dq_splits", dq_splits)):
+        if not isinstance(value, int) or value < 1 or group % value:
+            raise ValueError(f"fa2_backward: config['{name}'] is {value!r}; expected a divisor of H / H_kv = {group}")
     # contiguous gradients, whatever the inputs' strides (a view of a qkv projection has gaps between rows)
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     if dq.numel() == 0 or dk.numel() == 0:
         return (dq.zero_(), dk.zero_(), dv.zero_()), None
+    parts = (torch.empty((B, H_kv * splits, N_k, d), dtype=torch.float32, device=q.device) for _ in "kv")
+    dk_out, dv_out = (dk, dv) if splits == 1 else parts     # SPLITS > 1: one fp32 sum per part of each group
     delta = torch.empty((B, H, N_q), dtype=torch.float32, device=q.device)
     dq32 = torch.zeros((B, H, N_q, d) if atomic else (1,), dtype=torch.float32, device=q.device)   # "atomic" only
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
@@ -359,20 +349,22 @@ def _launch(q, k, v, o, do, lse, causal, sm_scale, cfg, atomic=False):
     with quiet():
         pre = relaunch(_bwd_preprocess, (triton.cdiv(N_q, cfg["pre"]), H, B),
                        (o, do, delta, N_q, *o.stride()[:3], *do.stride()[:3]), {"HEAD_DIM": d, "BLOCK_M": cfg["pre"]})
-        dkdv = relaunch(_bwd_dkdv, (triton.cdiv(N_k, BN1), H, B),
-                        (q, k, v, do, lse, delta, dk, dv, dq32, *scales, *strides, *dk.stride()[:3]),
+        dkdv = relaunch(_bwd_dkdv, (triton.cdiv(N_k, BN1), H_kv * splits, B),
+                        (q, k, v, do, lse, delta, dk_out, dv_out, dq32, *scales, *strides, *dk_out.stride()[:3]),
                         {"HEAD_DIM": d, "BLOCK_M": BM1, "BLOCK_N": BN1, "CAUSAL": bool(causal), "num_warps": w1,
-                         "num_stages": s1, "ATOMIC_DQ": atomic})
+                         "num_stages": s1, "ATOMIC_DQ": atomic, "GROUP": group // splits, "SPLITS": splits})
+    if splits > 1:
+        sum_parts(dk_out, dk), sum_parts(dv_out, dv)
     dq_run = None
     if atomic:
         dq.copy_(dq32)
     else:
         with quiet():
-            dq_run = relaunch(_bwd_dq, (triton.cdiv(N_q, BM2), H, B),
+            dq_run = relaunch(_bwd_dq, (triton.cdiv(group // dq_splits * N_q, BM2), H_kv * dq_splits, B),
                               (q, k, v, do, lse, delta, dq, *scales, *strides, *dq.stride()[:3]),
                               {"HEAD_DIM": d, "BLOCK_M": BM2, "BLOCK_N": BN2, "CAUSAL": bool(causal), "num_warps": w2,
-                               "num_stages": s2})
-    o_strides, do_strides, dk_strides, dq_strides = o.stride()[:3], do.stride()[:3], dk.stride()[:3], dq.stride()[:3]
+                               "num_stages": s2, "GROUP": group // dq_splits, "SPLITS": dq_splits})
+    o_strides, do_strides, dk_strides, dq_strides = o.stride()[:3], do.stride()[:3], dk_out.stride()[:3], dq.stride()[:3]
     shapes = [(t.shape, t.dtype) for t in (q, k, v)]
     device = q.device
 
@@ -380,9 +372,12 @@ def _launch(q, k, v, o, do, lse, causal, sm_scale, cfg, atomic=False):
         dq, dk, dv = (torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes)
         delta = torch.empty((B, H, N_q), dtype=torch.float32, device=device)
         acc = torch.zeros((B, H, N_q, d), dtype=torch.float32, device=device) if atomic else dq32
+        parts = [torch.empty(dk_out.shape, dtype=torch.float32, device=device) for _ in "kv"] if splits > 1 else (dk, dv)
         with quiet():
             pre(o, do, delta, N_q, *o_strides, *do_strides)
-            dkdv(q, k, v, do, lse, delta, dk, dv, acc, *scales, *strides, *dk_strides)
+            dkdv(q, k, v, do, lse, delta, *parts, acc, *scales, *strides, *dk_strides)
+            if splits > 1:
+                sum_parts(parts[0], dk), sum_parts(parts[1], dv)
             if atomic:
                 dq.copy_(acc)
             else:
@@ -414,7 +409,7 @@ def fa1_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
     """
     fn = "fa1_backward"
     q, k, v = expect_qkv(fn, q, k, v, head_dims=HEAD_DIMS)
-    o, do, l, m = _expect_saved(fn, q, o, do, {"l": l, "m": m}, "fa1_forward(q, k, v, return_stats=True)")
+    o, do, l, m = expect_saved(fn, q, o, do, {"l": l, "m": m}, "fa1_forward(q, k, v, return_stats=True)")
     o, do = o.contiguous(), do.contiguous()                  # the kernel reads both with do's strides
     sm_scale = expect_sm_scale(fn, sm_scale, q.shape[-1])
     B, H, N_q, d = q.shape
@@ -478,8 +473,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     """``softmax(q k^T sm_scale) v`` that autograd can differentiate: FlashAttention-2 both ways.
 
     The drop-in for ``torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
-    scale=sm_scale)`` on (B, H, N, d) float16 (or bfloat16 on sm_80+) tensors with d in 16, 32, 64, 128
-    (causal aligned bottom-right when N_q != N_k). The forward saves O and the log-sum-exp (N numbers a
+    scale=sm_scale, enable_gqa=True)`` on (B, H, N, d) float16 (or bfloat16 on sm_80+) tensors with d in 16, 32,
+    64, 128 (causal aligned bottom-right when N_q != N_k); k and v may have fewer heads H_kv, H a multiple of H_kv
+    (grouped-query attention, read in place: never repeated). The forward saves O and the log-sum-exp (N numbers a
     head, not the N x N P); the backward (:func:`fa2_backward`) recomputes P from them. Under
     ``torch.compile`` it is a custom operator of ``torch.library``, one opaque call in the graph; eager, a
     ``torch.autograd.Function`` over the same kernels.
@@ -493,7 +489,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         (torch.Size([1, 1, 20, 16]), True)
     """
     if not isinstance(q, torch.Tensor) or q.dim() != 4:        # the rest is checked by fa2_forward, once a shape
-        expect_qkv("flash_attention", q, k, v, head_dims=HEAD_DIMS)
+        expect_qkv("flash_attention", q, k, v, head_dims=HEAD_DIMS, grouped=True)
     if sm_scale is None or not isinstance(sm_scale, (int, float)):
         sm_scale = expect_sm_scale("flash_attention", sm_scale, q.shape[-1])
     if torch.compiler.is_compiling():                  # one opaque operator in the compiled graph
@@ -535,13 +531,18 @@ def _aot(kernel_name):
                 BM, BN, warps, stages = cfg[kernel_name]
                 for atomic in ((False, True) if kernel_name == "dkdv" else (None,)):
                     flags = {} if atomic is None else {"ATOMIC_DQ": atomic}
-                    yield aot.Launch({"HEAD_DIM": d, "BLOCK_M": BM, "BLOCK_N": BN, "CAUSAL": True, **flags}, warps,
-                                     stages, kernel=f"bwd_{kernel_name}")
+                    for gqa in ((False, True) if d == 128 and not atomic else (False,)):   # 8 query heads a K/V head
+                        # dK/dV: a program per query head, fp32 parts summed by sum_parts; dQ: 8 heads packed
+                        extra = ({"GROUP": 1, "SPLITS": 8 if gqa else 1} if kernel_name == "dkdv" else
+                                 {"GROUP": 8 if gqa else 1, "SPLITS": 1})
+                        parts = {"DK": "*fp32", "DV": "*fp32"} if gqa and kernel_name == "dkdv" else {}
+                        yield aot.Launch({"HEAD_DIM": d, "BLOCK_M": BM, "BLOCK_N": BN, "CAUSAL": True, **flags, **extra},
+                                         warps, stages, parts, kernel=f"bwd_{kernel_name}", note="GQA 8" if gqa else "")
     return configs
 
 
 def _signature(names):
-    const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "ATOMIC_DQ"}
+    const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "ATOMIC_DQ", "GROUP", "SPLITS"}
     fp32 = {"LSE", "Delta", "DQ32", "L", "M"}
     return {n: ("constexpr" if n in const else "*fp32" if n in fp32 else "fp32" if n in ("qk_scale", "sm_scale")
                 else "i32" if n in ("N_q", "N_k") or n.startswith("stride") else "*fp16") for n in names}

@@ -32,6 +32,7 @@ from ..formulas.counting import LOG2E, ceil_div
 from ..formulas.sparse import EMPTY, FULL, PARTIAL, BlockMask, Mask, check_mask_sizes, evaluate_mask
 from . import aot
 from .attention import quiet
+from .attention_gqa import packed_rows, sum_parts
 from .backward import backward_delta
 from .validate import expect_qkv, expect_sm_scale
 
@@ -46,17 +47,19 @@ def _sparse_fwd(Q, K, V, O, LSE, KV_FULL_NUM, KV_FULL_IDX, KV_PART_NUM, KV_PART_
                 qk_scale, N_q, N_k, T_c,
                 stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                 stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
-                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STORE_LSE: tl.constexpr):
+                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STORE_LSE: tl.constexpr,
+                GROUP: tl.constexpr):
     # FlashAttention-2's Algorithm 1 with line 6 over query block i's non-empty key blocks only.
-    # grid: (T_r, H, B); ORDER puts the query blocks with the most key blocks first.
-    i = tl.load(ORDER + tl.program_id(0))
+    # grid: (T_r * GROUP, H_kv, B); ORDER puts the query blocks with the most key blocks first. Grouped-query
+    # attention: block i's rows of the GROUP heads that share K/V head h are GROUP tiles of packed rows.
+    i = tl.load(ORDER + tl.program_id(0) // GROUP)
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
-    rows = i * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows, heads = packed_rows((i * GROUP + tl.program_id(0) % GROUP) * BLOCK_M, h, BLOCK_M, GROUP)
     cols = tl.arange(0, BLOCK_N)
     dims = tl.arange(0, HEAD_DIM)
     in_q = rows < N_q
-    Q_i = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qm + dims[None, :],
+    Q_i = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + rows[:, None] * stride_qm + dims[None, :],
                   mask=in_q[:, None], other=0.0)                                   # (B_r, d), on chip throughout
     K_ptrs = K + b * stride_kb + h * stride_kh + cols[:, None] * stride_kn + dims[None, :]
     V_ptrs = V + b * stride_vb + h * stride_vh + cols[:, None] * stride_vn + dims[None, :]
@@ -81,7 +84,7 @@ def _sparse_fwd(Q, K, V, O, LSE, KV_FULL_NUM, KV_FULL_IDX, KV_PART_NUM, KV_PART_
 
     BYTES: tl.constexpr = BLOCK_N // 8
     bit = tl.arange(0, 8)
-    tile_rows = tl.arange(0, BLOCK_M)[:, None] * BYTES + tl.arange(0, BYTES)[None, :]
+    tile_rows = (rows - i * BLOCK_M)[:, None] * BYTES + tl.arange(0, BYTES)[None, :]
     n_part = tl.load(KV_PART_NUM + i)
     start_n = tl.load(KV_PART_IDX + i * T_c).to(tl.int64) * BLOCK_N
     tile = tl.load(KV_PART_TILE + i * T_c).to(tl.int64)
@@ -104,26 +107,30 @@ def _sparse_fwd(Q, K, V, O, LSE, KV_FULL_NUM, KV_FULL_IDX, KV_PART_NUM, KV_PART_
         tile = tl.load(KV_PART_TILE + i * T_c + t + 1, mask=t + 1 < n_part, other=0).to(tl.int64)
 
     O_i = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]                           # a row that saw no key: 0
-    tl.store(O + b * stride_ob + h * stride_oh + rows[:, None] * stride_om + dims[None, :],
+    tl.store(O + b * stride_ob + heads[:, None] * stride_oh + rows[:, None] * stride_om + dims[None, :],
              O_i.to(O.dtype.element_ty), mask=in_q[:, None])
     if STORE_LSE:
         lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
-        tl.store(LSE + (b * tl.num_programs(1) + h) * N_q + rows, lse, mask=in_q)
+        tl.store(LSE + (b * tl.num_programs(1) * GROUP + heads) * N_q + rows, lse, mask=in_q)
 
 
 @triton.jit
-def _dkdv_step(Q, DO, LSE, Delta, TILES, K_j, V_j, dK_j, dV_j, rows, tile_rows, tile, qk_scale, N_q, stat,
-               q_base, stride_qm, do_base, stride_dom, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr):
-    """Chapter 7's inner step for the query rows ``rows`` against K_j, V_j; ``tile`` >= 0: mask P by the bit tile's
-    rows ``tile_rows`` (a partial block), -1: no mask (a full block)."""
+def _dkdv_step(Q, DO, LSE, Delta, TILES, K_j, V_j, dK_j, dV_j, rows, heads, tile_rows, tile, qk_scale, N_q, b_heads,
+               q_base, stride_qh, stride_qm, do_base, stride_doh, stride_dom, HEAD_DIM: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Chapter 7's inner step for the query rows ``rows`` of heads ``heads`` against K_j, V_j; ``tile`` >= 0: mask P
+    by the bit tile's rows ``tile_rows`` (a partial block), -1: no mask (a full block). ``b_heads``: b * H, where
+    the batch's row statistics start."""
     dims = tl.arange(0, HEAD_DIM)
     in_q = rows < N_q
-    Q_i = tl.load(Q + q_base + rows[:, None] * stride_qm + dims[None, :], mask=in_q[:, None], other=0.0)
-    dO_i = tl.load(DO + do_base + rows[:, None] * stride_dom + dims[None, :], mask=in_q[:, None], other=0.0)
-    L_i = tl.load(LSE + stat + rows, mask=in_q, other=float("inf")) * 1.4426950408889634
+    Q_i = tl.load(Q + q_base + heads[:, None] * stride_qh + rows[:, None] * stride_qm + dims[None, :],
+                  mask=in_q[:, None], other=0.0)
+    dO_i = tl.load(DO + do_base + heads[:, None] * stride_doh + rows[:, None] * stride_dom + dims[None, :],
+                   mask=in_q[:, None], other=0.0)
+    stat = (b_heads + heads) * N_q + rows
+    L_i = tl.load(LSE + stat, mask=in_q, other=float("inf")) * 1.4426950408889634
     L_i = tl.where(L_i == float("-inf"), float("inf"), L_i)                   # a row that sees no key: P = 0
-    D_i = tl.load(Delta + stat + rows, mask=in_q, other=0.0)
+    D_i = tl.load(Delta + stat, mask=in_q, other=0.0)
     p_t = tl.exp2(tl.dot(K_j, tl.trans(Q_i)) * qk_scale - L_i[None, :])      # P_ij^T (BLOCK_N, rows)
     if tile >= 0:
         BYTES: tl.constexpr = BLOCK_N // 8
@@ -142,36 +149,42 @@ def _sparse_bwd_dkdv(Q, K, V, DO, LSE, Delta, DK, DV, Q_FULL_NUM, Q_FULL_IDX, Q_
                      qk_scale, sm_scale, N_q, N_k, T_r,
                      stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                      stride_dob, stride_doh, stride_dom, stride_dkb, stride_dkh, stride_dkn,
-                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SUB_M: tl.constexpr):
+                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SUB_M: tl.constexpr,
+                     GROUP: tl.constexpr, SPLITS: tl.constexpr):
     # Chapter 7's dK/dV kernel (K_j, V_j outer, keys along the rows of P^T) over key block j's lists of query
-    # blocks; each query block of BLOCK_M rows is walked SUB_M rows at a time. grid: (T_c, H, B)
+    # blocks; each query block of BLOCK_M rows is walked SUB_M rows at a time. Grouped-query attention, as
+    # fa2_backward's: the query heads of K/V head h // SPLITS in SPLITS parts of GROUP heads (packed rows), one part
+    # a program, one fp32 dK_j, dV_j a part for sum_parts to add up. grid: (T_c, H_kv * SPLITS, B)
     j = tl.program_id(0)
     h, b = tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
     cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, HEAD_DIM)
-    sub = tl.arange(0, SUB_M)
     in_k = cols < N_k
-    K_j = tl.load(K + b * stride_kb + h * stride_kh + cols[:, None] * stride_kn + dims[None, :], mask=in_k[:, None], other=0.0)
-    V_j = tl.load(V + b * stride_vb + h * stride_vh + cols[:, None] * stride_vn + dims[None, :], mask=in_k[:, None], other=0.0)
+    K_j = tl.load(K + b * stride_kb + (h // SPLITS) * stride_kh + cols[:, None] * stride_kn + dims[None, :],
+                  mask=in_k[:, None], other=0.0)
+    V_j = tl.load(V + b * stride_vb + (h // SPLITS) * stride_vh + cols[:, None] * stride_vn + dims[None, :],
+                  mask=in_k[:, None], other=0.0)
     dK_j = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dV_j = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-    stat = (b * tl.num_programs(1) + h) * N_q
+    b_heads = b * tl.num_programs(1) * GROUP
     n_full = tl.load(Q_FULL_NUM + j)
     i = tl.load(Q_FULL_IDX + j * T_r)
     for t in range(0, n_full):                        # full query blocks (the next index read one step ahead)
-        for s in range(0, BLOCK_M, SUB_M):
-            dK_j, dV_j = _dkdv_step(Q, DO, LSE, Delta, TILES, K_j, V_j, dK_j, dV_j, i * BLOCK_M + s + sub, s + sub, -1,
-                                    qk_scale, N_q, stat, b * stride_qb + h * stride_qh, stride_qm,
-                                    b * stride_dob + h * stride_doh, stride_dom, HEAD_DIM, BLOCK_M, BLOCK_N)
+        for s in range(0, BLOCK_M * GROUP, SUB_M):
+            rows, heads = packed_rows(i * BLOCK_M * GROUP + s, h, SUB_M, GROUP)
+            dK_j, dV_j = _dkdv_step(Q, DO, LSE, Delta, TILES, K_j, V_j, dK_j, dV_j, rows, heads, rows - i * BLOCK_M,
+                                    -1, qk_scale, N_q, b_heads, b * stride_qb, stride_qh, stride_qm,
+                                    b * stride_dob, stride_doh, stride_dom, HEAD_DIM, BLOCK_M, BLOCK_N)
         i = tl.load(Q_FULL_IDX + j * T_r + t + 1, mask=t + 1 < n_full, other=0)
     n_part = tl.load(Q_PART_NUM + j)
     i = tl.load(Q_PART_IDX + j * T_r)
     tile = tl.load(Q_PART_TILE + j * T_r).to(tl.int64)
     for t in range(0, n_part):                        # partial query blocks, masked by their bit tiles
-        for s in range(0, BLOCK_M, SUB_M):
-            dK_j, dV_j = _dkdv_step(Q, DO, LSE, Delta, TILES, K_j, V_j, dK_j, dV_j, i * BLOCK_M + s + sub, s + sub, tile,
-                                    qk_scale, N_q, stat, b * stride_qb + h * stride_qh, stride_qm,
-                                    b * stride_dob + h * stride_doh, stride_dom, HEAD_DIM, BLOCK_M, BLOCK_N)
+        for s in range(0, BLOCK_M * GROUP, SUB_M):
+            rows, heads = packed_rows(i * BLOCK_M * GROUP + s, h, SUB_M, GROUP)
+            dK_j, dV_j = _dkdv_step(Q, DO, LSE, Delta, TILES, K_j, V_j, dK_j, dV_j, rows, heads, rows - i * BLOCK_M,
+                                    tile, qk_scale, N_q, b_heads, b * stride_qb, stride_qh, stride_qm,
+                                    b * stride_dob, stride_doh, stride_dom, HEAD_DIM, BLOCK_M, BLOCK_N)
         i = tl.load(Q_PART_IDX + j * T_r + t + 1, mask=t + 1 < n_part, other=0)
         tile = tl.load(Q_PART_TILE + j * T_r + t + 1, mask=t + 1 < n_part, other=0).to(tl.int64)
     out = b * stride_dkb + h * stride_dkh + cols[:, None] * stride_dkn + dims[None, :]
@@ -184,21 +197,22 @@ def _sparse_bwd_dq(Q, K, V, DO, LSE, Delta, DQ, KV_FULL_NUM, KV_FULL_IDX, KV_PAR
                    qk_scale, sm_scale, N_q, N_k, T_c,
                    stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                    stride_dob, stride_doh, stride_dom, stride_dqb, stride_dqh, stride_dqm,
-                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # Chapter 7's dQ kernel over query block i's lists of key blocks. grid: (T_r, H, B)
-    i = tl.program_id(0)
+                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr):
+    # Chapter 7's dQ kernel over query block i's lists of key blocks, packed as the forward. grid: (T_r * GROUP, H_kv, B)
+    i = tl.program_id(0) // GROUP
     h, b = tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
-    rows = i * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows, heads = packed_rows(tl.program_id(0) * BLOCK_M, h, BLOCK_M, GROUP)
     cols = tl.arange(0, BLOCK_N)
     dims = tl.arange(0, HEAD_DIM)
     in_q = rows < N_q
-    Q_i = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qm + dims[None, :], mask=in_q[:, None], other=0.0)
-    dO_i = tl.load(DO + b * stride_dob + h * stride_doh + rows[:, None] * stride_dom + dims[None, :],
+    Q_i = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + rows[:, None] * stride_qm + dims[None, :],
+                  mask=in_q[:, None], other=0.0)
+    dO_i = tl.load(DO + b * stride_dob + heads[:, None] * stride_doh + rows[:, None] * stride_dom + dims[None, :],
                    mask=in_q[:, None], other=0.0)
-    stat = (b * tl.num_programs(1) + h) * N_q
-    L_i = tl.load(LSE + stat + rows, mask=in_q, other=float("inf")) * 1.4426950408889634
+    stat = (b * tl.num_programs(1) * GROUP + heads) * N_q + rows
+    L_i = tl.load(LSE + stat, mask=in_q, other=float("inf")) * 1.4426950408889634
     L_i = tl.where(L_i == float("-inf"), float("inf"), L_i)
-    D_i = tl.load(Delta + stat + rows, mask=in_q, other=0.0)
+    D_i = tl.load(Delta + stat, mask=in_q, other=0.0)
     dQ_i = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     K_ptrs = K + b * stride_kb + h * stride_kh + cols[:, None] * stride_kn + dims[None, :]
     V_ptrs = V + b * stride_vb + h * stride_vh + cols[:, None] * stride_vn + dims[None, :]
@@ -213,7 +227,7 @@ def _sparse_bwd_dq(Q, K, V, DO, LSE, Delta, DQ, KV_FULL_NUM, KV_FULL_IDX, KV_PAR
         ds = p * (tl.dot(dO_i, tl.trans(V_j)) - D_i[:, None])
         dQ_i += tl.dot(ds.to(K_j.dtype), K_j)
         start_n = tl.load(KV_FULL_IDX + i * T_c + t + 1, mask=t + 1 < n_full, other=0).to(tl.int64) * BLOCK_N
-    tile_rows = tl.arange(0, BLOCK_M)[:, None] * BYTES + tl.arange(0, BYTES)[None, :]
+    tile_rows = (rows - i * BLOCK_M)[:, None] * BYTES + tl.arange(0, BYTES)[None, :]
     for t in range(0, tl.load(KV_PART_NUM + i)):      # partial blocks, masked by their bit tiles
         start_n = tl.load(KV_PART_IDX + i * T_c + t).to(tl.int64) * BLOCK_N
         tile = tl.load(KV_PART_TILE + i * T_c + t).to(tl.int64)
@@ -225,7 +239,7 @@ def _sparse_bwd_dq(Q, K, V, DO, LSE, Delta, DQ, KV_FULL_NUM, KV_FULL_IDX, KV_PAR
         p = tl.where(seen != 0, tl.exp2(tl.dot(Q_i, tl.trans(K_j)) * qk_scale - L_i[:, None]), 0.0)
         ds = p * (tl.dot(dO_i, tl.trans(V_j)) - D_i[:, None])
         dQ_i += tl.dot(ds.to(K_j.dtype), K_j)
-    tl.store(DQ + b * stride_dqb + h * stride_dqh + rows[:, None] * stride_dqm + dims[None, :],
+    tl.store(DQ + b * stride_dqb + heads[:, None] * stride_dqh + rows[:, None] * stride_dqm + dims[None, :],
              (dQ_i * sm_scale).to(DQ.dtype.element_ty), mask=in_q[:, None])
 
 
@@ -348,7 +362,8 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bl
                            sm_scale: float | None = None, *, return_lse: bool = False):
     """softmax(q k^T sm_scale, masked by ``block_mask``) v, visiting only the blocks the mask does not empty.
 
-    ``q``: (B, H, N_q, d), ``k``, ``v``: (B, H, N_k, d); float16, or bfloat16 on sm_80+; d in 16, 32, 64,
+    ``q``: (B, H, N_q, d), ``k``, ``v``: (B, H_kv, N_k, d) with H a multiple of H_kv (grouped-query attention,
+    as :func:`flashcourse.kernels.fa2_forward` packs it); float16, or bfloat16 on sm_80+; d in 16, 32, 64,
     128. ``block_mask``: from :func:`create_block_mask` (or :func:`flashcourse.formulas.sparse.block_mask`,
     whose arrays are copied to the GPU at every call) for these N_q and N_k, one mask for every batch and
     head, blocks of 16-128 (the kernel's tiles). Rows that see no key give 0. ``return_lse=True`` returns
@@ -366,7 +381,7 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bl
         True
     """
     fn = "block_sparse_attention"
-    q, k, v = expect_qkv(fn, q, k, v, head_dims=HEAD_DIMS)
+    q, k, v = expect_qkv(fn, q, k, v, head_dims=HEAD_DIMS, grouped=True)
     sm_scale = expect_sm_scale(fn, sm_scale, q.shape[-1])
     arrays = _on_device(fn, block_mask, q, k)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
@@ -384,20 +399,24 @@ def _forward(q, k, v, block_mask, arrays, sm_scale, return_lse):
         return (o, lse.fill_(-float("inf"))) if return_lse else o
     warps, stages = sparse_config(d, (B_r, B_c))
     with quiet():
-        _sparse_fwd[(T_r, H, B)](
+        _sparse_fwd[(T_r * (H // k.shape[1]), k.shape[1], B)](
             q, k, v, o, lse, arrays["kv_full_num"], arrays["kv_full_idx"], arrays["kv_part_num"],
             arrays["kv_part_idx"], arrays["kv_part_tile"], arrays["tiles"], arrays["kv_order"],
             sm_scale * LOG2E, N_q, k.shape[2], T_c, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
-            HEAD_DIM=d, BLOCK_M=B_r, BLOCK_N=B_c, STORE_LSE=bool(return_lse), num_warps=warps, num_stages=stages)
+            HEAD_DIM=d, BLOCK_M=B_r, BLOCK_N=B_c, STORE_LSE=bool(return_lse), GROUP=H // k.shape[1], num_warps=warps,
+            num_stages=stages)
     return (o, lse) if return_lse else o
 
 
 def block_sparse_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
-                          lse: torch.Tensor, block_mask: BlockMask, sm_scale: float | None = None):
+                          lse: torch.Tensor, block_mask: BlockMask, sm_scale: float | None = None, *,
+                          splits: int | None = None):
     """``(dq, dk, dv)`` of :func:`block_sparse_attention` for the upstream gradient ``do``, from its saved ``o`` and
     ``lse`` (``return_lse=True``): chapter 7's backward over the block mask's lists. D = rowsum(dO o O); one
     program per key block walks its query blocks (``q_*`` lists) for dK, dV; one per query block walks its key
-    blocks (``kv_*``) for dQ; P is recomputed in each, masked by the bit tiles of the partial blocks.
+    blocks (``kv_*``) for dQ; P is recomputed in each, masked by the bit tiles of the partial blocks. Grouped-query
+    attention as :func:`flashcourse.kernels.fa2_backward` does it: the dQ kernel packs a group's query heads, the
+    dK/dV kernel splits each group in ``splits`` parts (default: one per query head), summed by ``sum_parts``.
 
     Example:
         >>> from flashcourse.backend import DEVICE
@@ -409,7 +428,7 @@ def block_sparse_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: 
         [48, 48, 48]
     """
     fn = "block_sparse_backward"
-    q, k, v = expect_qkv(fn, q, k, v, head_dims=HEAD_DIMS)
+    q, k, v = expect_qkv(fn, q, k, v, head_dims=HEAD_DIMS, grouped=True)
     sm_scale = expect_sm_scale(fn, sm_scale, q.shape[-1])
     arrays = _on_device(fn, block_mask, q, k)
     for name, t, shape in (("o", o, q.shape), ("do", do, q.shape), ("lse", lse, q.shape[:3])):
@@ -418,13 +437,19 @@ def block_sparse_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: 
             raise ValueError(f"{fn}: {name} is {got}; expected {tuple(shape)} on {q.device}, as "
                              "block_sparse_attention(..., return_lse=True) gives o and lse")
     B, H, N_q, d = q.shape
-    N_k = k.shape[2]
+    H_kv, N_k = k.shape[1], k.shape[2]
+    group = H // H_kv
     (B_r, B_c), (T_r, T_c) = block_mask.block_size, block_mask.shape
     do = do.to(q.dtype)
     interpreted = backend.compute_capability() is None
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     if dq.numel() == 0 or dk.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
+    splits = group if splits is None else splits             # as fa2_backward: a program per query head
+    if not isinstance(splits, int) or splits < 1 or group % splits:
+        raise ValueError(f"{fn}: splits is {splits!r}; expected a divisor of H / H_kv = {group}")
+    dk_out, dv_out = (dk, dv) if splits == 1 else (
+        torch.empty((B, H_kv * splits, N_k, d), dtype=torch.float32, device=q.device) for _ in "kv")
     o, do = (t if t.stride(-1) == 1 else t.contiguous() for t in (o, do))
     delta = backward_delta(o, do, 16 if interpreted else 64)                # D_i = rowsum(dO_i o O_i)
     lse = lse.contiguous()
@@ -432,14 +457,18 @@ def block_sparse_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: 
     sub = min(B_r, 16 if interpreted else 32)
     warps, stages = sparse_config(d, (B_r, B_c))
     with quiet():
-        _sparse_bwd_dkdv[(T_c, H, B)](
-            q, k, v, do, lse, delta, dk, dv, arrays["q_full_num"], arrays["q_full_idx"], arrays["q_part_num"],
+        _sparse_bwd_dkdv[(T_c, H_kv * splits, B)](
+            q, k, v, do, lse, delta, dk_out, dv_out, arrays["q_full_num"], arrays["q_full_idx"], arrays["q_part_num"],
             arrays["q_part_idx"], arrays["q_part_tile"], arrays["tiles"], sm_scale * LOG2E, sm_scale, N_q, N_k, T_r,
-            *strides, *dk.stride()[:3], HEAD_DIM=d, BLOCK_M=B_r, BLOCK_N=B_c, SUB_M=sub, num_warps=4, num_stages=stages)
-        _sparse_bwd_dq[(T_r, H, B)](
+            *strides, *dk_out.stride()[:3], HEAD_DIM=d, BLOCK_M=B_r, BLOCK_N=B_c, SUB_M=sub, GROUP=group // splits,
+            SPLITS=splits, num_warps=4, num_stages=stages)
+        _sparse_bwd_dq[(T_r * group, H_kv, B)](
             q, k, v, do, lse, delta, dq, arrays["kv_full_num"], arrays["kv_full_idx"], arrays["kv_part_num"],
             arrays["kv_part_idx"], arrays["kv_part_tile"], arrays["tiles"], sm_scale * LOG2E, sm_scale, N_q, N_k, T_c,
-            *strides, *dq.stride()[:3], HEAD_DIM=d, BLOCK_M=B_r, BLOCK_N=B_c, num_warps=warps, num_stages=stages)
+            *strides, *dq.stride()[:3], HEAD_DIM=d, BLOCK_M=B_r, BLOCK_N=B_c, GROUP=group, num_warps=warps,
+            num_stages=stages)
+    if splits > 1:
+        sum_parts(dk_out, dk), sum_parts(dv_out, dv)
     return dq, dk, dv
 
 
@@ -474,12 +503,18 @@ def _aot_configs(kernel):
                 tiles["STORE_LSE"] = True
             if kernel == "sparse_bwd_dkdv":
                 tiles["SUB_M"], warps = min(block[0], 32), 4
-            yield aot.Launch(tiles, warps, stages, kernel=kernel, note=f"d={d}")
+            for gqa in ((False, True) if d == 128 else (False,)):          # 8 query heads a K/V head
+                extra = {"GROUP": 8 if gqa else 1}
+                if kernel == "sparse_bwd_dkdv":                             # a program per query head, fp32 parts
+                    extra = {"GROUP": 1, "SPLITS": 8 if gqa else 1}
+                parts = {"DK": "*fp32", "DV": "*fp32"} if gqa and kernel == "sparse_bwd_dkdv" else {}
+                yield aot.Launch({**tiles, **extra}, warps, stages, parts, kernel=kernel,
+                                 note=f"d={d}" + (" GQA 8" if gqa else ""))
     return configs
 
 
 def _signature(names):
-    return {n: ("constexpr" if n in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "STORE_LSE", "SUB_M")
+    return {n: ("constexpr" if n in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "STORE_LSE", "SUB_M", "GROUP", "SPLITS")
                 else "*i32" if n.endswith(("_NUM", "_IDX", "_TILE")) or n == "ORDER"
                 else "*u8" if n == "TILES" else "*fp32" if n in ("LSE", "Delta") else "fp32" if n in ("qk_scale", "sm_scale")
                 else "i32" if n in ("N_q", "N_k", "T_c", "T_r") or n.startswith("stride") else "*fp16") for n in names}

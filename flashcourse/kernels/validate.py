@@ -23,7 +23,7 @@ from .. import backend
 __all__ = ["FLOAT_DTYPES", "dtype_names", "expect_tensor", "expect_dtype", "expect_on_backend",
            "expect_ndim", "expect_same", "expect_float_tensor", "supports_bf16", "ATTENTION_DTYPES",
            "expect_qkv", "expect_dot_operands", "expect_sm_scale", "expect_decode", "expect_num_splits",
-           "expect_phi_bounds"]
+           "expect_phi_bounds", "expect_saved"]
 
 #: The floating dtypes the course's kernels accept (bfloat16 only where the GPU has it).
 FLOAT_DTYPES = (torch.float16, torch.float32, torch.bfloat16)
@@ -183,12 +183,14 @@ def expect_dot_operands(fn: str, dtypes, **tensors) -> None:
     expect_same(fn, "device", **tensors)
 
 
-def expect_qkv(fn: str, q, k, v, head_dims=(16, 32, 64, 128), dtypes=ATTENTION_DTYPES):
+def expect_qkv(fn: str, q, k, v, head_dims=(16, 32, 64, 128), dtypes=ATTENTION_DTYPES, grouped: bool = False):
     """Check attention inputs q (B, H, N_q, d), k and v (B, H, N_k, d); return them ready to launch.
 
     Same dtype and device for all three, on the backend's device, a supported head dim, and
     bfloat16 only where ``tl.dot`` computes it correctly (a GPU of sm_80+, not the interpreter).
-    Returns (q, k, v), each with a unit stride along d (copied only if it had none).
+    With ``grouped``, k and v may have H_kv heads for any H_kv dividing H (grouped-query attention;
+    H_kv = 1 is multi-query). Returns (q, k, v), each with a unit stride along d (copied only if it
+    had none).
 
     Example:
         >>> import torch
@@ -198,10 +200,14 @@ def expect_qkv(fn: str, q, k, v, head_dims=(16, 32, 64, 128), dtypes=ATTENTION_D
             ...
         ValueError: fa2_forward: q is (2, 8, 100, 96) but head dim 96 is not one of 16, 32, 64, 128
         >>> k = torch.zeros(2, 4, 100, 64, dtype=torch.float16)
-        >>> expect_qkv("fa2_forward", q[..., :64], k, k)
+        >>> expect_qkv("fa1_forward", q[..., :64], k, k)
         Traceback (most recent call last):
             ...
-        ValueError: fa2_forward: q is (2, 8, 100, 64) but k is (2, 4, 100, 64); expected k of shape (2, 8, N_k, 64): the same batch, heads and head dim as q
+        ValueError: fa1_forward: q is (2, 8, 100, 64) but k is (2, 4, 100, 64); expected k of shape (2, 8, N_k, 64): the same batch, heads and head dim as q; this kernel takes no grouped-query K/V (fewer heads than q)
+        >>> expect_qkv("fa2_forward", q[:, :6, :, :64], k, k, grouped=True)
+        Traceback (most recent call last):
+            ...
+        ValueError: fa2_forward: q has 6 heads but k has 4; expected H_q a multiple of H_kv (grouped-query attention: each K/V head serves H_q / H_kv query heads)
     """
     for name, x in (("q", q), ("k", k), ("v", v)):
         expect_tensor(fn, name, x)
@@ -211,12 +217,19 @@ def expect_qkv(fn: str, q, k, v, head_dims=(16, 32, 64, 128), dtypes=ATTENTION_D
                              "as for torch.nn.functional.scaled_dot_product_attention")
     B, H, _, d = q.shape
     for name, x in (("k", k), ("v", v)):
-        if x.shape[0] != B or x.shape[1] != H or x.shape[3] != d:
+        if x.shape[0] != B or (x.shape[1] != H and not grouped) or x.shape[3] != d:
+            heads = "H_kv" if grouped else H
+            hint = ("; this kernel takes no grouped-query K/V (fewer heads than q)"
+                    if not grouped and x.shape[0] == B and x.shape[3] == d else "")
             raise ValueError(f"{fn}: q is {tuple(q.shape)} but {name} is {tuple(x.shape)}; expected "
-                             f"{name} of shape ({B}, {H}, N_k, {d}): the same batch, heads and head dim as q")
+                             f"{name} of shape ({B}, {heads}, N_k, {d}): the same batch"
+                             f"{'' if grouped else ', heads'} and head dim as q{hint}")
     if k.shape != v.shape:
         raise ValueError(f"{fn}: k is {tuple(k.shape)} but v is {tuple(v.shape)}; expected the same "
                          "shape (one value row per key)")
+    if grouped and (k.shape[1] == 0 or H % k.shape[1]):
+        raise ValueError(f"{fn}: q has {H} heads but k has {k.shape[1]}; expected H_q a multiple of H_kv "
+                         "(grouped-query attention: each K/V head serves H_q / H_kv query heads)")
     if d not in head_dims:
         raise ValueError(f"{fn}: q is {tuple(q.shape)} but head dim {d} is not one of "
                          + ", ".join(str(h) for h in head_dims))
@@ -370,3 +383,38 @@ def expect_phi_bounds(fn: str, phi, bounds, default_bounds) -> tuple[float, tupl
         raise ValueError(f"{fn}: bounds is {bounds!r}; expected a pair (a, b) of finite numbers with "
                          "a < 0 < b (the safe range of x - phi)")
     return value, (a, b)
+
+
+def expect_saved(fn: str, q, o, do, stats: dict, source: str):
+    """Check what a backward reads beside q, k, v: ``o`` and ``do`` as q; each of ``stats`` (name -> tensor) float32
+    of shape (B, H, N_q), as ``source`` returns it. Returns (o, do, *stats) with a unit stride along d.
+
+    Example:
+        >>> import torch
+        >>> q = torch.zeros(1, 2, 8, 16, dtype=torch.float16)
+        >>> expect_saved("fa2_backward", q, q, q, {"lse": None}, "fa2_forward(q, k, v, return_lse=True)")
+        Traceback (most recent call last):
+            ...
+        ValueError: fa2_backward: lse is None: the backward needs the log-sum-exp the forward saved; call fa2_forward(q, k, v, return_lse=True), or use flash_attention, which saves it
+    """
+    B, H, N_q, d = q.shape
+    for name, t in (("o", o), ("do", do)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{fn}: {name} must be a torch.Tensor of q's shape {tuple(q.shape)}, got {type(t).__name__}")
+        if tuple(t.shape) != tuple(q.shape):
+            raise ValueError(f"{fn}: {name} is {tuple(t.shape)}; expected q's shape {tuple(q.shape)}")
+        if t.device != q.device or t.dtype != q.dtype:
+            raise ValueError(f"{fn}: {name} is {t.dtype} on {t.device}; expected q's {q.dtype} on {q.device}")
+    for name, t in stats.items():
+        if t is None:
+            what = "log-sum-exp" if name == "lse" else "row sums l and maxima m"
+            raise ValueError(f"{fn}: {name} is None: the backward needs the {what} the forward saved; "
+                             f"call {source}" + (", or use flash_attention, which saves it" if name == "lse" else ""))
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != (B, H, N_q) or t.dtype != torch.float32:
+            got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{fn}: {name} is {got}; expected float32 of shape ({B}, {H}, {N_q}), as {source} "
+                             "returns it")
+        if t.device != q.device:
+            raise ValueError(f"{fn}: {name} is on {t.device}, q on {q.device}")
+    return (o if o.stride(-1) == 1 else o.contiguous(), do if do.stride(-1) == 1 else do.contiguous(),
+            *(t.contiguous() for t in stats.values()))

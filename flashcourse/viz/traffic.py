@@ -4,7 +4,8 @@ The log is the data; these functions only read it. ``traffic_bars`` shows the by
 moved, read and written; ``cumulative_traffic`` shows them pile up transfer by transfer, step by
 step; ``attention_traffic`` sets standard attention's counted traffic against ``4Nd + 4N^2``;
 ``materialized_memory`` shows how much HBM S and P take as N grows; ``dram_plot`` sets the counted
-bytes of each course kernel against the DRAM bytes Nsight Compute measured.
+bytes of each course kernel against the DRAM bytes Nsight Compute measured; ``traffic_by_group`` sets
+several runs side by side, each bar split into groups of tensors (Q, O, L against K, V).
 
 Example:
     >>> import numpy as np
@@ -24,10 +25,11 @@ import numpy as np
 
 from .. import formulas
 from ..memory import Memory
-from ._common import READ_COLOR, WRITE_COLOR, bytes_axis, figure_of, human_bytes, legend_outside, new_figure, size_axis
+from ._common import (PALETTE, READ_COLOR, WRITE_COLOR, bytes_axis, figure_of, human_bytes, legend_outside, new_figure,
+                      size_axis)
 
 __all__ = ["traffic_bars", "cumulative_traffic", "count_standard_attention", "attention_traffic",
-           "materialized_memory", "dram_plot", "CAPACITIES"]
+           "materialized_memory", "dram_plot", "traffic_by_group", "CAPACITIES"]
 
 _DIRECTIONS = (("read", "read (HBM → SRAM)", READ_COLOR), ("write", "write (SRAM → HBM)", WRITE_COLOR))
 
@@ -64,6 +66,52 @@ def traffic_bars(mem: Memory, ax=None, unit: str = "bytes", title: str | None = 
     ax.set_ylim(0, max(bottom.max(initial=0) * 1.15, 1))
     total = sum(totals.values())
     ax.set_title(title or f"HBM traffic by tensor: {human_bytes(total) if unit == 'bytes' else f'{total:,}'} in all")
+    legend_outside(ax)
+    return fig
+
+
+#: The default groups of :func:`traffic_by_group`: what attention moves per query head, and per K/V head.
+ATTENTION_GROUPS = {"Q read, O and L written (per query head)": ("Q", "O", "L"),
+                    "K and V read (per K/V head)": ("K", "V")}
+
+
+def traffic_by_group(mems: dict, groups: dict | None = None, ax=None, title: str | None = None):
+    """One bar per run, stacked by groups of tensors: the bytes each group moved (read and written).
+
+    ``mems`` maps a bar's label to a :class:`Memory`; ``groups`` maps a group's label to the tensors it
+    sums (default :data:`ATTENTION_GROUPS`: Q, O, L below, K and V on top). Each bar is labelled with its
+    total. Returns the Figure; its first bar container is the first group, and so on.
+
+    Example:
+        >>> from flashcourse.reference import fa2_gqa_attention
+        >>> rng, mems = np.random.default_rng(0), {}
+        >>> q = rng.normal(size=(1, 4, 16, 8))
+        >>> for h_kv in (4, 1):
+        ...     mems[f"H_kv = {h_kv}"] = Memory(dtype_bytes=2)
+        ...     _ = fa2_gqa_attention(q, *rng.normal(size=(2, 1, h_kv, 16, 8)), block_sizes=(8, 8),
+        ...                           memory=mems[f"H_kv = {h_kv}"])
+        >>> ax = traffic_by_group(mems).axes[0]
+        >>> [[int(b.get_height()) for b in c] for c in ax.containers]   # Q, O, L; then K, V: 4 times less
+        [[2176, 2176], [4096, 1024]]
+    """
+    groups = ATTENTION_GROUPS if groups is None else groups
+    labels = list(mems)
+    fig, ax = figure_of(ax, figsize=(7.6, 3.4))
+    x = np.arange(len(labels))
+    bottom = np.zeros(len(labels))
+    for k, (name, tensors) in enumerate(groups.items()):
+        heights = np.array([sum(n for (t, _), n in mems[m].totals().items() if t in tensors) for m in labels],
+                           dtype=float)
+        ax.bar(x, heights, bottom=bottom, color=PALETTE[(k + 2) % len(PALETTE)], label=name, width=0.6)
+        bottom += heights
+    for xi, top in zip(x, bottom):
+        ax.annotate(human_bytes(top), (xi, top), ha="center", va="bottom", fontsize=8, xytext=(0, 2),
+                    textcoords="offset points")
+    ax.set_xticks(x, labels)
+    bytes_axis(ax.yaxis)
+    ax.set_ylabel("HBM traffic")
+    ax.set_ylim(0, max(bottom.max(initial=0) * 1.15, 1))
+    ax.set_title(title or "HBM traffic by group of tensors")
     legend_outside(ax)
     return fig
 

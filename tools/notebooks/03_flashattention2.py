@@ -283,7 +283,8 @@ CELLS = [
 
     1. the loop only rescales the accumulator by $\\alpha = 2^{m_{old} - m_{new}}$ and divides by
        $\\ell_i$ after it; $e^x$ is $2^{x \\log_2 e}$ with the softmax scale folded in;
-    2. a grid over (query block, head, batch): $\\lceil N/B_r \\rceil \\cdot H \\cdot B$ programs;
+    2. a grid over (query block, head, batch): $\\lceil N/B_r \\rceil \\cdot H \\cdot B$ programs (with
+       grouped-query attention, at the end of the chapter, a block may pack several heads: `GROUP`, `SPLITS`);
     3. split-Q: on an H100 a program has $B_r = 128$ rows and 8 warps, and the compiler gives each
        group of 4 warps 64 whole rows of $Q_i$ (`tests/test_kernels_attention.py` checks the layout).
 
@@ -294,7 +295,7 @@ CELLS = [
     """, "slide", name="kernel-md"),
     code("""
     from flashcourse.kernels import aot
-    print(viz.kernel_source(aot.kernel_of("fa2_fwd"), start="rows = start_m"))
+    print(viz.kernel_source(aot.kernel_of("fa2_fwd"), start="(B_r,) query rows of Q_i"))
     """, "subslide", name="kernel-src"),
     md("""
     Is it right? fp16 attention cannot match float64 exactly; the fair bar is PyTorch's own fp16
@@ -630,6 +631,159 @@ CELLS = [
     """, "fragment", name="dram-notes"),
 
     md("""
+    ## Grouped-query attention: K and V shared by groups of heads
+
+    In multi-head attention (MHA) each of the $H$ query heads has its own head of $K$ and $V$.
+    Grouped-query attention (GQA) keeps $H$ query heads but only $H_{kv}$ heads of $K$ and $V$: a group of
+    $g = H / H_{kv}$ query heads shares one, and query head $h$ reads K/V head $\\lfloor h / g \\rfloor$.
+    Multi-query attention (MQA) is $H_{kv} = 1$; MHA is $g = 1$. $K$ and $V$ shrink $g$-fold, and with them
+    the KV cache that decoding reads (chapter 4). Open models that use it, each by its own publication:
+
+    * Llama 2 70B (Llama 2 paper, §A.2.1: GQA with 8 K/V projections, chosen over MQA for the 34B and
+      70B; its model card: not the 7B and 13B);
+    * Llama 3 8B and 70B (model card: GQA in all its models): 32 query and 8 K/V heads in the 8B, 64 and
+      8 in the 70B (the parameters in Meta's `llama-models` repository, `models/sku_list.py`);
+    * Mistral 7B (its paper's abstract).
+
+    Seed 001 (§21.6.2) lists MQA and GQA support among FlashAttention-2's improvements. In the
+    `flash-attn` library it is a matter of shapes: $K$ and $V$ may have fewer heads than $Q$, a divisor of
+    its count (`flash_attn_func`'s docstring); the forward kernel maps heads by index, the program of
+    query head $h$ loading K/V head $\\lfloor h / g \\rfloor$ (`csrc/flash_attn/src/flash_fwd_kernel.h`).
+    Nothing is copied, but each K/V head is loaded by the $g$ programs of its group.
+    """, "slide", name="gqa-md"),
+    md("""
+    ## Pack the group into one tile
+
+    The $g$ query heads of a group read the same $K_j, V_j$. `reference.fa2_gqa_attention` (the counted
+    reference; $Q$ is (B, H, N_q, d), $K$ and $V$ are (B, H_kv, N_k, d), SDPA's layout) stacks the
+    group's query blocks $Q_i$ into one tile of $g B_r$ rows, so that every $K_j, V_j$ it loads serves
+    the whole group. The rows are independent, so the inner step is FA2's, unchanged, and their order is
+    free: the reference stacks head after head; the course's kernel (`kernels.fa2_forward`) and
+    FlashAttention-3's `PackGQA` (`hopper/pack_gqa.h`) interleave them, packed row $p$ being position
+    $\\lfloor p / g \\rfloor$ of head $h_{kv} g + (p \\bmod g)$ — and $g B_r$ consecutive packed rows are
+    the same rows.
+
+    HBM accesses per batch element, in elements (`formulas.fa2_traffic(..., kv_heads=)`), with
+    $T_r = \\lceil N_q / B_r \\rceil$ (causal: only the key blocks visited, as before):
+
+    $$\\underbrace{H N_q d}_{Q\\ \\text{read}} \\;+\\; \\underbrace{H N_q d + H N_q}_{O,\\ L\\ \\text{written}}
+    \\;+\\; \\underbrace{2\\, H_{kv}\\, T_r N_k d}_{K,\\ V\\ \\text{read}}$$
+
+    MHA's count has $H$ in the last term: GQA divides the $K, V$ term by $g$ and leaves the rest. With
+    $N_q = N_k$, $K$ and $V$ come to about $T_r / g$ times $Q$ and $O$: they dominate while $g < T_r$.
+    """, "subslide", name="gqa-pack-md"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    from flashcourse.memory import Memory
+    from flashcourse.reference import fa2_gqa_attention
+    from flashcourse.viz import human_bytes
+
+    B, H, N, d, B_r, B_c = 1, 8, 256, 64, 32, 32
+    rng = np.random.default_rng(0)
+    q = rng.normal(size=(B, H, N, d))                                    # (B, H, N_q, d)
+    gqa_runs = {}
+    print(f"H = {H} query heads, N_q = N_k = {N}, d = {d}, B_r = B_c = {B_r}, 2-byte elements")
+    print(f"{'':4s} {'H_kv':>4s} {'g':>2s} {'Q read':>8s} {'O, L written':>13s} {'K, V read':>10s}"
+          f" {'K read':>7s}  = formula  exact")
+    for name, H_kv in (("MHA", 8), ("GQA", 4), ("GQA", 2), ("MQA", 1)):
+        g = H // H_kv
+        k, v = rng.normal(size=(2, B, H_kv, N, d))                       # (B, H_kv, N_k, d)
+        mem = gqa_runs[f"{name}\\nH_kv = {H_kv}"] = Memory(dtype_bytes=2)
+        o = fa2_gqa_attention(q, k, v, block_sizes=(B_r, B_c), memory=mem)
+        t = mem.totals()                                                 # bytes, by (tensor, direction)
+        formula = formulas.fa2_traffic(N, d, B_r, B_c, heads=B * H, kv_heads=B * H_kv)   # elements
+        formula = {key: 2 * n for key, n in formula.items()}
+        assert t == formula
+        exact = np.abs(o - attention_float64(q, np.repeat(k, g, axis=1), np.repeat(v, g, axis=1))).max() < 1e-12
+        print(f"{name:4s} {H_kv:4d} {g:2d} {human_bytes(t['Q', 'read']):>8s}"
+              f" {human_bytes(t['O', 'write'] + t['L', 'write']):>13s} {human_bytes(t['K', 'read'] + t['V', 'read']):>10s}"
+              f" {mem.passes('K')['read']:6.0f}x  {t == formula!s:>8s}  {exact}")
+    """, "subslide", name="gqa-count"),
+    code("""
+    from flashcourse.viz.traffic import traffic_by_group
+    traffic_by_group(gqa_runs, title=f"FA2, H = {H} query heads, N = {N}, d = {d}, B_r = B_c = {B_r}, fp16")
+    """, "fragment", name="gqa-plot"),
+    md("""
+    Every $K_j$ is still read $T_r$ = 8 times, once per row block, but there are $g$ times fewer of them;
+    $Q$, $O$ and $L$ do not move. With MQA ($g = T_r = 8$) $K$ and $V$ cost what $Q$ and $O$ cost. And the
+    answer is exact: each group's output is float64 attention on $K$ and $V$ repeated to $H$ heads.
+    """, "fragment", name="gqa-count-notes"),
+    md("""
+    ## Is packing just a taller tile?
+
+    Yes. The packed tile has $g B_r$ rows, and FA2 re-reads $K$ and $V$ once per tile of query rows. A
+    kernel that runs one query head per program, as FA2's does, with tiles of $g B_r$ rows of one head,
+    re-reads them as often: on the counted memory, same rows in SRAM, same count. Packing pays where one
+    head cannot fill the tile: a few query rows against many keys — decoding (chapter 4), a prompt fed in
+    chunks, a short last block. Head by head, each K/V head is then read once per query head, $g$ times;
+    packed, once. FlashAttention-3 packs only then: its heuristic (`hopper/heuristics.h`,
+    `should_pack_gqa`) compares the share of tile rows in use with and without packing, and its comment
+    says "PackGQA is a bit slower but can help if seqlen_q is small or not near a multiple of kBlockM".
+    On a GPU, the programs of one group that run at the same time also share $K_j, V_j$ through L2, as
+    the programs of one head did in the DRAM measurement above.
+    """, "slide", name="gqa-tile-md"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    H, H_kv, N_k = 8, 2, 256
+    g = H // H_kv
+    print(f"H = {H}, H_kv = {H_kv} (g = {g}), N_k = {N_k}, d = {d}, B_c = {B_c}: K and V read")
+    for N_q in (256, 16):
+        q = rng.normal(size=(1, H, N_q, d))
+        k, v = rng.normal(size=(2, 1, H_kv, N_k, d))
+        k_h, v_h = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)     # head by head: head h reads K/V head h // g
+        print(f"  N_q = {N_q}:")
+        for what, attention, kv, rows, tile, used in (               # rows: B_r; tile: rows a tile holds
+                (f"packed, {g} heads a tile", fa2_gqa_attention, (k, v), B_r, g * B_r, g * min(B_r, N_q)),
+                (f"head by head, B_r = {g * B_r}", fa2_attention, (k_h, v_h), g * B_r, g * B_r, min(g * B_r, N_q)),
+                (f"head by head, B_r = {B_r}", fa2_attention, (k_h, v_h), B_r, B_r, min(B_r, N_q))):
+            mem = Memory(dtype_bytes=2)
+            attention(q, *kv, block_sizes=(rows, B_c), memory=mem)
+            t = mem.totals("elements")
+            f = formulas.fa2_traffic(N_q, d, rows, B_c, N_k, heads=H, kv_heads=kv[0].shape[1])
+            assert t == f
+            kv_bytes = mem.bytes_read("K") + mem.bytes_read("V")
+            print(f"    {what:24s} {used:3d} of {tile:3d} rows of a tile used: {human_bytes(kv_bytes):>8s}")
+    """, "subslide", name="gqa-tile"),
+    md("""
+    ## The kernels, measured
+
+    `kernels.fa2_forward`, `fa2_backward` and `flash_attention` take $K$ and $V$ with $H_{kv}$ heads and
+    never copy them. Each kernel splits a group into $S$ parts, one a program: $S = 1$ packs the whole
+    group into its tiles, $S = g$ runs a program per query head that reads its K/V head in place
+    (`kernels.gqa_splits`). What an H100 measured (`tools/gpu_gqa.py`; `measured/gqa_splits.json`):
+
+    * causal, the forward and $dQ$ pack: a packed tile holds $g$ times fewer positions, so fewer of its
+      key blocks straddle the diagonal; not causal, a program per head is up to 5% faster, unless one
+      head's rows cannot fill a tile (then packing reads each $K_j$ once for the group, as above);
+    * $dK, dV$: always a program per query head, then the $g$ float32 parts summed (FlashAttention-2's
+      library sums per-head gradients too). One program walking the whole group was 1.2–1.7× slower,
+      and at MQA left too few programs (256 for 16k keys).
+
+    Against the same kernels on $K$ and $V$ repeated to $H$ heads — what a model does without GQA —
+    and against SDPA with `enable_gqa=True` (`flashcourse bench attention_gqa`, shipped):
+    """, "slide", name="gqa-measured-md"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    from flashcourse.bench import shipped
+    from flashcourse.bench.attention_gqa import table as gqa_table
+    gqa = shipped("attention_gqa")
+    print(f"{gqa.provenance['gpu']}, torch {gqa.provenance['torch']}, triton {gqa.provenance['triton']}; "
+          "fp16, d = 128, 32 query heads, 16k tokens; their time / ours")
+    print(f"{'':8s} {'N':>6s} {'causal':>6s}  {'fwd vs repeated':>15s} {'bwd vs repeated':>15s} {'step vs repeated':>16s}"
+          f" {'step vs best SDPA':>17s}")
+    for row in gqa_table(gqa):
+        kind = "MQA" if row["H_kv"] == 1 else f"GQA {row['H']}/{row['H_kv']}"
+        print(f"{kind:8s} {row['N']:6d} {row['causal']!s:>6s}  {row['fwd vs repeated']:15.2f}"
+              f" {row['bwd vs repeated']:15.2f} {row['fwd+bwd vs repeated']:16.2f} {row['fwd+bwd vs best sdpa']:17.2f}")
+    """, "subslide", name="gqa-measured"),
+    md("""
+    Ratios above 1: ours is faster. Reading $K$ and $V$ in place beats repeating them everywhere in a
+    training step (the forward most at short $N$, where the copy costs most). The fastest SDPA backend
+    here is cuDNN's, which takes `enable_gqa` and beats our FlashAttention-2 by as much as it does
+    for MHA; SDPA's FlashAttention-2 backend is 1.2–1.7× slower than ours (the shipped JSON).
+    """, "fragment", name="gqa-measured-notes"),
+
+    md("""
     ## What FlashAttention-3 adds
 
     Shah, Bikshandi, Zhang, Thakkar, Ramani, Dao (2024): FA2's algorithm, rebuilt for Hopper's
@@ -663,6 +817,10 @@ CELLS = [
       fewer non-matmul FLOPs, counted.
     * Causal attention skips the blocks above the diagonal (FA1 can too) and masks only the
       diagonal ones.
+    * Grouped-query attention ($H_{kv}$ K/V heads for $H$ query heads): a tile packs a group's query
+      blocks, so each $K_j, V_j$ is read once for the group and the $K, V$ traffic falls $g$-fold,
+      counted. Against one query head a program with tiles as tall, packing saves only where one
+      head's query rows cannot fill a tile.
     * On the H100, 5–50× over the FA1 loop order comes from the grid and $O$'s round trips; the lead
       over PyTorch's FA2 goes with `wgmma` against its `mma.sync`. FlashAttention-3's asynchrony is what is left.
 
@@ -671,9 +829,10 @@ CELLS = [
     memory and registers, set beside 135 configs timed on an H200.
     """, "slide", name="summary"),
     md("""
-    Instructor notes: about 70 minutes. Ask the room to predict the speed-up over FA1 from the
+    Instructor notes: about 75 minutes. Ask the room to predict the speed-up over FA1 from the
     non-matmul FLOP table (a fifth fewer), then show 5–50×: the program counts and the round trips
-    explain it, not the FLOPs. The PTX slide shows that what most visibly separates our kernel from
-    PyTorch's FA2 is an instruction, not the algorithm.
+    explain it, not the FLOPs. Before the GQA tile-height slide, ask whether a head-by-head kernel with
+    tiles as tall would read more $K$ and $V$ than the packed one. The PTX slide shows that what most
+    visibly separates our kernel from PyTorch's FA2 is an instruction, not the algorithm.
     """, "notes", name="notes"),
 ]

@@ -1,0 +1,112 @@
+"""How the kernels should split a grouped-query group among their programs: measured on a GPU.
+
+Each of the forward, dQ and dK/dV kernels of grouped-query attention runs a program per block of rows and part
+of a group of g query heads sharing a K/V head: S parts of g / S heads packed into each tile
+(:func:`flashcourse.kernels.attention_gqa.packed_rows`; S = 1 packs the whole group, S = g runs a program per query
+head reading its K/V head in place). dK/dV's S parts are summed afterwards (``sum_parts``). This script times,
+at the attention_gqa suite's shapes (fp16, d = 128, 16k tokens, H = 32, H_kv in {8, 1}, N in {1k, 4k, 16k},
+causal and not):
+
+* ``fwd``: fa2_forward for S in {1, g}, beside the kernel on K/V repeated beforehand;
+* ``bwd``: fa2_backward for every dK/dV split S dividing g (dQ packed, S = 1), and with both split per head,
+  beside fa2_backward on repeated K/V with dK, dV summed over the group afterwards; per kernel (torch.profiler)
+  for the ends;
+* ``sparse``: block_sparse_backward's dK/dV split S in {1, g} (causal and sliding_window(1024), N = 16k);
+
+and prints one JSON line a shape::
+
+    python tools/gpu_gqa.py > gqa_splits.jsonl
+
+Times: triton.testing.do_bench's median (25 ms warm-up, 100 ms of repetitions). :func:`gqa_splits` encodes what
+it found.
+"""
+from __future__ import annotations
+
+import json
+
+
+def kernel_ms(fn, reps: int = 5) -> dict:
+    """Mean GPU time of each kernel ``fn`` launches, from torch.profiler."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    return {e.key[:40]: round(e.device_time_total / reps / 1000, 3) for e in prof.key_averages()
+            if e.device_type.name == "CUDA" and e.device_time_total / reps > 50}
+
+
+def dense() -> None:
+    import torch
+    import triton.testing
+
+    from flashcourse.kernels import aot, fa2_backward, fa2_config, fa2_forward
+    for H_kv in (8, 1):
+        for N in (1024, 4096, 16384):
+            for causal in (False, True):
+                B, H, d = 16384 // N, 32, 128
+                g = H // H_kv
+                q, do = (torch.randn(B, H, N, d, device="cuda", dtype=torch.float16) for _ in range(2))
+                k, v = (torch.randn(B, H_kv, N, d, device="cuda", dtype=torch.float16) for _ in range(2))
+                kr, vr = (t.repeat_interleave(g, 1) for t in (k, v))
+                row = {"H": H, "H_kv": H_kv, "N": N, "causal": causal, "fwd": {}, "bwd": {}, "kernels": {}}
+                row["fwd"]["repeated, kernel only"] = triton.testing.do_bench(lambda: fa2_forward(q, kr, vr, causal))
+                base = fa2_config(d, causal=causal)
+                for S in (1, g):
+                    launch = aot.Launch({**base.constexprs, "SPLITS": S}, base.num_warps, base.num_stages)
+                    row["fwd"][f"S={S}"] = triton.testing.do_bench(lambda: fa2_forward(q, k, v, causal, launch=launch))
+                o, lse = fa2_forward(q, k, v, causal, return_lse=True)
+
+                def repeated():
+                    dq, dk, dv = fa2_backward(q, kr, vr, o, do, lse, causal)
+                    return dq, dk.view(B, H_kv, g, N, d).sum(2), dv.view(B, H_kv, g, N, d).sum(2)
+                row["bwd"]["repeated"] = triton.testing.do_bench(repeated)
+                row["kernels"]["repeated"] = kernel_ms(repeated)
+                ref = repeated()
+                configs = {f"dkdv S={S}, dq S=1": {"dkdv_splits": S, "dq_splits": 1}
+                           for S in (1, 2, 4, 8, 16, 32) if g % S == 0}
+                configs[f"dkdv S={g}, dq S={g}"] = {"dkdv_splits": g, "dq_splits": g}
+                for name, config in configs.items():
+                    run = lambda config=config: fa2_backward(q, k, v, o, do, lse, causal, config=config)  # noqa: E731
+                    row.setdefault("max_diff_vs_repeated", {})[name] = max(
+                        (a.float() - b.float()).abs().max().item() for a, b in zip(run(), ref))
+                    row["bwd"][name] = triton.testing.do_bench(run)
+                    if config["dkdv_splits"] in (1, g):
+                        row["kernels"][name] = kernel_ms(run)
+                print(json.dumps(row), flush=True)
+                del q, do, k, v, o, lse, kr, vr
+                torch.cuda.empty_cache()
+
+
+def sparse() -> None:
+    import torch
+    import triton.testing
+
+    from flashcourse.formulas.sparse import causal, sliding_window
+    from flashcourse.kernels.sparse import block_sparse_attention, block_sparse_backward, create_block_mask
+    N, d, H = 16384, 128, 32
+    for H_kv in (8, 1):
+        for mask in (causal(), sliding_window(1024)):
+            g = H // H_kv
+            q, do = (torch.randn(1, H, N, d, device="cuda", dtype=torch.float16) for _ in range(2))
+            k, v = (torch.randn(1, H_kv, N, d, device="cuda", dtype=torch.float16) for _ in range(2))
+            bm = create_block_mask(mask, N, N)
+            o, lse = block_sparse_attention(q, k, v, bm, return_lse=True)
+            kr, vr = (t.repeat_interleave(g, 1) for t in (k, v))
+
+            def repeated():
+                dq, dk, dv = block_sparse_backward(q, kr, vr, o, do, lse, bm)
+                return dq, dk.view(1, H_kv, g, N, d).sum(2), dv.view(1, H_kv, g, N, d).sum(2)
+            row = {"sparse": mask.name, "H": H, "H_kv": H_kv, "N": N, "bwd": {"repeated": triton.testing.do_bench(repeated)}}
+            for S in (1, g):
+                row["bwd"][f"dkdv S={S}"] = triton.testing.do_bench(
+                    lambda S=S: block_sparse_backward(q, k, v, o, do, lse, bm, splits=S))
+            print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    dense()
+    sparse()
