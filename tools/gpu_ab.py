@@ -1,11 +1,12 @@
 """A/B timing of the course's attention kernels from two copies of the package, on a GPU.
 
 A change to a tuned kernel (issue 17 packed grouped-query attention into FlashAttention-2's forward, backward and
-block-sparse kernels) must not slow the multi-head path down. This script times fa2_forward, fa2_backward and
-block_sparse_attention (causal mask) at the shapes of the shipped suites for whichever ``flashcourse`` is first on
-``PYTHONPATH`` and prints one JSON line; run it alternately for the two copies in one session::
+block-sparse kernels) must not slow the multi-head path down. This script times fa2_forward, fa2_backward,
+block_sparse_attention and its backward (causal and sliding-window masks) at the shapes of the shipped suites
+for whichever ``flashcourse`` is first on ``PYTHONPATH`` and prints one JSON line; run it alternately for the
+two copies in one session (the old one from ``git archive HEAD flashcourse | tar -x -C build/old``)::
 
-    for r in 1 2; do for tree in .old .; do PYTHONPATH=$tree python tools/gpu_ab.py --label $tree; done; done
+    for r in 1 2; do for tree in build/old .; do PYTHONPATH=$tree python tools/gpu_ab.py --label $tree; done; done
 
 Each time is triton.testing.do_bench's median (25 ms warm-up, 100 ms of repetitions).
 """
@@ -24,8 +25,9 @@ def main() -> None:
 
     import flashcourse
     from flashcourse.formulas.sparse import causal as causal_mask
+    from flashcourse.formulas.sparse import sliding_window
     from flashcourse.kernels import fa2_backward, fa2_forward
-    from flashcourse.kernels.sparse import block_sparse_attention, create_block_mask
+    from flashcourse.kernels.sparse import block_sparse_attention, block_sparse_backward, create_block_mask
 
     out = {"label": args.label, "package": flashcourse.__file__, "gpu": torch.cuda.get_device_name(),
            "torch": torch.__version__, "triton": triton.__version__, "ms": {}}
@@ -39,10 +41,15 @@ def main() -> None:
             out["ms"][f"fa2_backward {tag}"] = triton.testing.do_bench(lambda: fa2_backward(q, k, v, o, do, lse, causal))
         if d == 128:
             H = 16                                     # the sparse suite's 16 heads
-            q, k, v = (t[:, :H] for t in (q, k, v))
-            bm = create_block_mask(causal_mask(), N, N)
-            out["ms"][f"block_sparse_attention d={d} N={N} causal"] = triton.testing.do_bench(
-                lambda: block_sparse_attention(q, k, v, bm))
+            q, k, v, do = (t[:, :H].contiguous() for t in (q, k, v, do))
+            for mask in (causal_mask(), sliding_window(1024)):
+                bm = create_block_mask(mask, N, N)
+                tag = f"d={d} N={N} {mask.name}"
+                out["ms"][f"block_sparse_attention {tag}"] = triton.testing.do_bench(
+                    lambda: block_sparse_attention(q, k, v, bm))
+                o, lse = block_sparse_attention(q, k, v, bm, return_lse=True)
+                out["ms"][f"block_sparse_backward {tag}"] = triton.testing.do_bench(
+                    lambda: block_sparse_backward(q, k, v, o, do, lse, bm))
     print(json.dumps(out))
 
 

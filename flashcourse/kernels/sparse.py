@@ -43,6 +43,22 @@ TILE_SIZES = (16, 32, 64, 128)
 
 
 @triton.jit
+def seen_bits(TILES, tile, tile_rows, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Rows ``tile_rows`` (within the block, 0..B_r-1) of partial block ``tile``'s bit tile, unpacked: (rows, B_c)
+    int32, 1 where the row's query sees the key. A tile is B_r rows of B_c / 8 bytes; bit b of byte c is key 8c + b.
+
+    Example:
+        >>> import inspect
+        >>> list(inspect.signature(seen_bits.fn).parameters)
+        ['TILES', 'tile', 'tile_rows', 'BLOCK_M', 'BLOCK_N']
+    """
+    BYTES: tl.constexpr = BLOCK_N // 8
+    packed = tl.load(TILES + tile * (BLOCK_M * BYTES) + tile_rows[:, None] * BYTES
+                     + tl.arange(0, BYTES)[None, :]).to(tl.int32)                          # (rows, B_c / 8)
+    return tl.reshape((packed[:, :, None] >> tl.arange(0, 8)[None, None, :]) & 1, (tile_rows.shape[0], BLOCK_N))
+
+
+@triton.jit
 def _sparse_fwd(Q, K, V, O, LSE, KV_FULL_NUM, KV_FULL_IDX, KV_PART_NUM, KV_PART_IDX, KV_PART_TILE, TILES, ORDER,
                 qk_scale, N_q, N_k, T_c,
                 stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
@@ -82,9 +98,6 @@ def _sparse_fwd(Q, K, V, O, LSE, KV_FULL_NUM, KV_FULL_IDX, KV_PART_NUM, KV_PART_
         m_i = m_new
         start_n = tl.load(KV_FULL_IDX + i * T_c + t + 1, mask=t + 1 < n_full, other=0).to(tl.int64) * BLOCK_N
 
-    BYTES: tl.constexpr = BLOCK_N // 8
-    bit = tl.arange(0, 8)
-    tile_rows = (rows - i * BLOCK_M)[:, None] * BYTES + tl.arange(0, BYTES)[None, :]
     n_part = tl.load(KV_PART_NUM + i)
     start_n = tl.load(KV_PART_IDX + i * T_c).to(tl.int64) * BLOCK_N
     tile = tl.load(KV_PART_TILE + i * T_c).to(tl.int64)
@@ -92,8 +105,7 @@ def _sparse_fwd(Q, K, V, O, LSE, KV_FULL_NUM, KV_FULL_IDX, KV_PART_NUM, KV_PART_
         in_k = (start_n + cols) < N_k
         K_j = tl.load(K_ptrs + start_n * stride_kn, mask=in_k[:, None], other=0.0)
         V_j = tl.load(V_ptrs + start_n * stride_vn, mask=in_k[:, None], other=0.0)
-        packed = tl.load(TILES + tile * (BLOCK_M * BYTES) + tile_rows).to(tl.int32)     # (B_r, B_c / 8)
-        seen = tl.reshape((packed[:, :, None] >> bit[None, None, :]) & 1, (BLOCK_M, BLOCK_N))   # key 8c + b
+        seen = seen_bits(TILES, tile, rows - i * BLOCK_M, BLOCK_M, BLOCK_N)
         qk = tl.dot(Q_i, tl.trans(K_j))
         qk = tl.where(seen != 0, qk * qk_scale, -float("inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -133,11 +145,7 @@ def _dkdv_step(Q, DO, LSE, Delta, TILES, K_j, V_j, dK_j, dV_j, rows, heads, tile
     D_i = tl.load(Delta + stat, mask=in_q, other=0.0)
     p_t = tl.exp2(tl.dot(K_j, tl.trans(Q_i)) * qk_scale - L_i[None, :])      # P_ij^T (BLOCK_N, rows)
     if tile >= 0:
-        BYTES: tl.constexpr = BLOCK_N // 8
-        packed = tl.load(TILES + tile * (BLOCK_M * BYTES) + tile_rows[:, None] * BYTES
-                         + tl.arange(0, BYTES)[None, :]).to(tl.int32)
-        seen = tl.reshape((packed[:, :, None] >> tl.arange(0, 8)[None, None, :]) & 1, (rows.shape[0], BLOCK_N))
-        p_t = tl.where(tl.trans(seen) != 0, p_t, 0.0)
+        p_t = tl.where(tl.trans(seen_bits(TILES, tile, tile_rows, BLOCK_M, BLOCK_N)) != 0, p_t, 0.0)
     dV_j += tl.dot(p_t.to(dO_i.dtype), dO_i)
     ds_t = p_t * (tl.dot(V_j, tl.trans(dO_i)) - D_i[None, :])
     dK_j += tl.dot(ds_t.to(Q_i.dtype), Q_i)
@@ -216,8 +224,6 @@ def _sparse_bwd_dq(Q, K, V, DO, LSE, Delta, DQ, KV_FULL_NUM, KV_FULL_IDX, KV_PAR
     dQ_i = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     K_ptrs = K + b * stride_kb + h * stride_kh + cols[:, None] * stride_kn + dims[None, :]
     V_ptrs = V + b * stride_vb + h * stride_vh + cols[:, None] * stride_vn + dims[None, :]
-    BYTES: tl.constexpr = BLOCK_N // 8
-    bit = tl.arange(0, 8)
     n_full = tl.load(KV_FULL_NUM + i)
     start_n = tl.load(KV_FULL_IDX + i * T_c).to(tl.int64) * BLOCK_N
     for t in range(0, n_full):                        # full blocks (the next index read one step ahead)
@@ -227,15 +233,13 @@ def _sparse_bwd_dq(Q, K, V, DO, LSE, Delta, DQ, KV_FULL_NUM, KV_FULL_IDX, KV_PAR
         ds = p * (tl.dot(dO_i, tl.trans(V_j)) - D_i[:, None])
         dQ_i += tl.dot(ds.to(K_j.dtype), K_j)
         start_n = tl.load(KV_FULL_IDX + i * T_c + t + 1, mask=t + 1 < n_full, other=0).to(tl.int64) * BLOCK_N
-    tile_rows = (rows - i * BLOCK_M)[:, None] * BYTES + tl.arange(0, BYTES)[None, :]
     for t in range(0, tl.load(KV_PART_NUM + i)):      # partial blocks, masked by their bit tiles
         start_n = tl.load(KV_PART_IDX + i * T_c + t).to(tl.int64) * BLOCK_N
         tile = tl.load(KV_PART_TILE + i * T_c + t).to(tl.int64)
         in_k = (start_n + cols) < N_k
         K_j = tl.load(K_ptrs + start_n * stride_kn, mask=in_k[:, None], other=0.0)
         V_j = tl.load(V_ptrs + start_n * stride_vn, mask=in_k[:, None], other=0.0)
-        packed = tl.load(TILES + tile * (BLOCK_M * BYTES) + tile_rows).to(tl.int32)
-        seen = tl.reshape((packed[:, :, None] >> bit[None, None, :]) & 1, (BLOCK_M, BLOCK_N))
+        seen = seen_bits(TILES, tile, rows - i * BLOCK_M, BLOCK_M, BLOCK_N)
         p = tl.where(seen != 0, tl.exp2(tl.dot(Q_i, tl.trans(K_j)) * qk_scale - L_i[:, None]), 0.0)
         ds = p * (tl.dot(dO_i, tl.trans(V_j)) - D_i[:, None])
         dQ_i += tl.dot(ds.to(K_j.dtype), K_j)
@@ -522,3 +526,5 @@ def _signature(names):
 
 for _name, _kernel in (("sparse_fwd", _sparse_fwd), ("sparse_bwd_dkdv", _sparse_bwd_dkdv), ("sparse_bwd_dq", _sparse_bwd_dq)):
     aot.register(_name, _kernel, signature=_signature(_kernel.arg_names), configs=_aot_configs(_name))
+
+__test__ = {"seen_bits": seen_bits.fn}   # its docstring's example (doctest does not look inside a jit function)
