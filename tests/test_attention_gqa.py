@@ -51,3 +51,39 @@ def test_bad_shapes_are_named():
         fa2_traffic(8, 4, 4, 4, heads=6, kv_heads=4)
     with pytest.raises(ValueError, match=r"expected q \(B, H, N_q, d\) and k, v \(B, H_kv, N_k, d\)"):
         fa2_gqa_attention(q[0], k, k, block_sizes=(4, 4))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("H, H_kv", [(4, 4), (4, 2), (8, 1), (6, 3)], ids=lambda x: str(x))
+def test_the_backward_sums_dk_dv_over_each_group_and_reads_kv_once_per_group(H, H_kv, causal, seed):
+    """Chapter 7's counted backward with grouped K/V: the gradients of attention on repeated K/V, with dK and dV
+    summed over each group, in float64; K, V read and dK, dV written once per K/V head
+    (formulas.fa2_backward_traffic with kv_heads); multi-head attention's count unchanged."""
+    from flashcourse.formulas.backward import fa2_backward_traffic
+    from flashcourse.reference.backward import attention_backward_float64, fa2_backward
+    rng = np.random.default_rng(seed)
+    n_q, n_k, d = int(rng.integers(1, 40)), int(rng.integers(1, 40)), int(rng.choice([4, 8]))
+    B_r, B_c = int(rng.integers(1, 16)), int(rng.integers(1, 16))
+    q, do = rng.normal(size=(2, 2, H, n_q, d)) * 2
+    k, v = rng.normal(size=(2, 2, H_kv, n_k, d)) * 2
+    g = H // H_kv
+    o, L = fa2_gqa_attention(q, k, v, block_sizes=(B_r, B_c), causal=causal, return_lse=True)
+    mem = Memory()
+    dq, dk, dv = fa2_backward(q, k, v, o, do, L, block_sizes=(B_r, B_c), causal=causal, memory=mem)
+    rq, rk, rv = attention_backward_float64(q, np.repeat(k, g, 1), np.repeat(v, g, 1), do, causal=causal)
+    np.testing.assert_allclose(dq, rq, atol=1e-10)
+    np.testing.assert_allclose(dk, rk.reshape(2, H_kv, g, n_k, d).sum(2), atol=1e-10)
+    np.testing.assert_allclose(dv, rv.reshape(2, H_kv, g, n_k, d).sum(2), atol=1e-10)
+    counted = mem.totals("elements")
+    assert counted == fa2_backward_traffic(n_q, d, B_r, B_c, n_k, heads=2 * H, kv_heads=2 * H_kv, causal=causal)
+    mha = fa2_backward_traffic(n_q, d, B_r, B_c, n_k, heads=2 * H, causal=causal)
+    assert all(counted[key] * g == mha[key] for key in (("K", "read"), ("dK", "write")))
+    assert all(counted[key] == mha[key] for key in mha if key[0] not in ("K", "V", "dK", "dV"))
+
+
+def test_the_backward_names_heads_that_do_not_group():
+    from flashcourse.reference.backward import fa2_backward
+    q = np.zeros((1, 6, 4, 8))
+    k = np.zeros((1, 4, 4, 8))
+    with pytest.raises(ValueError, match=r"fa2_backward: q is \(1, 6, 4, 8\), k \(1, 4, 4, 8\).*H a multiple of H_kv"):
+        fa2_backward(q, k, k, q, q, np.zeros((1, 6, 4)), block_sizes=(2, 2))

@@ -65,14 +65,15 @@ def fa1_backward_traffic(N: int, d: int, B_r: int, B_c: int, N_k: int | None = N
 
 
 def fa2_backward_traffic(N: int, d: int, B_r: int, B_c: int, N_k: int | None = None, heads: int = 1,
-                         causal: bool = False) -> dict[tuple[str, str], int]:
+                         causal: bool = False, kv_heads: int | None = None) -> dict[tuple[str, str], int]:
     """HBM element accesses of FlashAttention-2's backward (Algorithm 2 of the FlashAttention-2 paper).
 
     First ``D = rowsum(dO o O)`` (reads O and dO once, writes D). Then K_j, V_j in the outer loop, read
     once and kept on chip with dK_j, dV_j, which are written once; for every (row block i, key block j)
     the forward visits (:func:`~flashcourse.formulas.counting.row_blocks`), Q_i, dO_i, L_i and D_i are read
     and dQ_i is read, updated and written back. Non-causal, with T_c = ceil(N_k / B_c), that is T_c reads
-    of Q, dO, L, D and T_c reads and writes of dQ.
+    of Q, dO, L, D and T_c reads and writes of dQ. Grouped-query attention (``kv_heads`` K/V heads for ``heads``
+    query heads, default as many): K, V, dK and dV scale with ``kv_heads``, the rest with ``heads``.
 
     Example:
         >>> t = fa2_backward_traffic(N=256, d=64, B_r=64, B_c=64)
@@ -80,13 +81,14 @@ def fa2_backward_traffic(N: int, d: int, B_r: int, B_c: int, N_k: int | None = N
         (True, True, True)
     """
     N_k = N if N_k is None else N_k
-    expect_positive("fa2_backward_traffic", N=N, N_k=N_k, d=d, B_r=B_r, B_c=B_c, heads=heads)
+    kv_heads = heads if kv_heads is None else kv_heads
+    expect_positive("fa2_backward_traffic", N=N, N_k=N_k, d=d, B_r=B_r, B_c=B_c, heads=heads, kv_heads=kv_heads)
     visits = sum(r * t for r, t, _ in row_blocks(N, N_k, B_r, B_c, causal))    # rows x key blocks visited
     per_head = {("O", "read"): N * d, ("dO", "read"): N * d + visits * d, ("D", "write"): N,
                 ("K", "read"): N_k * d, ("V", "read"): N_k * d, ("Q", "read"): visits * d,
                 ("L", "read"): visits, ("D", "read"): visits, ("dQ", "read"): visits * d,
                 ("dQ", "write"): visits * d, ("dK", "write"): N_k * d, ("dV", "write"): N_k * d}
-    return {key: heads * n for key, n in per_head.items()}
+    return {key: (kv_heads if key[0] in ("K", "V", "dK", "dV") else heads) * n for key, n in per_head.items()}
 
 
 def backward_flops(N: int, d: int, N_k: int | None = None, heads: int = 1, causal: bool = False,

@@ -50,9 +50,13 @@ def _arrays(fn: str, names: tuple[str, ...], *tensors):
     """The tensors as float64 arrays, with the shapes the backward needs, or a ValueError naming the argument."""
     out = [np.asarray(t, dtype=np.float64) for t in tensors]
     q, k, v = out[:3]
-    if q.ndim < 2 or k.shape != v.shape or k.shape[:-2] != q.shape[:-2] or k.shape[-1] != q.shape[-1]:
+    grouped = q.ndim > 2 and k.ndim == q.ndim and k.shape[:-3] == q.shape[:-3] and 0 < k.shape[-3] and \
+        q.shape[-3] % k.shape[-3] == 0 and fn == "fa2_backward"
+    if q.ndim < 2 or k.shape != v.shape or (k.shape[:-2] != q.shape[:-2] and not grouped) or k.shape[-1] != q.shape[-1]:
         raise ValueError(f"{fn}: q is {q.shape}, k {k.shape}, v {v.shape}; expected q (..., N_q, d) and k, v "
-                         f"(..., N_k, d) with the same leading dimensions and d")
+                         f"(..., N_k, d) with the same leading dimensions and d"
+                         + (" (or, grouped-query, (..., H, N_q, d) and (..., H_kv, N_k, d), H a multiple of H_kv)"
+                            if fn == "fa2_backward" else ""))
     if q.shape[-2] == 0 or k.shape[-2] == 0 or q.shape[-1] == 0:
         raise ValueError(f"{fn}: q is {q.shape} and k is {k.shape}; need at least one query, one key and d >= 1")
     for name, t in zip(names[3:], out[3:]):
@@ -220,7 +224,10 @@ def fa2_backward(q, k, v, o, do, L, *, block_sizes: tuple[int, int], causal: boo
     """FlashAttention-2's backward: Algorithm 2 of the FlashAttention-2 paper, line for line, on a counted memory.
 
     ``q``, ``o``, ``do`` are (..., N_q, d), ``k``, ``v`` (..., N_k, d), ``L`` (..., N_q): the log-sum-exp
-    the forward saved (natural log; ``fa2_attention(..., return_lse=True)`` returns it). ``block_sizes =
+    the forward saved (natural log; ``fa2_attention(..., return_lse=True)`` returns it). Grouped-query
+    attention: q (..., H, N_q, d) with k, v (..., H_kv, N_k, d), H a multiple of H_kv; each K_j, V_j is loaded
+    once for the H / H_kv query heads of its group, whose rows the inner loop walks head after head, so dK_j and
+    dV_j sum over the group on chip (``reference.fa2_gqa_attention`` is the forward). ``block_sizes =
     (B_r, B_c)``. First ``D = rowsum(dO o O)`` (line 4); then K_j, V_j outside (lines 5-7), kept on chip
     with dK_j and dV_j; inside, Q_i, dO_i, L_i, D_i and dQ_i are loaded for every key block, the step
     (:func:`fa2_backward_step`, or ``step`` with its signature) runs, and dQ_i is written back (line 15);
@@ -263,19 +270,24 @@ def fa2_backward(q, k, v, o, do, L, *, block_sizes: tuple[int, int], causal: boo
     mem.alloc_hbm("D", L.shape)
     rows, cols, offset, visible = _gradients_and_blocks(mem, q, k, v, B_r, B_c, causal)   # line 3: dQ = 0
 
-    for bh in np.ndindex(q.shape[:-2]):
-        head = f"head {bh}: " if bh else ""
-        for i, R in enumerate(rows):                          # line 4: D = rowsum(dO o O), by row blocks
-            mem.step(f"{head}D = rowsum(dO o O)" + (f", i={i}" if len(rows) > 1 else ""))
-            mem.store("D", bh + (R,), (mem.load("dO", bh + (R,)) * mem.load("O", bh + (R,))).sum(-1))
-            mem.free("dO", "O")
+    g = q.shape[-3] // k.shape[-3] if q.ndim > 2 else 1      # query heads a K/V head serves
+    for bkv in np.ndindex(k.shape[:-2]):
+        group = [bkv[:-1] + (bkv[-1] * g + r,) for r in range(g)] if bkv else [bkv]     # its query heads
+        for bh in group:
+            head = f"head {bh}: " if bh else ""
+            for i, R in enumerate(rows):                      # line 4: D = rowsum(dO o O), by row blocks
+                mem.step(f"{head}D = rowsum(dO o O)" + (f", i={i}" if len(rows) > 1 else ""))
+                mem.store("D", bh + (R,), (mem.load("dO", bh + (R,)) * mem.load("O", bh + (R,))).sum(-1))
+                mem.free("dO", "O")
+        kv_head = f"head {bkv}: " if bkv else ""
         for j, C in enumerate(cols):                          # line 5
-            mem.step(f"{head}j={j}: load K_{j}, V_{j}")
-            K_j, V_j = mem.load("K", bh + (C,), into="K_j"), mem.load("V", bh + (C,), into="V_j")   # line 6
+            mem.step(f"{kv_head}j={j}: load K_{j}, V_{j}")
+            K_j, V_j = mem.load("K", bkv + (C,), into="K_j"), mem.load("V", bkv + (C,), into="V_j")   # line 6
             dK_j, dV_j = np.zeros((C.stop - C.start, d)), np.zeros((C.stop - C.start, d))             # line 7
             mem.keep("dK_j", dK_j)
             mem.keep("dV_j", dV_j)
-            for i, R in enumerate(rows):                      # line 8
+            for bh, i, R in ((bh, i, R) for bh in group for i, R in enumerate(rows)):   # line 8 (each query head)
+                head = f"head {bh}: " if bh else ""
                 if causal and C.start > R.stop - 1 + offset:
                     continue                                  # no row of Q_i sees a key of K_j
                 masked = causal and C.stop - 1 > R.start + offset
@@ -289,10 +301,10 @@ def fa2_backward(q, k, v, o, do, L, *, block_sizes: tuple[int, int], causal: boo
                 mem.free("S_ij", "dQ_i")
                 mem.store("dQ", bh + (R,), dQ_i)              # line 15: written back
                 mem.free("Q_i", "dO_i", "L_i", "D_i")
-            mem.step(f"{head}j={j}: write dK_{j}, dV_{j}")
+            mem.step(f"{kv_head}j={j}: write dK_{j}, dV_{j}")
             mem.free("dK_j", "dV_j", "K_j", "V_j")
-            mem.store("dK", bh + (C,), dK_j)                  # line 18
-            mem.store("dV", bh + (C,), dV_j)
+            mem.store("dK", bkv + (C,), dK_j)                 # line 18
+            mem.store("dV", bkv + (C,), dV_j)
     return mem.read_hbm("dQ"), mem.read_hbm("dK"), mem.read_hbm("dV")
 
 
