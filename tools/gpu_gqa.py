@@ -12,10 +12,11 @@ causal and not):
   beside fa2_backward on repeated K/V with dK, dV summed over the group afterwards; per kernel (torch.profiler)
   for the ends;
 * ``sparse``: block_sparse_backward's dK/dV split S in {1, g} (causal and sliding_window(1024), N = 16k);
+* ``decode``: one decoding token against 8 K/V heads, fa2_forward on K/V in place and expanded, and flash_decode;
 
 and prints one JSON line a shape::
 
-    python tools/gpu_gqa.py > gqa_splits.jsonl
+    python tools/gpu_gqa.py [dense] [sparse] [decode] > gqa_splits.jsonl
 
 Times: triton.testing.do_bench's median (25 ms warm-up, 100 ms of repetitions). :func:`gqa_splits` encodes what
 it found.
@@ -107,6 +108,28 @@ def sparse() -> None:
             print(json.dumps(row), flush=True)
 
 
+def decode() -> None:
+    """One decoding token (q of shape (B, 32, 1, 128)) against 8 K/V heads: fa2_forward reading them in place
+    (packed: one program per K/V head and batch), on K/V expanded to 32 heads (copied outside the timing, as
+    ``bench decode`` runs it), and flash_decode."""
+    import torch
+    import triton.testing
+
+    from flashcourse.kernels import fa2_forward, flash_decode
+    for B in (1, 8):
+        for L in (4096, 32768, 131072):
+            H, H_kv, d = 32, 8, 128
+            q = torch.randn(B, H, 1, d, device="cuda", dtype=torch.float16)
+            k, v = (torch.randn(B, H_kv, L, d, device="cuda", dtype=torch.float16) for _ in range(2))
+            ke, ve = k.repeat_interleave(H // H_kv, 1), v.repeat_interleave(H // H_kv, 1)
+            row = {"decode": True, "B": B, "H": H, "H_kv": H_kv, "L": L, "ms": {
+                "fa2_forward, K/V in place": triton.testing.do_bench(lambda: fa2_forward(q, k, v)),
+                "fa2_forward, K/V expanded": triton.testing.do_bench(lambda: fa2_forward(q, ke, ve)),
+                "flash_decode": triton.testing.do_bench(lambda: flash_decode(q, k, v))}}
+            print(json.dumps(row), flush=True)
+
+
 if __name__ == "__main__":
-    dense()
-    sparse()
+    import sys
+    for part in sys.argv[1:] or ["dense", "sparse", "decode"]:
+        {"dense": dense, "sparse": sparse, "decode": decode}[part]()

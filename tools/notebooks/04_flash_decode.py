@@ -359,8 +359,11 @@ CELLS = [
       programs stream 1.05 TB/s, a third of the 3.0 TB/s copy ceiling, so with 32 KV heads splitting
       can gain about 3×, and does.
     * *What FA2 reads.* The decode suite runs chapter 3's kernel on K and V expanded to 32 heads (it
-      was measured before that kernel took grouped K/V; now it packs a group's query rows into one
-      tile), 4× the bytes `flash_decode` reads once. That makes 11.2×.
+      was measured before that kernel took grouped K/V), 4× the bytes `flash_decode` reads once. That
+      makes 11.2×. Reading them in place, it packs a group's 4 query rows into one tile: at batch 1
+      that is 8 programs reading 4× fewer bytes, and no faster (2.04 ms against 2.04 ms at 128k keys,
+      `flash_decode` 0.19 ms); at batch 8 and 128k keys it is 2.7× faster than on expanded K/V and
+      still 1.5× behind `flash_decode` (H100, `tools/gpu_gqa.py decode`, in `measured/gqa_splits.json`).
     * *Batch 1 in the blog's table.* Only its last two rows are at batch 1; above them the batch
       halves as $L$ doubles, so every row holds 64k keys in all.
     """, "slide", name="paper-vs-measured"),
