@@ -67,8 +67,9 @@ def gqa_splits(kernel: str, group: int, causal: bool, N_q: int, block_m: int) ->
       N = 4k: forward 2.27 vs 2.40 ms, backward 7.62 vs 7.98 ms) -- unless one head's N_q rows cannot fill a tile
       (a short prompt, one decoding token): then packing loads each K/V tile once for the group instead of once a
       head (FlashAttention-3 packs on the same condition; tests/test_kernels_gqa.py counts the loads);
-    * dK/dV, always S = g: packing the group into one program per key block made the kernel 1.2-1.7x slower
-      (and at MQA leaves too few programs: 256 at N = 16k), even with the parts' sum counted (0.2 ms at 16k tokens).
+    * dK/dV, always S = g: packing the group into one program per key block made that kernel 1.3-2.5x slower and
+      the whole backward 1.04-1.8x (at MQA it also leaves too few programs: 256 at N = 16k), the parts' sum
+      counted (0.2 ms at 16k tokens).
 
     Example:
         >>> gqa_splits("dkdv", 4, True, 4096, 128), gqa_splits("fwd", 4, True, 4096, 128)

@@ -756,8 +756,8 @@ CELLS = [
       key blocks straddle the diagonal; not causal, a program per head is up to 5% faster, unless one
       head's rows cannot fill a tile (then packing reads each $K_j$ once for the group, as above);
     * $dK, dV$: always a program per query head, then the $g$ float32 parts summed (FlashAttention-2's
-      library sums per-head gradients too). One program walking the whole group was 1.2–1.7× slower,
-      and at MQA left too few programs (256 for 16k keys).
+      library sums per-head gradients too). One program walking the whole group made the backward
+      1.04–1.8× slower, and at MQA left too few programs (256 for 16k keys).
 
     Against the same kernels on $K$ and $V$ repeated to $H$ heads — what a model does without GQA —
     and against SDPA with `enable_gqa=True` (`flashcourse bench attention_gqa`, shipped):
