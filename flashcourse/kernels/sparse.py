@@ -34,7 +34,7 @@ from . import aot
 from .attention import quiet
 from .attention_gqa import packed_rows, sum_parts
 from .backward import backward_delta
-from .validate import expect_qkv, expect_sm_scale
+from .validate import expect_qkv, expect_saved, expect_sm_scale
 
 __all__ = ["block_sparse_attention", "block_sparse_backward", "create_block_mask", "sparse_block_size", "sparse_config"]
 
@@ -435,16 +435,12 @@ def block_sparse_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: 
     q, k, v = expect_qkv(fn, q, k, v, head_dims=HEAD_DIMS, grouped=True)
     sm_scale = expect_sm_scale(fn, sm_scale, q.shape[-1])
     arrays = _on_device(fn, block_mask, q, k)
-    for name, t, shape in (("o", o, q.shape), ("do", do, q.shape), ("lse", lse, q.shape[:3])):
-        if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(shape) or t.device != q.device:
-            got = f"{tuple(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ValueError(f"{fn}: {name} is {got}; expected {tuple(shape)} on {q.device}, as "
-                             "block_sparse_attention(..., return_lse=True) gives o and lse")
+    do = do.to(q.dtype) if isinstance(do, torch.Tensor) else do
+    o, do, lse = expect_saved(fn, q, o, do, {"lse": lse}, "block_sparse_attention(..., return_lse=True)")
     B, H, N_q, d = q.shape
     H_kv, N_k = k.shape[1], k.shape[2]
     group = H // H_kv
     (B_r, B_c), (T_r, T_c) = block_mask.block_size, block_mask.shape
-    do = do.to(q.dtype)
     interpreted = backend.compute_capability() is None
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     if dq.numel() == 0 or dk.numel() == 0:
@@ -454,9 +450,7 @@ def block_sparse_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: 
         raise ValueError(f"{fn}: splits is {splits!r}; expected a divisor of H / H_kv = {group}")
     dk_out, dv_out = (dk, dv) if splits == 1 else (
         torch.empty((B, H_kv * splits, N_k, d), dtype=torch.float32, device=q.device) for _ in "kv")
-    o, do = (t if t.stride(-1) == 1 else t.contiguous() for t in (o, do))
     delta = backward_delta(o, do, 16 if interpreted else 64)                # D_i = rowsum(dO_i o O_i)
-    lse = lse.contiguous()
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
     sub = min(B_r, 16 if interpreted else 32)
     warps, stages = sparse_config(d, (B_r, B_c))

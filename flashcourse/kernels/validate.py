@@ -409,7 +409,7 @@ def expect_saved(fn: str, q, o, do, stats: dict, source: str):
         if t is None:
             what = "log-sum-exp" if name == "lse" else "row sums l and maxima m"
             raise ValueError(f"{fn}: {name} is None: the backward needs the {what} the forward saved; "
-                             f"call {source}" + (", or use flash_attention, which saves it" if name == "lse" else ""))
+                             f"call {source}" + (", or use flash_attention, which saves it" if fn == "fa2_backward" else ""))
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != (B, H, N_q) or t.dtype != torch.float32:
             got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"{fn}: {name} is {got}; expected float32 of shape ({B}, {H}, {N_q}), as {source} "
