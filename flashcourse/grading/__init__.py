@@ -39,13 +39,9 @@ Example:
 from __future__ import annotations
 
 import ast
-import contextlib
 import copy
 import importlib.util
 import json
-import os
-import re
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -54,59 +50,14 @@ from pathlib import Path
 
 from ..chapters import renamed
 from .contain import TIMED_OUT, run_contained
-from ..checks.cases import GRADED_SEED_ENV
+from .notebook_run import failure_message, grading_env, kernel_never_started, run_notebook  # noqa: F401
+from .status import FAILED, GRADED_SEED, NOT_IMPLEMENTED, NOT_RUN, PASSED, GradingError  # noqa: F401
 
 __all__ = ["CheckResult", "GradeReport", "GradingError", "load_canonical", "load_grading", "identify",
-           "without_checks", "solution_sources", "run_notebook", "run_verdict", "grade"]
+           "without_checks", "solution_sources", "run_notebook", "kernel_never_started", "run_verdict", "grade"]
 
 CHECKS_JSON = Path(__file__).resolve().parents[1] / "exercise_checks.json"
 GRADING_JSON = CHECKS_JSON.with_name("exercise_grading.json")
-#: The most seconds a whole notebook may run under nbval (each cell has ``--timeout`` besides).
-_NOTEBOOK_LIMIT = 3600
-#: The seed of the graded hidden cases (the checks' ``seed_of`` reads it from the environment).
-GRADED_SEED = 20_251_123
-PASSED, FAILED, NOT_IMPLEMENTED, NOT_RUN = "passed", "failed", "not implemented", "not run"
-
-# Loaded by pytest from the temporary folder: records each cell's outcome and the exception it raised
-# (nbval keeps the outputs a cell produced in item.test_outputs, the error output included).
-_PLUGIN = '''
-import json
-import os
-
-import pytest
-
-RESULTS = []
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    rep = outcome.get_result()
-    if rep.when != "call" and not rep.failed:
-        return
-    outs = getattr(item, "test_outputs", None) or []
-    err = next((o for o in outs if o.get("output_type") == "error"), None)
-    RESULTS.append({
-        "cell": getattr(item, "cell_num", None),
-        "when": rep.when,
-        "outcome": rep.outcome,
-        "ename": err["ename"] if err else None,
-        "evalue": err["evalue"] if err else None,
-        "stdout": "".join(o.get("text", "") for o in outs if o.get("output_type") == "stream"),
-        "longrepr": str(rep.longrepr) if rep.failed else "",
-    })
-
-
-def pytest_sessionfinish(session, exitstatus):
-    with open(os.environ["FLASHCOURSE_GRADE_RESULTS"], "w") as f:
-        json.dump(RESULTS, f)
-'''
-
-
-class GradingError(Exception):
-    """The notebook could not be graded at all (not found, not an exercise, pytest broke)."""
-
-
 @dataclass
 class CheckResult:
     """The outcome of one cell: a check (``name`` is the check, e.g. "online_softmax") or another cell.
@@ -231,63 +182,6 @@ def identify(path: Path | str, canonical: dict, exercise: str | None = None) -> 
                        f"(one of: {', '.join(names)})")
 
 
-def grading_env() -> dict:
-    """The environment the graded notebook runs in: this package importable (even from a checkout that
-    is not installed), and the graded seed that fixes the checks' hidden cases.
-
-    Example:
-        >>> grading_env()[GRADED_SEED_ENV] == str(GRADED_SEED)
-        True
-    """
-    env = dict(os.environ)
-    from .integrity import site_directories
-    pkg_parent = Path(__file__).resolve().parents[2]
-    if pkg_parent not in site_directories():
-        env["PYTHONPATH"] = os.pathsep.join([str(pkg_parent)] + [p for p in [env.get("PYTHONPATH")] if p])
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    env[GRADED_SEED_ENV] = str(GRADED_SEED)   # the same hidden cases on every grade: one verdict per notebook
-    return env
-
-
-def failure_message(r: dict) -> tuple[str, str]:
-    """``(status, message for the student)`` of a failed cell, from the record ``r`` the grading plugin
-    wrote for it (``ename`` and ``evalue`` of the exception it raised, else pytest's ``longrepr`` and
-    what the cell printed): a check's own message when it raised, an explanation when its printed line
-    differs from the expected one, timed out, or the kernel died (``not run``).
-
-    Example:
-        >>> failure_message({"ename": "AssertionError", "evalue": "merge: wrong value on shown case 1 of 6"})
-        ('failed', 'merge: wrong value on shown case 1 of 6')
-        >>> failure_message({"ename": "NameError", "evalue": "name 'merge' is not defined"})
-        ('failed', "NameError: name 'merge' is not defined")
-    """
-    ename, evalue = r.get("ename"), (r.get("evalue") or "").strip()
-    if ename == "NotImplementedError":
-        return NOT_IMPLEMENTED, evalue or "this cell raises NotImplementedError: write your code under `# YOUR CODE HERE`"
-    if ename == "AssertionError":
-        return FAILED, evalue
-    if ename:
-        return FAILED, f"{ename}: {evalue}"
-    text = _strip_ansi(r.get("longrepr", ""))
-    if "Cell outputs differ" in text:
-        printed = r.get("stdout", "").strip().splitlines() or ["(nothing)"]
-        if len(printed) > 8:
-            printed = printed[:3] + [f"... ({len(printed) - 6} more lines)"] + printed[-3:]
-        got = "\n".join(printed)
-        return FAILED, f"the check ran but its output is not the expected line; it printed:\n{got}\n" \
-                       f"(did you change the check cell, or print from it? leave the check cell as it was)"
-    if "Failed to interrupt kernel" in text:
-        return FAILED, ("timed out, and the kernel could not be interrupted: the kernel died in this cell "
-                        "(a crash, or os._exit), or it is stuck where an interrupt cannot stop it")
-    if "Timeout" in text:
-        return FAILED, "timed out: the cell ran longer than the time limit (an endless loop?)"
-    if "Kernel dead" in text:
-        return NOT_RUN, "the notebook's Python kernel died before this cell (a crash in an earlier cell)"
-    last = [l for l in text.strip().splitlines() if l.strip()]
-    return FAILED, last[-1] if last else "failed"
-
-
 def _is_check_call(source: str, names) -> bool:
     """Whether a cell does nothing but call checks of this exercise (``check.merge(merge)``), as a check
     cell does, or one a student moved the call into."""
@@ -357,33 +251,6 @@ def solution_sources(nb, solution_cells: list[dict]):
         if cell is not None:
             found.append((cell.get("id") or sol["id"], cell.source))
     return found, notes
-
-
-def run_notebook(nb, name: str, timeout: int):
-    """Run ``nb`` top to bottom under nbval in a fresh process (:func:`.contain.run_contained`: whatever
-    it starts is killed when it ends); returns (the per-cell records of the grading plugin, pytest's
-    output), the records None when the run was stopped before pytest could write them."""
-    with tempfile.TemporaryDirectory(prefix="flashcourse-grade-") as tmp:
-        tmp = Path(tmp)
-        target = tmp / f"{name}.ipynb"
-        import nbformat              # (here: the verdict process imports this package without it)
-        nbformat.write(nb, target)
-        (tmp / "pytest.ini").write_text("[pytest]\n")
-        (tmp / "conftest.py").write_text(_PLUGIN)
-        results_path = tmp / "results.json"
-        env = grading_env()
-        env["FLASHCOURSE_GRADE_RESULTS"] = str(results_path)
-        cmd = [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "-p", "no:cacheprovider",
-               f"--nbval-cell-timeout={timeout}", "--color=no", "-q", "-c", str(tmp / "pytest.ini"),
-               "--rootdir", str(tmp), str(target)]
-        proc = run_contained(cmd, timeout=_NOTEBOOK_LIMIT, cwd=tmp, env=env)
-        output = proc.stdout + proc.stderr
-        if proc.returncode in (2, 3, 4):   # pytest's own usage / internal errors: the grader is broken
-            raise GradingError(f"pytest could not run the notebook (exit status {proc.returncode}):\n"
-                               + "\n".join(output.strip().splitlines()[-30:]))
-        if proc.returncode not in (0, 1) or not results_path.exists():
-            return None, output    # the run itself was stopped: by the notebook (it killed pytest), or the limit
-        return json.loads(results_path.read_text()), output
 
 
 def run_verdict(snapshot, job: dict, timeout: float) -> list[dict]:
@@ -540,8 +407,3 @@ def run(args) -> int:
         print(report.pytest_output)
     print(report.format())
     return 0 if report.passed else 1
-
-
-def _strip_ansi(text: str) -> str:
-    return re.sub(r"\x1b\[[0-9;]*m", "", text)
-

@@ -143,7 +143,7 @@ def grade_batch(notebooks, out: Path | str = "grades", *, checks_json: Path | st
     other; write each one's report (``report.format()``) to ``out/STUDENT/EXERCISE.txt`` and the
     summary of all to ``out/summary.csv`` and ``out/summary.json``; return the summary rows.
 
-    A notebook that cannot be graded (not JSON, not an exercise, pytest broke) is a ``not graded``
+    A notebook that cannot be graded (not JSON, not an exercise, pytest broke, no kernel started) is a ``not graded``
     row, and the batch goes on; an endless loop is stopped by the per-cell ``timeout``, and a crashed
     kernel fails the cells it did not run. ``progress`` shows a bar (default: with more than one).
 

@@ -1,0 +1,78 @@
+"""A notebook whose Python kernel dies before it answers has run none of its cells: grading starts the
+run again, and when the kernel never starts the notebook is *not graded* (a GradingError), never
+failed. (CI saw it once: jupyter_client's "Kernel died before replying to kernel_info" on every cell
+of a completed exercise.)
+
+The kernel is made to die for real: an ``ipykernel_launcher`` module put first on PYTHONPATH exits
+before it answers for its first ``DEATHS`` starts, counted in a file, and then runs ipykernel's own.
+"""
+import json
+from pathlib import Path
+
+import pytest
+
+from flashcourse import grading
+from flashcourse.grading import GradingError, grade, kernel_never_started
+
+ROOT = Path(__file__).resolve().parents[1]
+EXERCISE = ROOT / "exercises" / "01_online_softmax.ipynb"
+
+LAUNCHER = '''
+import os, sys
+count = os.path.join(os.path.dirname(os.path.abspath(__file__)), "starts")
+n = int(open(count).read()) if os.path.exists(count) else 0
+open(count, "w").write(str(n + 1))
+if n < {deaths}:
+    sys.exit(1)
+from ipykernel import kernelapp
+kernelapp.launch_new_instance()
+'''
+
+
+def dying_kernel(tmp_path, monkeypatch, deaths: int) -> Path:
+    """Make the next ``deaths`` kernel starts die; returns the file counting the starts."""
+    folder = tmp_path / "launcher"
+    folder.mkdir()
+    (folder / "ipykernel_launcher.py").write_text(LAUNCHER.format(deaths=deaths))
+    monkeypatch.setenv("PYTHONPATH", str(folder))
+    return folder / "starts"
+
+
+def died(cell: int, when: str = "setup") -> dict:
+    return {"cell": cell, "when": when, "outcome": "failed",
+            "longrepr": "RuntimeError: Kernel died before replying to kernel_info"}
+
+
+def test_kernel_never_started_only_when_every_cell_failed_in_setup_with_the_start_up_error():
+    assert kernel_never_started([died(0), died(1), died(2)])
+    assert kernel_never_started([dict(died(0), longrepr="RuntimeError: Kernel didn't respond in 60 seconds")])
+    assert not kernel_never_started([])
+    assert not kernel_never_started(None)                     # the run was stopped: not a start-up failure
+    assert not kernel_never_started([died(0), {"cell": 1, "when": "call", "outcome": "passed", "longrepr": ""}])
+    assert not kernel_never_started([died(0, when="call")])   # died while running a cell: the notebook's doing
+    assert not kernel_never_started([dict(died(0), longrepr="pytest plugin exception: Kernel dead on test start")])
+
+
+@pytest.mark.slow
+def test_a_kernel_that_died_at_start_up_is_started_again(tmp_path, monkeypatch):
+    starts = dying_kernel(tmp_path, monkeypatch, deaths=1)
+    report = grade(EXERCISE)
+    assert int(starts.read_text()) == 2
+    assert [c.status for c in report.checks] == ["not implemented"] * 3, report.format()
+    assert all(c.status == "not implemented" for c in report.other_failures), report.format()
+
+
+@pytest.mark.slow
+def test_a_kernel_that_never_starts_is_not_graded(tmp_path, monkeypatch):
+    starts = dying_kernel(tmp_path, monkeypatch, deaths=99)
+    with pytest.raises(GradingError, match="kernel did not start"):
+        grade(EXERCISE)
+    assert int(starts.read_text()) == grading.notebook_run._KERNEL_STARTS
+
+
+@pytest.mark.slow
+def test_the_batch_reports_it_as_not_graded(tmp_path, monkeypatch):
+    dying_kernel(tmp_path, monkeypatch, deaths=99)
+    from flashcourse.grading.batch import grade_batch
+    rows = grade_batch([EXERCISE], tmp_path / "grades", progress=False)
+    assert {r["status"] for r in rows} == {"not graded"}, json.dumps(rows, indent=1)
