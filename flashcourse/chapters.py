@@ -141,7 +141,7 @@ CHAPTERS: tuple[Chapter, ...] = (
             extra_modules=("kernels.gemm_linear", "kernels.gemm_floor")),
     Chapter(7, "backward", "The backward pass: recompute P, don't store it", "07_backward",
             layers=("formulas", "reference", "kernels", "checks", "bench"), kernels=("fa2_backward", "fa1_backward", "flash_attention"),
-            checks=("fa2_backward_step", "dkdv_kernel"), bench="backward"),
+            checks=("fa2_backward_step", "dkdv_kernel"), bench="backward", extra_modules=("kernels.backward_fa1",)),
     Chapter(8, "sparse", "Block-sparse FlashAttention: skip the empty blocks", "08_block_sparse",
             layers=("formulas", "reference", "kernels", "checks", "bench"),
             kernels=("block_sparse_attention", "block_sparse_backward", "create_block_mask"),

@@ -34,6 +34,7 @@ Example (a random Llama with 4 query heads sharing 2 K/V heads; nothing is downl
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 
@@ -48,6 +49,10 @@ NAME = "course"
 #: Features of transformers' attention interface the kernels do not have (keyword arguments a model
 #: may pass); a model that passes one of them, not None, is refused.
 UNSUPPORTED = ("sliding_window", "softcap", "s_aux", "position_bias")
+
+# The mask check_mask last accepted, and what it was accepted for: transformers hands every layer of one forward
+# pass the same mask tensor, and checking it again would stop the host for the GPU once per layer.
+_accepted = {"mask": lambda: None, "for": None}
 
 
 def register(name: str = NAME) -> str:
@@ -104,7 +109,8 @@ def check_mask(attention_mask, n_q: int, n_k: int, causal: bool = True, fn: str 
     ``attention_mask``: None, or a mask that broadcasts to (B, H, n_q, n_k), boolean (True: the key is
     seen) or additive float (0: seen, at most half the dtype's lowest value or -inf: hidden), as
     transformers passes them. It must show query i exactly the keys j <= i + n_k - n_q (the causal
-    pattern aligned bottom-right, as the kernels apply it), or every key when ``causal`` is False.
+    pattern aligned bottom-right, as the kernels apply it), or every key when ``causal`` is False. The
+    mask last accepted is not checked again while it is unchanged (the same tensor, not written to since).
 
     Example:
         >>> import torch
@@ -117,6 +123,9 @@ def check_mask(attention_mask, n_q: int, n_k: int, causal: bool = True, fn: str 
         ValueError: flashcourse attention: attention_mask hides keys the causal pattern shows (padding, a sliding window, or a static cache's empty slots); the course's kernels take no mask: pass sequences without padding (one at a time, or a batch of equal lengths) with the default dynamic cache
     """
     if attention_mask is None:
+        return
+    key = (attention_mask._version, tuple(attention_mask.shape), n_q, n_k, causal)
+    if _accepted["mask"]() is attention_mask and _accepted["for"] == key:     # unchanged since it was accepted
         return
     if attention_mask.shape[-2:] != (n_q, n_k):
         raise ValueError(f"{fn}: attention_mask is {tuple(attention_mask.shape)} for {n_q} queries and {n_k} keys; "
@@ -132,6 +141,7 @@ def check_mask(attention_mask, n_q: int, n_k: int, causal: bool = True, fn: str 
         raise ValueError(f"{fn}: attention_mask hides keys the causal pattern shows (padding, a sliding window, "
                          "or a static cache's empty slots); the course's kernels take no mask: pass sequences "
                          "without padding (one at a time, or a batch of equal lengths) with the default dynamic cache")
+    _accepted.update({"mask": weakref.ref(attention_mask), "for": key})
 
 
 def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):

@@ -162,6 +162,30 @@ def test_check_mask_takes_causal_masks_of_either_kind_and_nothing_more():
         check_mask(torch.ones(4, 7, dtype=torch.bool), 4, 6)
 
 
+def test_check_mask_checks_a_mask_once_while_it_is_unchanged(monkeypatch):
+    """Every layer of a forward pass gets the same mask: checked once (on a GPU each check waits for it), and
+    again when the tensor is written to, or is another tensor, or is checked for other shapes."""
+    calls = []
+    arange = torch.arange
+    monkeypatch.setattr(torch, "arange", lambda *a, **k: calls.append(a) or arange(*a, **k))
+    causal = torch.ones(1, 1, 4, 6, dtype=torch.bool).tril(2)
+    for _ in range(3):
+        check_mask(causal, 4, 6)
+    assert len(calls) == 2                                   # i and j: one check
+    check_mask(causal.clone(), 4, 6)
+    assert len(calls) == 4
+    with pytest.raises(ValueError, match="attention_mask hides keys"):
+        check_mask(causal, 4, 6, causal=False)
+    check_mask(causal, 4, 6)
+    check_mask(causal, 4, 6)
+    assert len(calls) == 8
+    causal[..., 0, 0] = False                                # written to in place: checked again
+    with pytest.raises(ValueError, match="attention_mask hides keys"):
+        check_mask(causal, 4, 6)
+    with pytest.raises(ValueError, match="attention_mask hides keys"):
+        check_mask(causal, 4, 6)
+
+
 def test_dropout_and_unsupported_features_are_named():
     model = use_flashcourse_attention(llama(0, attention_dropout=0.1).half()).train()
     with pytest.raises(ValueError, match="dropout = 0.1.*no dropout"):

@@ -184,6 +184,21 @@ def test_block_sparse_attention_gqa_against_float64(device, H, H_kv, gen):
         assert_grads_close([t.grad for t in leaves], q, k, v, do, False, f" {mask}", dense=dense)
 
 
+@pytest.mark.skipif(GPU, reason="on a GPU these tiles are the defaults, which the other tests run")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("n_q,n_k", [(100, 100), (60, 130), (130, 60)])
+def test_packed_tiles_of_a_gpu_under_the_interpreter(causal, n_q, n_k, gen):
+    """The H100's tiles (32 x 64 dK/dV, 128 x 64 dQ) with a group of 4 packed in each: which packed query blocks
+    need the causal mask depends on the rows the packing puts in them. Every logit is near -27, so an unmasked key
+    past N_k gives inf."""
+    q, k, v, do = inputs(1, 4, 1, n_q, n_k, 64, gen, "cpu", scale=0.3)
+    q, k = q + 3, k - 3
+    o, lse = fa2_forward(q, k, v, causal, return_lse=True)
+    for S in (1, 4):
+        config = {**BW.backward_config(64, (9, 0)), "dkdv_splits": S, "dq_splits": S}
+        assert_grads_close(fa2_backward(q, k, v, o, do, lse, causal, config=config), q, k, v, do, causal, f" S={S}")
+
+
 def test_every_split_of_a_group_gives_the_same_gradients(device, gen):
     """The dK/dV kernels' split of a group (tools/gpu_gqa_backward.py measures each): S parts of 8 / S packed query
     heads, summed in fp32 afterwards, give the same gradients to fp32 rounding for every S dividing the group."""

@@ -15,7 +15,11 @@ never stores S or P: every tile ``P_ij = exp(S_ij - L_i)`` is recomputed on chip
    would need atomic adds. A second kernel recomputes P and dS once more (7 matmuls instead of 5) and
    needs no atomics: what the tutorial, and this course, does.
 
-Rows that see no key (causal with N_q > N_k) have L = -inf: their P is 0 and their gradients too.
+Rows that see no key (causal with N_q > N_k) have L = -inf: their P is 0 and their gradients too. Like the
+forward, each loop runs in two parts: the blocks on the causal diagonal (and dQ's last, ragged key block) with a
+mask, the rest without one -- a query row past N_q loads L = inf and gets P = 0 by itself. On an H100 (d = 128,
+N 4k-16k) that made the causal backward 3-8% faster than masking every tile, the non-causal one no slower
+(``bench/results/h100/measured/backward_masks.json``).
 :func:`flash_attention` is forward and backward as one custom operator (``torch.library``) with an autograd
 formula: a model trains on it, eager or under ``torch.compile``.
 
@@ -44,7 +48,7 @@ from .attention_gqa import gqa_splits, packed_rows, sum_parts
 from .launch import Plans, relaunch, shape_key
 from .validate import expect_qkv, expect_saved, expect_sm_scale
 
-__all__ = ["fa2_backward", "fa1_backward", "flash_attention", "backward_config"]
+__all__ = ["fa2_backward", "flash_attention", "backward_config"]
 
 HEAD_DIMS = (16, 32, 64, 128)
 
@@ -65,6 +69,41 @@ def _bwd_preprocess(O, DO, Delta, N_q, stride_ob, stride_oh, stride_om, stride_d
 
 
 @triton.jit
+def _dkdv_step(dK_j, dV_j, K_j, V_j, Q, DO, LSE, Delta, DQ32, qk_scale, sm_scale, start_m, h, b, cols, in_k, dims, N_q,
+               offset, stride_qb, stride_qh, stride_qm, stride_dob, stride_doh, stride_dom,
+               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, ATOMIC_DQ: tl.constexpr, GROUP: tl.constexpr,
+               H_STAT, MASK: tl.constexpr):
+    # lines 9-16 for one query block Q_i. Rows past N_q load L = inf, so their P is 0 without a mask; keys past
+    # N_k (zeros in K_j, V_j) only touch their own rows of dK_j, dV_j, never stored. So only the causal mask on the
+    # diagonal blocks (MASK) remains -- and Algorithm 2's dQ, whose sum over keys they would reach.
+    rows, heads = packed_rows(start_m, h, BLOCK_M, GROUP)
+    in_q = rows < N_q
+    Q_i = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + rows[:, None] * stride_qm + dims[None, :],
+                  mask=in_q[:, None], other=0.0)
+    dO_i = tl.load(DO + b * stride_dob + heads[:, None] * stride_doh + rows[:, None] * stride_dom + dims[None, :],
+                   mask=in_q[:, None], other=0.0)
+    stat = (b * H_STAT + heads) * N_q + rows
+    L_i = tl.load(LSE + stat, mask=in_q, other=float("inf")) * 1.4426950408889634   # log2 units
+    L_i = tl.where(L_i == float("-inf"), float("inf"), L_i)      # a row that sees no key: P = 0
+    D_i = tl.load(Delta + stat, mask=in_q, other=0.0)
+    # line 11, transposed (keys along rows): P_ij^T = exp(S_ij^T - L_i)
+    s_t = tl.dot(K_j, tl.trans(Q_i)) * qk_scale                  # (BLOCK_N, BLOCK_M), log2 units
+    p_t = tl.exp2(s_t - L_i[None, :])
+    if MASK:
+        p_t = tl.where(cols[:, None] <= rows[None, :] + offset, p_t, 0.0)
+    if ATOMIC_DQ:
+        p_t = tl.where(in_k[:, None], p_t, 0.0)
+    dV_j += tl.dot(p_t.to(dO_i.dtype), dO_i)                       # line 12
+    dp_t = tl.dot(V_j, tl.trans(dO_i))                              # line 13: dP_ij^T
+    ds_t = p_t * (dp_t - D_i[None, :])                              # line 14
+    dK_j += tl.dot(ds_t.to(Q_i.dtype), Q_i)                         # line 16
+    if ATOMIC_DQ:                                   # line 15 as Algorithm 2 writes it: dQ_i += dS_ij K_j in HBM,
+        dq = tl.dot(tl.trans(ds_t.to(K_j.dtype)), K_j) * sm_scale  # added atomically (fp32, (B, H, N_q, d))
+        tl.atomic_add(DQ32 + stat[:, None] * HEAD_DIM + dims[None, :], dq, mask=in_q[:, None], sem="relaxed")
+    return dK_j, dV_j
+
+
+@triton.jit
 def _bwd_dkdv(Q, K, V, DO, LSE, Delta, DK, DV, DQ32, qk_scale, sm_scale, N_q, N_k,
               stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
               stride_dob, stride_doh, stride_dom, stride_dkb, stride_dkh, stride_dkn,
@@ -75,9 +114,9 @@ def _bwd_dkdv(Q, K, V, DO, LSE, Delta, DK, DV, DQ32, qk_scale, sm_scale, N_q, N_
     # packed rows (packed_rows) of part h, so dK_j and dV_j sum over its GROUP heads on chip, and DK, DV hold
     # one sum per part (B, H_kv * SPLITS, N_k, d), which the caller adds up when SPLITS > 1.
     h, b = tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    start_n = tl.program_id(0) * BLOCK_N
+    cols = start_n + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, HEAD_DIM)
-    offs_m = tl.arange(0, BLOCK_M)
     in_k = cols < N_k
     K_j = tl.load(K + b * stride_kb + (h // SPLITS) * stride_kh + cols[:, None] * stride_kn + dims[None, :],
                   mask=in_k[:, None], other=0.0)
@@ -86,38 +125,48 @@ def _bwd_dkdv(Q, K, V, DO, LSE, Delta, DK, DV, DQ32, qk_scale, sm_scale, N_q, N_
     dK_j = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dV_j = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     offset = N_k - N_q                                    # causal: query r sees keys c <= r + offset
-    lo = 0
-    if CAUSAL:                                            # the first query block that sees a key of this block
-        lo = tl.maximum(tl.program_id(0) * BLOCK_N - offset, 0) * GROUP // BLOCK_M * BLOCK_M
-    for start_m in range(lo, N_q * GROUP, BLOCK_M):      # line 8
-        rows, heads = packed_rows(start_m, h, BLOCK_M, GROUP)
-        in_q = rows < N_q
-        Q_i = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + rows[:, None] * stride_qm + dims[None, :],
-                      mask=in_q[:, None], other=0.0)
-        dO_i = tl.load(DO + b * stride_dob + heads[:, None] * stride_doh + rows[:, None] * stride_dom + dims[None, :],
-                       mask=in_q[:, None], other=0.0)
-        stat = (b * tl.num_programs(1) * GROUP + heads) * N_q + rows
-        L_i = tl.load(LSE + stat, mask=in_q, other=float("inf")) * 1.4426950408889634   # log2 units
-        L_i = tl.where(L_i == float("-inf"), float("inf"), L_i)      # a row that sees no key: P = 0
-        D_i = tl.load(Delta + stat, mask=in_q, other=0.0)
-        # line 11, transposed (keys along rows): P_ij^T = exp(S_ij^T - L_i)
-        s_t = tl.dot(K_j, tl.trans(Q_i)) * qk_scale                  # (BLOCK_N, BLOCK_M), log2 units
-        p_t = tl.exp2(s_t - L_i[None, :])
-        visible = in_k[:, None] & in_q[None, :]
-        if CAUSAL:
-            visible = visible & (cols[:, None] <= rows[None, :] + offset)
-        p_t = tl.where(visible, p_t, 0.0)
-        dV_j += tl.dot(p_t.to(dO_i.dtype), dO_i)                       # line 12
-        dp_t = tl.dot(V_j, tl.trans(dO_i))                              # line 13: dP_ij^T
-        ds_t = p_t * (dp_t - D_i[None, :])                              # line 14
-        dK_j += tl.dot(ds_t.to(Q_i.dtype), Q_i)                         # line 16
-        if ATOMIC_DQ:                                   # line 15 as Algorithm 2 writes it: dQ_i += dS_ij K_j in HBM,
-            dq = tl.dot(tl.trans(ds_t.to(K_j.dtype)), K_j) * sm_scale  # added atomically (fp32, (B, H, N_q, d))
-            tl.atomic_add(DQ32 + stat[:, None] * HEAD_DIM + dims[None, :], dq, mask=in_q[:, None], sem="relaxed")
+    end = N_q * GROUP
+    lo, mid = 0, 0                                        # query blocks [lo, mid) need the causal mask, [mid, end) none
+    if CAUSAL:                                            # the first block that sees a key of K_j; the first that sees all
+        lo = tl.maximum(start_n - offset, 0) * GROUP // BLOCK_M * BLOCK_M
+        mid = tl.minimum(tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - offset, 0) * GROUP, BLOCK_M) * BLOCK_M, end)
+    H_STAT = tl.num_programs(1) * GROUP
+    for start_m in range(lo, mid, BLOCK_M):              # line 8, the diagonal blocks
+        dK_j, dV_j = _dkdv_step(dK_j, dV_j, K_j, V_j, Q, DO, LSE, Delta, DQ32, qk_scale, sm_scale, start_m, h, b,
+                                cols, in_k, dims, N_q, offset, stride_qb, stride_qh, stride_qm, stride_dob, stride_doh,
+                                stride_dom, HEAD_DIM, BLOCK_M, ATOMIC_DQ, GROUP, H_STAT, True)
+    for start_m in range(tl.maximum(lo, mid), end, BLOCK_M):   # the blocks that see every key of K_j
+        dK_j, dV_j = _dkdv_step(dK_j, dV_j, K_j, V_j, Q, DO, LSE, Delta, DQ32, qk_scale, sm_scale, start_m, h, b,
+                                cols, in_k, dims, N_q, offset, stride_qb, stride_qh, stride_qm, stride_dob, stride_doh,
+                                stride_dom, HEAD_DIM, BLOCK_M, ATOMIC_DQ, GROUP, H_STAT, False)
     dK_j *= sm_scale
     out = b * stride_dkb + h * stride_dkh + cols[:, None] * stride_dkn + dims[None, :]
     tl.store(DK + out, dK_j.to(DK.dtype.element_ty), mask=in_k[:, None])           # line 18
     tl.store(DV + out, dV_j.to(DV.dtype.element_ty), mask=in_k[:, None])
+
+
+@triton.jit
+def _dq_step(dQ_i, Q_i, dO_i, L_i, D_i, K, V, qk_scale, start_n, kv, b, rows, dims, N_k, offset,
+             stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+             BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASK: tl.constexpr):
+    # line 15 for one key block K_j. Rows past N_q have L = inf (P = 0); only the diagonal and the last, ragged key
+    # block (MASK) need a mask: a key past N_k has P = exp(0 - L_i), which overflows for very negative logits.
+    cols = start_n + tl.arange(0, BLOCK_N)
+    in_k = cols < N_k
+    K_j = tl.load(K + b * stride_kb + kv * stride_kh + cols[:, None] * stride_kn + dims[None, :],
+                  mask=in_k[:, None], other=0.0)
+    V_j = tl.load(V + b * stride_vb + kv * stride_vh + cols[:, None] * stride_vn + dims[None, :],
+                  mask=in_k[:, None], other=0.0)
+    p = tl.exp2(tl.dot(Q_i, tl.trans(K_j)) * qk_scale - L_i[:, None])    # P_ij, recomputed
+    if MASK:
+        visible = in_k[None, :]
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= rows[:, None] + offset)
+        p = tl.where(visible, p, 0.0)
+    dp = tl.dot(dO_i, tl.trans(V_j))
+    ds = p * (dp - D_i[:, None])
+    dQ_i += tl.dot(ds.to(K_j.dtype), K_j)
+    return dQ_i
 
 
 @triton.jit
@@ -132,7 +181,6 @@ def _bwd_dq(Q, K, V, DO, LSE, Delta, DQ, qk_scale, sm_scale, N_q, N_k,
     start_m = tl.program_id(0) * BLOCK_M
     rows, heads = packed_rows(start_m, h, BLOCK_M, GROUP)
     dims = tl.arange(0, HEAD_DIM)
-    offs_n = tl.arange(0, BLOCK_N)
     in_q = rows < N_q
     Q_i = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + rows[:, None] * stride_qm + dims[None, :],
                   mask=in_q[:, None], other=0.0)
@@ -145,88 +193,19 @@ def _bwd_dq(Q, K, V, DO, LSE, Delta, DQ, qk_scale, sm_scale, N_q, N_k,
     dQ_i = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     offset = N_k - N_q
     hi = N_k
-    if CAUSAL:                                            # the key blocks some row of Q_i sees
+    mid = N_k // BLOCK_N * BLOCK_N                        # key blocks [0, mid) need no mask, [mid, hi) do
+    if CAUSAL:                                            # the key blocks some row of Q_i sees; those all its rows see
         hi = tl.minimum(N_k, (start_m + BLOCK_M - 1) // GROUP + 1 + offset)
-    for start_n in range(0, hi, BLOCK_N):
-        cols = start_n + offs_n
-        in_k = cols < N_k
-        K_j = tl.load(K + b * stride_kb + (h // SPLITS) * stride_kh + cols[:, None] * stride_kn + dims[None, :],
-                      mask=in_k[:, None], other=0.0)
-        V_j = tl.load(V + b * stride_vb + (h // SPLITS) * stride_vh + cols[:, None] * stride_vn + dims[None, :],
-                      mask=in_k[:, None], other=0.0)
-        p = tl.exp2(tl.dot(Q_i, tl.trans(K_j)) * qk_scale - L_i[:, None])    # P_ij, recomputed
-        visible = in_q[:, None] & in_k[None, :]
-        if CAUSAL:
-            visible = visible & (cols[None, :] <= rows[:, None] + offset)
-        p = tl.where(visible, p, 0.0)
-        dp = tl.dot(dO_i, tl.trans(V_j))
-        ds = p * (dp - D_i[:, None])
-        dQ_i += tl.dot(ds.to(K_j.dtype), K_j)
+        mid = tl.minimum(mid, tl.maximum(start_m // GROUP + 1 + offset, 0) // BLOCK_N * BLOCK_N)
+    kv = h // SPLITS
+    for start_n in range(0, mid, BLOCK_N):
+        dQ_i = _dq_step(dQ_i, Q_i, dO_i, L_i, D_i, K, V, qk_scale, start_n, kv, b, rows, dims, N_k, offset,
+                        stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, BLOCK_N, CAUSAL, False)
+    for start_n in range(mid, hi, BLOCK_N):
+        dQ_i = _dq_step(dQ_i, Q_i, dO_i, L_i, D_i, K, V, qk_scale, start_n, kv, b, rows, dims, N_k, offset,
+                        stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, BLOCK_N, CAUSAL, True)
     tl.store(DQ + b * stride_dqb + heads[:, None] * stride_dqh + rows[:, None] * stride_dqm + dims[None, :],
              (dQ_i * sm_scale).to(DQ.dtype.element_ty), mask=in_q[:, None])
-
-
-@triton.jit
-def _fa1_bwd(Q, K, V, O, DO, L, M, DQ32, DQ, DK, DV, qk_scale, sm_scale, N_q, N_k,
-             stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-             stride_dob, stride_doh, stride_dom, stride_dkb, stride_dkh, stride_dkn,
-             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    # Algorithm 4 of the FlashAttention paper, parallel over (batch, head) only, as FA1 was: grid (H, B), one
-    # program walks every K_j, V_j (outer) and Q_i (inner). dQ_i is read and written in HBM (fp32) in every
-    # inner step -- no race, one program owns the head; D_i is recomputed from O_i each step; P from l and m.
-    h, b = tl.program_id(0), tl.program_id(1)
-    bh = b * tl.num_programs(0) + h
-    dims = tl.arange(0, HEAD_DIM)
-    offs_m, offs_n = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_N)
-    offset = N_k - N_q
-    for start_n in range(0, N_k, BLOCK_N):                                 # line 5
-        cols = start_n + offs_n
-        in_k = cols < N_k
-        K_j = tl.load(K + b * stride_kb + h * stride_kh + cols[:, None] * stride_kn + dims[None, :],
-                      mask=in_k[:, None], other=0.0)
-        V_j = tl.load(V + b * stride_vb + h * stride_vh + cols[:, None] * stride_vn + dims[None, :],
-                      mask=in_k[:, None], other=0.0)
-        dK_j = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-        dV_j = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-        lo = 0
-        if CAUSAL:
-            lo = tl.maximum(start_n - offset, 0) // BLOCK_M * BLOCK_M
-        for start_m in range(lo, N_q, BLOCK_M):                            # line 8
-            rows = start_m + offs_m
-            in_q = rows < N_q
-            at_q = b * stride_qb + h * stride_qh + rows[:, None] * stride_qm + dims[None, :]
-            at_do = b * stride_dob + h * stride_doh + rows[:, None] * stride_dom + dims[None, :]
-            at_dq = (bh * N_q + rows[:, None]) * HEAD_DIM + dims[None, :]
-            Q_i = tl.load(Q + at_q, mask=in_q[:, None], other=0.0)         # line 9
-            O_i = tl.load(O + at_do, mask=in_q[:, None], other=0.0)        # (O, dO share strides)
-            dO_i = tl.load(DO + at_do, mask=in_q[:, None], other=0.0)
-            dQ_i = tl.load(DQ32 + at_dq, mask=in_q[:, None], other=0.0)
-            l_i = tl.load(L + bh * N_q + rows, mask=in_q, other=0.0)
-            m_i = tl.load(M + bh * N_q + rows, mask=in_q, other=0.0) * 1.4426950408889634
-            seen = l_i > 0.0                                               # a row that sees no key: P = 0
-            s = tl.dot(Q_i, tl.trans(K_j)) * qk_scale                      # line 11
-            p = tl.exp2(s - tl.where(seen, m_i, 0.0)[:, None]) / tl.where(seen, l_i, 1.0)[:, None]   # line 13
-            visible = seen[:, None] & in_q[:, None] & in_k[None, :]
-            if CAUSAL:
-                visible = visible & (cols[None, :] <= rows[:, None] + offset)
-            p = tl.where(visible, p, 0.0)
-            dV_j += tl.dot(tl.trans(p.to(dO_i.dtype)), dO_i)               # line 16
-            dp = tl.dot(dO_i, tl.trans(V_j))                                # line 17
-            D_i = tl.sum(dO_i.to(tl.float32) * O_i.to(tl.float32), 1)      # line 19, in every step
-            ds = p * (dp - D_i[:, None])                                    # line 20
-            dQ_i += tl.dot(ds.to(K_j.dtype), K_j) * sm_scale                # line 21
-            tl.store(DQ32 + at_dq, dQ_i, mask=in_q[:, None])
-            dK_j += tl.dot(tl.trans(ds.to(Q_i.dtype)), Q_i)                # line 22
-            tl.debug_barrier()              # the next K_j reads these dQ rows back, maybe in other threads
-        out = b * stride_dkb + h * stride_dkh + cols[:, None] * stride_dkn + dims[None, :]
-        tl.store(DK + out, (dK_j * sm_scale).to(DK.dtype.element_ty), mask=in_k[:, None])   # line 24
-        tl.store(DV + out, dV_j.to(DV.dtype.element_ty), mask=in_k[:, None])
-    for start_m in range(0, N_q, BLOCK_M):                                 # dQ (fp32) -> q's dtype
-        rows = start_m + offs_m
-        in_q = rows < N_q
-        dQ_i = tl.load(DQ32 + (bh * N_q + rows[:, None]) * HEAD_DIM + dims[None, :], mask=in_q[:, None], other=0.0)
-        tl.store(DQ + (bh * N_q + rows[:, None]) * HEAD_DIM + dims[None, :], dQ_i.to(DQ.dtype.element_ty),
-                 mask=in_q[:, None])
 
 
 def backward_config(d: int, cc="current") -> dict:
@@ -234,7 +213,7 @@ def backward_config(d: int, cc="current") -> dict:
 
     ``{"dkdv": (BLOCK_M, BLOCK_N, num_warps, num_stages), "dq": (...), "pre": BLOCK_M, "fa1": (...)}``: the
     dK/dV kernel holds a key block of BLOCK_N with its dK, dV and walks query blocks of BLOCK_M; the dQ kernel
-    the other way round; :func:`fa1_backward` takes the dK/dV kernel's tiles where they fit. The interpreter runs 16 x 16 tiles (fast on a CPU; warps mean nothing there).
+    the other way round; :func:`~flashcourse.kernels.backward_fa1.fa1_backward` takes the dK/dV kernel's tiles where they fit. The interpreter runs 16 x 16 tiles (fast on a CPU; warps mean nothing there).
 
     Example:
         >>> backward_config(64, None)["dkdv"]
@@ -386,46 +365,6 @@ def _launch(q, k, v, o, do, lse, causal, sm_scale, cfg, atomic=False):
     return (dq, dk, dv), again
 
 
-def fa1_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
-                 l: torch.Tensor, m: torch.Tensor, causal: bool = False, sm_scale: float | None = None):
-    """``(dq, dk, dv)`` the way FlashAttention-1 computed them (Algorithm 4 of its paper): for comparison.
-
-    One program per (batch, head) walks every key block (outer) and query block (inner), as FA1 did before
-    FA2 parallelised the backward over the sequence; dQ_i goes through HBM (fp32) in every inner step, D_i
-    is recomputed from O_i in every step, and P comes from the row maxima ``m`` and sums ``l`` that
-    ``fa1_forward(..., return_stats=True)`` returns. Inputs and results otherwise as :func:`fa2_backward`'s
-    (``l``, ``m``: (B, H, N_q) float32); the tiles are ``backward_config(d)["fa1"]``.
-
-    Example:
-        >>> import torch
-        >>> from flashcourse.backend import DEVICE
-        >>> from flashcourse.kernels import fa1_forward
-        >>> q, k, v, do = (torch.randn(1, 1, 33, 16, device=DEVICE).half() for _ in range(4))
-        >>> o, l, m = fa1_forward(q, k, v, return_stats=True)
-        >>> fa1 = fa1_backward(q, k, v, o, do, l, m)
-        >>> fa2 = fa2_backward(q, k, v, o, do, m + l.log())      # the log-sum-exp L = m + log l
-        >>> max((a.float() - b.float()).abs().max().item() for a, b in zip(fa1, fa2)) < 1e-2
-        True
-    """
-    fn = "fa1_backward"
-    q, k, v = expect_qkv(fn, q, k, v, head_dims=HEAD_DIMS)
-    o, do, l, m = expect_saved(fn, q, o, do, {"l": l, "m": m}, "fa1_forward(q, k, v, return_stats=True)")
-    o, do = o.contiguous(), do.contiguous()                  # the kernel reads both with do's strides
-    sm_scale = expect_sm_scale(fn, sm_scale, q.shape[-1])
-    B, H, N_q, d = q.shape
-    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    if dq.numel() == 0 or dk.numel() == 0:
-        return dq.zero_(), dk.zero_(), dv.zero_()
-    dq32 = torch.zeros((B, H, N_q, d), dtype=torch.float32, device=q.device)
-    BM, BN, warps, stages = backward_config(d)["fa1"]
-    with quiet():
-        _fa1_bwd[(H, B)](q, k, v, o, do, l, m, dq32, dq, dk, dv, sm_scale * LOG2E, sm_scale,
-                         N_q, k.shape[2], *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],
-                         *dk.stride()[:3], HEAD_DIM=d, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=bool(causal), num_warps=warps,
-                         num_stages=stages)
-    return dq, dk, dv
-
-
 # flash_attention is a custom operator of torch.library (flashcourse::flash_attention_fwd and _bwd) with an
 # autograd formula: autograd differentiates it, and torch.compile keeps it whole (it never looks inside a
 # Triton launch) while compiling what is around it, using the fake functions for shapes.
@@ -523,10 +462,6 @@ def _aot(kernel_name):
             cfg = backward_config(d, cc)
             if kernel_name == "pre":
                 yield aot.Launch({"HEAD_DIM": d, "BLOCK_M": cfg["pre"]}, 4, 1, kernel="bwd_preprocess")
-            elif kernel_name == "fa1":
-                BM, BN, warps, stages = cfg["fa1"]
-                yield aot.Launch({"HEAD_DIM": d, "BLOCK_M": BM, "BLOCK_N": BN, "CAUSAL": True}, warps, stages,
-                                 kernel="fa1_bwd")
             else:
                 BM, BN, warps, stages = cfg[kernel_name]
                 for atomic in ((False, True) if kernel_name == "dkdv" else (None,)):
@@ -543,7 +478,7 @@ def _aot(kernel_name):
 
 def _signature(names):
     const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "ATOMIC_DQ", "GROUP", "SPLITS"}
-    fp32 = {"LSE", "Delta", "DQ32", "L", "M"}
+    fp32 = {"LSE", "Delta", "DQ32"}
     return {n: ("constexpr" if n in const else "*fp32" if n in fp32 else "fp32" if n in ("qk_scale", "sm_scale")
                 else "i32" if n in ("N_q", "N_k") or n.startswith("stride") else "*fp16") for n in names}
 
@@ -551,4 +486,3 @@ def _signature(names):
 aot.register("bwd_preprocess", _bwd_preprocess, signature=_signature(_bwd_preprocess.arg_names), configs=_aot("pre"))
 aot.register("bwd_dkdv", _bwd_dkdv, signature=_signature(_bwd_dkdv.arg_names), configs=_aot("dkdv"))
 aot.register("bwd_dq", _bwd_dq, signature=_signature(_bwd_dq.arg_names), configs=_aot("dq"))
-aot.register("fa1_bwd", _fa1_bwd, signature=_signature(_fa1_bwd.arg_names), configs=_aot("fa1"))

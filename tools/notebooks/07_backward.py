@@ -188,15 +188,21 @@ CELLS = [
               f"{'-' if naive is None else f'{naive:.0f}':>7s}")
     """, "subslide", name="measured-table"),
 
-    md("""
+    md(r"""
     The Triton backward runs at 1.04-1.69x PyTorch's flash backend (FlashAttention-2's CUTLASS code) at
     every shape, 2.6-3.2x the memory-efficient one, and at 0.69-1.18x cuDNN's, which on Hopper uses the
     asynchronous tensor-core instructions FlashAttention-3 is built on. The source articles found a Triton
     backward at about 3/4 of the CUTLASS one, on the GPUs of 2023; on an H100 Triton compiles both of our
     backward kernels to Hopper's warpgroup `wgmma` (at d = 128, compiled for sm_90 with Triton 3.9 on a CPU:
-    20 `wgmma` and no `mma.sync` in each), while PyTorch's flash backend is FA2's CUTLASS code for the A100,
-    which chapter 3 read uses `mma.sync` from sm_80 on (we did not look at its backward's instructions
-    separately). Naive attention's step keeps S, P
+    40 `wgmma` and no `mma.sync` in each, the loop body twice: with the causal mask, and without), while
+    PyTorch's flash backend is FA2's CUTLASS code for the A100, which chapter 3 read uses `mma.sync` from
+    sm_80 on (we did not look at its backward's instructions separately).
+
+    That table predates one change: each kernel now masks only the blocks on the causal diagonal (and dQ's
+    ragged last key block), as the forward does, since a row past $N_q$ loads $L = \infty$ and gets $P = 0$
+    by itself. Measured against the kernels that masked every tile, two rounds each in one session on an
+    H100 (`measured/backward_masks.json`, d = 128): causal 3-8% faster at N = 4k-16k, 0.70-0.84x cuDNN;
+    non-causal within the spread of the rounds (-0.4% to +7%), 0.70-0.82x. Naive attention's step keeps S, P
     and their gradients: 5.2 GiB at N = 1k and 20 GiB at 4k (d = 64) where ours allocates 260 MiB (at 16k and
     d = 64 it does not fit). The tiles were tuned on an H200 (`tools/gpu_backward.py --sweep`): at d = 128
     and N = 4096 the first ones tried (key blocks of 32 x 64 and query blocks of 64 x 32, 8 warps each)
@@ -205,7 +211,7 @@ CELLS = [
     **dQ: a second kernel or atomic adds?** The column *atomic* is `fa2_backward(..., dq_mode="atomic")`:
     Algorithm 2 as written, each key-block program adding its $dS_{ij} K_j$ to an fp32 $dQ$ in HBM with
     `tl.atomic_add`, and no dQ kernel. It does 5 matmuls a tile instead of the two kernels' 4 + 3, yet
-    takes 1.15-1.38x as long here: every program writes a $B_r \\times d$ tile of fp32 atomics per query block,
+    takes 1.15-1.38x as long here: every program writes a $B_r \times d$ tile of fp32 atomics per query block,
     $T_c$ times over every row of $dQ$, and the adds to one row wait for each other. It also needs the
     fp32 $dQ$ (322 MiB against 194 at d = 64, N = 1k). Recomputing is again cheaper than moving bytes.
     """, "fragment", name="measured-text"),
