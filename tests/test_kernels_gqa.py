@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import sys
 import textwrap
 
 import numpy as np
@@ -311,14 +312,16 @@ def test_each_k_tile_is_loaded_once_for_the_whole_group(device, gen, monkeypatch
 # The comparison rejects the packing's mistakes
 
 def mutant(name, old, new, tmp_path):
-    """The kernel ``name`` (aot name) with one line changed, compiled as a Triton function from a file."""
-    src = textwrap.dedent(inspect.getsource(aot.kernel_of(name).fn))
+    """The kernel ``name`` (aot name) with one line changed, compiled as a Triton function from a file that sees
+    what the kernel's own module sees (its jit helpers)."""
+    fn = aot.kernel_of(name).fn
+    src = textwrap.dedent(inspect.getsource(fn))
     assert old in src, old
     path = tmp_path / f"mutant_{name}.py"
-    path.write_text("import triton\nimport triton.language as tl\n"
-                    "from flashcourse.kernels.attention import fa2_inner, packed_rows\n\n" + src.replace(old, new))
+    path.write_text("import triton\nimport triton.language as tl\n\n" + src.replace(old, new))
     spec = importlib.util.spec_from_file_location(f"mutant_{name}", path)
     mod = importlib.util.module_from_spec(spec)
+    mod.__dict__.update({k: v for k, v in vars(sys.modules[fn.__module__]).items() if not k.startswith("__")})
     spec.loader.exec_module(mod)
     return getattr(mod, aot.kernel_of(name).fn.__name__)
 

@@ -41,7 +41,7 @@ def measured(name: str, gpu: str = "h100") -> dict:
         >>> measured("nothing")                  # doctest: +ELLIPSIS
         Traceback (most recent call last):
             ...
-        FileNotFoundError: measured: nothing named 'nothing' shipped for 'h100'; shipped: ['decode_host', ...]
+        FileNotFoundError: measured: nothing named 'nothing' shipped for 'h100'; shipped: [...]
     """
     path = RESULTS / gpu / MEASURED_DIR / f"{name}.json"
     if not path.is_file():
