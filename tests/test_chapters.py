@@ -164,3 +164,19 @@ def test_export_refuses_a_name_twice_and_a_name_that_hides_a_module(monkeypatch)
     del b.f
     with pytest.raises(ImportError, match="would hide the module flashcourse.kernels.online"):
         chapters.export("flashcourse.kernels", {})
+
+
+def test_the_texts_that_list_the_chapters_modules_list_them_all():
+    """What a newcomer reads first names every module: the README's stems and extra modules, and the checks
+    package's list of its modules (the other layers' docstrings point to the table instead of listing)."""
+    readme = (ROOT / "README.md").read_text().split("## The package", 1)[1].split("| path |", 1)[0]
+    stems = readme.split("**stem** (", 1)[1].split(";", 1)[0]
+    assert [s.strip(" `\n") for s in stems.split(",")] == chapters.stems()
+    for c in CHAPTERS:
+        for m in c.extra_modules:
+            layer, name = m.split(".")
+            if layer == "kernels":
+                assert f"`kernels/{name}.py`" in readme, m
+    doc = checks.__doc__.split("The checks, by chapter:", 1)[1].split("Adding a check", 1)[0]
+    for name in chapters.layer_modules("checks"):
+        assert f":mod:`.{name}`" in doc, name

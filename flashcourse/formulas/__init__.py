@@ -2,8 +2,8 @@
 
 Accesses are counted in elements, as the papers do; multiply by the element size for bytes.
 
-One module per chapter stem (:func:`flashcourse.chapters.modules`): ``online``, ``attention``,
-``decode``, ``gemm``; the helpers they share are in :mod:`flashcourse.formulas.counting`.
+One module per chapter stem, found through the table of chapters (:func:`flashcourse.chapters.modules`,
+not listed here); the helpers they share are in :mod:`flashcourse.formulas.counting`.
 
 Example:
     >>> standard_attention_accesses(N=1024, d=64)      # 4Nd + 4N^2
