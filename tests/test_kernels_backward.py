@@ -365,3 +365,20 @@ def test_the_backward_kernels_use_hoppers_wgmma():
     assert set(out) == {"bwd_dkdv d=64", "bwd_dkdv d=128", "bwd_dq d=64", "bwd_dq d=128", "bwd_dkdv d=128 GQA 8",
                         "bwd_dq d=128 GQA 8"}
     assert all(wgmma > 0 and mma == 0 for wgmma, mma in out.values()), out
+
+
+@pytest.mark.skipif(GPU, reason="the GPU runs the bulk reduce itself: tools/gpu_backward_tma.py checks it there")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_the_bulk_reduce_experiments_kernel_under_the_interpreter(causal, gen):
+    """tools/gpu_backward_tma.py (issue 15's next experiment: dQ reduced inside the dK/dV kernel, 5 matmuls a
+    tile pair instead of 7) gives fa2_backward's gradients, with tl.atomic_add where the GPU uses the bulk reduce."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "tools" / "gpu_backward_tma.py"
+    spec = importlib.util.spec_from_file_location("gpu_backward_tma", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    q, k, v, do = inputs(1, 2, 128, 128, 32, gen, "cpu")
+    o, lse = fa2_forward(q, k, v, causal, return_lse=True)
+    got = tool.backward_tma(q, k, v, o, do, lse, causal, tiles=(16, 32, 4, 1), tma=False)
+    assert_grads_close(got, q, k, v, do, causal)
