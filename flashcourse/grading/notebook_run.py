@@ -130,7 +130,7 @@ def run_notebook(nb, name: str, timeout: int):
     process in between, are the known cause) has run none of the notebook: the run is repeated, up to
     ``_KERNEL_STARTS`` times, and then it is a :class:`GradingError`, never the student's failure.
     """
-    for attempt in range(1, _KERNEL_STARTS + 1):
+    for _ in range(_KERNEL_STARTS):
         results, output = _run_once(nb, name, timeout)
         if not kernel_never_started(results):
             return results, output
