@@ -110,7 +110,8 @@ def check_mask(attention_mask, n_q: int, n_k: int, causal: bool = True, fn: str 
     seen) or additive float (0: seen, at most half the dtype's lowest value or -inf: hidden), as
     transformers passes them. It must show query i exactly the keys j <= i + n_k - n_q (the causal
     pattern aligned bottom-right, as the kernels apply it), or every key when ``causal`` is False. The
-    mask last accepted is not checked again while it is unchanged (the same tensor, not written to since).
+    mask last accepted is not checked again while it is unchanged (the same tensor, not written to since;
+    an inference tensor, which does not count its writes, is checked every time).
 
     Example:
         >>> import torch
@@ -124,8 +125,10 @@ def check_mask(attention_mask, n_q: int, n_k: int, causal: bool = True, fn: str 
     """
     if attention_mask is None:
         return
-    key = (attention_mask._version, tuple(attention_mask.shape), n_q, n_k, causal)
-    if _accepted["mask"]() is attention_mask and _accepted["for"] == key:     # unchanged since it was accepted
+    # an inference tensor (made under torch.inference_mode) has no version counter: it is checked every time
+    key = None if attention_mask.is_inference() else (attention_mask._version, tuple(attention_mask.shape), n_q, n_k,
+                                                      causal)
+    if key is not None and _accepted["mask"]() is attention_mask and _accepted["for"] == key:   # unchanged since
         return
     if attention_mask.shape[-2:] != (n_q, n_k):
         raise ValueError(f"{fn}: attention_mask is {tuple(attention_mask.shape)} for {n_q} queries and {n_k} keys; "

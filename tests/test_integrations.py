@@ -184,6 +184,12 @@ def test_check_mask_checks_a_mask_once_while_it_is_unchanged(monkeypatch):
         check_mask(causal, 4, 6)
     with pytest.raises(ValueError, match="attention_mask hides keys"):
         check_mask(causal, 4, 6)
+    with torch.inference_mode():                             # no version counter: checked every time
+        frozen = torch.ones(1, 1, 4, 6, dtype=torch.bool).tril(2)
+        check_mask(frozen, 4, 6)
+        frozen[..., 0, 0] = False
+        with pytest.raises(ValueError, match="attention_mask hides keys"):
+            check_mask(frozen, 4, 6)
 
 
 def test_dropout_and_unsupported_features_are_named():
