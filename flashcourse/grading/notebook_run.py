@@ -26,7 +26,7 @@ _NOTEBOOK_LIMIT = 3600
 #: How often a notebook's run is started when its kernel dies before running anything.
 _KERNEL_STARTS = 3
 #: jupyter_client's errors for a kernel that did not start (``KernelClient.wait_for_ready``).
-_KERNEL_START_ERRORS = ("Kernel died before replying to kernel_info", "Kernel didn't respond in")
+KERNEL_START_ERRORS = ("Kernel died before replying to kernel_info", "Kernel didn't respond in")
 
 # Loaded by pytest from the temporary folder: records each cell's outcome and the exception it raised
 # (nbval keeps the outputs a cell produced in item.test_outputs, the error output included).
@@ -151,7 +151,7 @@ def kernel_never_started(results) -> bool:
         False
     """
     return bool(results) and all(r["when"] == "setup" and r["outcome"] == "failed"
-                                 and any(m in r.get("longrepr", "") for m in _KERNEL_START_ERRORS) for r in results)
+                                 and any(m in r.get("longrepr", "") for m in KERNEL_START_ERRORS) for r in results)
 
 
 def _run_once(nb, name: str, timeout: int):

@@ -476,13 +476,21 @@ def _aot(kernel_name):
     return configs
 
 
-def _signature(names):
+def kernel_signature(names) -> dict:
+    """The ahead-of-time check's signature of a chapter 7 kernel with arguments ``names``: its tiles and flags
+    constexpr, its statistics (L, D, FA1's l and m) and dQ accumulator fp32, scales fp32, sizes and strides i32,
+    tensors fp16. :mod:`.backward_fa1` registers FlashAttention-1's backward with it too.
+
+    Example:
+        >>> kernel_signature(["Q", "LSE", "sm_scale", "N_q", "BLOCK_M"])
+        {'Q': '*fp16', 'LSE': '*fp32', 'sm_scale': 'fp32', 'N_q': 'i32', 'BLOCK_M': 'constexpr'}
+    """
     const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "ATOMIC_DQ", "GROUP", "SPLITS"}
-    fp32 = {"LSE", "Delta", "DQ32"}
+    fp32 = {"LSE", "Delta", "DQ32", "L", "M"}
     return {n: ("constexpr" if n in const else "*fp32" if n in fp32 else "fp32" if n in ("qk_scale", "sm_scale")
                 else "i32" if n in ("N_q", "N_k") or n.startswith("stride") else "*fp16") for n in names}
 
 
-aot.register("bwd_preprocess", _bwd_preprocess, signature=_signature(_bwd_preprocess.arg_names), configs=_aot("pre"))
-aot.register("bwd_dkdv", _bwd_dkdv, signature=_signature(_bwd_dkdv.arg_names), configs=_aot("dkdv"))
-aot.register("bwd_dq", _bwd_dq, signature=_signature(_bwd_dq.arg_names), configs=_aot("dq"))
+aot.register("bwd_preprocess", _bwd_preprocess, signature=kernel_signature(_bwd_preprocess.arg_names), configs=_aot("pre"))
+aot.register("bwd_dkdv", _bwd_dkdv, signature=kernel_signature(_bwd_dkdv.arg_names), configs=_aot("dkdv"))
+aot.register("bwd_dq", _bwd_dq, signature=kernel_signature(_bwd_dq.arg_names), configs=_aot("dq"))

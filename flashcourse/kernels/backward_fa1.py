@@ -23,7 +23,7 @@ import triton.language as tl
 from ..formulas.counting import LOG2E
 from . import aot
 from .attention import quiet
-from .backward import HEAD_DIMS, backward_config
+from .backward import HEAD_DIMS, backward_config, kernel_signature
 from .validate import expect_qkv, expect_saved, expect_sm_scale
 
 __all__ = ["fa1_backward"]
@@ -138,7 +138,4 @@ def _aot_configs(cc):
         yield aot.Launch({"HEAD_DIM": d, "BLOCK_M": BM, "BLOCK_N": BN, "CAUSAL": True}, warps, stages, kernel="fa1_bwd")
 
 
-_SIGNATURE = {n: ("constexpr" if n in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL") else
-                  "*fp32" if n in ("L", "M", "DQ32") else "fp32" if n in ("qk_scale", "sm_scale") else
-                  "i32" if n in ("N_q", "N_k") or n.startswith("stride") else "*fp16") for n in _fa1_bwd.arg_names}
-aot.register("fa1_bwd", _fa1_bwd, signature=_SIGNATURE, configs=_aot_configs)
+aot.register("fa1_bwd", _fa1_bwd, signature=kernel_signature(_fa1_bwd.arg_names), configs=_aot_configs)
