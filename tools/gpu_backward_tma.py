@@ -73,12 +73,15 @@ def _dkdv_dq(Q, K, V, DO, LSE, Delta, DK, DV, DQ32, DQ_DESC, qk_scale, sm_scale,
 
 
 def backward_tma(q, k, v, o, do, lse, causal, tiles=(64, 64, 4, 3), tma=True):
-    """(dq, dk, dv) with dQ reduced in the dK/dV kernel; the D kernel and the fp32 -> fp16 scale are torch's."""
+    """(dq, dk, dv) with dQ reduced in the dK/dV kernel; D by fa2_backward's own first kernel, the fp32 -> fp16
+    scale by torch."""
     from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from flashcourse.kernels.backward import backward_delta
     B, H, N, d = q.shape
     BM, BN, warps, stages = tiles
     sm_scale = d ** -0.5
-    delta = (o.float() * do.float()).sum(-1)
+    delta = backward_delta(o, do)
     dq32 = torch.zeros((B * H * N, d), dtype=torch.float32, device=q.device)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     desc = TensorDescriptor(dq32, shape=[B * H * N, d], strides=[d, 1], block_shape=[BM, d]) if tma else dq32
