@@ -211,8 +211,9 @@ def _bwd_dq(Q, K, V, DO, LSE, Delta, DQ, qk_scale, sm_scale, N_q, N_k,
 def backward_config(d: int, cc="current") -> dict:
     """Tiles and launch options of the three backward kernels for head dim ``d`` on compute capability ``cc``.
 
-    ``{"dkdv": (BLOCK_M, BLOCK_N, num_warps, num_stages), "dq": (...), "pre": BLOCK_M, "fa1": (...)}``: the
-    dK/dV kernel holds a key block of BLOCK_N with its dK, dV and walks query blocks of BLOCK_M; the dQ kernel
+    ``{"dkdv": (BLOCK_M, BLOCK_N, num_warps, num_stages), "dq": (...), "pre": BLOCK_M, "fa1": (...),
+    "dkdv_atomic": (...)}``: the dK/dV kernel holds a key block of BLOCK_N with its dK, dV and walks query
+    blocks of BLOCK_M (``"dkdv_atomic"``: its tiles when it adds dQ too, ``dq_mode="atomic"``); the dQ kernel
     the other way round; :func:`~flashcourse.kernels.backward_fa1.fa1_backward` takes the dK/dV kernel's tiles where they fit. The interpreter runs 16 x 16 tiles (fast on a CPU; warps mean nothing there).
 
     Example:
@@ -222,16 +223,23 @@ def backward_config(d: int, cc="current") -> dict:
     if cc == "current":
         cc = backend.compute_capability()
     if cc is None:
-        return {"dkdv": (16, 16, 4, 1), "dq": (16, 16, 4, 1), "pre": 16, "fa1": (16, 16, 4, 1)}
+        return {"dkdv": (16, 16, 4, 1), "dq": (16, 16, 4, 1), "pre": 16, "fa1": (16, 16, 4, 1),
+                "dkdv_atomic": (16, 16, 4, 1)}
     if cc < (8, 0):                                       # a T4: 64 KB of shared memory, no async copies
-        return ({"dkdv": (32, 64, 4, 1), "dq": (64, 32, 4, 1), "pre": 64, "fa1": (32, 64, 4, 1)} if d <= 64 else
-                {"dkdv": (32, 32, 4, 1), "dq": (32, 32, 4, 1), "pre": 64, "fa1": (16, 32, 4, 1)})
+        return ({"dkdv": (32, 64, 4, 1), "dq": (64, 32, 4, 1), "pre": 64, "fa1": (32, 64, 4, 1),
+                 "dkdv_atomic": (32, 64, 4, 1)} if d <= 64 else
+                {"dkdv": (32, 32, 4, 1), "dq": (32, 32, 4, 1), "pre": 64, "fa1": (16, 32, 4, 1),
+                 "dkdv_atomic": (32, 32, 4, 1)})
     # Measured on an H200 (sm_90, Triton 3.6; tools/gpu_backward.py --sweep --pairs, fp16, 16k tokens, N = 4k):
     # at d = 128 these ran at 349 TFLOP/s (causal 307), 32 x 64 tiles with 8 warps and 64 x 32 with 8 at
     # 146; 4 warps over a 64-key block keep dK_j and dV_j in registers without spilling.
     stages = 2 if cc == (8, 9) else 3                     # an L4's 99 KB of shared memory
     dkdv = (32, 128 if d <= 64 else 64, 4, stages)
-    return {"dkdv": dkdv, "dq": (128, 64, 8, stages), "pre": 64, "fa1": dkdv}   # fa1_backward: the dK/dV tiles
+    # dq_mode="atomic" adds to each row of dQ once per key block: 64 x 128 tiles with 8 warps halve that at
+    # d = 128 and ran 1.1-1.36x as fast as 32 x 64 on an H100 (tools/gpu_backward_tma.py, N = 1k-16k).
+    atomic = (64, 128, 8, 3) if cc == (9, 0) and d == 128 else dkdv
+    return {"dkdv": dkdv, "dq": (128, 64, 8, stages), "pre": 64, "fa1": dkdv,   # fa1_backward: the dK/dV tiles
+            "dkdv_atomic": atomic}
 
 
 def backward_delta(o: torch.Tensor, do: torch.Tensor, block: int = 64) -> torch.Tensor:
@@ -258,15 +266,19 @@ def fa2_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
                  dq_mode: str = "kernel"):
     """``(dq, dk, dv)`` of ``o = softmax(q k^T sm_scale) v`` for the upstream gradient ``do``, recomputing P.
 
-    ``q``, ``o``, ``do``: (B, H, N_q, d); ``k``, ``v``: (B, H_kv, N_k, d) with H a multiple of H_kv (grouped-query
-    attention, as :func:`fa2_forward`: dk and dv sum over the H / H_kv query heads of a group, on chip);
-    ``lse``: (B, H, N_q) float32, the log-sum-exp ``fa2_forward(q, k, v, causal, sm_scale, return_lse=True)`` returned with ``o``. float16,
-    or bfloat16 on a GPU of sm_80 or newer; d one of 16, 32, 64, 128. ``causal`` and ``sm_scale`` must be
-    the forward's. Gradients come in q's dtype, accumulated in float32. ``config`` runs those tiles instead
-    of :func:`backward_config`'s (for tuning: tools/gpu_backward.py), and its ``"dkdv_splits"``, ``"dq_splits"`` the
-    split of each grouped-query group instead of :func:`~flashcourse.kernels.attention_gqa.gqa_splits`'
-    (tools/gpu_gqa.py). ``dq_mode="atomic"`` computes dQ inside the dK/dV kernel, every key block adding its ``dS_ij K_j`` to an fp32 dQ in HBM with atomic adds (Algorithm 2
-    as written), instead of the second, Q-outer kernel (``"kernel"``): the trade-off chapter 7 measures.
+    ``q``, ``o``, ``do``: (B, H, N_q, d); ``k``, ``v``: (B, H_kv, N_k, d) with H a multiple of H_kv
+    (grouped-query attention, as :func:`fa2_forward`: dk and dv sum over the H / H_kv query heads of a group,
+    on chip); ``lse``: (B, H, N_q) float32, the log-sum-exp ``fa2_forward(q, k, v, causal, sm_scale,
+    return_lse=True)`` returned with ``o``. float16, or bfloat16 on a GPU of sm_80 or newer; d one of 16, 32,
+    64, 128. ``causal`` and ``sm_scale`` must be the forward's. Gradients come in q's dtype, accumulated in
+    float32.
+
+    ``dq_mode="atomic"`` computes dQ inside the dK/dV kernel, every key block adding its ``dS_ij K_j`` to an
+    fp32 dQ in HBM with atomic adds (Algorithm 2 as written), instead of the second, Q-outer kernel
+    (``"kernel"``): the trade-off chapter 7 measures. ``config`` runs those tiles instead of
+    :func:`backward_config`'s (for tuning: tools/gpu_backward.py; ``"dkdv"`` is the dK/dV kernel's, in either
+    mode), and its ``"dkdv_splits"``, ``"dq_splits"`` the split of each grouped-query group instead of
+    :func:`~flashcourse.kernels.attention_gqa.gqa_splits`' (tools/gpu_gqa.py).
 
     Example:
         >>> import torch
@@ -291,15 +303,29 @@ def fa2_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
     q, k, v = expect_qkv(fn, q, k, v, head_dims=HEAD_DIMS, grouped=True)
     o, do, lse = expect_saved(fn, q, o, do, {"lse": lse}, "fa2_forward(q, k, v, return_lse=True)")
     sm_scale = expect_sm_scale(fn, sm_scale, q.shape[-1])
-    grads, again = _launch(q, k, v, o, do, lse, causal, sm_scale,
-                           backward_config(q.shape[-1]) if config is None else {**backward_config(q.shape[-1]), **config},
-                           dq_mode == "atomic")
+    cfg = backward_config(q.shape[-1])
+    if dq_mode == "atomic":                             # the dK/dV kernel that adds dQ too has tiles of its own
+        cfg["dkdv"] = cfg["dkdv_atomic"]
+    cfg.update(config or {})
+    for name in ("dkdv", "dq"):
+        cfg[name] = _tiles(name, cfg[name])
+    grads, again = _launch(q, k, v, o, do, lse, causal, sm_scale, cfg, dq_mode == "atomic")
     if plain and again is not None and all(a is b for a, b in zip((q, k, v, o, do, lse), given)):   # nothing copied
         _PLANS.put(key, again)
     return grads
 
 
 _PLANS = Plans()
+
+
+def _tiles(name, tiles):
+    ok = isinstance(tiles, (tuple, list)) and len(tiles) == 4 and all(isinstance(t, int) for t in tiles)
+    if not (ok and all(t >= 16 and t & (t - 1) == 0 for t in tiles[:2]) and tiles[2] in (1, 2, 4, 8, 16)
+            and tiles[3] >= 1):
+        raise ValueError(f"fa2_backward: config['{name}'] is {tiles!r}; expected (BLOCK_M, BLOCK_N, num_warps, "
+                         "num_stages): blocks powers of 2 of at least 16, num_warps a power of 2 up to 16, "
+                         "num_stages at least 1")
+    return tuple(tiles)
 
 
 def _launch(q, k, v, o, do, lse, causal, sm_scale, cfg, atomic=False):
@@ -345,13 +371,14 @@ def _launch(q, k, v, o, do, lse, causal, sm_scale, cfg, atomic=False):
                                "num_stages": s2, "GROUP": group // dq_splits, "SPLITS": dq_splits})
     o_strides, do_strides, dk_strides, dq_strides = o.stride()[:3], do.stride()[:3], dk_out.stride()[:3], dq.stride()[:3]
     shapes = [(t.shape, t.dtype) for t in (q, k, v)]
-    device = q.device
+    device, part_shape = q.device, dk_out.shape          # shapes only: the plan must keep no tensor of this call
+    stub = None if atomic else dq32                      # but "kernel"'s (1,) stand-in for the fp32 dQ
 
     def again(q, k, v, o, do, lse):
         dq, dk, dv = (torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes)
         delta = torch.empty((B, H, N_q), dtype=torch.float32, device=device)
-        acc = torch.zeros((B, H, N_q, d), dtype=torch.float32, device=device) if atomic else dq32
-        parts = [torch.empty(dk_out.shape, dtype=torch.float32, device=device) for _ in "kv"] if splits > 1 else (dk, dv)
+        acc = torch.zeros((B, H, N_q, d), dtype=torch.float32, device=device) if atomic else stub
+        parts = [torch.empty(part_shape, dtype=torch.float32, device=device) for _ in "kv"] if splits > 1 else (dk, dv)
         with quiet():
             pre(o, do, delta, N_q, *o_strides, *do_strides)
             dkdv(q, k, v, do, lse, delta, *parts, acc, *scales, *strides, *dk_strides)
@@ -463,8 +490,8 @@ def _aot(kernel_name):
             if kernel_name == "pre":
                 yield aot.Launch({"HEAD_DIM": d, "BLOCK_M": cfg["pre"]}, 4, 1, kernel="bwd_preprocess")
             else:
-                BM, BN, warps, stages = cfg[kernel_name]
                 for atomic in ((False, True) if kernel_name == "dkdv" else (None,)):
+                    BM, BN, warps, stages = cfg["dkdv_atomic" if atomic else kernel_name]
                     flags = {} if atomic is None else {"ATOMIC_DQ": atomic}
                     for gqa in ((False, True) if d == 128 and not atomic else (False,)):   # 8 query heads a K/V head
                         # dK/dV: a program per query head, fp32 parts summed by sum_parts; dQ: 8 heads packed

@@ -189,8 +189,8 @@ CELLS = [
     """, "subslide", name="measured-table"),
 
     md(r"""
-    The Triton backward runs at 1.04-1.69x PyTorch's flash backend (FlashAttention-2's CUTLASS code) at
-    every shape, 2.6-3.2x the memory-efficient one, and at 0.69-1.18x cuDNN's, which on Hopper uses the
+    The Triton backward runs at 1.16-1.78x PyTorch's flash backend (FlashAttention-2's CUTLASS code) at
+    every shape, 2.7-3.6x the memory-efficient one, and at 0.74-1.24x cuDNN's, which on Hopper uses the
     asynchronous tensor-core instructions FlashAttention-3 is built on. The source articles found a Triton
     backward at about 3/4 of the CUTLASS one, on the GPUs of 2023; on an H100 Triton compiles both of our
     backward kernels to Hopper's warpgroup `wgmma` (at d = 128, compiled for sm_90 with Triton 3.9 on a CPU:
@@ -198,11 +198,11 @@ CELLS = [
     PyTorch's flash backend is FA2's CUTLASS code for the A100, which chapter 3 read uses `mma.sync` from
     sm_80 on (we did not look at its backward's instructions separately).
 
-    That table predates one change: each kernel now masks only the blocks on the causal diagonal (and dQ's
-    ragged last key block), as the forward does, since a row past $N_q$ loads $L = \infty$ and gets $P = 0$
-    by itself. Measured against the kernels that masked every tile, two rounds each in one session on an
-    H100 (`measured/backward_masks.json`, d = 128): causal 3-8% faster at N = 4k-16k, 0.70-0.84x cuDNN;
-    non-causal within the spread of the rounds (-0.4% to +7%), 0.70-0.82x. Naive attention's step keeps S, P
+    Each kernel masks only the blocks on the causal diagonal (and dQ's ragged last key block), as the
+    forward does, since a row past $N_q$ loads $L = \infty$ and gets $P = 0$ by itself. Measured against
+    kernels that masked every tile, two rounds each in one session on an H100
+    (`measured/backward_masks.json`, d = 128): causal 3-8% faster at N = 4k-16k; non-causal within the
+    spread of the rounds (-0.4% to +7%). Naive attention's step keeps S, P
     and their gradients: 5.2 GiB at N = 1k and 20 GiB at 4k (d = 64) where ours allocates 260 MiB (at 16k and
     d = 64 it does not fit). The tiles were tuned on an H200 (`tools/gpu_backward.py --sweep`): at d = 128
     and N = 4096 the first ones tried (key blocks of 32 x 64 and query blocks of 64 x 32, 8 warps each)
@@ -210,11 +210,26 @@ CELLS = [
 
     **dQ: a second kernel or atomic adds?** The column *atomic* is `fa2_backward(..., dq_mode="atomic")`:
     Algorithm 2 as written, each key-block program adding its $dS_{ij} K_j$ to an fp32 $dQ$ in HBM with
-    `tl.atomic_add`, and no dQ kernel. It does 5 matmuls a tile instead of the two kernels' 4 + 3, yet
-    takes 1.15-1.38x as long here: every program writes a $B_r \times d$ tile of fp32 atomics per query block,
-    $T_c$ times over every row of $dQ$, and the adds to one row wait for each other. It also needs the
-    fp32 $dQ$ (322 MiB against 194 at d = 64, N = 1k). Recomputing is again cheaper than moving bytes.
+    `tl.atomic_add`, and no dQ kernel. It does 5 matmuls a tile instead of the two kernels' 4 + 3, but
+    every row of $dQ$ takes $T_c = N / B_c$ atomic adds of fp32, and the adds to one row wait for each other.
+    At d = 64 it takes 1.16-1.39x as long as the two kernels. At d = 128 it runs its own tiles, key blocks of
+    128 with 64 query rows and 8 warps (193 KB of shared memory), half the adds of the dK/dV kernel's 64-key
+    blocks: as fast as the two kernels at N = 4k-16k (0.97-1.07x their time), 1.09-1.20x as long at 1k. On
+    the 64-key blocks it was 1.1-1.36x slower still (one H100 run, `measured/backward_tma.json`): the
+    tiles, not the instruction, set the price of the atomics. The course keeps the second kernel: never
+    more than 3% slower, deterministic (atomic adds land in any order), and with no fp32 $dQ$ (the atomic
+    mode's 322 MiB against 194 at d = 64, N = 1k).
     """, "fragment", name="measured-text"),
+
+    md(r"""
+    **FlashAttention-3's dQ.** FA3 adds the $dQ$ tile with one bulk reduction per tile
+    (`cp.reduce.async.bulk.tensor`, one instruction for the whole tile) instead of element-wise atomics. Triton
+    exposes it as `TensorDescriptor.atomic_add`; `tools/gpu_backward_tma.py` puts it in the dK/dV kernel
+    (one H100 run, `measured/backward_tma.json`). At d = 128 on the same 64 x 128 tiles it ran at
+    0.85-1.09x the two kernels' speed and 0.95-1.12x element-wise atomics'; at d = 64 its best tiles
+    reached 0.79-0.98x. It stays an experiment: cuDNN's backward, at d = 128 and N >= 4k, keeps a lead
+    of 1.23-1.35x over ours, which would take FA3's warp specialisation and overlap, not one instruction.
+    """, "fragment", name="measured-fa3-dq"),
 
     md("""
     **FlashAttention-1's backward.** The columns *FA1* are `kernels.fa1_backward`, Algorithm 4 of the
@@ -222,11 +237,11 @@ CELLS = [
     every query block; $dQ_i$ goes through HBM in fp32 at every step; $D_i$ is recomputed from $O_i$ at every
     step; $P$ comes from FA1's $m$ and $\\ell$), and a whole FA1 step, `fa1_forward` then `fa1_backward`. The
     source articles report FA2's training step 2.27x as fast as FA1's at 4k tokens. Here FA2's step is
-    2.1-3.3x as fast at N = 1k, where the batch gives FA1 256-512 programs for the H100's 132 SMs; the gap
-    grows as N grows and the batch shrinks: 4.0-9.4x at 4k (64-128 programs), 15-36x at 16k (16-32
+    2.2-3.4x as fast at N = 1k, where the batch gives FA1 256-512 programs for the H100's 132 SMs; the gap
+    grows as N grows and the batch shrinks: 4.4-9.5x at 4k (64-128 programs), 17-37x at 16k (16-32
     programs, most SMs idle). Spreading the work over the sequence, FA2's first change, removes that part;
     at N = 1k and d = 64, where FA1 already has 512 programs, what is left (dQ through HBM, D recomputed,
-    one program doing a whole head's work in order) costs 2.1-2.6x, near the articles' figure. (Their 2.27x
+    one program doing a whole head's work in order) costs 2.2-2.8x, near the articles' figure. (Their 2.27x
     compares the two CUDA implementations; ours are the papers' algorithms in Triton, with the same tiles.)
     """, "fragment", name="measured-fa1"),
 
@@ -286,7 +301,7 @@ CELLS = [
     * K/V outside keeps $dK_j, dV_j$ on chip; $dQ$ then needs atomics or a second pass.
     * A model trains on the course's kernels, its loss curve as close to PyTorch's as PyTorch's two backends
       are to each other.
-    * FA1's backward, one program a head with dQ through HBM, falls 2-36x behind FA2's: parallelism over the
+    * FA1's backward, one program a head with dQ through HBM, falls 2-37x behind FA2's: parallelism over the
       sequence matters most when the batch is small.
 
     **Exercise:** `exercises/07_backward.ipynb` — the recomputed step in NumPy, and the inner loop of the
