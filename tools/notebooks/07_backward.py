@@ -222,14 +222,25 @@ CELLS = [
     """, "fragment", name="measured-text"),
 
     md(r"""
-    **FlashAttention-3's dQ.** FA3 adds the $dQ$ tile with one bulk reduction per tile
-    (`cp.reduce.async.bulk.tensor`, one instruction for the whole tile) instead of element-wise atomics. Triton
-    exposes it as `TensorDescriptor.atomic_add`; `tools/gpu_backward_tma.py` puts it in the dK/dV kernel
-    (one H100 run, `measured/backward_tma.json`). At d = 128 on the same 64 x 128 tiles it ran at
+    **FlashAttention-3's tools, in Triton.** FA3 adds the $dQ$ tile with one bulk reduction per tile
+    (`cp.reduce.async.bulk.tensor`, one instruction for the whole tile) instead of element-wise atomics.
+    Triton exposes it as `TensorDescriptor.atomic_add`; `tools/gpu_backward_tma.py` puts it in the dK/dV
+    kernel (one H100 run, `measured/backward_tma.json`). At d = 128 on the same 64 x 128 tiles it ran at
     0.85-1.09x the two kernels' speed and 0.95-1.12x element-wise atomics'; at d = 64 its best tiles
-    reached 0.79-0.98x. It stays an experiment: cuDNN's backward, at d = 128 and N >= 4k, keeps a lead
-    of 1.23-1.35x over ours, which would take FA3's warp specialisation and overlap, not one instruction.
-    """, "fragment", name="measured-fa3-dq"),
+    reached 0.79-0.98x. Two more of FA3's tools, on our two kernels at d = 128 (`tools/gpu_backward_ws.py`,
+    one H100 run with Triton 3.6, `measured/backward_descriptors.json`, kernel times by the profiler):
+
+    * tiles loaded by the TMA (`tl.make_tensor_descriptor`) made the dK/dV kernel on 64 x 128 tiles
+      1.08-1.14x as fast as ours at N = 16k, 0.99-1.03x at 4k; the same tiles with pointer loads were
+      slower than ours (0.92-0.99x);
+    * Triton's warp specialisation (`tl.range(..., warp_specialize=True)`, producer warps that only load,
+      consumer warps that only compute) gained nothing in loops of 8 warps (0.94-1.00x). With 4, the unmasked dK/dV
+      loop ran 1.09-1.18x as fast as ours, but with 3 pipeline stages it computed NaN, and it failed to
+      compile behind a masked loop (causal) and in the dQ kernel.
+
+    These stay experiments: cuDNN's backward, at d = 128 and N >= 4k, keeps a lead of 1.23-1.35x over ours,
+    which would take FA3's whole pipeline, not one of its tools.
+    """, "fragment", name="measured-fa3"),
 
     md("""
     **FlashAttention-1's backward.** The columns *FA1* are `kernels.fa1_backward`, Algorithm 4 of the
