@@ -201,8 +201,9 @@ def test_packed_tiles_of_a_gpu_under_the_interpreter(causal, n_q, n_k, gen):
 
 
 def test_every_split_of_a_group_gives_the_same_gradients(device, gen):
-    """The dK/dV kernels' split of a group (tools/gpu_gqa_backward.py measures each): S parts of 8 / S packed query
-    heads, summed in fp32 afterwards, give the same gradients to fp32 rounding for every S dividing the group."""
+    """The dK/dV kernels' split of a group (tools/gpu_gqa.py measures each): S parts of 8 / S packed query
+    heads, summed in fp32 afterwards or added atomically, give the same gradients to fp32 rounding for every S
+    dividing the group."""
     q, k, v, do = inputs(1, 8, 1, 40, 40, 32, gen, device)
     o, lse = fa2_forward(q, k, v, True, return_lse=True)
     mask = masks.sliding_window(20)
@@ -211,9 +212,13 @@ def test_every_split_of_a_group_gives_the_same_gradients(device, gen):
     dense = fa2_backward(q, k, v, o, do, lse, True)
     sparse = SPK.block_sparse_backward(q, k, v, o_s, do, lse_s, bm)
     for S in (1, 2, 4):
-        for got, want in ((fa2_backward(q, k, v, o, do, lse, True, config={"dkdv_splits": S}), dense),
-                          (SPK.block_sparse_backward(q, k, v, o_s, do, lse_s, bm, splits=S), sparse)):
-            assert all(torch.allclose(a.float(), b.float(), atol=2e-3, rtol=1e-3) for a, b in zip(got, want)), S
+        for total in ("parts", "atomic"):                # the parts summed afterwards, or added atomically
+            got = fa2_backward(q, k, v, o, do, lse, True, config={"dkdv_splits": S, "dkdv_sum": total})
+            assert all(torch.allclose(a.float(), b.float(), atol=2e-3, rtol=1e-3) for a, b in zip(got, dense)), S
+        got = SPK.block_sparse_backward(q, k, v, o_s, do, lse_s, bm, splits=S)
+        assert all(torch.allclose(a.float(), b.float(), atol=2e-3, rtol=1e-3) for a, b in zip(got, sparse)), S
+    with pytest.raises(ValueError, match=r"config\['dkdv_sum'\] is 'fp16'; expected 'parts' or 'atomic'"):
+        fa2_backward(q, k, v, o, do, lse, True, config={"dkdv_sum": "fp16"})
     with pytest.raises(ValueError, match=r"dkdv_splits'\] is 3; expected a divisor of H / H_kv = 8"):
         fa2_backward(q, k, v, o, do, lse, True, config={"dkdv_splits": 3})
     with pytest.raises(ValueError, match=r"splits is 3; expected a divisor of H / H_kv = 8"):
@@ -255,7 +260,7 @@ def test_errors_name_the_heads():
 def test_the_kernels_read_k_and_v_in_place(device, gen, monkeypatch):
     """Every kernel gets the caller's K and V (no repeat, no copy): the forward and dQ kernels on a grid of K/V heads
     with the group's 4 query heads packed; the dK/dV kernel one program per query head (SPLITS = 4 parts a K/V head,
-    which the fp32 sum kernel adds up)."""
+    added atomically into one fp32 sum a K/V head at this N, or stored and added up by the fp32 sum kernel)."""
     launched, summed = [], []
     real_sum = BW.sum_parts
     monkeypatch.setattr(BW, "sum_parts", lambda parts, out: summed.append(parts.shape) or real_sum(parts, out))
@@ -273,7 +278,11 @@ def test_the_kernels_read_k_and_v_in_place(device, gen, monkeypatch):
         packed = name != "bwd_dkdv"
         assert grid[1:] == ((2, 1) if packed else (8, 1)) and kw["GROUP"] == (4 if packed else 1), (name, grid, kw)
         assert args[1] is k and args[2] is v, f"{name} got a copy of K or V"
-    assert by_name[aot.kernel_of("bwd_dkdv")][2]["SPLITS"] == 4 and summed == [(1, 8, 40, 32)] * 2   # dK, dV
+    _, args, kw = by_name[aot.kernel_of("bwd_dkdv")]
+    assert kw["SPLITS"] == 4 and kw["SUM_ATOMIC"] and summed == [], kw                    # gqa_dkdv_sum(40)
+    assert [(tuple(t.shape), t.dtype) for t in args[6:8]] == [((1, 2, 40, 32), torch.float32)] * 2   # dK, dV sums
+    fa2_backward(q, k, v, o, do, lse, True, config={"dkdv_sum": "parts"})
+    assert not launched[-2][3]["SUM_ATOMIC"] and summed == [(1, 8, 40, 32)] * 2, launched[-2][3]   # dK, dV parts
     assert by_name[aot.kernel_of("fa2_fwd")][0][0] == 4 * 40 // 16      # 160 packed rows: 4 heads x 40 positions
 
 
@@ -333,12 +342,13 @@ def swap(monkeypatch, module, name, wrong):
 
 
 @pytest.mark.parametrize("bug", ["heads interleaved", "causal bound from packed rows", "dK, dV of one head",
-                                 "dK, dV from the wrong K/V head", "block-sparse heads interleaved"])
+                                 "dK, dV summed into one K/V head", "dK, dV from the wrong K/V head",
+                                 "block-sparse heads interleaved"])
 def test_the_comparison_rejects_the_packings_mistakes(device, bug, gen, monkeypatch, tmp_path):
     if GPU:
         pytest.skip("the mutants are swapped in under the interpreter")
     q, k, v, do = inputs(1, 8, 2, 64, 64, 32, gen, device)
-    causal = True                              # causal attention packs a group's query heads (gqa_splits)
+    causal, config = True, {}                  # causal attention packs a group's query heads (gqa_splits)
     if "interleaved" in bug:                   # query head h reads K/V head h % H_kv, not h // (H / H_kv)
         @triton.jit
         def interleaved(start_m, h_kv, BLOCK_M: tl.constexpr, GROUP: tl.constexpr):
@@ -352,6 +362,11 @@ def test_the_comparison_rejects_the_packings_mistakes(device, bug, gen, monkeypa
             "full = tl.minimum(start_m + offset + 1, N_k)", tmp_path))
     elif bug == "dK, dV of one head":           # a group's parts not summed: the first query head's only
         monkeypatch.setattr(BW, "sum_parts", lambda parts, out: out.copy_(parts[:, ::parts.shape[1] // out.shape[1]]))
+        config = {"dkdv_sum": "parts"}
+    elif bug == "dK, dV summed into one K/V head":  # the atomic sum of every part lands on K/V head 0
+        swap(monkeypatch, BW, "bwd_dkdv", mutant("bwd_dkdv", "out = b * stride_dkb + (h // SPLITS) * stride_dkh",
+                                                 "out = b * stride_dkb + 0 * stride_dkh", tmp_path))
+        config = {"dkdv_sum": "atomic"}
     else:                                      # query head h's dK, dV against K/V head h % H_kv
         swap(monkeypatch, BW, "bwd_dkdv", mutant("bwd_dkdv", "(h // SPLITS) * stride_kh", "(h % 2) * stride_kh",
                                                  tmp_path))
@@ -365,19 +380,26 @@ def test_the_comparison_rejects_the_packings_mistakes(device, bug, gen, monkeypa
     o, lse = fa2_forward(q, k, v, causal, return_lse=True, launch=fa2_config(32))
     with pytest.raises(AssertionError, match="max error"):
         assert_forward_close(o, q, k, v, causal)
-        assert_grads_close(fa2_backward(q, k, v, o, do, lse, causal, config={}), q, k, v, do, causal)
+        assert_grads_close(fa2_backward(q, k, v, o, do, lse, causal, config=config), q, k, v, do, causal)
 
 
 def test_shipped_h100_results_meet_the_lectures_claims():
     """Chapter 3's GQA slides quote the shipped attention_gqa suite: reading K and V in place is at least as fast
-    as repeating them, in the forward and in a training step, at every shape; SDPA's FlashAttention-2 backend is
-    1.2-1.7x slower; cuDNN's is faster in a training step (the gap issue 17 leaves open)."""
+    as repeating them in a training step at every shape (1.05-1.18x), and in the forward up to 4k tokens; at 16k
+    the forward is at parity (0.98-1.04: the copy is 1-6% of the time, what the in-place kernel loses); the
+    backward alone 0.99-1.14x; SDPA's FlashAttention-2 backend is 1.2-1.7x slower; cuDNN's is faster in a training
+    step (the gap issue 17 leaves open)."""
     from flashcourse.bench import shipped
     from flashcourse.bench.attention_gqa import table
     rows = table(shipped("attention_gqa"))
     assert len(rows) == 12
     for row in rows:
-        assert row["fwd vs repeated"] >= 1.0 and row["fwd+bwd vs repeated"] >= 1.0, row
+        assert 1.04 <= row["fwd+bwd vs repeated"] <= 1.19 and 0.98 <= row["bwd vs repeated"] <= 1.15, row
+        assert row["fwd vs repeated"] >= 1.0 if row["N"] < 16384 else 0.975 <= row["fwd vs repeated"] <= 1.045, row
+        if row["N"] == 16384:                           # the copy's share of the forward, and what in place loses
+            copy = row["kernels.fa2_forward (repeated K/V, kernel only)"] / row["kernels.fa2_forward (repeated K/V)"]
+            lost = row["kernels.fa2_forward (repeated K/V, kernel only)"] / row["kernels.fa2_forward (gqa)"]
+            assert 1.005 <= copy <= 1.06 and 1.0 <= lost <= 1.05, (copy, lost, row)
         for phase, impl in (("fwd", "sdpa (flash) enable_gqa"), ("fwd+bwd", "sdpa (flash) enable_gqa fwd+bwd")):
             ours = row["kernels.fa2_forward (gqa)" if phase == "fwd" else "kernels.flash_attention (gqa) fwd+bwd"]
             assert 1.2 <= ours / row[impl] <= 1.7, (phase, row)          # TFLOP/s: ours over SDPA flash's

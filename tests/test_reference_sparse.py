@@ -20,6 +20,17 @@ def lse_float64(q, k, mask, tau):
         return m[..., 0] + np.log(np.exp(s - np.where(np.isneginf(m), 0.0, m)).sum(-1))
 
 
+def test_traffic_of_a_mask_that_sees_no_key_counts_no_key():
+    """A mask under which no query sees any key (causal with every row shifted past the keys): K and V are never
+    read, so, like the counted memory, the formula has no entry for them (a random "nokey" case found this)."""
+    bm = block_mask(causal(-5), 3, 3, (1, 1))
+    q, k, v = (np.ones((1, 1, 3, 4)) for _ in range(3))
+    mem = Memory()
+    block_sparse_attention(q, k, v, bm, memory=mem)
+    assert mem.totals("elements") == block_sparse_traffic(bm, 4) == {("Q", "read"): 12, ("O", "write"): 12,
+                                                                     ("L", "write"): 3}
+
+
 @pytest.mark.parametrize("name", ["causal", "window", "window2", "strided", "global", "documents", "nokey"])
 def test_block_sparse_attention_is_masked_attention(name, seed):
     rng = np.random.default_rng(seed)

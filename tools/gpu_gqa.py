@@ -13,10 +13,12 @@ causal and not):
   for the ends;
 * ``sparse``: block_sparse_backward's dK/dV split S in {1, g} (causal and sliding_window(1024), N = 16k);
 * ``decode``: one decoding token against 8 K/V heads, fa2_forward on K/V in place and expanded, and flash_decode;
+* ``sums``: fa2_backward with the dK/dV parts summed by sum_parts or added atomically (``config["dkdv_sum"]``),
+  two rounds, beside the repeated path (:func:`gqa_dkdv_sum` encodes what it found);
 
 and prints one JSON line a shape::
 
-    python tools/gpu_gqa.py [dense] [sparse] [decode] > gqa_splits.jsonl
+    python tools/gpu_gqa.py [dense] [sparse] [decode] [sums] > gqa_splits.jsonl
 
 Times: triton.testing.do_bench's median (25 ms warm-up, 100 ms of repetitions). :func:`gqa_splits` encodes what
 it found.
@@ -40,46 +42,60 @@ def kernel_ms(fn, reps: int = 5) -> dict:
             if e.device_type.name == "CUDA" and e.device_time_total / reps > 50}
 
 
-def dense() -> None:
+def suite_cases():
+    """The attention_gqa suite's shapes, with random inputs on the GPU: yields a dict of H_kv, N, causal, B, H, d,
+    g and q, do, k, v, K/V repeated to H heads (kr, vr), and ``repeated()``: fa2_backward on them, dK and dV summed
+    over each group (given ``o`` and ``lse`` in the dict first)."""
     import torch
-    import triton.testing
 
-    from flashcourse.kernels import aot, fa2_backward, fa2_config, fa2_forward
+    from flashcourse.kernels import fa2_backward
     for H_kv in (8, 1):
         for N in (1024, 4096, 16384):
             for causal in (False, True):
                 B, H, d = 16384 // N, 32, 128
                 g = H // H_kv
-                q, do = (torch.randn(B, H, N, d, device="cuda", dtype=torch.float16) for _ in range(2))
-                k, v = (torch.randn(B, H_kv, N, d, device="cuda", dtype=torch.float16) for _ in range(2))
-                kr, vr = (t.repeat_interleave(g, 1) for t in (k, v))
-                row = {"H": H, "H_kv": H_kv, "N": N, "causal": causal, "fwd": {}, "bwd": {}, "kernels": {}}
-                row["fwd"]["repeated, kernel only"] = triton.testing.do_bench(lambda: fa2_forward(q, kr, vr, causal))
-                base = fa2_config(d, causal=causal)
-                for S in (1, g):
-                    launch = aot.Launch({**base.constexprs, "SPLITS": S}, base.num_warps, base.num_stages)
-                    row["fwd"][f"S={S}"] = triton.testing.do_bench(lambda: fa2_forward(q, k, v, causal, launch=launch))
-                o, lse = fa2_forward(q, k, v, causal, return_lse=True)
+                c = {"H_kv": H_kv, "N": N, "causal": causal, "B": B, "H": H, "d": d, "g": g}
+                c["q"], c["do"] = (torch.randn(B, H, N, d, device="cuda", dtype=torch.float16) for _ in range(2))
+                c["k"], c["v"] = (torch.randn(B, H_kv, N, d, device="cuda", dtype=torch.float16) for _ in range(2))
+                c["kr"], c["vr"] = (t.repeat_interleave(g, 1) for t in (c["k"], c["v"]))
 
-                def repeated():
-                    dq, dk, dv = fa2_backward(q, kr, vr, o, do, lse, causal)
-                    return dq, dk.view(B, H_kv, g, N, d).sum(2), dv.view(B, H_kv, g, N, d).sum(2)
-                row["bwd"]["repeated"] = triton.testing.do_bench(repeated)
-                row["kernels"]["repeated"] = kernel_ms(repeated)
-                ref = repeated()
-                configs = {f"dkdv S={S}, dq S=1": {"dkdv_splits": S, "dq_splits": 1}
-                           for S in (1, 2, 4, 8, 16, 32) if g % S == 0}
-                configs[f"dkdv S={g}, dq S={g}"] = {"dkdv_splits": g, "dq_splits": g}
-                for name, config in configs.items():
-                    run = lambda config=config: fa2_backward(q, k, v, o, do, lse, causal, config=config)  # noqa: E731
-                    row.setdefault("max_diff_vs_repeated", {})[name] = max(
-                        (a.float() - b.float()).abs().max().item() for a, b in zip(run(), ref))
-                    row["bwd"][name] = triton.testing.do_bench(run)
-                    if config["dkdv_splits"] in (1, g):
-                        row["kernels"][name] = kernel_ms(run)
-                print(json.dumps(row), flush=True)
-                del q, do, k, v, o, lse, kr, vr
+                def repeated(c=c):
+                    dq, dk, dv = fa2_backward(c["q"], c["kr"], c["vr"], c["o"], c["do"], c["lse"], c["causal"])
+                    shape = (c["B"], c["H_kv"], c["g"], c["N"], c["d"])
+                    return dq, dk.view(shape).sum(2), dv.view(shape).sum(2)
+                c["repeated"] = repeated
+                yield c
                 torch.cuda.empty_cache()
+
+
+def dense() -> None:
+    import triton.testing
+
+    from flashcourse.kernels import aot, fa2_backward, fa2_config, fa2_forward
+    for c in suite_cases():
+        H_kv, N, causal, H, d, g = (c[x] for x in ("H_kv", "N", "causal", "H", "d", "g"))
+        q, do, k, v, kr, vr = (c[x] for x in ("q", "do", "k", "v", "kr", "vr"))
+        row = {"H": H, "H_kv": H_kv, "N": N, "causal": causal, "fwd": {}, "bwd": {}, "kernels": {}}
+        row["fwd"]["repeated, kernel only"] = triton.testing.do_bench(lambda: fa2_forward(q, kr, vr, causal))
+        base = fa2_config(d, causal=causal)
+        for S in (1, g):
+            launch = aot.Launch({**base.constexprs, "SPLITS": S}, base.num_warps, base.num_stages)
+            row["fwd"][f"S={S}"] = triton.testing.do_bench(lambda: fa2_forward(q, k, v, causal, launch=launch))
+        o, lse = c["o"], c["lse"] = fa2_forward(q, k, v, causal, return_lse=True)
+        row["bwd"]["repeated"] = triton.testing.do_bench(c["repeated"])
+        row["kernels"]["repeated"] = kernel_ms(c["repeated"])
+        ref = c["repeated"]()
+        configs = {f"dkdv S={S}, dq S=1": {"dkdv_splits": S, "dq_splits": 1}
+                   for S in (1, 2, 4, 8, 16, 32) if g % S == 0}
+        configs[f"dkdv S={g}, dq S={g}"] = {"dkdv_splits": g, "dq_splits": g}
+        for name, config in configs.items():
+            run = lambda config=config: fa2_backward(q, k, v, o, do, lse, causal, config=config)  # noqa: E731
+            row.setdefault("max_diff_vs_repeated", {})[name] = max(
+                (a.float() - b.float()).abs().max().item() for a, b in zip(run(), ref))
+            row["bwd"][name] = triton.testing.do_bench(run)
+            if config["dkdv_splits"] in (1, g):
+                row["kernels"][name] = kernel_ms(run)
+        print(json.dumps(row), flush=True)
 
 
 def sparse() -> None:
@@ -129,7 +145,29 @@ def decode() -> None:
             print(json.dumps(row), flush=True)
 
 
+def sums() -> None:
+    """fa2_backward with the dK/dV parts of a group summed by sum_parts, or added atomically in the kernel."""
+    import triton.testing
+
+    from flashcourse.kernels import fa2_backward, fa2_forward
+    for c in suite_cases():
+        H_kv, N, causal, H = (c[x] for x in ("H_kv", "N", "causal", "H"))
+        q, do, k, v = (c[x] for x in ("q", "do", "k", "v"))
+        o, lse = c["o"], c["lse"] = fa2_forward(q, k, v, causal, return_lse=True)
+        runs = {name: (lambda name=name: fa2_backward(q, k, v, o, do, lse, causal, config={"dkdv_sum": name}))
+                for name in ("parts", "atomic")}
+        runs["repeated"] = c["repeated"]
+        ref = c["repeated"]()
+        row = {"H": H, "H_kv": H_kv, "N": N, "causal": causal, "ms": {}, "max_diff_vs_repeated": {}}
+        for rnd in (1, 2):
+            for name, run in runs.items():
+                row["ms"][f"{name} r{rnd}"] = triton.testing.do_bench(run)
+                row["max_diff_vs_repeated"][name] = max((a.float() - b.float()).abs().max().item()
+                                                        for a, b in zip(run(), ref))
+        print(json.dumps(row), flush=True)
+
+
 if __name__ == "__main__":
     import sys
-    for part in sys.argv[1:] or ["dense", "sparse", "decode"]:
-        {"dense": dense, "sparse": sparse, "decode": decode}[part]()
+    for part in sys.argv[1:] or ["dense", "sparse", "decode", "sums"]:
+        {"dense": dense, "sparse": sparse, "decode": decode, "sums": sums}[part]()

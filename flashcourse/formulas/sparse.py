@@ -414,7 +414,8 @@ def _visited_keys(bm: BlockMask) -> int:
 def block_sparse_traffic(bm: BlockMask, d: int, heads: int = 1) -> dict[tuple[str, str], int]:
     """HBM element accesses of block-sparse FlashAttention-2 with block mask ``bm``, by ``(tensor, direction)``
     as ``Memory.totals("elements")`` gives them: Q read once; K and V read once for every non-empty block;
-    one bit tile (B_r x ceil(B_c / 8) bytes) for every partial block; O and L written once.
+    one bit tile (B_r x ceil(B_c / 8) bytes) for every partial block; O and L written once. A tensor never
+    accessed (no partial block; no key seen at all) has no entry, as in the counted memory.
 
     Example:
         >>> bm = block_mask(causal(), 64, 64, (16, 16))
@@ -424,9 +425,8 @@ def block_sparse_traffic(bm: BlockMask, d: int, heads: int = 1) -> dict[tuple[st
     expect_positive("block_sparse_traffic", d=d, heads=heads)
     keys, (B_r, B_c), partial = _visited_keys(bm), bm.block_size, bm.counts()["partial"]
     per_head = {("Q", "read"): bm.N_q * d, ("K", "read"): keys * d, ("V", "read"): keys * d,
-                **({("mask", "read"): partial * B_r * ceil_div(B_c, 8)} if partial else {}),   # no partial block: no tile
-                ("O", "write"): bm.N_q * d, ("L", "write"): bm.N_q}
-    return {key: heads * n for key, n in per_head.items()}
+                ("mask", "read"): partial * B_r * ceil_div(B_c, 8), ("O", "write"): bm.N_q * d, ("L", "write"): bm.N_q}
+    return {key: heads * n for key, n in per_head.items() if n}
 
 
 def block_sparse_accesses(N: int, d: int, B_r: int, s: float, partial: float = 0.0, B_c: int | None = None) -> float:

@@ -6,7 +6,7 @@ and V with their H_kv heads and never copy them: each splits a group in S parts 
 program, and packs a part's heads into its tiles (:func:`packed_rows`); :func:`gqa_splits` picks S, as measured on
 an H100. S = 1 packs the whole group, so a K/V tile a program loads serves every head of it; S = g runs a program
 per query head that reads its K/V head in place. The dK/dV kernel's parts each sum their heads' gradient of K_j,
-V_j; :func:`sum_parts` adds the parts up.
+V_j; :func:`sum_parts` adds the parts up, or the parts add into one fp32 sum atomically (:func:`gqa_dkdv_sum`).
 
 Example:
     >>> import torch
@@ -27,7 +27,7 @@ import triton.language as tl
 
 from . import aot
 
-__all__ = ["gqa_splits", "sum_parts"]
+__all__ = ["gqa_dkdv_sum", "gqa_splits", "sum_parts"]
 
 
 @triton.jit
@@ -80,6 +80,26 @@ def gqa_splits(kernel: str, group: int, causal: bool, N_q: int, block_m: int) ->
     if kernel == "dkdv" or (not causal and N_q >= block_m):
         return group
     return 1
+
+
+ATOMIC_SUM_MAX_KEYS = 2048
+
+
+def gqa_dkdv_sum(N_k: int) -> str:
+    """How the dK/dV kernel's S parts of a group become one gradient per K/V head, for ``N_k`` keys:
+    ``"parts"`` stores each part in fp32 and :func:`sum_parts` adds them in a second pass; ``"atomic"`` has each
+    program add its fp32 dK_j, dV_j into one (B, H_kv, N_k, d) sum with atomic adds, then casts it (the order of
+    the adds, and so the last bits of the sum, varies from run to run). Measured on an H100 (tools/gpu_gqa.py
+    sums; bench/results/h100/measured/gqa_dkdv_sum.json, two rounds): at N = 1k the atomic sum made the backward
+    1.04-1.14x as fast -- the parts are g times the gradient's size and the pass over them weighs most where the
+    kernels are short -- while at 4k and 16k the two differed less than the rounds did. So: atomic up to
+    ``ATOMIC_SUM_MAX_KEYS`` keys.
+
+    Example:
+        >>> gqa_dkdv_sum(1024), gqa_dkdv_sum(4096)
+        ('atomic', 'parts')
+    """
+    return "atomic" if N_k <= ATOMIC_SUM_MAX_KEYS else "parts"
 
 
 @triton.jit

@@ -44,7 +44,7 @@ from .. import backend
 from ..formulas.counting import LOG2E
 from . import aot
 from .attention import fa2_forward, quiet
-from .attention_gqa import gqa_splits, packed_rows, sum_parts
+from .attention_gqa import gqa_dkdv_sum, gqa_splits, packed_rows, sum_parts
 from .launch import Plans, relaunch, shape_key
 from .validate import expect_qkv, expect_saved, expect_sm_scale
 
@@ -108,11 +108,12 @@ def _bwd_dkdv(Q, K, V, DO, LSE, Delta, DK, DV, DQ32, qk_scale, sm_scale, N_q, N_
               stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
               stride_dob, stride_doh, stride_dom, stride_dkb, stride_dkh, stride_dkn,
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-              ATOMIC_DQ: tl.constexpr, GROUP: tl.constexpr, SPLITS: tl.constexpr):
+              ATOMIC_DQ: tl.constexpr, GROUP: tl.constexpr, SPLITS: tl.constexpr, SUM_ATOMIC: tl.constexpr = False):
     # lines 5-19: one key block K_j, V_j per program (grid: (key blocks, H_kv * SPLITS, B)); dK_j, dV_j in registers.
     # Grouped-query attention: a K/V head's query heads are split in SPLITS parts of GROUP heads; program h walks
     # packed rows (packed_rows) of part h, so dK_j and dV_j sum over its GROUP heads on chip, and DK, DV hold
-    # one sum per part (B, H_kv * SPLITS, N_k, d), which the caller adds up when SPLITS > 1.
+    # one sum per part (B, H_kv * SPLITS, N_k, d), which the caller adds up when SPLITS > 1 -- or, SUM_ATOMIC,
+    # one fp32 sum per K/V head (B, H_kv, N_k, d) that the parts add into.
     h, b = tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
     start_n = tl.program_id(0) * BLOCK_N
     cols = start_n + tl.arange(0, BLOCK_N)
@@ -140,9 +141,14 @@ def _bwd_dkdv(Q, K, V, DO, LSE, Delta, DK, DV, DQ32, qk_scale, sm_scale, N_q, N_
                                 cols, in_k, dims, N_q, offset, stride_qb, stride_qh, stride_qm, stride_dob, stride_doh,
                                 stride_dom, HEAD_DIM, BLOCK_M, ATOMIC_DQ, GROUP, H_STAT, False)
     dK_j *= sm_scale
-    out = b * stride_dkb + h * stride_dkh + cols[:, None] * stride_dkn + dims[None, :]
-    tl.store(DK + out, dK_j.to(DK.dtype.element_ty), mask=in_k[:, None])           # line 18
-    tl.store(DV + out, dV_j.to(DV.dtype.element_ty), mask=in_k[:, None])
+    if SUM_ATOMIC:                                        # the SPLITS parts of a group add into one fp32 sum
+        out = b * stride_dkb + (h // SPLITS) * stride_dkh + cols[:, None] * stride_dkn + dims[None, :]
+        tl.atomic_add(DK + out, dK_j, mask=in_k[:, None], sem="relaxed")
+        tl.atomic_add(DV + out, dV_j, mask=in_k[:, None], sem="relaxed")
+    else:
+        out = b * stride_dkb + h * stride_dkh + cols[:, None] * stride_dkn + dims[None, :]
+        tl.store(DK + out, dK_j.to(DK.dtype.element_ty), mask=in_k[:, None])       # line 18
+        tl.store(DV + out, dV_j.to(DV.dtype.element_ty), mask=in_k[:, None])
 
 
 @triton.jit
@@ -277,8 +283,10 @@ def fa2_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
     fp32 dQ in HBM with atomic adds (Algorithm 2 as written), instead of the second, Q-outer kernel
     (``"kernel"``): the trade-off chapter 7 measures. ``config`` runs those tiles instead of
     :func:`backward_config`'s (for tuning: tools/gpu_backward.py; ``"dkdv"`` is the dK/dV kernel's, in either
-    mode), and its ``"dkdv_splits"``, ``"dq_splits"`` the split of each grouped-query group instead of
-    :func:`~flashcourse.kernels.attention_gqa.gqa_splits`' (tools/gpu_gqa.py).
+    mode), its ``"dkdv_splits"``, ``"dq_splits"`` the split of each grouped-query group instead of
+    :func:`~flashcourse.kernels.attention_gqa.gqa_splits`' (tools/gpu_gqa.py), and its ``"dkdv_sum"``
+    (``"parts"`` or ``"atomic"``) how the dK/dV parts are added instead of
+    :func:`~flashcourse.kernels.attention_gqa.gqa_dkdv_sum`'s.
 
     Example:
         >>> import torch
@@ -343,7 +351,12 @@ def _launch(q, k, v, o, do, lse, causal, sm_scale, cfg, atomic=False):
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     if dq.numel() == 0 or dk.numel() == 0:
         return (dq.zero_(), dk.zero_(), dv.zero_()), None
-    parts = (torch.empty((B, H_kv * splits, N_k, d), dtype=torch.float32, device=q.device) for _ in "kv")
+    sum_mode = cfg.get("dkdv_sum", gqa_dkdv_sum(N_k))
+    if sum_mode not in ("parts", "atomic"):
+        raise ValueError(f"fa2_backward: config['dkdv_sum'] is {sum_mode!r}; expected 'parts' or 'atomic'")
+    sum_atomic = splits > 1 and sum_mode == "atomic"     # the parts added atomically into one fp32 sum
+    parts = (torch.zeros((B, H_kv, N_k, d), dtype=torch.float32, device=q.device) if sum_atomic else
+             torch.empty((B, H_kv * splits, N_k, d), dtype=torch.float32, device=q.device) for _ in "kv")
     dk_out, dv_out = (dk, dv) if splits == 1 else parts     # SPLITS > 1: one fp32 sum per part of each group
     delta = torch.empty((B, H, N_q), dtype=torch.float32, device=q.device)
     dq32 = torch.zeros((B, H, N_q, d) if atomic else (1,), dtype=torch.float32, device=q.device)   # "atomic" only
@@ -357,8 +370,11 @@ def _launch(q, k, v, o, do, lse, causal, sm_scale, cfg, atomic=False):
         dkdv = relaunch(_bwd_dkdv, (triton.cdiv(N_k, BN1), H_kv * splits, B),
                         (q, k, v, do, lse, delta, dk_out, dv_out, dq32, *scales, *strides, *dk_out.stride()[:3]),
                         {"HEAD_DIM": d, "BLOCK_M": BM1, "BLOCK_N": BN1, "CAUSAL": bool(causal), "num_warps": w1,
-                         "num_stages": s1, "ATOMIC_DQ": atomic, "GROUP": group // splits, "SPLITS": splits})
-    if splits > 1:
+                         "num_stages": s1, "ATOMIC_DQ": atomic, "GROUP": group // splits, "SPLITS": splits,
+                         "SUM_ATOMIC": sum_atomic})
+    if sum_atomic:
+        dk.copy_(dk_out), dv.copy_(dv_out)
+    elif splits > 1:
         sum_parts(dk_out, dk), sum_parts(dv_out, dv)
     dq_run = None
     if atomic:
@@ -378,11 +394,14 @@ def _launch(q, k, v, o, do, lse, causal, sm_scale, cfg, atomic=False):
         dq, dk, dv = (torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes)
         delta = torch.empty((B, H, N_q), dtype=torch.float32, device=device)
         acc = torch.zeros((B, H, N_q, d), dtype=torch.float32, device=device) if atomic else stub
-        parts = [torch.empty(part_shape, dtype=torch.float32, device=device) for _ in "kv"] if splits > 1 else (dk, dv)
+        parts = [(torch.zeros if sum_atomic else torch.empty)(part_shape, dtype=torch.float32, device=device)
+                 for _ in "kv"] if splits > 1 else (dk, dv)
         with quiet():
             pre(o, do, delta, N_q, *o_strides, *do_strides)
             dkdv(q, k, v, do, lse, delta, *parts, acc, *scales, *strides, *dk_strides)
-            if splits > 1:
+            if sum_atomic:
+                dk.copy_(parts[0]), dv.copy_(parts[1])
+            elif splits > 1:
                 sum_parts(parts[0], dk), sum_parts(parts[1], dv)
             if atomic:
                 dq.copy_(acc)
@@ -493,13 +512,17 @@ def _aot(kernel_name):
                 for atomic in ((False, True) if kernel_name == "dkdv" else (None,)):
                     BM, BN, warps, stages = cfg["dkdv_atomic" if atomic else kernel_name]
                     flags = {} if atomic is None else {"ATOMIC_DQ": atomic}
-                    for gqa in ((False, True) if d == 128 and not atomic else (False,)):   # 8 query heads a K/V head
-                        # dK/dV: a program per query head, fp32 parts summed by sum_parts; dQ: 8 heads packed
-                        extra = ({"GROUP": 1, "SPLITS": 8 if gqa else 1} if kernel_name == "dkdv" else
-                                 {"GROUP": 8 if gqa else 1, "SPLITS": 1})
+                    gqas = ((False, False), (True, False), (True, True))[:3 if d == 128 and not atomic else 1]
+                    for gqa, summed in gqas:                 # 8 query heads a K/V head; dK/dV's parts summed atomically
+                        # dK/dV: a program per query head, fp32 parts (or one fp32 sum); dQ: 8 heads packed
+                        extra = ({"GROUP": 1, "SPLITS": 8 if gqa else 1, "SUM_ATOMIC": summed} if kernel_name == "dkdv"
+                                 else {"GROUP": 8 if gqa else 1, "SPLITS": 1})
+                        if kernel_name != "dkdv" and summed:
+                            continue
                         parts = {"DK": "*fp32", "DV": "*fp32"} if gqa and kernel_name == "dkdv" else {}
+                        note = ("GQA 8" + (", summed atomically" if summed else "")) if gqa else ""
                         yield aot.Launch({"HEAD_DIM": d, "BLOCK_M": BM, "BLOCK_N": BN, "CAUSAL": True, **flags, **extra},
-                                         warps, stages, parts, kernel=f"bwd_{kernel_name}", note="GQA 8" if gqa else "")
+                                         warps, stages, parts, kernel=f"bwd_{kernel_name}", note=note)
     return configs
 
 
@@ -512,7 +535,7 @@ def kernel_signature(names) -> dict:
         >>> kernel_signature(["Q", "LSE", "sm_scale", "N_q", "BLOCK_M"])
         {'Q': '*fp16', 'LSE': '*fp32', 'sm_scale': 'fp32', 'N_q': 'i32', 'BLOCK_M': 'constexpr'}
     """
-    const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "ATOMIC_DQ", "GROUP", "SPLITS"}
+    const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "ATOMIC_DQ", "GROUP", "SPLITS", "SUM_ATOMIC"}
     fp32 = {"LSE", "Delta", "DQ32", "L", "M"}
     return {n: ("constexpr" if n in const else "*fp32" if n in fp32 else "fp32" if n in ("qk_scale", "sm_scale")
                 else "i32" if n in ("N_q", "N_k") or n.startswith("stride") else "*fp16") for n in names}
