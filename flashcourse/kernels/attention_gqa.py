@@ -92,8 +92,9 @@ def gqa_dkdv_sum(N_k: int) -> str:
     the adds, and so the last bits of the sum, varies from run to run). Measured on an H100 (tools/gpu_gqa.py
     sums; bench/results/h100/measured/gqa_dkdv_sum.json, two rounds): at N = 1k the atomic sum made the backward
     1.04-1.14x as fast -- the parts are g times the gradient's size and the pass over them weighs most where the
-    kernels are short -- while at 4k and 16k the two differed less than the rounds did. So: atomic up to
-    ``ATOMIC_SUM_MAX_KEYS`` keys.
+    kernels are short -- while at 4k and 16k it was 0.89-1.06x, about as far apart as two rounds of the same
+    call (up to 10%). So: atomic up to ``ATOMIC_SUM_MAX_KEYS`` keys, and beyond them the parts, whose sum is the
+    same from run to run.
 
     Example:
         >>> gqa_dkdv_sum(1024), gqa_dkdv_sum(4096)

@@ -760,8 +760,9 @@ CELLS = [
       1.04–1.8× slower, and at MQA left too few programs (256 for 16k keys). Up to 2k keys the programs
       add their parts atomically into one float32 sum instead of storing them for a second pass
       (`kernels.gqa_dkdv_sum`): the parts are $g$ times the gradient's size, and at 1k keys the atomic
-      sum made the backward 1.04–1.14× as fast (`measured/gqa_dkdv_sum.json`, two rounds); at 4k and 16k
-      the two differed less than the rounds did.
+      sum made the backward 1.04–1.14× as fast (`measured/gqa_dkdv_sum.json`, two rounds); at 4k and 16k,
+      0.89–1.06×, about as far apart as two rounds of the same call (up to 10%), so the parts stay there:
+      their sum, unlike atomic adds in whatever order, is the same from run to run.
 
     Against the same kernels on $K$ and $V$ repeated to $H$ heads — what a model does without GQA —
     and against SDPA with `enable_gqa=True` (`flashcourse bench attention_gqa`, shipped):
