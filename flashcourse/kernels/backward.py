@@ -277,7 +277,8 @@ def fa2_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
     on chip); ``lse``: (B, H, N_q) float32, the log-sum-exp ``fa2_forward(q, k, v, causal, sm_scale,
     return_lse=True)`` returned with ``o``. float16, or bfloat16 on a GPU of sm_80 or newer; d one of 16, 32,
     64, 128. ``causal`` and ``sm_scale`` must be the forward's. Gradients come in q's dtype, accumulated in
-    float32.
+    float32, the same from run to run -- except dk and dv of grouped-query K/V with at most 2048 keys, whose
+    per-head parts are added atomically (:func:`~flashcourse.kernels.attention_gqa.gqa_dkdv_sum`), in any order.
 
     ``dq_mode="atomic"`` computes dQ inside the dK/dV kernel, every key block adding its ``dS_ij K_j`` to an
     fp32 dQ in HBM with atomic adds (Algorithm 2 as written), instead of the second, Q-outer kernel
