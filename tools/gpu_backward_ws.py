@@ -156,14 +156,8 @@ def backward_descriptors(q, k, v, o, do, lse, causal, dkdv_tiles=(64, 128, 8, 3)
 
 
 def _kernel_us(fn, name):
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(10):
-            fn()
-        torch.cuda.synchronize()
-    return round(sum(e.device_time_total for e in prof.key_averages() if e.key.startswith(name)) / 10, 1)
+    from gpu_common import kernel_ms  # (tools/, the script's own folder; imported on the GPU only)
+    return round(1000 * sum(ms for kernel, ms in kernel_ms(fn, reps=10, digits=4).items() if kernel.startswith(name)), 1)
 
 
 def _inputs(N, causal, d=128):

@@ -1,4 +1,5 @@
-"""What the GPU tuning scripts (tools/gpu_*.py) share: running the kernel tests on the GPU.
+"""What the GPU tuning scripts (tools/gpu_*.py) share: running the kernel tests on the GPU, and timing each kernel
+a call launches.
 
     >>> r = run_pytest(["tests/test_nothing_here.py"], timeout=60, quiet=True)
     >>> r["returncode"] != 0 and r["command"].startswith("-m pytest")
@@ -29,3 +30,18 @@ def run_pytest(files, timeout: float, extra=(), keep: int = 30, quiet: bool = Fa
         print("\n".join(tail[-keep:]), flush=True)
     return {"command": " ".join(cmd[1:]), "returncode": proc.returncode, "summary": tail[-1] if tail else "",
             "tail": tail[-keep:], "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def kernel_ms(fn, reps: int = 5, digits: int = 3) -> dict:
+    """Mean GPU time in ms of each kernel ``fn`` launches (those over 50 us a call), from torch.profiler, rounded
+    to ``digits``."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    return {e.key[:40]: round(e.device_time_total / reps / 1000, digits) for e in prof.key_averages()
+            if e.device_type.name == "CUDA" and e.device_time_total / reps > 50}

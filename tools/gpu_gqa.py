@@ -27,19 +27,7 @@ from __future__ import annotations
 
 import json
 
-
-def kernel_ms(fn, reps: int = 5) -> dict:
-    """Mean GPU time of each kernel ``fn`` launches, from torch.profiler."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    return {e.key[:40]: round(e.device_time_total / reps / 1000, 3) for e in prof.key_averages()
-            if e.device_type.name == "CUDA" and e.device_time_total / reps > 50}
+from gpu_common import kernel_ms  # (tools/, the script's own folder)
 
 
 def suite_cases():

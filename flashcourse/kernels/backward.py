@@ -108,7 +108,7 @@ def _bwd_dkdv(Q, K, V, DO, LSE, Delta, DK, DV, DQ32, qk_scale, sm_scale, N_q, N_
               stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
               stride_dob, stride_doh, stride_dom, stride_dkb, stride_dkh, stride_dkn,
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-              ATOMIC_DQ: tl.constexpr, GROUP: tl.constexpr, SPLITS: tl.constexpr, SUM_ATOMIC: tl.constexpr = False):
+              ATOMIC_DQ: tl.constexpr, GROUP: tl.constexpr, SPLITS: tl.constexpr, SUM_ATOMIC: tl.constexpr):
     # lines 5-19: one key block K_j, V_j per program (grid: (key blocks, H_kv * SPLITS, B)); dK_j, dV_j in registers.
     # Grouped-query attention: a K/V head's query heads are split in SPLITS parts of GROUP heads; program h walks
     # packed rows (packed_rows) of part h, so dK_j and dV_j sum over its GROUP heads on chip, and DK, DV hold
@@ -356,9 +356,21 @@ def _launch(q, k, v, o, do, lse, causal, sm_scale, cfg, atomic=False):
     if sum_mode not in ("parts", "atomic"):
         raise ValueError(f"fa2_backward: config['dkdv_sum'] is {sum_mode!r}; expected 'parts' or 'atomic'")
     sum_atomic = splits > 1 and sum_mode == "atomic"     # the parts added atomically into one fp32 sum
-    parts = (torch.zeros((B, H_kv, N_k, d), dtype=torch.float32, device=q.device) if sum_atomic else
-             torch.empty((B, H_kv * splits, N_k, d), dtype=torch.float32, device=q.device) for _ in "kv")
-    dk_out, dv_out = (dk, dv) if splits == 1 else parts     # SPLITS > 1: one fp32 sum per part of each group
+    part_shape = (B, H_kv if sum_atomic else H_kv * splits, N_k, d)
+    device = q.device
+
+    def new_parts(dk, dv):                               # where the dK/dV kernel writes dK, dV
+        if splits == 1:
+            return dk, dv
+        return [(torch.zeros if sum_atomic else torch.empty)(part_shape, dtype=torch.float32, device=device)
+                for _ in "kv"]
+
+    def add_parts(parts, dk, dv):                        # SPLITS > 1: one fp32 sum (atomic) or one per part
+        if sum_atomic:
+            dk.copy_(parts[0]), dv.copy_(parts[1])
+        elif splits > 1:
+            sum_parts(parts[0], dk), sum_parts(parts[1], dv)
+    dk_out, dv_out = new_parts(dk, dv)
     delta = torch.empty((B, H, N_q), dtype=torch.float32, device=q.device)
     dq32 = torch.zeros((B, H, N_q, d) if atomic else (1,), dtype=torch.float32, device=q.device)   # "atomic" only
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
@@ -373,10 +385,7 @@ def _launch(q, k, v, o, do, lse, causal, sm_scale, cfg, atomic=False):
                         {"HEAD_DIM": d, "BLOCK_M": BM1, "BLOCK_N": BN1, "CAUSAL": bool(causal), "num_warps": w1,
                          "num_stages": s1, "ATOMIC_DQ": atomic, "GROUP": group // splits, "SPLITS": splits,
                          "SUM_ATOMIC": sum_atomic})
-    if sum_atomic:
-        dk.copy_(dk_out), dv.copy_(dv_out)
-    elif splits > 1:
-        sum_parts(dk_out, dk), sum_parts(dv_out, dv)
+    add_parts((dk_out, dv_out), dk, dv)
     dq_run = None
     if atomic:
         dq.copy_(dq32)
@@ -387,23 +396,18 @@ def _launch(q, k, v, o, do, lse, causal, sm_scale, cfg, atomic=False):
                               {"HEAD_DIM": d, "BLOCK_M": BM2, "BLOCK_N": BN2, "CAUSAL": bool(causal), "num_warps": w2,
                                "num_stages": s2, "GROUP": group // dq_splits, "SPLITS": dq_splits})
     o_strides, do_strides, dk_strides, dq_strides = o.stride()[:3], do.stride()[:3], dk_out.stride()[:3], dq.stride()[:3]
-    shapes = [(t.shape, t.dtype) for t in (q, k, v)]
-    device, part_shape = q.device, dk_out.shape          # shapes only: the plan must keep no tensor of this call
+    shapes = [(t.shape, t.dtype) for t in (q, k, v)]     # shapes only: the plan must keep no tensor of this call
     stub = None if atomic else dq32                      # but "kernel"'s (1,) stand-in for the fp32 dQ
 
     def again(q, k, v, o, do, lse):
         dq, dk, dv = (torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes)
         delta = torch.empty((B, H, N_q), dtype=torch.float32, device=device)
         acc = torch.zeros((B, H, N_q, d), dtype=torch.float32, device=device) if atomic else stub
-        parts = [(torch.zeros if sum_atomic else torch.empty)(part_shape, dtype=torch.float32, device=device)
-                 for _ in "kv"] if splits > 1 else (dk, dv)
+        parts = new_parts(dk, dv)
         with quiet():
             pre(o, do, delta, N_q, *o_strides, *do_strides)
             dkdv(q, k, v, do, lse, delta, *parts, acc, *scales, *strides, *dk_strides)
-            if sum_atomic:
-                dk.copy_(parts[0]), dv.copy_(parts[1])
-            elif splits > 1:
-                sum_parts(parts[0], dk), sum_parts(parts[1], dv)
+            add_parts(parts, dk, dv)
             if atomic:
                 dq.copy_(acc)
             else:
@@ -513,13 +517,13 @@ def _aot(kernel_name):
                 for atomic in ((False, True) if kernel_name == "dkdv" else (None,)):
                     BM, BN, warps, stages = cfg["dkdv_atomic" if atomic else kernel_name]
                     flags = {} if atomic is None else {"ATOMIC_DQ": atomic}
-                    gqas = ((False, False), (True, False), (True, True))[:3 if d == 128 and not atomic else 1]
-                    for gqa, summed in gqas:                 # 8 query heads a K/V head; dK/dV's parts summed atomically
-                        # dK/dV: a program per query head, fp32 parts (or one fp32 sum); dQ: 8 heads packed
+                    variants = [(False, False)]               # (GQA: 8 query heads a K/V head, dK/dV summed atomically)
+                    if d == 128 and not atomic:
+                        variants += [(True, False)] + ([(True, True)] if kernel_name == "dkdv" else [])
+                    for gqa, summed in variants:
+                        # dK/dV: a program per query head, fp32 parts (or one fp32 sum, summed); dQ: 8 heads packed
                         extra = ({"GROUP": 1, "SPLITS": 8 if gqa else 1, "SUM_ATOMIC": summed} if kernel_name == "dkdv"
                                  else {"GROUP": 8 if gqa else 1, "SPLITS": 1})
-                        if kernel_name != "dkdv" and summed:
-                            continue
                         parts = {"DK": "*fp32", "DV": "*fp32"} if gqa and kernel_name == "dkdv" else {}
                         note = ("GQA 8" + (", summed atomically" if summed else "")) if gqa else ""
                         yield aot.Launch({"HEAD_DIM": d, "BLOCK_M": BM, "BLOCK_N": BN, "CAUSAL": True, **flags, **extra},
