@@ -12,7 +12,11 @@ partitioning into producer and consumer warps). On a GPU it runs two experiments
 * ``tiles``: the library's dK/dV kernel (pointer loads) on six tiles beside the descriptor kernel on two,
   two rounds in one session.
 
-    PYTHONPATH=. python tools/gpu_backward_ws.py [--out DIR]
+With ``--whole`` it writes ``backward_loops.json`` instead: the whole backward (``whole_rows``) of fa2_backward,
+of the descriptor kernels, and of the warp-specialised dK/dV kernel with each order of its causal loops
+(``LOOPS``), beside cuDNN's, with the largest difference from fa2_backward's gradients.
+
+    PYTHONPATH=. python tools/gpu_backward_ws.py [--whole] [--out DIR]
 
 fp16, d = 128, 16k tokens, hidden 2048. What came out on an H100 (Triton 3.6) is chapter 7's
 "FlashAttention-3's tools" paragraph.
@@ -20,6 +24,7 @@ fp16, d = 128, 16k tokens, hidden 2048. What came out on an H100 (Triton 3.6) is
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -64,10 +69,17 @@ def _dkdv_step(dK_j, dV_j, K_j, V_j, q_desc, do_desc, LSE, Delta, qk_scale, base
     return dK_j, dV_j
 
 
+#: The orders of dkdv_ws's two loops (constexpr LOOPS) when causal; without the mask there is one loop, as in 0.
+LOOPS = {0: "the diagonal blocks, then the rest warp-specialised (the library's order)",
+         1: "the rest warp-specialised, then the diagonal blocks",
+         2: "one warp-specialised loop, the causal mask on every block",
+         3: "both loops warp-specialised"}
+
+
 @triton.jit
 def dkdv_ws(Q, K, V, DO, LSE, Delta, DK, DV, qk_scale, sm_scale, N,
             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr,
-            CAUSAL: tl.constexpr):
+            CAUSAL: tl.constexpr, LOOPS: tl.constexpr):
     bh = tl.program_id(1).to(tl.int64)
     start_n = tl.program_id(0) * BLOCK_N
     base = bh * N * HEAD_DIM
@@ -77,16 +89,30 @@ def dkdv_ws(Q, K, V, DO, LSE, Delta, DK, DV, qk_scale, sm_scale, N,
     cols = start_n + tl.arange(0, BLOCK_N)
     dK_j = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dV_j = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-    lo, mid = 0, 0
+    lo, mid = 0, 0                                  # query blocks [lo, mid) need the causal mask, [mid, N) none
     if CAUSAL:
         lo = start_n // BLOCK_M * BLOCK_M
         mid = tl.minimum(tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M, tl.cdiv(N, BLOCK_M) * BLOCK_M)
-        for start_m in range(lo, mid, BLOCK_M):
+    if LOOPS == 2:
+        for start_m in tl.range(lo, N, BLOCK_M, warp_specialize=WS):
             dK_j, dV_j = _dkdv_step(dK_j, dV_j, K_j, V_j, q_desc, do_desc, LSE, Delta, qk_scale, bh * N, start_m,
-                                    cols, N, BLOCK_M, True)
-    for start_m in tl.range(tl.maximum(lo, mid), N, BLOCK_M, warp_specialize=WS):
-        dK_j, dV_j = _dkdv_step(dK_j, dV_j, K_j, V_j, q_desc, do_desc, LSE, Delta, qk_scale, bh * N, start_m,
-                                cols, N, BLOCK_M, False)
+                                    cols, N, BLOCK_M, CAUSAL)
+    else:
+        if LOOPS == 0:
+            for start_m in range(lo, mid, BLOCK_M):
+                dK_j, dV_j = _dkdv_step(dK_j, dV_j, K_j, V_j, q_desc, do_desc, LSE, Delta, qk_scale, bh * N,
+                                        start_m, cols, N, BLOCK_M, True)
+        if LOOPS == 3:
+            for start_m in tl.range(lo, mid, BLOCK_M, warp_specialize=WS):
+                dK_j, dV_j = _dkdv_step(dK_j, dV_j, K_j, V_j, q_desc, do_desc, LSE, Delta, qk_scale, bh * N,
+                                        start_m, cols, N, BLOCK_M, True)
+        for start_m in tl.range(tl.maximum(lo, mid), N, BLOCK_M, warp_specialize=WS):
+            dK_j, dV_j = _dkdv_step(dK_j, dV_j, K_j, V_j, q_desc, do_desc, LSE, Delta, qk_scale, bh * N, start_m,
+                                    cols, N, BLOCK_M, False)
+        if LOOPS == 1:
+            for start_m in range(lo, mid, BLOCK_M):
+                dK_j, dV_j = _dkdv_step(dK_j, dV_j, K_j, V_j, q_desc, do_desc, LSE, Delta, qk_scale, bh * N,
+                                        start_m, cols, N, BLOCK_M, True)
     dk_desc = _rows(DK + base, N, HEAD_DIM, BLOCK_N)
     dv_desc = _rows(DV + base, N, HEAD_DIM, BLOCK_N)
     dk_desc.store([start_n, 0], (dK_j * sm_scale).to(tl.float16))
@@ -139,19 +165,22 @@ def dq_ws(Q, K, V, DO, LSE, Delta, DQ, qk_scale, sm_scale, N,
 
 
 def backward_descriptors(q, k, v, o, do, lse, causal, dkdv_tiles=(64, 128, 8, 3), dq_tiles=(128, 64, 8, 3),
-                         ws=False):
-    """(dq, dk, dv) from the two descriptor kernels, D from kernels.backward.backward_delta. Needs an allocator
-    for the descriptors' workspace (``triton.set_allocator``)."""
+                         ws=False, loops=0, ws_dq=None):
+    """(dq, dk, dv) from the two descriptor kernels, D from kernels.backward.backward_delta. ``ws``: warp-specialise
+    the loops (the dQ kernel's too unless ``ws_dq`` says otherwise); ``loops``: the dK/dV kernel's loop order when
+    causal (a key of LOOPS). Needs an allocator for the descriptors' workspace (``triton.set_allocator``)."""
     from flashcourse.kernels.backward import backward_delta
     B, H, N, d = q.shape
     delta, lse2, sm = backward_delta(o, do), lse * LOG2E, d ** -0.5
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     BM, BN, w, s = dkdv_tiles
     dkdv_ws[(triton.cdiv(N, BN), B * H)](q, k, v, do, lse2, delta, dk, dv, sm * LOG2E, sm, N, HEAD_DIM=d, BLOCK_M=BM,
-                                         BLOCK_N=BN, WS=ws, CAUSAL=causal, num_warps=w, num_stages=s)
+                                         BLOCK_N=BN, WS=ws, CAUSAL=causal, LOOPS=loops, num_warps=w,
+                                         num_stages=s)
     BM, BN, w, s = dq_tiles
     dq_ws[(triton.cdiv(N, BM), B * H)](q, k, v, do, lse2, delta, dq, sm * LOG2E, sm, N, HEAD_DIM=d, BLOCK_M=BM,
-                                       BLOCK_N=BN, WS=ws, CAUSAL=causal, num_warps=w, num_stages=s)
+                                       BLOCK_N=BN, WS=ws if ws_dq is None else ws_dq, CAUSAL=causal, num_warps=w,
+                                       num_stages=s)
     return dq, dk, dv
 
 
@@ -226,18 +255,68 @@ def tiles_rows():
     return rows
 
 
+def whole_rows(rounds=2):
+    """The whole backward, fa2_backward and two descriptor compositions (dQ by the descriptor kernel, 128 x 64, 8
+    warps, 3 stages), beside cuDNN's: wall time by do_bench (ms) and the largest difference from fa2_backward's
+    gradients, for every loop order of the warp-specialised dK/dV kernel (64 x 128, 4 warps, 2 stages) when
+    causal; ``rounds`` rounds in one session."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from triton.testing import do_bench
+
+    from flashcourse.kernels.backward import fa2_backward
+
+    def ms(fn):
+        return round(do_bench(fn, warmup=50, rep=300), 4)
+    rows = []
+    for rnd in range(1, rounds + 1):
+        for N in (4096, 8192, 16384, 4000):
+            for causal in (False, True):
+                args, want = _inputs(N, causal)
+                x = [t.detach().clone().requires_grad_() for t in args[:3]]
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    out = F.scaled_dot_product_attention(*x, is_causal=causal)
+                row = {"round": rnd, "N": N, "causal": causal,
+                       "cudnn ms": ms(lambda: out.backward(args[4], retain_graph=True)),
+                       "fa2_backward ms": ms(lambda: fa2_backward(*args, causal))}
+                variants = {"descriptors": {}}
+                for loops in (sorted(LOOPS) if causal else [0]):
+                    variants[f"warp-specialised, loops {loops}"] = {"dkdv_tiles": (64, 128, 4, 2), "ws": True,
+                                                                    "loops": loops, "ws_dq": False}
+                for name, kw in variants.items():
+                    try:
+                        got = backward_descriptors(*args, causal, **kw)
+                        row[name] = {"ms": ms(lambda: backward_descriptors(*args, causal, **kw)),
+                                     "max_diff": _diff(got, want)}
+                    except Exception as e:  # noqa: BLE001 - a variant the compiler refuses is reported
+                        row[name] = f"{type(e).__name__}: {str(e)[:120]}"
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--whole", action="store_true", help="only the whole backward beside cuDNN's, every loop order "
+                                                         "(backward_loops.json)")
     args = p.parse_args(argv)
     if backend.DEVICE != "cuda":
         print("tools/gpu_backward_ws.py needs a CUDA GPU")
         return 2
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-              "warp_specialize": warp_specialize_rows(), "tiles": tiles_rows()}
+    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
+    if args.whole:
+        result["what"] = ("chapter 7, issue 15: the whole backward (ms by do_bench) of fa2_backward, of the descriptor "
+                          "kernels, and of the warp-specialised dK/dV kernel in each order of its causal loops, beside "
+                          "cuDNN's; fp16, d = 128, 16k tokens, hidden 2048; two rounds in one session")
+        result["command"] = "PYTHONPATH=. python tools/gpu_backward_ws.py --whole --out $OUT"
+        result["date"] = datetime.date.today().isoformat()
+        name, result["loops"], result["rows"] = "backward_loops.json", LOOPS, whole_rows()
+    else:
+        name, result["warp_specialize"], result["tiles"] = "backward_descriptors.json", warp_specialize_rows(), tiles_rows()
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "backward_descriptors.json"), "w") as f:
+    with open(os.path.join(args.out, name), "w") as f:
         json.dump(result, f, indent=1)
     return 0
 

@@ -238,6 +238,13 @@ CELLS = [
       loop ran 1.09-1.18x as fast as ours, but with 3 pipeline stages it computed NaN, and it failed to
       compile behind a masked loop (causal) and in the dQ kernel.
 
+    A second run timed the whole backward (`tools/gpu_backward_ws.py --whole`, two rounds,
+    `measured/backward_loops.json`). Without the mask, the warp-specialised dK/dV kernel (4 warps, 2 stages)
+    with the descriptor dQ kernel ran at 0.78-0.83x cuDNN's speed, 1.02-1.12x ours. With the causal mask no
+    order of the dK/dV kernel's two loops worked. With the masked loop before the specialised one, after it,
+    or specialised as well, the compiler failed. One specialised loop with the mask on every block compiled,
+    but its gradients were wrong (errors of 1.05-1.47), while the interpreter runs the same source exactly.
+
     These stay experiments: cuDNN's backward, at d = 128 and N >= 4k, keeps a lead of 1.23-1.35x over ours,
     which would take FA3's whole pipeline, not one of its tools.
     """, "fragment", name="measured-fa3"),
