@@ -246,7 +246,8 @@ CELLS = [
     but its gradients were wrong (errors of 1.05-1.47), while the interpreter runs the same source exactly.
 
     These stay experiments: cuDNN's backward, at d = 128 and N >= 4k, keeps a lead of 1.23-1.35x over ours,
-    which would take FA3's whole pipeline, not one of its tools.
+    which would take FA3's whole pipeline, not one of its tools, and in Triton 3.6 the warp-specialised part
+    of that pipeline built right only for a loop without a mask.
     """, "fragment", name="measured-fa3"),
 
     md("""
