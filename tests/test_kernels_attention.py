@@ -492,20 +492,10 @@ def test_the_forward_descriptor_experiment_under_the_interpreter(causal, n, gen)
     """tools/gpu_forward_ws.py (fa2_forward's algorithm with on-device TMA descriptors, for issue 17) gives
     fa2_forward's output and log-sum-exp: rows and keys past N zero-filled by the descriptors and masked, the
     causal diagonal masked, warp specialisation asked for (the interpreter runs the loop plainly)."""
-    import contextvars
-    from pathlib import Path
-
-    import triton
-    path = Path(__file__).resolve().parents[1] / "tools" / "gpu_forward_ws.py"
-    spec = importlib.util.spec_from_file_location("gpu_forward_ws", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    from gpu_tools import load_tool, with_descriptor_allocator
+    tool = load_tool("gpu_forward_ws")
     q, k, v = qkv(1, 2, n, n, 32, gen, "cpu", scale=0.3)     # logits near 0: a key past N would count
-
-    def run():                                       # in a copy of the context: the allocator stays there
-        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8))
-        return tool.forward_descriptors(q, k, v, causal, tiles=(16, 32, 4, 1), ws=True)
-    o, lse = contextvars.copy_context().run(run)
+    o, lse = with_descriptor_allocator(lambda: tool.forward_descriptors(q, k, v, causal, tiles=(16, 32, 4, 1), ws=True))
     assert_attention_close(o, q, k, v, causal, what="descriptor forward")
     _, want = fa2_forward(q, k, v, causal, return_lse=True)
     assert torch.allclose(lse, want, atol=1e-4), float((lse - want).abs().max())

@@ -380,23 +380,14 @@ def test_the_descriptor_experiments_kernels_under_the_interpreter(causal, loops,
     """tools/gpu_backward_ws.py (chapter 7's kernels with on-device TMA descriptors, for issue 15) gives
     fa2_backward's gradients: rows and keys past N zero-filled by the descriptors, the causal diagonal masked,
     in every order of the dK/dV kernel's loops (so where a GPU run of an order differs, the compiler erred)."""
-    import contextvars
-    import importlib.util
-    from pathlib import Path
-
-    import triton
-    path = Path(__file__).resolve().parents[1] / "tools" / "gpu_backward_ws.py"
-    spec = importlib.util.spec_from_file_location("gpu_backward_ws", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    from gpu_tools import load_tool, with_descriptor_allocator
+    tool = load_tool("gpu_backward_ws")
     q, k, v, do = inputs(1, 2, n, n, 32, gen, "cpu")
     o, lse = fa2_forward(q, k, v, causal, return_lse=True)
-
-    def run():                                       # in a copy of the context: the allocator stays there
-        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8))
-        return tool.backward_descriptors(q, k, v, o, do, lse, causal, dkdv_tiles=(16, 32, 4, 1),
-                                         dq_tiles=(32, 16, 4, 1), ws=True, loops=loops, ws_dq=False)
-    assert_grads_close(contextvars.copy_context().run(run), q, k, v, do, causal)
+    got = with_descriptor_allocator(lambda: tool.backward_descriptors(
+        q, k, v, o, do, lse, causal, dkdv_tiles=(16, 32, 4, 1), dq_tiles=(32, 16, 4, 1), ws=True, loops=loops,
+        ws_dq=False))
+    assert_grads_close(got, q, k, v, do, causal)
 
 
 def test_measured_bulk_reduce_meets_the_claims():
@@ -556,12 +547,8 @@ def test_the_backward_kernels_use_hoppers_wgmma():
 def test_the_bulk_reduce_experiments_kernel_under_the_interpreter(causal, tma_loads, gen):
     """tools/gpu_backward_tma.py (issue 15's next experiment: dQ reduced inside the dK/dV kernel, 5 matmuls a
     tile pair instead of 7) gives fa2_backward's gradients, with tl.atomic_add where the GPU uses the bulk reduce."""
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "tools" / "gpu_backward_tma.py"
-    spec = importlib.util.spec_from_file_location("gpu_backward_tma", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    from gpu_tools import load_tool
+    tool = load_tool("gpu_backward_tma")
     q, k, v, do = inputs(1, 2, 128, 128, 32, gen, "cpu")
     o, lse = fa2_forward(q, k, v, causal, return_lse=True)
     got = tool.backward_tma(q, k, v, o, do, lse, causal, tiles=(16, 32, 4, 1), tma=False, tma_loads=tma_loads)

@@ -30,6 +30,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))              # tools/, for gpu_common
 
 from flashcourse import backend  # noqa: E402,F401  (decides the backend before triton is imported)
 
@@ -38,18 +39,20 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from flashcourse.formulas.counting import LOG2E  # noqa: E402
+from gpu_common import attempt, bench_ms, kernel_ms  # noqa: E402
 
 
 @triton.jit
-def _rows(X, N, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
-    # one head's (N, d) rows as a TMA descriptor of BLOCK-row tiles; rows past N read as zeros
+def rows_descriptor(X, N, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+    """One head's (N, d) rows from ``X`` as an on-device TMA descriptor of BLOCK-row tiles: rows past N read as
+    zeros, and a store there is dropped."""
     return tl.make_tensor_descriptor(X, shape=[N, HEAD_DIM], strides=[HEAD_DIM, 1], block_shape=[BLOCK, HEAD_DIM])
 
 
 @triton.jit
 def _inputs_of_head(Q, DO, K, V, base, N, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    return (_rows(Q + base, N, HEAD_DIM, BLOCK_M), _rows(DO + base, N, HEAD_DIM, BLOCK_M),
-            _rows(K + base, N, HEAD_DIM, BLOCK_N), _rows(V + base, N, HEAD_DIM, BLOCK_N))
+    return (rows_descriptor(Q + base, N, HEAD_DIM, BLOCK_M), rows_descriptor(DO + base, N, HEAD_DIM, BLOCK_M),
+            rows_descriptor(K + base, N, HEAD_DIM, BLOCK_N), rows_descriptor(V + base, N, HEAD_DIM, BLOCK_N))
 
 
 @triton.jit
@@ -113,8 +116,8 @@ def dkdv_ws(Q, K, V, DO, LSE, Delta, DK, DV, qk_scale, sm_scale, N,
             for start_m in range(lo, mid, BLOCK_M):
                 dK_j, dV_j = _dkdv_step(dK_j, dV_j, K_j, V_j, q_desc, do_desc, LSE, Delta, qk_scale, bh * N,
                                         start_m, cols, N, BLOCK_M, True)
-    dk_desc = _rows(DK + base, N, HEAD_DIM, BLOCK_N)
-    dv_desc = _rows(DV + base, N, HEAD_DIM, BLOCK_N)
+    dk_desc = rows_descriptor(DK + base, N, HEAD_DIM, BLOCK_N)
+    dv_desc = rows_descriptor(DV + base, N, HEAD_DIM, BLOCK_N)
     dk_desc.store([start_n, 0], (dK_j * sm_scale).to(tl.float16))
     dv_desc.store([start_n, 0], dV_j.to(tl.float16))
 
@@ -159,7 +162,7 @@ def dq_ws(Q, K, V, DO, LSE, Delta, DQ, qk_scale, sm_scale, N,
         dQ_i = _dq_step(dQ_i, Q_i, dO_i, L_i, D_i, k_desc, v_desc, qk_scale, start_n, rows, N, BLOCK_N, False, CAUSAL)
     for start_n in range(mid, hi, BLOCK_N):
         dQ_i = _dq_step(dQ_i, Q_i, dO_i, L_i, D_i, k_desc, v_desc, qk_scale, start_n, rows, N, BLOCK_N, True, CAUSAL)
-    dq_desc = _rows(DQ + base, N, HEAD_DIM, BLOCK_M)
+    dq_desc = rows_descriptor(DQ + base, N, HEAD_DIM, BLOCK_M)
     dq_desc.store([start_m, 0], (dQ_i * sm_scale).to(tl.float16))
 
 
@@ -185,7 +188,6 @@ def backward_descriptors(q, k, v, o, do, lse, causal, dkdv_tiles=(64, 128, 8, 3)
 
 
 def _kernel_us(fn, name):
-    from gpu_common import kernel_ms  # (tools/, the script's own folder; imported on the GPU only)
     return round(1000 * sum(ms for kernel, ms in kernel_ms(fn, reps=10, digits=4).items() if kernel.startswith(name)), 1)
 
 
@@ -213,20 +215,20 @@ def warp_specialize_rows():
             name: _kernel_us(lambda: fa2_backward(*args, causal), name) for name in ("_bwd_dkdv", "_bwd_dq")}}
         for tiles in ((64, 128, 4, 2), (64, 128, 4, 3), (64, 128, 8, 2), (128, 128, 8, 2), (32, 128, 4, 2)):
             for ws in (False, True):
-                try:
-                    got = backward_descriptors(*args, causal, dkdv_tiles=tiles, ws=ws)
-                    us = _kernel_us(lambda: backward_descriptors(*args, causal, dkdv_tiles=tiles, ws=ws), "dkdv_ws")
-                    row[f"dkdv {tiles} ws={ws}"] = {"us": us, "max_diff": _diff(got[1:], want[1:])}
-                except Exception as e:  # noqa: BLE001 - a variant the compiler refuses is reported
-                    row[f"dkdv {tiles} ws={ws}"] = f"{type(e).__name__}: {str(e)[:120]}"
+                def dkdv(tiles=tiles, ws=ws):
+                    def run():
+                        return backward_descriptors(*args, causal, dkdv_tiles=tiles, ws=ws)
+                    got = run()
+                    return {"us": _kernel_us(run, "dkdv_ws"), "max_diff": _diff(got[1:], want[1:])}
+                row[f"dkdv {tiles} ws={ws}"] = attempt(dkdv)
         for tiles in ((128, 64, 8, 2), (128, 64, 4, 2), (128, 128, 8, 2), (64, 128, 4, 2), (128, 64, 8, 3)):
             for ws in (False, True):
-                try:
-                    got = backward_descriptors(*args, causal, dq_tiles=tiles, ws=ws)
-                    us = _kernel_us(lambda: backward_descriptors(*args, causal, dq_tiles=tiles, ws=ws), "dq_ws")
-                    row[f"dq {tiles} ws={ws}"] = {"us": us, "max_diff": _diff(got[:1], want[:1])}
-                except Exception as e:  # noqa: BLE001
-                    row[f"dq {tiles} ws={ws}"] = f"{type(e).__name__}: {str(e)[:120]}"
+                def dq(tiles=tiles, ws=ws):
+                    def run():
+                        return backward_descriptors(*args, causal, dq_tiles=tiles, ws=ws)
+                    got = run()
+                    return {"us": _kernel_us(run, "dq_ws"), "max_diff": _diff(got[:1], want[:1])}
+                row[f"dq {tiles} ws={ws}"] = attempt(dq)
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows
@@ -262,12 +264,8 @@ def whole_rows(rounds=2):
     causal; ``rounds`` rounds in one session."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    from triton.testing import do_bench
 
     from flashcourse.kernels.backward import fa2_backward
-
-    def ms(fn):
-        return round(do_bench(fn, warmup=50, rep=300), 4)
     rows = []
     for rnd in range(1, rounds + 1):
         for N in (4096, 8192, 16384, 4000):
@@ -277,19 +275,18 @@ def whole_rows(rounds=2):
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                     out = F.scaled_dot_product_attention(*x, is_causal=causal)
                 row = {"round": rnd, "N": N, "causal": causal,
-                       "cudnn ms": ms(lambda: out.backward(args[4], retain_graph=True)),
-                       "fa2_backward ms": ms(lambda: fa2_backward(*args, causal))}
+                       "cudnn ms": bench_ms(lambda: out.backward(args[4], retain_graph=True)),
+                       "fa2_backward ms": bench_ms(lambda: fa2_backward(*args, causal))}
                 variants = {"descriptors": {}}
                 for loops in (sorted(LOOPS) if causal else [0]):
                     variants[f"warp-specialised, loops {loops}"] = {"dkdv_tiles": (64, 128, 4, 2), "ws": True,
                                                                     "loops": loops, "ws_dq": False}
                 for name, kw in variants.items():
-                    try:
+                    def whole(kw=kw):
                         got = backward_descriptors(*args, causal, **kw)
-                        row[name] = {"ms": ms(lambda: backward_descriptors(*args, causal, **kw)),
-                                     "max_diff": _diff(got, want)}
-                    except Exception as e:  # noqa: BLE001 - a variant the compiler refuses is reported
-                        row[name] = f"{type(e).__name__}: {str(e)[:120]}"
+                        return {"ms": bench_ms(lambda: backward_descriptors(*args, causal, **kw)),
+                                "max_diff": _diff(got, want)}
+                    row[name] = attempt(whole)
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     return rows
@@ -314,7 +311,8 @@ def main(argv=None) -> int:
         result["date"] = datetime.date.today().isoformat()
         name, result["loops"], result["rows"] = "backward_loops.json", LOOPS, whole_rows()
     else:
-        name, result["warp_specialize"], result["tiles"] = "backward_descriptors.json", warp_specialize_rows(), tiles_rows()
+        name = "backward_descriptors.json"
+        result["warp_specialize"], result["tiles"] = warp_specialize_rows(), tiles_rows()
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, name), "w") as f:
         json.dump(result, f, indent=1)

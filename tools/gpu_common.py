@@ -45,3 +45,23 @@ def kernel_ms(fn, reps: int = 5, digits: int = 3) -> dict:
         torch.cuda.synchronize()
     return {e.key[:40]: round(e.device_time_total / reps / 1000, digits) for e in prof.key_averages()
             if e.device_type.name == "CUDA" and e.device_time_total / reps > 50}
+
+
+def bench_ms(fn) -> float:
+    """``fn``'s median GPU time in ms by triton.testing.do_bench (50 ms of warm-up, 300 of repetitions), to 4
+    places: what the experiments put side by side in one session."""
+    from triton.testing import do_bench
+    return round(do_bench(fn, warmup=50, rep=300), 4)
+
+
+def attempt(fn):
+    """``fn()``, or, where it raises (a variant the compiler refuses), the error as a short string, so that an
+    experiment reports the refusal as data and goes on.
+
+    >>> attempt(lambda: 1 / 0)
+    'ZeroDivisionError: division by zero'
+    """
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - any refusal is a result of the experiment
+        return f"{type(e).__name__}: {str(e)[:120]}"

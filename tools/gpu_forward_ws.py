@@ -20,6 +20,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))              # tools/, for its neighbours
 
 from flashcourse import backend  # noqa: E402,F401  (decides the backend before triton is imported)
 
@@ -28,6 +29,8 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from flashcourse.formulas.counting import LOG2E  # noqa: E402
+from gpu_backward_ws import rows_descriptor  # noqa: E402
+from gpu_common import attempt, bench_ms  # noqa: E402
 
 #: (BLOCK_M, BLOCK_N, num_warps, num_stages) and warp specialisation, as timed.
 VARIANTS = [((128, 64, 8, 3), False), ((128, 128, 8, 3), False), ((128, 64, 8, 2), True), ((128, 64, 4, 2), True),
@@ -60,11 +63,6 @@ def _step(acc, l_i, m_i, Q_i, k_desc, v_desc, start_n, rows, cols, qk_scale, N, 
 
 
 @triton.jit
-def _rows(X, N, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
-    return tl.make_tensor_descriptor(X, shape=[N, HEAD_DIM], strides=[HEAD_DIM, 1], block_shape=[BLOCK, HEAD_DIM])
-
-
-@triton.jit
 def fwd_ws(Q, K, V, O, LSE, qk_scale, N, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
            WS: tl.constexpr, CAUSAL: tl.constexpr):
     bh = tl.program_id(1).to(tl.int64)
@@ -73,8 +71,9 @@ def fwd_ws(Q, K, V, O, LSE, qk_scale, N, HEAD_DIM: tl.constexpr, BLOCK_M: tl.con
     else:
         start_m = tl.program_id(0) * BLOCK_M
     base = bh * N * HEAD_DIM
-    k_desc, v_desc = _rows(K + base, N, HEAD_DIM, BLOCK_N), _rows(V + base, N, HEAD_DIM, BLOCK_N)
-    Q_i = _rows(Q + base, N, HEAD_DIM, BLOCK_M).load([start_m, 0])
+    k_desc = rows_descriptor(K + base, N, HEAD_DIM, BLOCK_N)
+    v_desc = rows_descriptor(V + base, N, HEAD_DIM, BLOCK_N)
+    Q_i = rows_descriptor(Q + base, N, HEAD_DIM, BLOCK_M).load([start_m, 0])
     rows = start_m + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
@@ -89,7 +88,7 @@ def fwd_ws(Q, K, V, O, LSE, qk_scale, N, HEAD_DIM: tl.constexpr, BLOCK_M: tl.con
     for start_n in range(full, hi, BLOCK_N):
         acc, l_i, m_i = _step(acc, l_i, m_i, Q_i, k_desc, v_desc, start_n, rows, cols, qk_scale, N, True, CAUSAL)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    _rows(O + base, N, HEAD_DIM, BLOCK_M).store([start_m, 0], (acc / l_safe[:, None]).to(tl.float16))
+    rows_descriptor(O + base, N, HEAD_DIM, BLOCK_M).store([start_m, 0], (acc / l_safe[:, None]).to(tl.float16))
     tl.store(LSE + bh * N + rows, (m_i + tl.math.log2(l_i)) * 0.6931471805599453, mask=rows < N)
 
 
@@ -110,12 +109,8 @@ def rows(rounds=2):
     fa2_forward's output, or the compiler's error), ``rounds`` rounds."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    from triton.testing import do_bench
 
     from flashcourse.kernels import fa2_forward
-
-    def ms(fn):
-        return round(do_bench(fn, warmup=50, rep=300), 4)
     out, d = [], 128
     for rnd in range(1, rounds + 1):
         for N in (1024, 4096, 16384):
@@ -126,15 +121,14 @@ def rows(rounds=2):
                 want = fa2_forward(q, k, v, causal)
                 row = {"round": rnd, "N": N, "causal": causal}
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                    row["cudnn ms"] = ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
-                row["fa2_forward ms"] = ms(lambda: fa2_forward(q, k, v, causal))
+                    row["cudnn ms"] = bench_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+                row["fa2_forward ms"] = bench_ms(lambda: fa2_forward(q, k, v, causal))
                 for tiles, ws in VARIANTS:
-                    try:
+                    def variant(tiles=tiles, ws=ws):
                         o, _ = forward_descriptors(q, k, v, causal, tiles, ws)
-                        row[f"{tiles} ws={ws}"] = {"ms": ms(lambda: forward_descriptors(q, k, v, causal, tiles, ws)),
-                                                   "max_diff": float((o.float() - want.float()).abs().max())}
-                    except Exception as e:  # noqa: BLE001 - a variant the compiler refuses is reported
-                        row[f"{tiles} ws={ws}"] = f"{type(e).__name__}: {str(e)[:120]}"
+                        return {"ms": bench_ms(lambda: forward_descriptors(q, k, v, causal, tiles, ws)),
+                                "max_diff": float((o.float() - want.float()).abs().max())}
+                    row[f"{tiles} ws={ws}"] = attempt(variant)
                 print(json.dumps(row), flush=True)
                 out.append(row)
     return out

@@ -1,0 +1,28 @@
+"""Shared by the tests of the GPU experiments' scripts (tools/gpu_*.py), whose kernels run here under the interpreter:
+load a script as a module, and run a call that needs Triton's allocator for on-device descriptors."""
+import contextvars
+import importlib.util
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_tool(name: str):
+    """``tools/<name>.py`` as a module."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool
+
+
+def with_descriptor_allocator(fn):
+    """``fn()`` with a Triton allocator for on-device TMA descriptors' workspace, set in a copy of the context so
+    that it stays out of every other test."""
+    import triton
+
+    def run():
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8))
+        return fn()
+    return contextvars.copy_context().run(run)
