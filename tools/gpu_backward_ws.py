@@ -14,9 +14,11 @@ partitioning into producer and consumer warps). On a GPU it runs two experiments
 
 With ``--whole`` it writes ``backward_loops.json`` instead: the whole backward (``whole_rows``) of fa2_backward,
 of the descriptor kernels, and of the warp-specialised dK/dV kernel with each order of its causal loops
-(``LOOPS``), beside cuDNN's, with the largest difference from fa2_backward's gradients.
+(``LOOPS`` 0-3), beside cuDNN's, with the largest difference from fa2_backward's gradients. With ``--unrolled``
+it writes ``backward_unrolled.json``: the same, for both kernels warp-specialised with their masked blocks in
+straight-line code (``LOOPS`` 4, ``unroll_dq``), so that no loop precedes or follows the specialised one.
 
-    PYTHONPATH=. python tools/gpu_backward_ws.py [--whole] [--out DIR]
+    PYTHONPATH=. python tools/gpu_backward_ws.py [--whole | --unrolled] [--out DIR]
 
 fp16, d = 128, 16k tokens, hidden 2048. What came out on an H100 (Triton 3.6) is chapter 7's
 "FlashAttention-3's tools" paragraph.
@@ -72,11 +74,24 @@ def _dkdv_step(dK_j, dV_j, K_j, V_j, q_desc, do_desc, LSE, Delta, qk_scale, base
     return dK_j, dV_j
 
 
+@triton.jit
+def _dkdv_diagonal(dK_j, dV_j, K_j, V_j, q_desc, do_desc, LSE, Delta, qk_scale, base_stat, lo, cols, N,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    if CAUSAL:                                      # BLOCK_N // BLOCK_M query blocks from lo, in straight-line code
+        for i in tl.static_range(BLOCK_N // BLOCK_M):
+            dK_j, dV_j = _dkdv_step(dK_j, dV_j, K_j, V_j, q_desc, do_desc, LSE, Delta, qk_scale, base_stat,
+                                    lo + i * BLOCK_M, cols, N, BLOCK_M, True)
+    return dK_j, dV_j
+
+
 #: The orders of dkdv_ws's two loops (constexpr LOOPS) when causal; without the mask there is one loop, as in 0.
 LOOPS = {0: "the diagonal blocks, then the rest warp-specialised (the library's order)",
          1: "the rest warp-specialised, then the diagonal blocks",
          2: "one warp-specialised loop, the causal mask on every block",
-         3: "both loops warp-specialised"}
+         3: "both loops warp-specialised",
+         4: "the diagonal blocks unrolled (tl.static_range, no loop), then the rest warp-specialised",
+         5: "the diagonal blocks unrolled into accumulators of their own, then the rest warp-specialised from zeros",
+         6: "the rest warp-specialised, then the diagonal blocks unrolled into accumulators of their own"}
 
 
 @triton.jit
@@ -96,7 +111,24 @@ def dkdv_ws(Q, K, V, DO, LSE, Delta, DK, DV, qk_scale, sm_scale, N,
     if CAUSAL:
         lo = start_n // BLOCK_M * BLOCK_M
         mid = tl.minimum(tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M, tl.cdiv(N, BLOCK_M) * BLOCK_M)
-    if LOOPS == 2:
+    if LOOPS >= 4:
+        dK_d = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)     # the diagonal's own accumulators (orders 5, 6)
+        dV_d = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+        if LOOPS == 4:
+            dK_j, dV_j = _dkdv_diagonal(dK_j, dV_j, K_j, V_j, q_desc, do_desc, LSE, Delta, qk_scale, bh * N, lo, cols,
+                                        N, BLOCK_M, BLOCK_N, CAUSAL)
+        if LOOPS == 5:
+            dK_d, dV_d = _dkdv_diagonal(dK_d, dV_d, K_j, V_j, q_desc, do_desc, LSE, Delta, qk_scale, bh * N, lo, cols,
+                                        N, BLOCK_M, BLOCK_N, CAUSAL)
+        for start_m in tl.range(mid, N, BLOCK_M, warp_specialize=WS):
+            dK_j, dV_j = _dkdv_step(dK_j, dV_j, K_j, V_j, q_desc, do_desc, LSE, Delta, qk_scale, bh * N, start_m,
+                                    cols, N, BLOCK_M, False)
+        if LOOPS == 6:
+            dK_d, dV_d = _dkdv_diagonal(dK_d, dV_d, K_j, V_j, q_desc, do_desc, LSE, Delta, qk_scale, bh * N, lo, cols,
+                                        N, BLOCK_M, BLOCK_N, CAUSAL)
+        dK_j += dK_d
+        dV_j += dV_d
+    elif LOOPS == 2:
         for start_m in tl.range(lo, N, BLOCK_M, warp_specialize=WS):
             dK_j, dV_j = _dkdv_step(dK_j, dV_j, K_j, V_j, q_desc, do_desc, LSE, Delta, qk_scale, bh * N, start_m,
                                     cols, N, BLOCK_M, CAUSAL)
@@ -142,7 +174,7 @@ def _dq_step(dQ_i, Q_i, dO_i, L_i, D_i, k_desc, v_desc, qk_scale, start_n, rows,
 @triton.jit
 def dq_ws(Q, K, V, DO, LSE, Delta, DQ, qk_scale, sm_scale, N,
           HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr,
-          CAUSAL: tl.constexpr):
+          CAUSAL: tl.constexpr, UNROLL: tl.constexpr):
     bh = tl.program_id(1).to(tl.int64)
     start_m = tl.program_id(0) * BLOCK_M
     base = bh * N * HEAD_DIM
@@ -160,18 +192,26 @@ def dq_ws(Q, K, V, DO, LSE, Delta, DQ, qk_scale, sm_scale, N,
         mid = tl.minimum(mid, start_m // BLOCK_N * BLOCK_N)
     for start_n in tl.range(0, mid, BLOCK_N, warp_specialize=WS):
         dQ_i = _dq_step(dQ_i, Q_i, dO_i, L_i, D_i, k_desc, v_desc, qk_scale, start_n, rows, N, BLOCK_N, False, CAUSAL)
-    for start_n in range(mid, hi, BLOCK_N):
-        dQ_i = _dq_step(dQ_i, Q_i, dO_i, L_i, D_i, k_desc, v_desc, qk_scale, start_n, rows, N, BLOCK_N, True, CAUSAL)
+    if UNROLL:                                      # [mid, hi) in BLOCK_M // BLOCK_N (causal) or one key block
+        for i in tl.static_range(BLOCK_M // BLOCK_N if CAUSAL else 1):
+            dQ_i = _dq_step(dQ_i, Q_i, dO_i, L_i, D_i, k_desc, v_desc, qk_scale, mid + i * BLOCK_N, rows, N, BLOCK_N,
+                            True, CAUSAL)
+    else:
+        for start_n in range(mid, hi, BLOCK_N):
+            dQ_i = _dq_step(dQ_i, Q_i, dO_i, L_i, D_i, k_desc, v_desc, qk_scale, start_n, rows, N, BLOCK_N, True,
+                            CAUSAL)
     dq_desc = rows_descriptor(DQ + base, N, HEAD_DIM, BLOCK_M)
     dq_desc.store([start_m, 0], (dQ_i * sm_scale).to(tl.float16))
 
 
 
 def backward_descriptors(q, k, v, o, do, lse, causal, dkdv_tiles=(64, 128, 8, 3), dq_tiles=(128, 64, 8, 3),
-                         ws=False, loops=0, ws_dq=None):
+                         ws=False, loops=0, ws_dq=None, unroll_dq=False):
     """(dq, dk, dv) from the two descriptor kernels, D from kernels.backward.backward_delta. ``ws``: warp-specialise
     the loops (the dQ kernel's too unless ``ws_dq`` says otherwise); ``loops``: the dK/dV kernel's loop order when
-    causal (a key of LOOPS). Needs an allocator for the descriptors' workspace (``triton.set_allocator``)."""
+    causal (a key of LOOPS; 4-6 need dK/dV tiles whose BLOCK_N is a multiple of BLOCK_M); ``unroll_dq``: the dQ
+    kernel's masked key blocks in straight-line code (dQ tiles whose BLOCK_M is a multiple of BLOCK_N). Needs an
+    allocator for the descriptors' workspace (``triton.set_allocator``)."""
     from flashcourse.kernels.backward import backward_delta
     B, H, N, d = q.shape
     delta, lse2, sm = backward_delta(o, do), lse * LOG2E, d ** -0.5
@@ -182,8 +222,8 @@ def backward_descriptors(q, k, v, o, do, lse, causal, dkdv_tiles=(64, 128, 8, 3)
                                          num_stages=s)
     BM, BN, w, s = dq_tiles
     dq_ws[(triton.cdiv(N, BM), B * H)](q, k, v, do, lse2, delta, dq, sm * LOG2E, sm, N, HEAD_DIM=d, BLOCK_M=BM,
-                                       BLOCK_N=BN, WS=ws if ws_dq is None else ws_dq, CAUSAL=causal, num_warps=w,
-                                       num_stages=s)
+                                       BLOCK_N=BN, WS=ws if ws_dq is None else ws_dq, CAUSAL=causal, UNROLL=unroll_dq,
+                                       num_warps=w, num_stages=s)
     return dq, dk, dv
 
 
@@ -257,11 +297,34 @@ def tiles_rows():
     return rows
 
 
-def whole_rows(rounds=2):
-    """The whole backward, fa2_backward and two descriptor compositions (dQ by the descriptor kernel, 128 x 64, 8
-    warps, 3 stages), beside cuDNN's: wall time by do_bench (ms) and the largest difference from fa2_backward's
-    gradients, for every loop order of the warp-specialised dK/dV kernel (64 x 128, 4 warps, 2 stages) when
-    causal; ``rounds`` rounds in one session."""
+def loop_orders(causal):
+    """The variants of ``--whole``: the descriptor kernels, and the warp-specialised dK/dV kernel (64 x 128, 4
+    warps, 2 stages) in each of its loop orders 0-3 when causal (only 0 without the mask)."""
+    variants = {"descriptors": {}}
+    for loops in ([0, 1, 2, 3] if causal else [0]):
+        variants[f"warp-specialised, loops {loops}"] = {"dkdv_tiles": (64, 128, 4, 2), "ws": True, "loops": loops,
+                                                        "ws_dq": False}
+    return variants
+
+
+def unrolled(causal):
+    """The variants of ``--unrolled``: the descriptor kernels; the warp-specialised dK/dV kernel (64 x 128, 4 warps,
+    2 stages) with its diagonal unrolled (orders 4-6), with the descriptor dQ kernel; and with order 4, the dQ
+    kernel warp-specialised with its masked blocks unrolled on three 4-warp tiles."""
+    ws = {"dkdv_tiles": (64, 128, 4, 2), "ws": True}
+    variants = {"descriptors": {}}
+    for loops in (4, 5, 6):
+        variants[f"warp-specialised dK/dV, loops {loops}"] = {**ws, "loops": loops, "ws_dq": False}
+    for tiles in ((128, 64, 4, 2), (64, 64, 4, 2), (128, 128, 4, 2)):
+        variants[f"both warp-specialised, unrolled, dQ {tiles}"] = {**ws, "loops": 4, "ws_dq": True, "unroll_dq": True,
+                                                                   "dq_tiles": tiles}
+    return variants
+
+
+def whole_rows(variants=loop_orders, rounds=2):
+    """The whole backward of fa2_backward and of the descriptor kernels' ``variants(causal)`` (keyword arguments of
+    backward_descriptors by name), beside cuDNN's: wall time by do_bench (ms) and the largest difference from
+    fa2_backward's gradients (a refusal as its message); ``rounds`` rounds in one session."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -277,11 +340,7 @@ def whole_rows(rounds=2):
                 row = {"round": rnd, "N": N, "causal": causal,
                        "cudnn ms": bench_ms(lambda: out.backward(args[4], retain_graph=True)),
                        "fa2_backward ms": bench_ms(lambda: fa2_backward(*args, causal))}
-                variants = {"descriptors": {}}
-                for loops in (sorted(LOOPS) if causal else [0]):
-                    variants[f"warp-specialised, loops {loops}"] = {"dkdv_tiles": (64, 128, 4, 2), "ws": True,
-                                                                    "loops": loops, "ws_dq": False}
-                for name, kw in variants.items():
+                for name, kw in variants(causal).items():
                     def whole(kw=kw):
                         got = backward_descriptors(*args, causal, **kw)
                         return {"ms": bench_ms(lambda: backward_descriptors(*args, causal, **kw)),
@@ -292,24 +351,37 @@ def whole_rows(rounds=2):
     return rows
 
 
+#: ``--whole`` and ``--unrolled``: the file each writes, its variants, and what they are.
+WHOLE_RUNS = {"whole": ("backward_loops.json", loop_orders,
+                        "the warp-specialised dK/dV kernel in each order of its causal loops"),
+              "unrolled": ("backward_unrolled.json", unrolled,
+                           "the warp-specialised kernels with their masked blocks unrolled (no second loop)")}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--whole", action="store_true", help="only the whole backward beside cuDNN's, every loop order "
                                                          "(backward_loops.json)")
+    p.add_argument("--unrolled", action="store_true", help="only the whole backward with the masked blocks unrolled "
+                                                            "(backward_unrolled.json)")
     args = p.parse_args(argv)
     if backend.DEVICE != "cuda":
         print("tools/gpu_backward_ws.py needs a CUDA GPU")
         return 2
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
-    if args.whole:
-        result["what"] = ("chapter 7, issue 15: the whole backward (ms by do_bench) of fa2_backward, of the descriptor "
-                          "kernels, and of the warp-specialised dK/dV kernel in each order of its causal loops, beside "
-                          "cuDNN's; fp16, d = 128, 16k tokens, hidden 2048; two rounds in one session")
-        result["command"] = "PYTHONPATH=. python tools/gpu_backward_ws.py --whole --out $OUT"
+    mode = "whole" if args.whole else "unrolled" if args.unrolled else None
+    if mode:
+        name, variants, what = WHOLE_RUNS[mode]
+        result["what"] = (f"chapter 7, issue 15: the whole backward (ms by do_bench) of fa2_backward, of the descriptor "
+                          f"kernels, and of {what}, beside cuDNN's; fp16, d = 128, 16k tokens, hidden 2048; two rounds "
+                          "in one session")
+        result["command"] = f"PYTHONPATH=. python tools/gpu_backward_ws.py --{mode} --out $OUT"
         result["date"] = datetime.date.today().isoformat()
-        name, result["loops"], result["rows"] = "backward_loops.json", LOOPS, whole_rows()
+        if mode == "whole":
+            result["loops"] = {n: LOOPS[n] for n in range(4)}
+        result["rows"] = whole_rows(variants)
     else:
         name = "backward_descriptors.json"
         result["warp_specialize"], result["tiles"] = warp_specialize_rows(), tiles_rows()

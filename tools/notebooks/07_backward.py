@@ -245,9 +245,16 @@ CELLS = [
     or specialised as well, the compiler failed. One specialised loop with the mask on every block compiled,
     but its gradients were wrong (errors of 1.05-1.47), while the interpreter runs the same source exactly.
 
+    A third run put the diagonal blocks in straight-line code (`tl.static_range`) so that the specialised loop
+    is the kernel's only loop (`--unrolled`, two rounds, `measured/backward_unrolled.json`). Before the loop,
+    into the loop's accumulators or into its own, the compiler still failed. After it, into its own, it
+    compiled and was right, but ran at 0.48-0.57x cuDNN's speed, slower than ours (0.73-0.84x in the same runs).
+    The dQ kernel specialised on 4 warps failed to compile on 128 x 64 and 128 x 128 tiles, and on 64 x 64 it
+    computed NaN even without the mask.
+
     These stay experiments: cuDNN's backward, at d = 128 and N >= 4k, keeps a lead of 1.23-1.35x over ours,
     which would take FA3's whole pipeline, not one of its tools, and in Triton 3.6 the warp-specialised part
-    of that pipeline built right only for a loop without a mask.
+    of that pipeline built right and fast only for a dK/dV loop with nothing masked before or after it.
     """, "fragment", name="measured-fa3"),
 
     md("""
