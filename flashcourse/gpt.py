@@ -1,5 +1,5 @@
 """A small GPT to train on the course's kernels (chapter 7): the same model with FlashAttention-2 both ways
-(:func:`flashcourse.kernels.backward.flash_attention`) or with PyTorch's SDPA, trained the same way.
+(:func:`flashcourse.kernels.backward_autograd.flash_attention`) or with PyTorch's SDPA, trained the same way.
 
 In the spirit of nanoGPT's ``model.py``: token and position embeddings, ``n_layer`` blocks of pre-LayerNorm
 causal self-attention and a 4x MLP, tied input and output embeddings. Characters are the tokens; the
@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .kernels.backward import flash_attention
+from .kernels.backward_autograd import flash_attention
 
 __all__ = ["GPTConfig", "GPT", "corpus", "train", "ATTENTIONS"]
 

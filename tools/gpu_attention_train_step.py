@@ -12,7 +12,8 @@ import flashcourse  # noqa: E402,F401
 import torch  # noqa: E402
 import triton.testing  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from flashcourse.kernels.backward import flash_attention, fa2_backward  # noqa: E402
+from flashcourse.kernels.backward import fa2_backward  # noqa: E402
+from flashcourse.kernels.backward_autograd import flash_attention  # noqa: E402
 from flashcourse.kernels import fa2_forward  # noqa: E402
 
 class Plain(torch.autograd.Function):

@@ -72,7 +72,8 @@ def _cases(B, H, N, d, causal, naive, device, seed):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from ..kernels import fa1_forward, fa2_forward
-    from ..kernels.backward import fa2_backward, flash_attention
+    from ..kernels.backward import fa2_backward
+    from ..kernels.backward_autograd import flash_attention
     from ..kernels.backward_fa1 import fa1_backward
 
     if device == "cuda":

@@ -1,11 +1,14 @@
-"""FlashAttention-2's backward pass in Triton (chapter 7), and an operator autograd and torch.compile can use.
+"""FlashAttention-2's backward pass in Triton (chapter 7).
 
 :func:`fa2_backward` takes what the forward saved -- Q, K, V, O and the log-sum-exp L of each row
 (``fa2_forward(..., return_lse=True)``) -- and the upstream gradient dO, and returns dQ, dK, dV. It
 never stores S or P: every tile ``P_ij = exp(S_ij - L_i)`` is recomputed on chip. Three kernels
 (Algorithm 2 of the FlashAttention-2 paper, split as Triton's fused-attention tutorial does):
 
-1. ``_bwd_preprocess``: ``D_i = rowsum(dO_i o O_i)`` (line 4), one program per block of rows;
+1. ``_bwd_preprocess``: ``D_i = rowsum(dO_i o O_i)`` (line 4) and ``L_i`` in log2 units, each head's rows
+   padded to a multiple of 16 (``_stat_rows``), so that the dK/dV loop's loads of them stay aligned whatever N_q
+   (on an H100 the whole backward at N = 1023, 4095, 16383 had run 4-10% slower than at 1024, 4096, 16384;
+   ``bench/results/h100/measured/backward_ragged.json``);
 2. ``_bwd_dkdv``: one program per block ``K_j, V_j`` (the outer loop, lines 5-19), which keeps ``dK_j``
    and ``dV_j`` in registers, walks the query blocks i that see its keys, recomputes ``P_ij``, and adds
    ``dV_j += P_ij^T dO_i`` and ``dK_j += dS_ij^T Q_i`` with ``dS_ij = P_ij o (dO_i V_j^T - D_i)``;
@@ -20,18 +23,19 @@ forward, each loop runs in two parts: the blocks on the causal diagonal (and dQ'
 mask, the rest without one -- a query row past N_q loads L = inf and gets P = 0 by itself. On an H100 (d = 128,
 N 4k-16k) that made the causal backward 3-8% faster than masking every tile, the non-causal one no slower
 (``bench/results/h100/measured/backward_masks.json``).
-:func:`flash_attention` is forward and backward as one custom operator (``torch.library``) with an autograd
-formula: a model trains on it, eager or under ``torch.compile``.
+:func:`~flashcourse.kernels.backward_autograd.flash_attention` puts the forward and this backward in one operator
+that autograd and torch.compile can use.
 
 Example:
     >>> import torch
     >>> from flashcourse.backend import DEVICE
-    >>> q, k, v = (torch.randn(1, 2, 40, 32, device=DEVICE).half().requires_grad_() for _ in range(3))
-    >>> o = flash_attention(q, k, v, causal=True)
-    >>> o.float().sum().backward()
+    >>> from flashcourse.kernels import fa2_forward
+    >>> q, k, v, do = (torch.randn(1, 2, 40, 32, device=DEVICE).half() for _ in range(4))
+    >>> o, lse = fa2_forward(q, k, v, causal=True, return_lse=True)
+    >>> grads = fa2_backward(q, k, v, o, do, lse, causal=True)
     >>> ref = [t.detach().float().requires_grad_() for t in (q, k, v)]
-    >>> torch.nn.functional.scaled_dot_product_attention(*ref, is_causal=True).sum().backward()
-    >>> all((t.grad.float() - r.grad).abs().max().item() < 2e-2 for t, r in zip((q, k, v), ref))
+    >>> torch.nn.functional.scaled_dot_product_attention(*ref, is_causal=True).backward(do.float())
+    >>> all((g.float() - r.grad).abs().max().item() < 2e-2 for g, r in zip(grads, ref))
     True
 """
 from __future__ import annotations
@@ -43,33 +47,44 @@ import triton.language as tl
 from .. import backend
 from ..formulas.counting import LOG2E
 from . import aot
-from .attention import fa2_forward, quiet
+from .attention import quiet
 from .attention_gqa import gqa_dkdv_sum, gqa_splits, packed_rows, sum_parts
 from .launch import Plans, relaunch, shape_key
 from .validate import expect_qkv, expect_saved, expect_sm_scale
 
-__all__ = ["fa2_backward", "flash_attention", "backward_config"]
+__all__ = ["fa2_backward", "backward_config"]
 
 HEAD_DIMS = (16, 32, 64, 128)
 
 
 @triton.jit
-def _bwd_preprocess(O, DO, Delta, N_q, stride_ob, stride_oh, stride_om, stride_dob, stride_doh, stride_dom,
-                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
-    # line 4: D_i = rowsum(dO_i o O_i), in fp32. grid: (row blocks, H, B)
+def _stat_rows(N_q):                                     # the rows of L and D a head: N_q rounded up to 16
+    return (N_q + 15) // 16 * 16
+
+
+@triton.jit
+def _bwd_preprocess(O, DO, LSE, Delta, LSE2, N_q, N_stat, stride_ob, stride_oh, stride_om, stride_dob, stride_doh,
+                    stride_dom, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, WITH_LSE2: tl.constexpr):
+    # line 4: D_i = rowsum(dO_i o O_i) in fp32 (and WITH_LSE2, L_i in log2 units), rows N_stat apart; grid: (row
+    # blocks of N_stat, H, B). Rows past N_q add nothing: L = inf (P = 0), D = 0
     h, b = tl.program_id(1), tl.program_id(2)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, HEAD_DIM)
     in_q = rows < N_q
+    stat = (b * tl.num_programs(1) + h) * N_stat + rows
     o = tl.load(O + b * stride_ob + h * stride_oh + rows[:, None] * stride_om + dims[None, :],
                 mask=in_q[:, None], other=0.0).to(tl.float32)
     do = tl.load(DO + b * stride_dob + h * stride_doh + rows[:, None] * stride_dom + dims[None, :],
                  mask=in_q[:, None], other=0.0).to(tl.float32)
-    tl.store(Delta + (b * tl.num_programs(1) + h) * N_q + rows, tl.sum(o * do, 1), mask=in_q)
+    tl.store(Delta + stat, tl.sum(o * do, 1), mask=rows < N_stat)
+    if WITH_LSE2:
+        L = tl.load(LSE + (b * tl.num_programs(1) + h) * N_q + rows, mask=in_q, other=float("inf"))
+        L = L * 1.4426950408889634                                                          # log2 units
+        tl.store(LSE2 + stat, tl.where(L == float("-inf"), float("inf"), L), mask=rows < N_stat)  # sees no key: P = 0
 
 
 @triton.jit
-def _dkdv_step(dK_j, dV_j, K_j, V_j, Q, DO, LSE, Delta, DQ32, qk_scale, sm_scale, start_m, h, b, cols, in_k, dims, N_q,
+def _dkdv_step(dK_j, dV_j, K_j, V_j, Q, DO, LSE2, Delta, DQ32, qk_scale, sm_scale, start_m, h, b, cols, in_k, dims, N_q,
                offset, stride_qb, stride_qh, stride_qm, stride_dob, stride_doh, stride_dom,
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, ATOMIC_DQ: tl.constexpr, GROUP: tl.constexpr,
                H_STAT, MASK: tl.constexpr):
@@ -82,10 +97,9 @@ def _dkdv_step(dK_j, dV_j, K_j, V_j, Q, DO, LSE, Delta, DQ32, qk_scale, sm_scale
                   mask=in_q[:, None], other=0.0)
     dO_i = tl.load(DO + b * stride_dob + heads[:, None] * stride_doh + rows[:, None] * stride_dom + dims[None, :],
                    mask=in_q[:, None], other=0.0)
-    stat = (b * H_STAT + heads) * N_q + rows
-    L_i = tl.load(LSE + stat, mask=in_q, other=float("inf")) * 1.4426950408889634   # log2 units
-    L_i = tl.where(L_i == float("-inf"), float("inf"), L_i)      # a row that sees no key: P = 0
-    D_i = tl.load(Delta + stat, mask=in_q, other=0.0)
+    stat = (b * H_STAT + heads) * _stat_rows(N_q) + rows
+    L_i = tl.load(LSE2 + stat, mask=rows < _stat_rows(N_q), other=float("inf"))
+    D_i = tl.load(Delta + stat, mask=rows < _stat_rows(N_q), other=0.0)
     # line 11, transposed (keys along rows): P_ij^T = exp(S_ij^T - L_i)
     s_t = tl.dot(K_j, tl.trans(Q_i)) * qk_scale                  # (BLOCK_N, BLOCK_M), log2 units
     p_t = tl.exp2(s_t - L_i[None, :])
@@ -99,12 +113,13 @@ def _dkdv_step(dK_j, dV_j, K_j, V_j, Q, DO, LSE, Delta, DQ32, qk_scale, sm_scale
     dK_j += tl.dot(ds_t.to(Q_i.dtype), Q_i)                         # line 16
     if ATOMIC_DQ:                                   # line 15 as Algorithm 2 writes it: dQ_i += dS_ij K_j in HBM,
         dq = tl.dot(tl.trans(ds_t.to(K_j.dtype)), K_j) * sm_scale  # added atomically (fp32, (B, H, N_q, d))
-        tl.atomic_add(DQ32 + stat[:, None] * HEAD_DIM + dims[None, :], dq, mask=in_q[:, None], sem="relaxed")
+        dq_rows = (b * H_STAT + heads) * N_q + rows
+        tl.atomic_add(DQ32 + dq_rows[:, None] * HEAD_DIM + dims[None, :], dq, mask=in_q[:, None], sem="relaxed")
     return dK_j, dV_j
 
 
 @triton.jit
-def _bwd_dkdv(Q, K, V, DO, LSE, Delta, DK, DV, DQ32, qk_scale, sm_scale, N_q, N_k,
+def _bwd_dkdv(Q, K, V, DO, LSE2, Delta, DK, DV, DQ32, qk_scale, sm_scale, N_q, N_k,
               stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
               stride_dob, stride_doh, stride_dom, stride_dkb, stride_dkh, stride_dkn,
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
@@ -130,14 +145,14 @@ def _bwd_dkdv(Q, K, V, DO, LSE, Delta, DK, DV, DQ32, qk_scale, sm_scale, N_q, N_
     lo, mid = 0, 0                                        # query blocks [lo, mid) need the causal mask, [mid, end) none
     if CAUSAL:                                            # the first block that sees a key of K_j; the first that sees all
         lo = tl.maximum(start_n - offset, 0) * GROUP // BLOCK_M * BLOCK_M
-        mid = tl.minimum(tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - offset, 0) * GROUP, BLOCK_M) * BLOCK_M, end)
+        mid = tl.cdiv(tl.minimum(tl.maximum(start_n + BLOCK_N - 1 - offset, 0) * GROUP, end), BLOCK_M) * BLOCK_M
     H_STAT = tl.num_programs(1) * GROUP
     for start_m in range(lo, mid, BLOCK_M):              # line 8, the diagonal blocks
-        dK_j, dV_j = _dkdv_step(dK_j, dV_j, K_j, V_j, Q, DO, LSE, Delta, DQ32, qk_scale, sm_scale, start_m, h, b,
+        dK_j, dV_j = _dkdv_step(dK_j, dV_j, K_j, V_j, Q, DO, LSE2, Delta, DQ32, qk_scale, sm_scale, start_m, h, b,
                                 cols, in_k, dims, N_q, offset, stride_qb, stride_qh, stride_qm, stride_dob, stride_doh,
                                 stride_dom, HEAD_DIM, BLOCK_M, ATOMIC_DQ, GROUP, H_STAT, True)
     for start_m in range(tl.maximum(lo, mid), end, BLOCK_M):   # the blocks that see every key of K_j
-        dK_j, dV_j = _dkdv_step(dK_j, dV_j, K_j, V_j, Q, DO, LSE, Delta, DQ32, qk_scale, sm_scale, start_m, h, b,
+        dK_j, dV_j = _dkdv_step(dK_j, dV_j, K_j, V_j, Q, DO, LSE2, Delta, DQ32, qk_scale, sm_scale, start_m, h, b,
                                 cols, in_k, dims, N_q, offset, stride_qb, stride_qh, stride_qm, stride_dob, stride_doh,
                                 stride_dom, HEAD_DIM, BLOCK_M, ATOMIC_DQ, GROUP, H_STAT, False)
     dK_j *= sm_scale
@@ -176,7 +191,7 @@ def _dq_step(dQ_i, Q_i, dO_i, L_i, D_i, K, V, qk_scale, start_n, kv, b, rows, di
 
 
 @triton.jit
-def _bwd_dq(Q, K, V, DO, LSE, Delta, DQ, qk_scale, sm_scale, N_q, N_k,
+def _bwd_dq(Q, K, V, DO, LSE2, Delta, DQ, qk_scale, sm_scale, N_q, N_k,
             stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
             stride_dob, stride_doh, stride_dom, stride_dqb, stride_dqh, stride_dqm,
             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
@@ -192,10 +207,9 @@ def _bwd_dq(Q, K, V, DO, LSE, Delta, DQ, qk_scale, sm_scale, N_q, N_k,
                   mask=in_q[:, None], other=0.0)
     dO_i = tl.load(DO + b * stride_dob + heads[:, None] * stride_doh + rows[:, None] * stride_dom + dims[None, :],
                    mask=in_q[:, None], other=0.0)
-    stat = (b * tl.num_programs(1) * GROUP + heads) * N_q + rows
-    L_i = tl.load(LSE + stat, mask=in_q, other=float("inf")) * 1.4426950408889634
-    L_i = tl.where(L_i == float("-inf"), float("inf"), L_i)
-    D_i = tl.load(Delta + stat, mask=in_q, other=0.0)
+    stat = (b * tl.num_programs(1) * GROUP + heads) * _stat_rows(N_q) + rows
+    L_i = tl.load(LSE2 + stat, mask=rows < _stat_rows(N_q), other=float("inf"))
+    D_i = tl.load(Delta + stat, mask=rows < _stat_rows(N_q), other=0.0)
     dQ_i = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     offset = N_k - N_q
     hi = N_k
@@ -262,8 +276,9 @@ def backward_delta(o: torch.Tensor, do: torch.Tensor, block: int = 64) -> torch.
     delta = torch.empty((B, H, N), dtype=torch.float32, device=o.device)
     if delta.numel():
         with quiet():
-            _bwd_preprocess[(triton.cdiv(N, block), H, B)](o, do, delta, N, *o.stride()[:3], *do.stride()[:3],
-                                                             HEAD_DIM=d, BLOCK_M=block)
+            _bwd_preprocess[(triton.cdiv(N, block), H, B)](o, do, delta, delta, delta, N, N, *o.stride()[:3],
+                                                             *do.stride()[:3], HEAD_DIM=d, BLOCK_M=block,
+                                                             WITH_LSE2=False)
     return delta
 
 
@@ -273,12 +288,13 @@ def fa2_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
     """``(dq, dk, dv)`` of ``o = softmax(q k^T sm_scale) v`` for the upstream gradient ``do``, recomputing P.
 
     ``q``, ``o``, ``do``: (B, H, N_q, d); ``k``, ``v``: (B, H_kv, N_k, d) with H a multiple of H_kv
-    (grouped-query attention, as :func:`fa2_forward`: dk and dv sum over the H / H_kv query heads of a group,
-    on chip); ``lse``: (B, H, N_q) float32, the log-sum-exp ``fa2_forward(q, k, v, causal, sm_scale,
-    return_lse=True)`` returned with ``o``. float16, or bfloat16 on a GPU of sm_80 or newer; d one of 16, 32,
-    64, 128. ``causal`` and ``sm_scale`` must be the forward's. Gradients come in q's dtype, accumulated in
-    float32, the same from run to run -- except dk and dv of grouped-query K/V with at most 2048 keys, whose
-    per-head parts are added atomically (:func:`~flashcourse.kernels.attention_gqa.gqa_dkdv_sum`), in any order.
+    (grouped-query attention, as :func:`~flashcourse.kernels.attention.fa2_forward`: dk and dv sum over the
+    H / H_kv query heads of a group, on chip); ``lse``: (B, H, N_q) float32, the log-sum-exp
+    ``fa2_forward(q, k, v, causal, sm_scale, return_lse=True)`` returned with ``o``. float16, or bfloat16 on a
+    GPU of sm_80 or newer; d one of 16, 32, 64, 128. ``causal`` and ``sm_scale`` must be the forward's.
+    Gradients come in q's dtype, accumulated in float32, the same from run to run -- except dk and dv of
+    grouped-query K/V with at most 2048 keys, whose per-head parts are added atomically
+    (:func:`~flashcourse.kernels.attention_gqa.gqa_dkdv_sum`), in any order.
 
     ``dq_mode="atomic"`` computes dQ inside the dK/dV kernel, every key block adding its ``dS_ij K_j`` to an
     fp32 dQ in HBM with atomic adds (Algorithm 2 as written), instead of the second, Q-outer kernel
@@ -292,6 +308,7 @@ def fa2_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
     Example:
         >>> import torch
         >>> from flashcourse.backend import DEVICE
+        >>> from flashcourse.kernels import fa2_forward
         >>> q, k, v, do = (torch.randn(1, 1, 33, 16, device=DEVICE).half() for _ in range(4))
         >>> o, lse = fa2_forward(q, k, v, return_lse=True)
         >>> dq, dk, dv = fa2_backward(q, k, v, o, do, lse)
@@ -371,17 +388,19 @@ def _launch(q, k, v, o, do, lse, causal, sm_scale, cfg, atomic=False):
         elif splits > 1:
             sum_parts(parts[0], dk), sum_parts(parts[1], dv)
     dk_out, dv_out = new_parts(dk, dv)
-    delta = torch.empty((B, H, N_q), dtype=torch.float32, device=q.device)
+    N_stat = _stat_rows.fn(N_q)
+    delta, lse2 = torch.empty((2, B, H, N_stat), dtype=torch.float32, device=device)
     dq32 = torch.zeros((B, H, N_q, d) if atomic else (1,), dtype=torch.float32, device=q.device)   # "atomic" only
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
     scales = (sm_scale * LOG2E, sm_scale, N_q, N_k)
     BM1, BN1, w1, s1 = cfg["dkdv"]
     BM2, BN2, w2, s2 = cfg["dq"]
     with quiet():
-        pre = relaunch(_bwd_preprocess, (triton.cdiv(N_q, cfg["pre"]), H, B),
-                       (o, do, delta, N_q, *o.stride()[:3], *do.stride()[:3]), {"HEAD_DIM": d, "BLOCK_M": cfg["pre"]})
+        pre = relaunch(_bwd_preprocess, (triton.cdiv(N_stat, cfg["pre"]), H, B),
+                       (o, do, lse, delta, lse2, N_q, N_stat, *o.stride()[:3], *do.stride()[:3]),
+                       {"HEAD_DIM": d, "BLOCK_M": cfg["pre"], "WITH_LSE2": True})
         dkdv = relaunch(_bwd_dkdv, (triton.cdiv(N_k, BN1), H_kv * splits, B),
-                        (q, k, v, do, lse, delta, dk_out, dv_out, dq32, *scales, *strides, *dk_out.stride()[:3]),
+                        (q, k, v, do, lse2, delta, dk_out, dv_out, dq32, *scales, *strides, *dk_out.stride()[:3]),
                         {"HEAD_DIM": d, "BLOCK_M": BM1, "BLOCK_N": BN1, "CAUSAL": bool(causal), "num_warps": w1,
                          "num_stages": s1, "ATOMIC_DQ": atomic, "GROUP": group // splits, "SPLITS": splits,
                          "SUM_ATOMIC": sum_atomic})
@@ -392,7 +411,7 @@ def _launch(q, k, v, o, do, lse, causal, sm_scale, cfg, atomic=False):
     else:
         with quiet():
             dq_run = relaunch(_bwd_dq, (triton.cdiv(group // dq_splits * N_q, BM2), H_kv * dq_splits, B),
-                              (q, k, v, do, lse, delta, dq, *scales, *strides, *dq.stride()[:3]),
+                              (q, k, v, do, lse2, delta, dq, *scales, *strides, *dq.stride()[:3]),
                               {"HEAD_DIM": d, "BLOCK_M": BM2, "BLOCK_N": BN2, "CAUSAL": bool(causal), "num_warps": w2,
                                "num_stages": s2, "GROUP": group // dq_splits, "SPLITS": dq_splits})
     o_strides, do_strides, dk_strides, dq_strides = o.stride()[:3], do.stride()[:3], dk_out.stride()[:3], dq.stride()[:3]
@@ -401,107 +420,19 @@ def _launch(q, k, v, o, do, lse, causal, sm_scale, cfg, atomic=False):
 
     def again(q, k, v, o, do, lse):
         dq, dk, dv = (torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes)
-        delta = torch.empty((B, H, N_q), dtype=torch.float32, device=device)
+        delta, lse2 = torch.empty((2, B, H, N_stat), dtype=torch.float32, device=device)
         acc = torch.zeros((B, H, N_q, d), dtype=torch.float32, device=device) if atomic else stub
         parts = new_parts(dk, dv)
         with quiet():
-            pre(o, do, delta, N_q, *o_strides, *do_strides)
-            dkdv(q, k, v, do, lse, delta, *parts, acc, *scales, *strides, *dk_strides)
+            pre(o, do, lse, delta, lse2, N_q, N_stat, *o_strides, *do_strides)
+            dkdv(q, k, v, do, lse2, delta, *parts, acc, *scales, *strides, *dk_strides)
             add_parts(parts, dk, dv)
             if atomic:
                 dq.copy_(acc)
             else:
-                dq_run(q, k, v, do, lse, delta, dq, *scales, *strides, *dq_strides)
+                dq_run(q, k, v, do, lse2, delta, dq, *scales, *strides, *dq_strides)
         return dq, dk, dv
     return (dq, dk, dv), again
-
-
-# flash_attention is a custom operator of torch.library (flashcourse::flash_attention_fwd and _bwd) with an
-# autograd formula: autograd differentiates it, and torch.compile keeps it whole (it never looks inside a
-# Triton launch) while compiling what is around it, using the fake functions for shapes.
-
-@torch.library.custom_op("flashcourse::flash_attention_fwd", mutates_args=())
-def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                   sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    return fa2_forward(q, k, v, causal, sm_scale, return_lse=True)
-
-
-@_attention_fwd.register_fake
-def _(q, k, v, causal, sm_scale):                     # contiguous, as fa2_forward returns them, whatever q's strides
-    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
-
-
-@torch.library.custom_op("flashcourse::flash_attention_bwd", mutates_args=())
-def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
-                   lse: torch.Tensor, causal: bool, sm_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return fa2_backward(q, k, v, o, do, lse, causal, sm_scale)
-
-
-@_attention_bwd.register_fake
-def _(q, k, v, o, do, lse, causal, sm_scale):          # contiguous, as fa2_backward returns them
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
-
-
-def _save(ctx, inputs, output):
-    q, k, v, causal, sm_scale = inputs
-    o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse)
-    ctx.causal, ctx.sm_scale = causal, sm_scale
-
-
-def _grads(ctx, do, _dlse):
-    q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = _attention_bwd(q, k, v, o, do.to(o.dtype), lse, ctx.causal, ctx.sm_scale)
-    return dq, dk, dv, None, None
-
-
-_attention_fwd.register_autograd(_grads, setup_context=_save)
-
-
-def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                    sm_scale: float | None = None) -> torch.Tensor:
-    """``softmax(q k^T sm_scale) v`` that autograd can differentiate: FlashAttention-2 both ways.
-
-    The drop-in for ``torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
-    scale=sm_scale, enable_gqa=True)`` on (B, H, N, d) float16 (or bfloat16 on sm_80+) tensors with d in 16, 32,
-    64, 128 (causal aligned bottom-right when N_q != N_k); k and v may have fewer heads H_kv, H a multiple of H_kv
-    (grouped-query attention, read in place: never repeated). The forward saves O and the log-sum-exp (N numbers a
-    head, not the N x N P); the backward (:func:`fa2_backward`) recomputes P from them. Under
-    ``torch.compile`` it is a custom operator of ``torch.library``, one opaque call in the graph; eager, a
-    ``torch.autograd.Function`` over the same kernels.
-
-    Example:
-        >>> import torch
-        >>> from flashcourse.backend import DEVICE
-        >>> q, k, v = (torch.randn(1, 1, 20, 16, device=DEVICE).half().requires_grad_() for _ in range(3))
-        >>> flash_attention(q, k, v).sum().backward()
-        >>> q.grad.shape, bool(torch.isfinite(v.grad).all())
-        (torch.Size([1, 1, 20, 16]), True)
-    """
-    if not isinstance(q, torch.Tensor) or q.dim() != 4:        # the rest is checked by fa2_forward, once a shape
-        expect_qkv("flash_attention", q, k, v, head_dims=HEAD_DIMS, grouped=True)
-    if sm_scale is None or not isinstance(sm_scale, (int, float)):
-        sm_scale = expect_sm_scale("flash_attention", sm_scale, q.shape[-1])
-    if torch.compiler.is_compiling():                  # one opaque operator in the compiled graph
-        return _attention_fwd(q, k, v, bool(causal), float(sm_scale))[0]
-    return FlashAttention.apply(q, k, v, bool(causal), float(sm_scale))   # eager: less host work a call
-
-
-class FlashAttention(torch.autograd.Function):
-    """The eager path of :func:`flash_attention`: the same kernels as the custom operator, without its
-    dispatch (measured on an H200 at the GPT's shapes: 30-100 us less host time per call)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal, sm_scale):
-        o, lse = fa2_forward(q, k, v, causal, sm_scale, return_lse=True)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.sm_scale = causal, sm_scale
-        return o
-
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        return (*fa2_backward(q, k, v, o, do.to(o.dtype), lse, ctx.causal, ctx.sm_scale), None, None)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -512,7 +443,7 @@ def _aot(kernel_name):
         for d in HEAD_DIMS:
             cfg = backward_config(d, cc)
             if kernel_name == "pre":
-                yield aot.Launch({"HEAD_DIM": d, "BLOCK_M": cfg["pre"]}, 4, 1, kernel="bwd_preprocess")
+                yield aot.Launch({"HEAD_DIM": d, "BLOCK_M": cfg["pre"], "WITH_LSE2": True}, 4, 1, kernel="bwd_preprocess")
             else:
                 for atomic in ((False, True) if kernel_name == "dkdv" else (None,)):
                     BM, BN, warps, stages = cfg["dkdv_atomic" if atomic else kernel_name]
@@ -540,10 +471,10 @@ def kernel_signature(names) -> dict:
         >>> kernel_signature(["Q", "LSE", "sm_scale", "N_q", "BLOCK_M"])
         {'Q': '*fp16', 'LSE': '*fp32', 'sm_scale': 'fp32', 'N_q': 'i32', 'BLOCK_M': 'constexpr'}
     """
-    const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "ATOMIC_DQ", "GROUP", "SPLITS", "SUM_ATOMIC"}
-    fp32 = {"LSE", "Delta", "DQ32", "L", "M"}
+    const = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "ATOMIC_DQ", "GROUP", "SPLITS", "SUM_ATOMIC", "WITH_LSE2"}
+    fp32 = {"LSE", "LSE2", "Delta", "DQ32", "L", "M"}
     return {n: ("constexpr" if n in const else "*fp32" if n in fp32 else "fp32" if n in ("qk_scale", "sm_scale")
-                else "i32" if n in ("N_q", "N_k") or n.startswith("stride") else "*fp16") for n in names}
+                else "i32" if n in ("N_q", "N_k", "N_stat") or n.startswith("stride") else "*fp16") for n in names}
 
 
 aot.register("bwd_preprocess", _bwd_preprocess, signature=kernel_signature(_bwd_preprocess.arg_names), configs=_aot("pre"))
