@@ -26,3 +26,18 @@ def with_descriptor_allocator(fn):
         triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8))
         return fn()
     return contextvars.copy_context().run(run)
+
+
+def ragged_gains(speeds: dict):
+    """``speeds``: {(tree, round, N, case): speed} of two trees, ``"old"`` and ``"new"``, measured at N and N + 1.
+    Returns ``(ragged, aligned)``: for each N not a multiple of 16, (new / old, old's speed over its speed at N + 1,
+    new's likewise); for each N that is, new / old."""
+    ragged, aligned = [], []
+    for tree, rnd, N, case in speeds:
+        if tree == "new":
+            gain = speeds["new", rnd, N, case] / speeds["old", rnd, N, case]
+            if N % 16:
+                ragged.append((gain, *(speeds[t, rnd, N, case] / speeds[t, rnd, N + 1, case] for t in ("old", "new"))))
+            else:
+                aligned.append(gain)
+    return ragged, aligned

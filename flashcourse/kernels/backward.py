@@ -6,7 +6,7 @@ never stores S or P: every tile ``P_ij = exp(S_ij - L_i)`` is recomputed on chip
 (Algorithm 2 of the FlashAttention-2 paper, split as Triton's fused-attention tutorial does):
 
 1. ``_bwd_preprocess``: ``D_i = rowsum(dO_i o O_i)`` (line 4) and ``L_i`` in log2 units, each head's rows
-   padded to a multiple of 16 (``_stat_rows``), so that the dK/dV loop's loads of them stay aligned whatever N_q
+   padded to a multiple of 16 (``stat_rows``), so that the dK/dV loop's loads of them stay aligned whatever N_q
    (on an H100 the whole backward at N = 1023, 4095, 16383 had run 4-10% slower than at 1024, 4096, 16384;
    ``bench/results/h100/measured/backward_ragged.json``);
 2. ``_bwd_dkdv``: one program per block ``K_j, V_j`` (the outer loop, lines 5-19), which keeps ``dK_j``
@@ -58,7 +58,14 @@ HEAD_DIMS = (16, 32, 64, 128)
 
 
 @triton.jit
-def _stat_rows(N_q):                                     # the rows of L and D a head: N_q rounded up to 16
+def stat_rows(N_q):
+    """How many rows of L and D the backward kernels keep a head: ``N_q`` rounded up to a multiple of 16, so that the
+    loads of them inside a loop stay aligned whatever ``N_q`` (see :func:`backward_stats`).
+
+    Example:
+        >>> stat_rows.fn(4095), stat_rows.fn(4096)
+        (4096, 4096)
+    """
     return (N_q + 15) // 16 * 16
 
 
@@ -97,9 +104,9 @@ def _dkdv_step(dK_j, dV_j, K_j, V_j, Q, DO, LSE2, Delta, DQ32, qk_scale, sm_scal
                   mask=in_q[:, None], other=0.0)
     dO_i = tl.load(DO + b * stride_dob + heads[:, None] * stride_doh + rows[:, None] * stride_dom + dims[None, :],
                    mask=in_q[:, None], other=0.0)
-    stat = (b * H_STAT + heads) * _stat_rows(N_q) + rows
-    L_i = tl.load(LSE2 + stat, mask=rows < _stat_rows(N_q), other=float("inf"))
-    D_i = tl.load(Delta + stat, mask=rows < _stat_rows(N_q), other=0.0)
+    stat = (b * H_STAT + heads) * stat_rows(N_q) + rows
+    L_i = tl.load(LSE2 + stat, mask=rows < stat_rows(N_q), other=float("inf"))
+    D_i = tl.load(Delta + stat, mask=rows < stat_rows(N_q), other=0.0)
     # line 11, transposed (keys along rows): P_ij^T = exp(S_ij^T - L_i)
     s_t = tl.dot(K_j, tl.trans(Q_i)) * qk_scale                  # (BLOCK_N, BLOCK_M), log2 units
     p_t = tl.exp2(s_t - L_i[None, :])
@@ -207,9 +214,9 @@ def _bwd_dq(Q, K, V, DO, LSE2, Delta, DQ, qk_scale, sm_scale, N_q, N_k,
                   mask=in_q[:, None], other=0.0)
     dO_i = tl.load(DO + b * stride_dob + heads[:, None] * stride_doh + rows[:, None] * stride_dom + dims[None, :],
                    mask=in_q[:, None], other=0.0)
-    stat = (b * tl.num_programs(1) * GROUP + heads) * _stat_rows(N_q) + rows
-    L_i = tl.load(LSE2 + stat, mask=rows < _stat_rows(N_q), other=float("inf"))
-    D_i = tl.load(Delta + stat, mask=rows < _stat_rows(N_q), other=0.0)
+    stat = (b * tl.num_programs(1) * GROUP + heads) * stat_rows(N_q) + rows
+    L_i = tl.load(LSE2 + stat, mask=rows < stat_rows(N_q), other=float("inf"))
+    D_i = tl.load(Delta + stat, mask=rows < stat_rows(N_q), other=0.0)
     dQ_i = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     offset = N_k - N_q
     hi = N_k
@@ -280,6 +287,30 @@ def backward_delta(o: torch.Tensor, do: torch.Tensor, block: int = 64) -> torch.
                                                              *do.stride()[:3], HEAD_DIM=d, BLOCK_M=block,
                                                              WITH_LSE2=False)
     return delta
+
+
+def backward_stats(o: torch.Tensor, do: torch.Tensor, lse: torch.Tensor, block: int = 64):
+    """``(L2, D)``: the statistics the backward kernels read, from the backward's first kernel (line 4 of
+    Algorithm 2) -- L in log2 units (``lse * log2(e)``, a row that sees no key +inf: its P is 0) and
+    ``D = rowsum(dO o O)``, each (B, H, :func:`stat_rows` (N)) float32, the rows past N +inf and 0.
+    ``o``, ``do``: (B, H, N, d) with unit last stride; ``lse``: (B, H, N) float32, contiguous.
+
+    Example:
+        >>> from flashcourse.backend import DEVICE
+        >>> o, do = (torch.randn(1, 2, 5, 16, device=DEVICE).half() for _ in range(2))
+        >>> l2, d = backward_stats(o, do, torch.zeros(1, 2, 5, device=DEVICE))
+        >>> d.shape, bool(torch.allclose(d[..., :5], (o.float() * do.float()).sum(-1), atol=1e-3)), l2[0, 0, 5].item()
+        (torch.Size([1, 2, 16]), True, inf)
+    """
+    B, H, N, d = o.shape
+    N_stat = stat_rows.fn(N)
+    lse2, delta = torch.empty((2, B, H, N_stat), dtype=torch.float32, device=o.device)
+    if delta.numel():
+        with quiet():
+            _bwd_preprocess[(triton.cdiv(N_stat, block), H, B)](o, do, lse, delta, lse2, N, N_stat, *o.stride()[:3],
+                                                                  *do.stride()[:3], HEAD_DIM=d, BLOCK_M=block,
+                                                                  WITH_LSE2=True)
+    return lse2, delta
 
 
 def fa2_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
@@ -388,7 +419,7 @@ def _launch(q, k, v, o, do, lse, causal, sm_scale, cfg, atomic=False):
         elif splits > 1:
             sum_parts(parts[0], dk), sum_parts(parts[1], dv)
     dk_out, dv_out = new_parts(dk, dv)
-    N_stat = _stat_rows.fn(N_q)
+    N_stat = stat_rows.fn(N_q)
     delta, lse2 = torch.empty((2, B, H, N_stat), dtype=torch.float32, device=device)
     dq32 = torch.zeros((B, H, N_q, d) if atomic else (1,), dtype=torch.float32, device=q.device)   # "atomic" only
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])

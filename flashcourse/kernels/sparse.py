@@ -33,7 +33,7 @@ from ..formulas.sparse import EMPTY, FULL, PARTIAL, BlockMask, Mask, check_mask_
 from . import aot
 from .attention import quiet
 from .attention_gqa import packed_rows, sum_parts
-from .backward import backward_delta
+from .backward import backward_stats, stat_rows
 from .validate import expect_qkv, expect_saved, expect_sm_scale
 
 __all__ = ["block_sparse_attention", "block_sparse_backward", "create_block_mask", "sparse_block_size", "sparse_config"]
@@ -127,7 +127,7 @@ def _sparse_fwd(Q, K, V, O, LSE, KV_FULL_NUM, KV_FULL_IDX, KV_PART_NUM, KV_PART_
 
 
 @triton.jit
-def _dkdv_step(Q, DO, LSE, Delta, TILES, K_j, V_j, dK_j, dV_j, rows, heads, tile_rows, tile, qk_scale, N_q, b_heads,
+def _dkdv_step(Q, DO, LSE2, Delta, TILES, K_j, V_j, dK_j, dV_j, rows, heads, tile_rows, tile, qk_scale, N_q, b_heads,
                q_base, stride_qh, stride_qm, do_base, stride_doh, stride_dom, HEAD_DIM: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Chapter 7's inner step for the query rows ``rows`` of heads ``heads`` against K_j, V_j; ``tile`` >= 0: mask P
@@ -139,10 +139,9 @@ def _dkdv_step(Q, DO, LSE, Delta, TILES, K_j, V_j, dK_j, dV_j, rows, heads, tile
                   mask=in_q[:, None], other=0.0)
     dO_i = tl.load(DO + do_base + heads[:, None] * stride_doh + rows[:, None] * stride_dom + dims[None, :],
                    mask=in_q[:, None], other=0.0)
-    stat = (b_heads + heads) * N_q + rows
-    L_i = tl.load(LSE + stat, mask=in_q, other=float("inf")) * 1.4426950408889634
-    L_i = tl.where(L_i == float("-inf"), float("inf"), L_i)                   # a row that sees no key: P = 0
-    D_i = tl.load(Delta + stat, mask=in_q, other=0.0)
+    stat = (b_heads + heads) * stat_rows(N_q) + rows                          # backward_stats' rows: aligned
+    L_i = tl.load(LSE2 + stat, mask=rows < stat_rows(N_q), other=float("inf"))
+    D_i = tl.load(Delta + stat, mask=rows < stat_rows(N_q), other=0.0)
     p_t = tl.exp2(tl.dot(K_j, tl.trans(Q_i)) * qk_scale - L_i[None, :])      # P_ij^T (BLOCK_N, rows)
     if tile >= 0:
         p_t = tl.where(tl.trans(seen_bits(TILES, tile, tile_rows, BLOCK_M, BLOCK_N)) != 0, p_t, 0.0)
@@ -153,8 +152,8 @@ def _dkdv_step(Q, DO, LSE, Delta, TILES, K_j, V_j, dK_j, dV_j, rows, heads, tile
 
 
 @triton.jit
-def _sparse_bwd_dkdv(Q, K, V, DO, LSE, Delta, DK, DV, Q_FULL_NUM, Q_FULL_IDX, Q_PART_NUM, Q_PART_IDX, Q_PART_TILE, TILES,
-                     qk_scale, sm_scale, N_q, N_k, T_r,
+def _sparse_bwd_dkdv(Q, K, V, DO, LSE2, Delta, DK, DV, Q_FULL_NUM, Q_FULL_IDX, Q_PART_NUM, Q_PART_IDX, Q_PART_TILE,
+                     TILES, qk_scale, sm_scale, N_q, N_k, T_r,
                      stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                      stride_dob, stride_doh, stride_dom, stride_dkb, stride_dkh, stride_dkn,
                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SUB_M: tl.constexpr,
@@ -180,7 +179,7 @@ def _sparse_bwd_dkdv(Q, K, V, DO, LSE, Delta, DK, DV, Q_FULL_NUM, Q_FULL_IDX, Q_
     for t in range(0, n_full):                        # full query blocks (the next index read one step ahead)
         for s in range(0, BLOCK_M * GROUP, SUB_M):
             rows, heads = packed_rows(i * BLOCK_M * GROUP + s, h, SUB_M, GROUP)
-            dK_j, dV_j = _dkdv_step(Q, DO, LSE, Delta, TILES, K_j, V_j, dK_j, dV_j, rows, heads, rows - i * BLOCK_M,
+            dK_j, dV_j = _dkdv_step(Q, DO, LSE2, Delta, TILES, K_j, V_j, dK_j, dV_j, rows, heads, rows - i * BLOCK_M,
                                     -1, qk_scale, N_q, b_heads, b * stride_qb, stride_qh, stride_qm,
                                     b * stride_dob, stride_doh, stride_dom, HEAD_DIM, BLOCK_M, BLOCK_N)
         i = tl.load(Q_FULL_IDX + j * T_r + t + 1, mask=t + 1 < n_full, other=0)
@@ -190,7 +189,7 @@ def _sparse_bwd_dkdv(Q, K, V, DO, LSE, Delta, DK, DV, Q_FULL_NUM, Q_FULL_IDX, Q_
     for t in range(0, n_part):                        # partial query blocks, masked by their bit tiles
         for s in range(0, BLOCK_M * GROUP, SUB_M):
             rows, heads = packed_rows(i * BLOCK_M * GROUP + s, h, SUB_M, GROUP)
-            dK_j, dV_j = _dkdv_step(Q, DO, LSE, Delta, TILES, K_j, V_j, dK_j, dV_j, rows, heads, rows - i * BLOCK_M,
+            dK_j, dV_j = _dkdv_step(Q, DO, LSE2, Delta, TILES, K_j, V_j, dK_j, dV_j, rows, heads, rows - i * BLOCK_M,
                                     tile, qk_scale, N_q, b_heads, b * stride_qb, stride_qh, stride_qm,
                                     b * stride_dob, stride_doh, stride_dom, HEAD_DIM, BLOCK_M, BLOCK_N)
         i = tl.load(Q_PART_IDX + j * T_r + t + 1, mask=t + 1 < n_part, other=0)
@@ -201,7 +200,7 @@ def _sparse_bwd_dkdv(Q, K, V, DO, LSE, Delta, DK, DV, Q_FULL_NUM, Q_FULL_IDX, Q_
 
 
 @triton.jit
-def _sparse_bwd_dq(Q, K, V, DO, LSE, Delta, DQ, KV_FULL_NUM, KV_FULL_IDX, KV_PART_NUM, KV_PART_IDX, KV_PART_TILE, TILES,
+def _sparse_bwd_dq(Q, K, V, DO, LSE2, Delta, DQ, KV_FULL_NUM, KV_FULL_IDX, KV_PART_NUM, KV_PART_IDX, KV_PART_TILE, TILES,
                    qk_scale, sm_scale, N_q, N_k, T_c,
                    stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                    stride_dob, stride_doh, stride_dom, stride_dqb, stride_dqh, stride_dqm,
@@ -217,10 +216,9 @@ def _sparse_bwd_dq(Q, K, V, DO, LSE, Delta, DQ, KV_FULL_NUM, KV_FULL_IDX, KV_PAR
                   mask=in_q[:, None], other=0.0)
     dO_i = tl.load(DO + b * stride_dob + heads[:, None] * stride_doh + rows[:, None] * stride_dom + dims[None, :],
                    mask=in_q[:, None], other=0.0)
-    stat = (b * tl.num_programs(1) * GROUP + heads) * N_q + rows
-    L_i = tl.load(LSE + stat, mask=in_q, other=float("inf")) * 1.4426950408889634
-    L_i = tl.where(L_i == float("-inf"), float("inf"), L_i)
-    D_i = tl.load(Delta + stat, mask=in_q, other=0.0)
+    stat = (b * tl.num_programs(1) * GROUP + heads) * stat_rows(N_q) + rows
+    L_i = tl.load(LSE2 + stat, mask=rows < stat_rows(N_q), other=float("inf"))
+    D_i = tl.load(Delta + stat, mask=rows < stat_rows(N_q), other=0.0)
     dQ_i = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     K_ptrs = K + b * stride_kb + h * stride_kh + cols[:, None] * stride_kn + dims[None, :]
     V_ptrs = V + b * stride_vb + h * stride_vh + cols[:, None] * stride_vn + dims[None, :]
@@ -420,7 +418,10 @@ def block_sparse_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: 
     program per key block walks its query blocks (``q_*`` lists) for dK, dV; one per query block walks its key
     blocks (``kv_*``) for dQ; P is recomputed in each, masked by the bit tiles of the partial blocks. Grouped-query
     attention as :func:`flashcourse.kernels.fa2_backward` does it: the dQ kernel packs a group's query heads, the
-    dK/dV kernel splits each group in ``splits`` parts (default: one per query head), summed by ``sum_parts``.
+    dK/dV kernel splits each group in ``splits`` parts (default: one per query head), summed by ``sum_parts``. L
+    and D come from :func:`~flashcourse.kernels.backward.backward_stats`, each head's rows padded to a multiple of
+    16: on an H100 that made it 1.08-1.11x as fast at N = 4095 and 16383, level with 4096 and 16384
+    (``bench/results/h100/measured/sparse_ragged.json``).
 
     Example:
         >>> from flashcourse.backend import DEVICE
@@ -450,18 +451,18 @@ def block_sparse_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: 
         raise ValueError(f"{fn}: splits is {splits!r}; expected a divisor of H / H_kv = {group}")
     dk_out, dv_out = (dk, dv) if splits == 1 else (
         torch.empty((B, H_kv * splits, N_k, d), dtype=torch.float32, device=q.device) for _ in "kv")
-    delta = backward_delta(o, do, 16 if interpreted else 64)                # D_i = rowsum(dO_i o O_i)
+    lse2, delta = backward_stats(o, do, lse, 16 if interpreted else 64)     # L_i (log2 units), D_i
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
     sub = min(B_r, 16 if interpreted else 32)
     warps, stages = sparse_config(d, (B_r, B_c))
     with quiet():
         _sparse_bwd_dkdv[(T_c, H_kv * splits, B)](
-            q, k, v, do, lse, delta, dk_out, dv_out, arrays["q_full_num"], arrays["q_full_idx"], arrays["q_part_num"],
+            q, k, v, do, lse2, delta, dk_out, dv_out, arrays["q_full_num"], arrays["q_full_idx"], arrays["q_part_num"],
             arrays["q_part_idx"], arrays["q_part_tile"], arrays["tiles"], sm_scale * LOG2E, sm_scale, N_q, N_k, T_r,
             *strides, *dk_out.stride()[:3], HEAD_DIM=d, BLOCK_M=B_r, BLOCK_N=B_c, SUB_M=sub, GROUP=group // splits,
             SPLITS=splits, num_warps=4, num_stages=stages)
         _sparse_bwd_dq[(T_r * group, H_kv, B)](
-            q, k, v, do, lse, delta, dq, arrays["kv_full_num"], arrays["kv_full_idx"], arrays["kv_part_num"],
+            q, k, v, do, lse2, delta, dq, arrays["kv_full_num"], arrays["kv_full_idx"], arrays["kv_part_num"],
             arrays["kv_part_idx"], arrays["kv_part_tile"], arrays["tiles"], sm_scale * LOG2E, sm_scale, N_q, N_k, T_c,
             *strides, *dq.stride()[:3], HEAD_DIM=d, BLOCK_M=B_r, BLOCK_N=B_c, GROUP=group, num_warps=warps,
             num_stages=stages)
@@ -514,7 +515,8 @@ def _aot_configs(kernel):
 def _signature(names):
     return {n: ("constexpr" if n in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "STORE_LSE", "SUB_M", "GROUP", "SPLITS")
                 else "*i32" if n.endswith(("_NUM", "_IDX", "_TILE")) or n == "ORDER"
-                else "*u8" if n == "TILES" else "*fp32" if n in ("LSE", "Delta") else "fp32" if n in ("qk_scale", "sm_scale")
+                else "*u8" if n == "TILES" else "*fp32" if n in ("LSE", "LSE2", "Delta")
+                else "fp32" if n in ("qk_scale", "sm_scale")
                 else "i32" if n in ("N_q", "N_k", "T_c", "T_r") or n.startswith("stride") else "*fp16") for n in names}
 
 
