@@ -202,12 +202,16 @@ CELLS = [
     forward does, since a row past $N_q$ loads $L = \infty$ and gets $P = 0$ by itself. Measured against
     kernels that masked every tile, two rounds each in one session on an H100
     (`measured/backward_masks.json`, d = 128): causal 3-8% faster at N = 4k-16k; non-causal within the
-    spread of the rounds (-0.4% to +7%). The first kernel writes $L$ (in log2 units) beside $D$, each head's
-    row of them padded to a multiple of 16. Triton specialises an integer argument that is a multiple of 16 and
-    then knows the addresses and masks built from it aligned; with $N = 4095$ the loads of $L_i$ and $D_i$ in the
-    dK/dV loop lost that, and the whole backward at N = 1023, 4095 and 16383 ran at 0.90-0.96x its speed at
-    1024, 4096 and 16384. Padded, it ran 1.06-1.15x as fast as before, level with them (0.96-1.02x), and
-    1.00-1.06x at N a multiple of 16 (two rounds each, `measured/backward_ragged.json`). Naive attention's step keeps S, P
+    spread of the rounds (-0.4% to +7%).
+
+    The first kernel writes $L$ (in log2 units) beside $D$, each head's row of them padded to a multiple of 16.
+    Triton specialises an integer argument that is a multiple of 16 and then knows the addresses and masks built
+    from it aligned; with $N = 4095$ the loads of $L_i$ and $D_i$ in the dK/dV loop lost that, and the whole
+    backward at N = 1023, 4095 and 16383 ran at 0.90-0.96x its speed at 1024, 4096 and 16384. Padded, it ran
+    1.06-1.15x as fast as before, level with them (0.96-1.02x), and 1.00-1.06x at N a multiple of 16 (two
+    rounds each, `measured/backward_ragged.json`).
+
+    Naive attention's step keeps S, P
     and their gradients: 5.2 GiB at N = 1k and 20 GiB at 4k (d = 64) where ours allocates 260 MiB (at 16k and
     d = 64 it does not fit). The tiles were tuned on an H200 (`tools/gpu_backward.py --sweep`): at d = 128
     and N = 4096 the first ones tried (key blocks of 32 x 64 and query blocks of 64 x 32, 8 warps each)
