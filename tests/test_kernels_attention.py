@@ -506,10 +506,8 @@ def test_measured_forward_descriptors_meet_the_claims():
     tools/gpu_forward_ws.py, one H100 session, two rounds, d = 128): fa2_forward at 0.68-0.90x cuDNN's forward;
     TMA descriptor loads on 128 x 128 tiles 1.01-1.11x as fast as fa2_forward at N = 4k and 16k, slower at 1k;
     warp specialisation slower with 8 warps and not compiled with 4; no variant reaching cuDNN (at most 0.94x)."""
-    import json
-    from pathlib import Path
-    path = Path(FA.__file__).resolve().parents[1] / "bench" / "results" / "h100" / "measured"
-    data = json.loads((path / "forward_descriptors.json").read_text())
+    from flashcourse.bench import measured
+    data = measured("forward_descriptors")
     assert data["gpu"].startswith("NVIDIA H100") and data["triton"] == "3.6.0"
     rows = data["rows"]
     assert sorted((r["round"], r["N"], r["causal"]) for r in rows) == sorted(

@@ -399,10 +399,8 @@ def test_measured_bulk_reduce_meets_the_claims():
     0.85-1.09x fa2_backward's speed, 0.95-1.12x element-wise atomics on the same tiles; at d = 64 slower than
     fa2_backward with every tile tried (0.79-0.98x its best); and the library's atomic mode on 64 x 128 tiles at
     d = 128 1.10-1.36x as fast as on the dK/dV kernel's 32 x 64 (which backward_config's "dkdv_atomic" holds)."""
-    import json
-    from pathlib import Path
-    path = Path(BW.__file__).resolve().parents[1] / "bench" / "results" / "h100" / "measured" / "backward_tma.json"
-    data = json.loads(path.read_text())
+    from flashcourse.bench import measured
+    data = measured("backward_tma")
     assert data["gpu"].startswith("NVIDIA H100") and data["triton"] == "3.6.0"
     rows = data["rows"]
     assert {(r["d"], r["N"], r["causal"]) for r in rows} == {
@@ -427,12 +425,9 @@ def test_measured_descriptors_and_warp_specialisation_meet_the_claims():
     are slower (0.92-0.99x); warp specialisation gains nothing with 8 warps (0.94-1.00x); with 4 warps the
     unmasked dK/dV loop runs 1.09-1.18x faster than the library's kernel, computes NaN with 3 stages, and fails
     to compile after a masked loop (causal) and in the dQ kernel."""
-    import json
     import math
-    from pathlib import Path
-    path = Path(BW.__file__).resolve().parents[1] / "bench" / "results" / "h100" / "measured"
-    path = path / "backward_descriptors.json"
-    data = json.loads(path.read_text())
+    from flashcourse.bench import measured
+    data = measured("backward_descriptors")
     assert data["gpu"].startswith("NVIDIA H100") and data["triton"] == "3.6.0"
     assert {(r["N"], r["causal"]) for r in data["tiles"]} == {(n, c) for n in (4096, 16384) for c in (False, True)}
     for r in data["tiles"]:
@@ -456,12 +451,11 @@ def test_measured_descriptors_and_warp_specialisation_meet_the_claims():
 
 
 def whole_backward_rows(name):
-    """The rows of a ``tools/gpu_backward_ws.py --whole``/``--unrolled`` result in measured/, checked for what both
-    share: an H100 with Triton 3.6, two rounds of the same grid, the descriptor kernels exactly fa2_backward's."""
-    import json
-    from pathlib import Path
-    path = Path(BW.__file__).resolve().parents[1] / "bench" / "results" / "h100" / "measured" / name
-    data = json.loads(path.read_text())
+    """The rows of a ``tools/gpu_backward_ws.py --whole``/``--unrolled`` result (``bench.measured(name)``),
+    checked for what both share: an H100 with Triton 3.6, two rounds of the same grid, the descriptor kernels
+    exactly fa2_backward's."""
+    from flashcourse.bench import measured
+    data = measured(name)
     assert data["gpu"].startswith("NVIDIA H100") and data["triton"] == "3.6.0"
     rows = data["rows"]
     assert sorted((r["round"], r["N"], r["causal"]) for r in rows) == sorted(
@@ -476,7 +470,7 @@ def test_measured_loop_orders_meet_the_claims():
     kernel with the descriptor dQ kernel ran at 0.78-0.83x cuDNN's backward (fa2_backward 0.70-0.81x in the same
     runs, so 1.02-1.12x as fast as it); with the causal mask no order of the loops was both compiled and right:
     three failed to compile, and one loop masked everywhere ran with wrong gradients (largest error 1.05-1.47)."""
-    for r in whole_backward_rows("backward_loops.json"):
+    for r in whole_backward_rows("backward_loops"):
         lib = r["cudnn ms"] / r["fa2_backward ms"]
         if r["causal"]:
             assert all(r[f"warp-specialised, loops {n}"].startswith("RuntimeError") for n in (0, 1, 3)), r
@@ -496,7 +490,7 @@ def test_measured_unrolled_diagonals_meet_the_claims():
     ours; the dQ kernel warp-specialised on 4 warps failed to compile on 128 x 64 and 128 x 128 tiles and computed
     NaN on 64 x 64 even without the mask."""
     import math
-    for r in whole_backward_rows("backward_unrolled.json"):
+    for r in whole_backward_rows("backward_unrolled"):
         assert 0.70 <= r["cudnn ms"] / r["fa2_backward ms"] <= 0.84, r
         order = {n: r[f"warp-specialised dK/dV, loops {n}"] for n in (4, 5, 6)}
         dq = {t: r[f"both warp-specialised, unrolled, dQ {t}"] for t in ((128, 64, 4, 2), (64, 64, 4, 2),
@@ -517,10 +511,8 @@ def test_measured_masks_only_where_needed_meet_the_claims():
     """What chapter 7 and the module say of masking only the diagonal (and ragged) blocks, against the kernels
     that masked every tile (measured/backward_masks.json, H100, d = 128, two rounds of each in one session):
     causal 3-8% faster at every N, non-causal -0.4% to +7%; the new kernels at 0.70-0.84x cuDNN."""
-    import json
-    from pathlib import Path
-    path = Path(BW.__file__).resolve().parents[1] / "bench" / "results" / "h100" / "measured" / "backward_masks.json"
-    data = json.loads(path.read_text())
+    from flashcourse.bench import measured
+    data = measured("backward_masks")
     assert data["gpu"].startswith("NVIDIA H100") and data["triton"] == "3.6.0"
     tf = {(r["tree"], r["round"], r["N"], r["causal"]): r for r in data["rows"]}
     keys = {(n, c) for _, _, n, c in tf}
@@ -537,10 +529,8 @@ def test_measured_aligned_statistics_meet_the_claims():
     (measured/backward_ragged.json, H100, d = 128, two rounds of each tree in one session): before, N = 1023, 4095
     and 16383 ran at 0.90-0.96x the speed of 1024, 4096, 16384; after, 1.06-1.15x as fast as before and level with
     them (0.96-1.02x); at N a multiple of 16 it changed little (1.00-1.06x)."""
-    import json
-    from pathlib import Path
-    path = Path(BW.__file__).resolve().parents[1] / "bench" / "results" / "h100" / "measured" / "backward_ragged.json"
-    data = json.loads(path.read_text())
+    from flashcourse.bench import measured
+    data = measured("backward_ragged")
     assert data["gpu"].startswith("NVIDIA H100") and data["triton"] == "3.6.0"
     tf = {(r["tree"], r["round"], r["N"], r["causal"]): r["fa2_backward_TF"] for r in data["rows"]}
     assert {(n, c) for _, _, n, c in tf} == {(n, c) for n in (1023, 1024, 4095, 4096, 16383, 16384) for c in (0, 1)}

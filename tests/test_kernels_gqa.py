@@ -388,12 +388,9 @@ def test_measured_dkdv_sums_meet_the_claims():
     with the dK/dV parts added atomically the backward is 1.04-1.14x as fast at 1k keys, in both rounds; at 4k and
     16k 0.89-1.06x, about as far apart as two rounds of the same call (up to 10%); both give the repeated path's
     gradients to the same error."""
-    import json
-    from pathlib import Path
-
+    from flashcourse.bench import measured
     from flashcourse.kernels.attention_gqa import ATOMIC_SUM_MAX_KEYS
-    path = Path(BW.__file__).resolve().parents[1] / "bench" / "results" / "h100" / "measured" / "gqa_dkdv_sum.json"
-    data = json.loads(path.read_text())
+    data = measured("gqa_dkdv_sum")
     assert data["gpu"].startswith("NVIDIA H100") and data["triton"] == "3.6.0" and len(data["rows"]) == 12
     spread = max(abs(r["ms"][f"{name} r1"] / r["ms"][f"{name} r2"] - 1) for r in data["rows"]
                  for name in ("parts", "atomic", "repeated"))

@@ -191,12 +191,8 @@ def test_measured_aligned_statistics_meet_the_claims():
     (measured/sparse_ragged.json, tools/gpu_sparse_ragged.py on both trees, H100, two rounds): at N = 4095 and 16383
     it ran at 0.92-0.97x its speed at 4096 and 16384 before, 1.08-1.11x as fast after, level with them (0.99-1.03x);
     at 4096 and 16384 1.00-1.03x."""
-    import json
-    from pathlib import Path
-
-    import flashcourse.bench
-    path = Path(flashcourse.bench.__file__).parent / "results" / "h100" / "measured" / "sparse_ragged.json"
-    data = json.loads(path.read_text())
+    from flashcourse.bench import measured
+    data = measured("sparse_ragged")
     assert data["gpu"].startswith("NVIDIA H100") and data["triton"] == "3.6.0"
     tf = {(r["tree"], r["round"], r["N"], r["mask"]): r["TF"] for r in data["rows"]}
     assert {(n, m) for _, _, n, m in tf} == {(n, m) for n in (4095, 4096, 16383, 16384)

@@ -26,7 +26,6 @@ fp16, d = 128, 16k tokens, hidden 2048. What came out on an H100 (Triton 3.6) is
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -40,6 +39,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from flashcourse.bench.harness import provenance  # noqa: E402
 from flashcourse.formulas.counting import LOG2E  # noqa: E402
 from gpu_common import attempt, bench_ms, kernel_ms  # noqa: E402
 
@@ -370,15 +370,13 @@ def main(argv=None) -> int:
         print("tools/gpu_backward_ws.py needs a CUDA GPU")
         return 2
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
     mode = "whole" if args.whole else "unrolled" if args.unrolled else None
+    result = provenance(f"PYTHONPATH=. python tools/gpu_backward_ws.py {'--' + mode + ' ' if mode else ''}--out $OUT")
     if mode:
         name, variants, what = WHOLE_RUNS[mode]
         result["what"] = (f"chapter 7, issue 15: the whole backward (ms by do_bench) of fa2_backward, of the descriptor "
                           f"kernels, and of {what}, beside cuDNN's; fp16, d = 128, 16k tokens, hidden 2048; two rounds "
                           "in one session")
-        result["command"] = f"PYTHONPATH=. python tools/gpu_backward_ws.py --{mode} --out $OUT"
-        result["date"] = datetime.date.today().isoformat()
         if mode == "whole":
             result["loops"] = {n: LOOPS[n] for n in range(4)}
         result["rows"] = whole_rows(variants)

@@ -14,7 +14,6 @@ fp16, d = 128, 16k tokens, hidden 2048, N 1k-16k, causal and not.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -28,6 +27,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from flashcourse.bench.harness import provenance  # noqa: E402
 from flashcourse.formulas.counting import LOG2E  # noqa: E402
 from gpu_backward_ws import rows_descriptor  # noqa: E402
 from gpu_common import attempt, bench_ms  # noqa: E402
@@ -145,9 +145,7 @@ def main(argv=None) -> int:
     result = {"what": "chapter 3, issue 17: fa2_forward's algorithm with TMA descriptor loads, with and without "
                       "warp specialisation, beside fa2_forward and cuDNN's forward (ms by do_bench); fp16, d = 128, "
                       "16k tokens, hidden 2048; two rounds in one session",
-              "command": "PYTHONPATH=. python tools/gpu_forward_ws.py --out $OUT",
-              "date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "triton": triton.__version__, "rows": rows()}
+              **provenance("PYTHONPATH=. python tools/gpu_forward_ws.py --out $OUT"), "rows": rows()}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "forward_descriptors.json"), "w") as f:
         json.dump(result, f, indent=1)

@@ -36,7 +36,8 @@ def ragged_rows(Ns=(4095, 4096, 16383, 16384), d: int = 128, heads: int = 16, to
             o, lse = block_sparse_attention(q, k, v, bm, return_lse=True)
             flops = 2.5 * 4 * d * bm.visible * B * heads
             ms = do_bench(lambda: block_sparse_backward(q, k, v, o, do, lse, bm), warmup=50, rep=300)
-            row = {"N": N, "mask": name, "B": B, "H": heads, "d": d, "ms": round(ms, 4), "TF": round(flops / ms / 1e9, 1)}
+            row = {"N": N, "mask": name, "B": B, "H": heads, "d": d, "ms": round(ms, 4),
+                   "TF": round(flops / ms / 1e9, 1)}
             print(json.dumps(row), flush=True)
             rows.append(row)
     return rows
@@ -47,10 +48,8 @@ def main(argv=None) -> int:
     if backend.DEVICE != "cuda" or len(argv) != 1:
         print(__doc__)
         return 2
-    import torch
-    import triton
-    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-              "rows": ragged_rows()}
+    from flashcourse.bench.harness import provenance
+    result = {**provenance(f"PYTHONPATH=. python tools/gpu_sparse_ragged.py {argv[0]}"), "rows": ragged_rows()}
     with open(argv[0], "w") as f:
         json.dump(result, f, indent=1)
     return 0

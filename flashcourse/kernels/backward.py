@@ -70,6 +70,21 @@ def stat_rows(N_q):
 
 
 @triton.jit
+def row_stats(LSE2, Delta, head, rows, N_q):
+    """``(L_i, D_i)`` of query rows ``rows`` of head ``head`` (its index in B x H) from :func:`backward_stats`'
+    buffers: rows past N_q read L = inf (their P is 0) and D = 0.
+
+    Example:
+        >>> import inspect
+        >>> list(inspect.signature(row_stats.fn).parameters)
+        ['LSE2', 'Delta', 'head', 'rows', 'N_q']
+    """
+    stat = head * stat_rows(N_q) + rows
+    return (tl.load(LSE2 + stat, mask=rows < stat_rows(N_q), other=float("inf")),
+            tl.load(Delta + stat, mask=rows < stat_rows(N_q), other=0.0))
+
+
+@triton.jit
 def _bwd_preprocess(O, DO, LSE, Delta, LSE2, N_q, N_stat, stride_ob, stride_oh, stride_om, stride_dob, stride_doh,
                     stride_dom, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, WITH_LSE2: tl.constexpr):
     # line 4: D_i = rowsum(dO_i o O_i) in fp32 (and WITH_LSE2, L_i in log2 units), rows N_stat apart; grid: (row
@@ -104,9 +119,7 @@ def _dkdv_step(dK_j, dV_j, K_j, V_j, Q, DO, LSE2, Delta, DQ32, qk_scale, sm_scal
                   mask=in_q[:, None], other=0.0)
     dO_i = tl.load(DO + b * stride_dob + heads[:, None] * stride_doh + rows[:, None] * stride_dom + dims[None, :],
                    mask=in_q[:, None], other=0.0)
-    stat = (b * H_STAT + heads) * stat_rows(N_q) + rows
-    L_i = tl.load(LSE2 + stat, mask=rows < stat_rows(N_q), other=float("inf"))
-    D_i = tl.load(Delta + stat, mask=rows < stat_rows(N_q), other=0.0)
+    L_i, D_i = row_stats(LSE2, Delta, b * H_STAT + heads, rows, N_q)
     # line 11, transposed (keys along rows): P_ij^T = exp(S_ij^T - L_i)
     s_t = tl.dot(K_j, tl.trans(Q_i)) * qk_scale                  # (BLOCK_N, BLOCK_M), log2 units
     p_t = tl.exp2(s_t - L_i[None, :])
@@ -214,9 +227,7 @@ def _bwd_dq(Q, K, V, DO, LSE2, Delta, DQ, qk_scale, sm_scale, N_q, N_k,
                   mask=in_q[:, None], other=0.0)
     dO_i = tl.load(DO + b * stride_dob + heads[:, None] * stride_doh + rows[:, None] * stride_dom + dims[None, :],
                    mask=in_q[:, None], other=0.0)
-    stat = (b * tl.num_programs(1) * GROUP + heads) * stat_rows(N_q) + rows
-    L_i = tl.load(LSE2 + stat, mask=rows < stat_rows(N_q), other=float("inf"))
-    D_i = tl.load(Delta + stat, mask=rows < stat_rows(N_q), other=0.0)
+    L_i, D_i = row_stats(LSE2, Delta, b * tl.num_programs(1) * GROUP + heads, rows, N_q)
     dQ_i = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     offset = N_k - N_q
     hi = N_k
@@ -511,3 +522,5 @@ def kernel_signature(names) -> dict:
 aot.register("bwd_preprocess", _bwd_preprocess, signature=kernel_signature(_bwd_preprocess.arg_names), configs=_aot("pre"))
 aot.register("bwd_dkdv", _bwd_dkdv, signature=kernel_signature(_bwd_dkdv.arg_names), configs=_aot("dkdv"))
 aot.register("bwd_dq", _bwd_dq, signature=kernel_signature(_bwd_dq.arg_names), configs=_aot("dq"))
+
+__test__ = {"stat_rows": stat_rows.fn, "row_stats": row_stats.fn}   # doctest does not look inside a jit function

@@ -33,7 +33,7 @@ from ..formulas.sparse import EMPTY, FULL, PARTIAL, BlockMask, Mask, check_mask_
 from . import aot
 from .attention import quiet
 from .attention_gqa import packed_rows, sum_parts
-from .backward import backward_stats, stat_rows
+from .backward import backward_stats, row_stats
 from .validate import expect_qkv, expect_saved, expect_sm_scale
 
 __all__ = ["block_sparse_attention", "block_sparse_backward", "create_block_mask", "sparse_block_size", "sparse_config"]
@@ -139,9 +139,7 @@ def _dkdv_step(Q, DO, LSE2, Delta, TILES, K_j, V_j, dK_j, dV_j, rows, heads, til
                   mask=in_q[:, None], other=0.0)
     dO_i = tl.load(DO + do_base + heads[:, None] * stride_doh + rows[:, None] * stride_dom + dims[None, :],
                    mask=in_q[:, None], other=0.0)
-    stat = (b_heads + heads) * stat_rows(N_q) + rows                          # backward_stats' rows: aligned
-    L_i = tl.load(LSE2 + stat, mask=rows < stat_rows(N_q), other=float("inf"))
-    D_i = tl.load(Delta + stat, mask=rows < stat_rows(N_q), other=0.0)
+    L_i, D_i = row_stats(LSE2, Delta, b_heads + heads, rows, N_q)
     p_t = tl.exp2(tl.dot(K_j, tl.trans(Q_i)) * qk_scale - L_i[None, :])      # P_ij^T (BLOCK_N, rows)
     if tile >= 0:
         p_t = tl.where(tl.trans(seen_bits(TILES, tile, tile_rows, BLOCK_M, BLOCK_N)) != 0, p_t, 0.0)
@@ -216,9 +214,7 @@ def _sparse_bwd_dq(Q, K, V, DO, LSE2, Delta, DQ, KV_FULL_NUM, KV_FULL_IDX, KV_PA
                   mask=in_q[:, None], other=0.0)
     dO_i = tl.load(DO + b * stride_dob + heads[:, None] * stride_doh + rows[:, None] * stride_dom + dims[None, :],
                    mask=in_q[:, None], other=0.0)
-    stat = (b * tl.num_programs(1) * GROUP + heads) * stat_rows(N_q) + rows
-    L_i = tl.load(LSE2 + stat, mask=rows < stat_rows(N_q), other=float("inf"))
-    D_i = tl.load(Delta + stat, mask=rows < stat_rows(N_q), other=0.0)
+    L_i, D_i = row_stats(LSE2, Delta, b * tl.num_programs(1) * GROUP + heads, rows, N_q)
     dQ_i = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     K_ptrs = K + b * stride_kb + h * stride_kh + cols[:, None] * stride_kn + dims[None, :]
     V_ptrs = V + b * stride_vb + h * stride_vh + cols[:, None] * stride_vn + dims[None, :]
