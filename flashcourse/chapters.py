@@ -3,7 +3,7 @@
 Every chapter has a *stem*, one short word used for its module in every layer of the package
 (``formulas/STEM.py``, ``reference/STEM.py``, ``kernels/STEM.py``, ``checks/STEM.py``,
 ``bench/STEM.py``, ``viz/STEM.py``), its tests (``tests/test_LAYER_STEM.py``), its notebook
-sources (``tools/notebooks/NN_..STEM..py``) and its notebooks, so that ``git ls-files | grep STEM``
+sources (``lectures/NN_..STEM..py``) and its notebooks, so that ``git ls-files | grep STEM``
 lists the whole chapter. Two chapters that build one algorithm share a stem (FlashAttention-1 and
 -2 are ``attention``; Flash-Decoding and FlashDecoding++'s unified max are ``decode``). A chapter
 too large for one module in a layer names its other modules there (``extra_modules``, each name
@@ -60,7 +60,7 @@ class Chapter:
     Example:
         >>> c = chapter(1)
         >>> c.stem, c.exercise, c.source
-        ('online', 'exercises/01_online_softmax.ipynb', 'tools/notebooks/01_online_softmax.py')
+        ('online', 'exercises/01_online_softmax.ipynb', 'lectures/01_online_softmax.py')
     """
     number: int
     stem: str
@@ -102,12 +102,12 @@ class Chapter:
     @property
     def source(self) -> str:
         """The Python source the lecture notebook is written from."""
-        return f"tools/notebooks/{self.name}.py"
+        return f"lectures/{self.name}.py"
 
     @property
     def solution_source(self) -> str | None:
         """The Python source the solution notebook is written from, or None."""
-        return f"tools/notebooks/{self.name}_solutions.py" if self.checks else None
+        return f"lectures/{self.name}_solutions.py" if self.checks else None
 
 
 _ALL = LAYERS

@@ -164,7 +164,7 @@ def check_cells(nb, where: str = "notebook") -> list[dict]:
             raise ValueError(f"{at} contains a solution region; check cells are given to the student as they are")
         if cell.get("execution_count") is None or not cell.get("outputs"):
             raise ValueError(f"{at} has no output: execute the solution notebook first "
-                             f"(python tools/nbtools.py tools/notebooks/<its source>.py)")
+                             f"(python tools/nbtools.py lectures/<its source>.py)")
         if any(o.get("output_type") == "error" or o.get("name") == "stderr" for o in cell.outputs):
             raise ValueError(f"{at} failed or wrote to stderr in the solution notebook; the solutions must pass their checks")
         out.append({

@@ -1,6 +1,6 @@
 """Chapter 3's warps: the counted model of split-K and split-Q (reference.attention_warps) against its
 closed forms (formulas.warp_split_*) and float64 attention; the stepper's warp lanes; the H100 sweep's
-plot and script (tools/gpu_attention_warps.py) on the CPU."""
+plot and script (lab/gpu_attention_warps.py) on the CPU."""
 from __future__ import annotations
 
 import sys
@@ -174,7 +174,7 @@ def test_strip_of_the_warps():
 # -- the H100 sweep: its plot, and its script on the CPU ------------------------------------------------
 
 def sweep_tool():
-    sys.path.insert(0, str(ROOT / "tools"))
+    sys.path.insert(0, str(ROOT / "lab"))
     import gpu_attention_warps
     return gpu_attention_warps
 
@@ -254,7 +254,7 @@ def test_what_triton_makes_of_the_warps_on_an_h100():
     config with ld.shared) behind more barriers."""
     import json
     import subprocess
-    proc = subprocess.run([sys.executable, "-c", _SM90_CODE, str(ROOT / "tools")], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", _SM90_CODE, str(ROOT / "lab")], capture_output=True, text=True,
                           timeout=900, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -181,7 +181,7 @@ def test_slideshow(server, page, shots, name):
     page.wait_for_selector(".reveal .slides section", state="attached")
     time.sleep(4)
     deck = page.locator(".reveal .slides").inner_text()
-    for bad in ("NBVAL", "google.colab", "Generated from tools/notebooks"):
+    for bad in ("NBVAL", "google.colab", "Generated from lectures"):
         assert bad not in deck, f"a slide of {name} shows {bad!r}"
     slides, seen, still = _slide_count(page), set(), 0
     for k in range(600):

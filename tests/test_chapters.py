@@ -64,7 +64,7 @@ def test_every_notebook_and_source_belongs_to_a_chapter():
     known = set()
     for c in CHAPTERS:
         known |= {c.notebook, c.source} | ({c.exercise, c.solution, c.solution_source} if c.checks else set())
-    folders = ("notebooks/", "solutions/", "exercises/", "tools/notebooks/")
+    folders = ("notebooks/", "solutions/", "exercises/", "lectures/")
     orphans = [p for p in TRACKED if p.startswith(folders) and p not in known]
     assert not orphans, f"not in flashcourse.chapters: {orphans}"
 

@@ -214,7 +214,7 @@ def test_errors_speak_to_the_student(name):
         with pytest.raises(ValueError, match=r"q is \(2, 8, 100, 64\) but k is \(2, 4, 100, 64\); expected k of shape "
                                              r"\(2, 8, N_k, 64\).*takes no grouped-query K/V"):
             fn(q, z(2, 4, 100, 64), z(2, 4, 100, 64))
-    else:                                        # grouped-query attention: tests/test_kernels_gqa.py
+    else:                                        # grouped-query attention: tests/test_kernels_attention_gqa.py
         with pytest.raises(ValueError, match=r"q has 8 heads but k has 3; expected H_q a multiple of H_kv"):
             fn(q, z(2, 3, 100, 64), z(2, 3, 100, 64))
     with pytest.raises(ValueError, match=r"q is \(2, 8, 100, 64\) but k is \(3, 8, 100, 64\); expected k of shape "
@@ -485,29 +485,29 @@ def test_fa2_forward_reuses_the_host_work_of_a_shape(device, gen, monkeypatch):
         fa2_forward(q, k, v, causal=False, return_lse=True)
 
 
-@pytest.mark.skipif(GPU, reason="the GPU runs this kernel itself: tools/gpu_forward_ws.py checks it there")
+@pytest.mark.skipif(GPU, reason="the GPU runs this kernel itself: lab/gpu_attention_ws.py checks it there")
 @pytest.mark.parametrize("n", [64, 50], ids=["whole tiles", "ragged"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_the_forward_descriptor_experiment_under_the_interpreter(causal, n, gen):
-    """tools/gpu_forward_ws.py (fa2_forward's algorithm with on-device TMA descriptors, for issue 17) gives
+    """lab/gpu_attention_ws.py (fa2_forward's algorithm with on-device TMA descriptors, for issue 17) gives
     fa2_forward's output and log-sum-exp: rows and keys past N zero-filled by the descriptors and masked, the
     causal diagonal masked, warp specialisation asked for (the interpreter runs the loop plainly)."""
-    from gpu_tools import load_tool, with_descriptor_allocator
-    tool = load_tool("gpu_forward_ws")
+    from lab_tools import load_tool, with_descriptor_allocator
+    tool = load_tool("gpu_attention_ws")
     q, k, v = qkv(1, 2, n, n, 32, gen, "cpu", scale=0.3)     # logits near 0: a key past N would count
-    o, lse = with_descriptor_allocator(lambda: tool.forward_descriptors(q, k, v, causal, tiles=(16, 32, 4, 1), ws=True))
+    o, lse = with_descriptor_allocator(lambda: tool.attention_descriptors(q, k, v, causal, tiles=(16, 32, 4, 1), ws=True))
     assert_attention_close(o, q, k, v, causal, what="descriptor forward")
     _, want = fa2_forward(q, k, v, causal, return_lse=True)
     assert torch.allclose(lse, want, atol=1e-4), float((lse - want).abs().max())
 
 
-def test_measured_forward_descriptors_meet_the_claims():
-    """What the notes of issue 17 say of FlashAttention-3's tools in the forward (measured/forward_descriptors.json,
-    tools/gpu_forward_ws.py, one H100 session, two rounds, d = 128): fa2_forward at 0.68-0.90x cuDNN's forward;
+def test_measured_attention_descriptors_meet_the_claims():
+    """What the notes of issue 17 say of FlashAttention-3's tools in the forward (lab/results/h100/attention_descriptors.json,
+    lab/gpu_attention_ws.py, one H100 session, two rounds, d = 128): fa2_forward at 0.68-0.90x cuDNN's forward;
     TMA descriptor loads on 128 x 128 tiles 1.01-1.11x as fast as fa2_forward at N = 4k and 16k, slower at 1k;
     warp specialisation slower with 8 warps and not compiled with 4; no variant reaching cuDNN (at most 0.94x)."""
-    from flashcourse.bench import measured
-    data = measured("forward_descriptors")
+    from lab_tools import lab_result as measured
+    data = measured("attention_descriptors")
     assert data["gpu"].startswith("NVIDIA H100") and data["triton"] == "3.6.0"
     rows = data["rows"]
     assert sorted((r["round"], r["N"], r["causal"]) for r in rows) == sorted(

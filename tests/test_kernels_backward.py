@@ -372,18 +372,18 @@ def test_shipped_h100_results_meet_the_course_claims():
     assert max(flat) <= 1.01 * min(flat)
 
 
-@pytest.mark.skipif(GPU, reason="the GPU runs these kernels itself: tools/gpu_backward_ws.py checks them there")
+@pytest.mark.skipif(GPU, reason="the GPU runs these kernels itself: lab/gpu_backward_ws.py checks them there")
 @pytest.mark.parametrize("n", [64, 50], ids=["whole tiles", "ragged"])
 @pytest.mark.parametrize("causal, loops", [(False, 0), (True, 0), (True, 1), (True, 2), (True, 3), (False, 4),
                                            (True, 4), (True, 5), (True, 6)],
                          ids=["full", "causal", "causal, rest first", "causal, one loop", "causal, both loops",
                               "full, unrolled", "causal, unrolled", "causal, unrolled apart", "causal, unrolled after"])
 def test_the_descriptor_experiments_kernels_under_the_interpreter(causal, loops, n, gen):
-    """tools/gpu_backward_ws.py (chapter 7's kernels with on-device TMA descriptors, for issue 15) gives
+    """lab/gpu_backward_ws.py (chapter 7's kernels with on-device TMA descriptors, for issue 15) gives
     fa2_backward's gradients: rows and keys past N zero-filled by the descriptors, the causal diagonal masked,
     in every order of the dK/dV kernel's loops (so where a GPU run of an order differs, the compiler erred), and
     with the masked blocks of both kernels unrolled (orders 4-6)."""
-    from gpu_tools import load_tool, with_descriptor_allocator
+    from lab_tools import load_tool, with_descriptor_allocator
     tool = load_tool("gpu_backward_ws")
     q, k, v, do = inputs(1, 2, n, n, 32, gen, "cpu")
     o, lse = fa2_forward(q, k, v, causal, return_lse=True)
@@ -395,11 +395,11 @@ def test_the_descriptor_experiments_kernels_under_the_interpreter(causal, loops,
 
 def test_measured_bulk_reduce_meets_the_claims():
     """What chapter 7 says of FlashAttention-3's dQ, added inside the dK/dV kernel by TMA's bulk reduce
-    (measured/backward_tma.json, tools/gpu_backward_tma.py, one H100 run): at d = 128 with 64 x 128 tiles
+    (lab/results/h100/backward_tma.json, lab/gpu_backward_tma.py, one H100 run): at d = 128 with 64 x 128 tiles
     0.85-1.09x fa2_backward's speed, 0.95-1.12x element-wise atomics on the same tiles; at d = 64 slower than
     fa2_backward with every tile tried (0.79-0.98x its best); and the library's atomic mode on 64 x 128 tiles at
     d = 128 1.10-1.36x as fast as on the dK/dV kernel's 32 x 64 (which backward_config's "dkdv_atomic" holds)."""
-    from flashcourse.bench import measured
+    from lab_tools import lab_result as measured
     data = measured("backward_tma")
     assert data["gpu"].startswith("NVIDIA H100") and data["triton"] == "3.6.0"
     rows = data["rows"]
@@ -419,14 +419,14 @@ def test_measured_bulk_reduce_meets_the_claims():
 
 
 def test_measured_descriptors_and_warp_specialisation_meet_the_claims():
-    """What chapter 7 says of FlashAttention-3's other tools in Triton 3.6 (measured/backward_descriptors.json,
-    tools/gpu_backward_ws.py, one H100 run): TMA descriptor loads make the dK/dV kernel on 64 x 128 tiles
+    """What chapter 7 says of FlashAttention-3's other tools in Triton 3.6 (lab/results/h100/backward_descriptors.json,
+    lab/gpu_backward_ws.py, one H100 run): TMA descriptor loads make the dK/dV kernel on 64 x 128 tiles
     1.08-1.14x faster than the library's at N = 16k, 0.99-1.03x at 4k, where pointer loads on the same tiles
     are slower (0.92-0.99x); warp specialisation gains nothing with 8 warps (0.94-1.00x); with 4 warps the
     unmasked dK/dV loop runs 1.09-1.18x faster than the library's kernel, computes NaN with 3 stages, and fails
     to compile after a masked loop (causal) and in the dQ kernel."""
     import math
-    from flashcourse.bench import measured
+    from lab_tools import lab_result as measured
     data = measured("backward_descriptors")
     assert data["gpu"].startswith("NVIDIA H100") and data["triton"] == "3.6.0"
     assert {(r["N"], r["causal"]) for r in data["tiles"]} == {(n, c) for n in (4096, 16384) for c in (False, True)}
@@ -451,10 +451,10 @@ def test_measured_descriptors_and_warp_specialisation_meet_the_claims():
 
 
 def whole_backward_rows(name):
-    """The rows of a ``tools/gpu_backward_ws.py --whole``/``--unrolled`` result (``bench.measured(name)``),
+    """The rows of a ``lab/gpu_backward_ws.py --whole``/``--unrolled`` result (``lab_tools.lab_result(name)``),
     checked for what both share: an H100 with Triton 3.6, two rounds of the same grid, the descriptor kernels
     exactly fa2_backward's."""
-    from flashcourse.bench import measured
+    from lab_tools import lab_result as measured
     data = measured(name)
     assert data["gpu"].startswith("NVIDIA H100") and data["triton"] == "3.6.0"
     rows = data["rows"]
@@ -465,8 +465,8 @@ def whole_backward_rows(name):
 
 
 def test_measured_loop_orders_meet_the_claims():
-    """What chapter 7 says of warp specialisation in the whole backward (measured/backward_loops.json,
-    tools/gpu_backward_ws.py --whole, one H100 session, two rounds): without the mask the warp-specialised dK/dV
+    """What chapter 7 says of warp specialisation in the whole backward (lab/results/h100/backward_loops.json,
+    lab/gpu_backward_ws.py --whole, one H100 session, two rounds): without the mask the warp-specialised dK/dV
     kernel with the descriptor dQ kernel ran at 0.78-0.83x cuDNN's backward (fa2_backward 0.70-0.81x in the same
     runs, so 1.02-1.12x as fast as it); with the causal mask no order of the loops was both compiled and right:
     three failed to compile, and one loop masked everywhere ran with wrong gradients (largest error 1.05-1.47)."""
@@ -484,7 +484,7 @@ def test_measured_loop_orders_meet_the_claims():
 
 def test_measured_unrolled_diagonals_meet_the_claims():
     """What chapter 7 says of the diagonal blocks in straight-line code instead of a second loop
-    (measured/backward_unrolled.json, tools/gpu_backward_ws.py --unrolled, one H100 session, two rounds): with the
+    (lab/results/h100/backward_unrolled.json, lab/gpu_backward_ws.py --unrolled, one H100 session, two rounds): with the
     causal mask, the diagonal before the warp-specialised loop failed to compile (into its accumulators or into
     its own); after it, into its own, it compiled and was right but ran at 0.48-0.57x cuDNN's speed, 0.65-0.70x
     ours; the dQ kernel warp-specialised on 4 warps failed to compile on 128 x 64 and 128 x 128 tiles and computed
@@ -509,9 +509,9 @@ def test_measured_unrolled_diagonals_meet_the_claims():
 
 def test_measured_masks_only_where_needed_meet_the_claims():
     """What chapter 7 and the module say of masking only the diagonal (and ragged) blocks, against the kernels
-    that masked every tile (measured/backward_masks.json, H100, d = 128, two rounds of each in one session):
+    that masked every tile (lab/results/h100/backward_masks.json, H100, d = 128, two rounds of each in one session):
     causal 3-8% faster at every N, non-causal -0.4% to +7%; the new kernels at 0.70-0.84x cuDNN."""
-    from flashcourse.bench import measured
+    from lab_tools import lab_result as measured
     data = measured("backward_masks")
     assert data["gpu"].startswith("NVIDIA H100") and data["triton"] == "3.6.0"
     tf = {(r["tree"], r["round"], r["N"], r["causal"]): r for r in data["rows"]}
@@ -526,15 +526,15 @@ def test_measured_masks_only_where_needed_meet_the_claims():
 
 def test_measured_aligned_statistics_meet_the_claims():
     """What chapter 7 and the module say of padding each head's rows of L and D to a multiple of 16
-    (measured/backward_ragged.json, H100, d = 128, two rounds of each tree in one session): before, N = 1023, 4095
+    (lab/results/h100/backward_ragged.json, H100, d = 128, two rounds of each tree in one session): before, N = 1023, 4095
     and 16383 ran at 0.90-0.96x the speed of 1024, 4096, 16384; after, 1.06-1.15x as fast as before and level with
     them (0.96-1.02x); at N a multiple of 16 it changed little (1.00-1.06x)."""
-    from flashcourse.bench import measured
+    from lab_tools import lab_result as measured
     data = measured("backward_ragged")
     assert data["gpu"].startswith("NVIDIA H100") and data["triton"] == "3.6.0"
     tf = {(r["tree"], r["round"], r["N"], r["causal"]): r["fa2_backward_TF"] for r in data["rows"]}
     assert {(n, c) for _, _, n, c in tf} == {(n, c) for n in (1023, 1024, 4095, 4096, 16383, 16384) for c in (0, 1)}
-    from gpu_tools import ragged_gains
+    from lab_tools import ragged_gains
     ragged, aligned = ragged_gains(tf)
     assert len(ragged) == len(aligned) == 12
     assert all(1.055 <= g <= 1.15 and 0.895 <= old <= 0.965 and 0.955 <= new <= 1.025 for g, old, new in ragged), ragged
@@ -584,13 +584,13 @@ def test_the_backward_kernels_use_hoppers_wgmma():
     assert all(wgmma > 0 and mma == 0 for wgmma, mma in out.values()), out
 
 
-@pytest.mark.skipif(GPU, reason="the GPU runs the bulk reduce itself: tools/gpu_backward_tma.py checks it there")
+@pytest.mark.skipif(GPU, reason="the GPU runs the bulk reduce itself: lab/gpu_backward_tma.py checks it there")
 @pytest.mark.parametrize("tma_loads", [False, True], ids=["pointer loads", "descriptor loads"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_the_bulk_reduce_experiments_kernel_under_the_interpreter(causal, tma_loads, gen):
-    """tools/gpu_backward_tma.py (issue 15's next experiment: dQ reduced inside the dK/dV kernel, 5 matmuls a
+    """lab/gpu_backward_tma.py (issue 15's next experiment: dQ reduced inside the dK/dV kernel, 5 matmuls a
     tile pair instead of 7) gives fa2_backward's gradients, with tl.atomic_add where the GPU uses the bulk reduce."""
-    from gpu_tools import load_tool
+    from lab_tools import load_tool
     tool = load_tool("gpu_backward_tma")
     q, k, v, do = inputs(1, 2, 128, 128, 32, gen, "cpu")
     o, lse = fa2_forward(q, k, v, causal, return_lse=True)

@@ -188,16 +188,16 @@ def test_gradients_of_every_mask_against_float64(device, shape, seed):
 
 def test_measured_aligned_statistics_meet_the_claims():
     """What block_sparse_backward says of chapter 7's statistics padded to a multiple of 16 rows
-    (measured/sparse_ragged.json, tools/gpu_sparse_ragged.py on both trees, H100, two rounds): at N = 4095 and 16383
+    (lab/results/h100/sparse_ragged.json, lab/gpu_sparse_ragged.py on both trees, H100, two rounds): at N = 4095 and 16383
     it ran at 0.92-0.97x its speed at 4096 and 16384 before, 1.08-1.11x as fast after, level with them (0.99-1.03x);
     at 4096 and 16384 1.00-1.03x."""
-    from flashcourse.bench import measured
+    from lab_tools import lab_result as measured
     data = measured("sparse_ragged")
     assert data["gpu"].startswith("NVIDIA H100") and data["triton"] == "3.6.0"
     tf = {(r["tree"], r["round"], r["N"], r["mask"]): r["TF"] for r in data["rows"]}
     assert {(n, m) for _, _, n, m in tf} == {(n, m) for n in (4095, 4096, 16383, 16384)
                                              for m in ("causal", "sliding_window(1024)")}
-    from gpu_tools import ragged_gains
+    from lab_tools import ragged_gains
     ragged, aligned = ragged_gains(tf)
     assert len(ragged) == len(aligned) == 8
     assert all(1.075 <= g <= 1.115 and 0.91 <= old <= 0.975 and 0.985 <= new <= 1.035 for g, old, new in ragged), ragged

@@ -155,7 +155,7 @@ def notebook_code_cells():
 
 def test_tests_tools_and_notebooks_use_no_private_names():
     """The library's own rule, for its users: they call public, documented entries only."""
-    users = sorted((ROOT / "tests").glob("*.py")) + sorted((ROOT / "tools").rglob("*.py"))
+    users = sorted((ROOT / "tests").glob("*.py")) + sorted((ROOT / "tools").rglob("*.py")) + sorted((ROOT / "lab").rglob("*.py")) + sorted((ROOT / "lectures").glob("*.py"))
     found = [use for use in private_uses(users) if not use.startswith("tests/test_layout.py")]
     for source, cell, code in notebook_code_cells():
         found += private_uses_in(ROOT / "notebook.py", ast.parse(code), f"{source.name} cell {cell}")
@@ -198,3 +198,14 @@ def test_modules_stay_readable(path):
     }
     n = len(path.read_text().splitlines())
     assert n <= one_idea.get(str(path.relative_to(ROOT)), 560), f"{path.name}: {n} lines"
+
+
+def test_the_wheel_ships_only_measurements_the_course_reads():
+    """Every file in ``bench/results/GPU/measured/`` is named, quoted, by a lecture or a module that reads it at run
+    time; what only the lab and its claims tests read lives in ``lab/results/``, out of the wheel."""
+    import re
+    readers = [p for p in sorted(PACKAGE.rglob("*.py")) if p.name != "measured.py"] + sorted((ROOT / "lectures").glob("*.py"))
+    quoted = {n for p in readers for n in re.findall(r"""["']([a-z0-9_]+)["']""", p.read_text())}
+    shipped = {p.stem for p in (PACKAGE / "bench" / "results").glob("*/measured/*.json")}
+    assert shipped - quoted == set(), "shipped in the wheel but read by no lecture or module: move to lab/results/"
+    assert not (ROOT / "tools" / "results").exists() and not (ROOT / "tools" / "notebooks").exists()

@@ -18,13 +18,13 @@ import nbtools  # noqa: E402
 #: lecture -> the kernel module its walkthrough (the cell ``kernel-src-md``) reads
 WALKTHROUGHS = {"02_flashattention1": "attention", "04_flash_decode": "decode",
                 "05_unified_max_decode": "decode", "06_flat_gemm": "gemm"}
-LECTURES = sorted(p.stem for p in (ROOT / "tools/notebooks").glob("0[0-9]_*.py") if not p.stem.endswith("_solutions"))
+LECTURES = sorted(p.stem for p in (ROOT / "lectures").glob("0[0-9]_*.py") if not p.stem.endswith("_solutions"))
 #: what the cells before a source cell have imported by then
 PRELUDE = "import inspect\nfrom flashcourse import viz\nfrom flashcourse.kernels import decode as kernel_decode\n"
 
 
 def cells_of(lecture: str) -> list[dict]:
-    return nbtools.load_source(ROOT / f"tools/notebooks/{lecture}.py").CELLS
+    return nbtools.load_source(ROOT / f"lectures/{lecture}.py").CELLS
 
 
 def source_cells(cells) -> list[dict]:

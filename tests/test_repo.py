@@ -130,7 +130,7 @@ def test_a_latex_command_in_a_notebook_source_is_never_a_python_escape():
     import re
     lone = re.compile(r"(?<!\\)(?:\\\\)*\\[a-zA-Z]")   # an odd run of backslashes before a letter
     bad = [f"{path.relative_to(ROOT)}:{line}: {lone.search(seg).group()!r} in {seg[:50]!r}"
-           for path in sorted((ROOT / "tools" / "notebooks").glob("*.py"))
+           for path in sorted((ROOT / "lectures").glob("*.py"))
            for line, seg, raw in _cell_literals(path) if not raw and lone.search(seg)]
     assert bad == []
 

@@ -1,9 +1,9 @@
 """Write the course notebooks from their Python sources, and run them top to bottom.
 
-Each notebook has a source in ``tools/notebooks/NN_name.py`` (the lecture, written to
-``notebooks/``) or ``tools/notebooks/NN_name_solutions.py`` (the exercise with its solutions,
+Each notebook has a source in ``lectures/NN_name.py`` (the lecture, written to
+``notebooks/``) or ``lectures/NN_name_solutions.py`` (the exercise with its solutions,
 written to ``solutions/``) that defines ``CELLS``, a list built with :func:`md`, :func:`code`,
-:func:`check` and :func:`done`; the chapter table (``flashcourse.chapters``) says where each goes. ``python tools/nbtools.py tools/notebooks/01_online_softmax.py`` writes the notebook with
+:func:`check` and :func:`done`; the chapter table (``flashcourse.chapters``) says where each goes. ``python tools/nbtools.py lectures/01_online_softmax.py`` writes the notebook with
 nbformat and executes it on a fresh kernel with nbclient (seeded, so the outputs are the same each
 run); ``--all`` does every source. Cell ids are derived from each cell's ``name`` (or its position),
 so they stay stable between builds: grading finds check cells by id.
@@ -198,7 +198,7 @@ def load_source(path: Path):
 def chapter_of(source: Path):
     """The chapter a source belongs to, and whether it is its solutions' source.
 
-    ``tools/notebooks/NN_name.py`` is the lecture of the chapter named ``NN_name`` in
+    ``lectures/NN_name.py`` is the lecture of the chapter named ``NN_name`` in
     :data:`flashcourse.chapters.CHAPTERS`; ``NN_name_solutions.py`` its exercises with solutions.
     """
     from flashcourse.chapters import CHAPTERS

@@ -1,19 +1,23 @@
 """Measurements shipped with the course that are no benchmark suite's: their JSON, as dicts.
 
 A suite's results (:func:`flashcourse.bench.shipped`) are records of timed cases; these are other
-things measured on the course's H100, each written by a script in ``tools/`` that says what is in
-it, and kept in ``results/GPU/measured/``:
+things measured on the course's H100 that a lecture or an exercise reads, each written by a script in
+``lab/`` that says what is in it, and kept in ``results/GPU/measured/``:
 
 * ``ncu_dram``: DRAM bytes read and written by each course kernel under Nsight Compute, beside
   the counted bytes (:mod:`flashcourse.bench.ncu`);
 * ``decode_host``: the host's and the GPU's time per decode call, the course's kernels against
-  SDPA, with and without CUDA graphs (``tools/gpu_decode_host.py``);
+  SDPA, with and without CUDA graphs (``lab/gpu_decode_host.py``);
 * ``gemm_block_n`` and ``decode_splits``: ``flat_gemm``'s time for every B_N candidate and
   ``flash_decode``'s for every split count, beside what chapter 6's rule and chapter 4's heuristic pick
-  (``tools/gpu_sweeps.py``: the measure halves of those chapters' predict -> count -> measure);
+  (``lab/gpu_sweeps.py``: the measure halves of those chapters' predict -> count -> measure);
 * ``primer``: what the Triton primer says a GPU does that the interpreter does not (``tl.dot``'s
   smallest tiles, TF32, ``tl.device_print``'s lines, a compile's cost) and an RMSNorm kernel's time
-  (``tools/gpu_primer.py``).
+  (``lab/gpu_primer.py``);
+* ``backward_gpt_train`` and ``backward_gpt_train_bfloat16``: chapter 7's GPT trained on the course's
+  attention and on SDPA's (``lab/gpu_backward_gpt.py --yardstick``).
+
+What the lab measured and the course does not read at run time stays in ``lab/results/``, out of the wheel.
 
 Example:
     >>> ncu = measured("ncu_dram")

@@ -455,7 +455,7 @@ def fa2_shared_bytes(B_r: int, B_c: int, d: int, stages: int, dtype_bytes: int =
     """Shared memory of one program of the FA2 kernel: ``Q_i`` and ``stages`` buffers of ``K_j`` and ``V_j``.
 
     ``dtype_bytes (B_r d + 2 stages B_c d)``. On an H200 (sm_90, Triton 3.6) this is what Triton allocated,
-    to the byte, for all 135 configs of the tiles sweep (``tools/gpu_attention_warps.py --tiles``).
+    to the byte, for all 135 configs of the tiles sweep (``lab/gpu_attention_warps.py --tiles``).
 
     Example:
         >>> fa2_shared_bytes(128, 64, 128, stages=3)       # 2 (128 * 128 + 2 * 3 * 64 * 128)

@@ -362,7 +362,7 @@ def fa2_config(d: int, dtype=torch.float16, cc="current", causal: bool = False) 
     ``cc`` is a compute capability such as ``(9, 0)``, None for the interpreter, or ``"current"``.
 
     * sm_90 (H100): 128 x 64 tiles, 8 warps (two warpgroups, each one 64-row wgmma), K and V
-      tiles of 3 stages in flight, for every d. Measured on an H100 (tools/gpu_attention.py
+      tiles of 3 stages in flight, for every d. Measured on an H100 (lab/gpu_attention.py
       --sweep, fp16, 16k tokens): the best or within 6% of the best of 7 configs at d = 64 and
       128, N = 1k, 4k and 16k, causal or not; 128 x 128 tiles lose 2-20%, 4 warps at d = 128
       lose half;
@@ -453,7 +453,7 @@ def fa2_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool 
     ``sm_scale`` defaults to 1/sqrt(d). With ``return_lse`` also returns the log-sum-exp of each
     row's scaled scores, (B, H, N_q) float32 (natural log; ``-inf`` for a row that sees no key,
     whose output is 0). ``launch`` runs that config instead of :func:`fa2_config`'s (for tuning, as
-    tools/gpu_attention.py --sweep does; its ``HEAD_DIM`` must be d). Forward only: no autograd graph.
+    lab/gpu_attention.py --sweep does; its ``HEAD_DIM`` must be d). Forward only: no autograd graph.
 
     Example:
         >>> import torch

@@ -384,7 +384,7 @@ def decode_config(d: int, group: int, dtype=torch.float16, cc="current", kernel:
     sum, ``USE_DOT=False``; on an H100 that moved 1.2-1.4 TB/s against the padded dot's 2.5-3.1,
     so no config picks it.) ``BLOCK_N`` keys per step.
 
-    * sm_90 (H100): 64 keys per block, 4 warps, 3 stages (tools/gpu_decode.py --sweep: within 3%
+    * sm_90 (H100): 64 keys per block, 4 warps, 3 stages (lab/gpu_decode.py --sweep: within 3%
       of the best of 8 configs at B = 1, L = 16k and 128k, MHA and GQA);
     * sm_80 / sm_89: 64 keys, 4 warps, 3 / 2 stages;
     * sm_75 (T4, 64 KB, no asynchronous copies): 64 keys, 4 warps, 1 stage;
@@ -433,7 +433,7 @@ def combine_block(splits: int) -> int:
 
 #: Smallest chunk of keys worth a split of its own (given to the heuristic). On an H100, one
 #: sequence of 8 KV heads and 1k keys ran 8.1 us of GPU time with 4 splits and 6.7 us with 8
-#: (CUDA-graph replay, tools/gpu_decode.py): chunks of 128 keys still pay for their partials.
+#: (CUDA-graph replay, lab/gpu_decode.py): chunks of 128 keys still pay for their partials.
 MIN_CHUNK = 128
 
 

@@ -18,7 +18,7 @@ launches few programs; here:
 The chapter's other kernel modules: :mod:`flashcourse.kernels.gemm_linear` has ``linear``, the
 paper's heuristic dataflow -- ``gemv``, ``flat_gemm`` or ``torch.matmul`` (cuBLAS) by M, with
 thresholds per weight shape measured on an H100 and shipped as data
-(``flashcourse/data/linear_thresholds.json``); :mod:`flashcourse.kernels.gemm_floor` has
+(``flashcourse/data/gemm_linear_thresholds.json``); :mod:`flashcourse.kernels.gemm_floor` has
 ``read_once``, which reads W and does nothing else: the floor under any kernel that must read it.
 
 Why split K. A program per ``B_N`` columns gives ``N / B_N`` programs -- the paper's trade-off:
@@ -42,7 +42,7 @@ layouts fit and only you know which one you mean.
 :func:`launch` runs a :class:`GemmConfig` of your own without the checks (a sweep, an experiment),
 on the partials and counters of :func:`workspace`.
 
-What an H100 showed (timings, the floor, the eviction hint): ``tools/results/gemm_measurements.md``.
+What an H100 showed (timings, the floor, the eviction hint): ``lab/gemm.md``.
 
 Example:
     >>> import torch
@@ -104,7 +104,7 @@ def _k_range(K, pid_k, SPLIT_K, BLOCK_K: tl.constexpr):
     return lo, hi
 
 
-# public: tools/gpu_gemm_prefetch.py builds its experimental kernel from program_tile and write_tile
+# public: lab/gpu_gemm_prefetch.py builds its experimental kernel from program_tile and write_tile
 @triton.jit
 def program_tile(X, W, K, stride_xm, stride_wk, stride_wn, SPLIT_K, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -250,7 +250,7 @@ _PTR = {torch.float16: "*fp16", torch.bfloat16: "*bf16"}
 # programs reach programs-per-SM x SMs. gemv has rows per B_M (its accumulator is B_M x B_K x B_N
 # floats, so the tile shrinks as M grows).
 #
-# sm_90 was tuned on an H100 (tools/gpu_gemm.py; the timings: tools/results/gemm_measurements.md):
+# sm_90 was tuned on an H100 (lab/gpu_gemm.py; the timings: lab/gemm.md):
 # these are memory-bound loops, and what keeps the weights streaming is bytes in flight -- a W tile
 # of 16 or 32 KB and 4 pipeline stages (3 tiles loading while one is multiplied), in about one
 # program per SM, each walking a long stretch of K: B_N = 128, B_K = 128 with no split from
@@ -498,7 +498,7 @@ def launch(x: torch.Tensor, w: torch.Tensor, config: GemmConfig, *, w_layout: st
     """``y = x @ W`` by ``config`` (its kernel, tiles, split of K, warps and stages), with no checks.
 
     What :func:`flat_gemm` and :func:`gemv` run once they have checked their inputs and picked a
-    config; call it yourself to time a config of your own (``tools/gpu_gemm.py --sweep``). ``x``:
+    config; call it yourself to time a config of your own (``lab/gpu_gemm.py --sweep``). ``x``:
     (M, K), made contiguous along K if it is not; ``w``: (K, N) with ``w_layout="kn"`` or (N, K)
     with ``"nk"``, read through its strides. Nothing is checked: wrong shapes, dtypes or devices
     give wrong results or a crash, not an error message.

@@ -4,7 +4,7 @@ A flat GEMM's time is the time to read its weight W (:mod:`flashcourse.kernels.g
 must read W is not faster than one that only reads it. ``flashcourse bench gemm`` times this kernel
 beside flat_gemm and cuBLAS as ``W read once (the floor)``; cuBLAS's time over it is the largest
 speed-up any kernel that reads W could have (what an H100 showed:
-``tools/results/gemm_measurements.md``).
+``lab/gemm.md``).
 
 Example:
     >>> import torch
@@ -41,8 +41,8 @@ def _read_once_kernel(T, OUT, n, BLOCK: tl.constexpr, STEPS: tl.constexpr, POLIC
 
 #: read_once's launch: (elements a step, steps a program, warps). On an H100, (4096, 8, 8) reads
 #: Llama-2-7B's weights at 2.7 TB/s after a read flush, within 0.6% of the best of the 6 launches
-#: ``tools/gpu_gemm.py --floor`` tries on every shape, with either flush
-#: (tools/results/gemm_floor_h100.json); the interpreter takes small blocks.
+#: ``lab/gpu_gemm.py --floor`` tries on every shape, with either flush
+#: (lab/results/h100/gemm_floor.json); the interpreter takes small blocks.
 READ_ONCE = {"gpu": (4096, 8, 8), "interpreter": (256, 4, 4)}
 
 

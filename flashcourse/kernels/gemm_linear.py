@@ -4,7 +4,7 @@
 default) with whichever of :func:`~flashcourse.kernels.gemm.gemv`,
 :func:`~flashcourse.kernels.gemm.flat_gemm` or ``torch.matmul`` (cuBLAS) suits M, the number of
 token rows: the thresholds per weight shape were measured on an H100 and ship as data
-(``flashcourse/data/linear_thresholds.json``, written by ``tools/gpu_gemm.py --thresholds``).
+(``flashcourse/data/gemm_linear_thresholds.json``, written by ``lab/gpu_gemm.py --thresholds``).
 :func:`linear_plan` says what it picks, and why; :func:`linear_thresholds` which thresholds decided.
 
 Example:
@@ -33,8 +33,8 @@ from .gemm import FLAT_MAX_M, GEMV_MAX_M, GemmConfig, checked_operands, gemm_con
 
 __all__ = ["LinearPlan", "linear", "linear_plan", "linear_thresholds"]
 
-#: The thresholds ``linear`` picks by, measured on an H100 (``tools/gpu_gemm.py --thresholds`` writes it).
-THRESHOLDS_FILE = Path(__file__).resolve().parent.parent / "data" / "linear_thresholds.json"
+#: The thresholds ``linear`` picks by, measured on an H100 (``lab/gpu_gemm.py --thresholds`` writes it).
+THRESHOLDS_FILE = Path(__file__).resolve().parent.parent / "data" / "gemm_linear_thresholds.json"
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class LinearPlan:
 
 @functools.lru_cache(maxsize=1)
 def load_thresholds() -> dict:
-    """The contents of ``flashcourse/data/linear_thresholds.json`` (:data:`THRESHOLDS_FILE`), read once.
+    """The contents of ``flashcourse/data/gemm_linear_thresholds.json`` (:data:`THRESHOLDS_FILE`), read once.
 
     :func:`linear_thresholds` looks its entries up here; replace this function (as the tests do) and
     :func:`linear_plan` plans with other thresholds.
@@ -75,7 +75,7 @@ def load_thresholds() -> dict:
 def linear_thresholds(N: int, K: int, cc="current") -> dict:
     """The largest M for which :func:`linear` picks gemv, and flat_gemm, for a (K, N) weight.
 
-    Read once from ``flashcourse/data/linear_thresholds.json``: the entry for this GPU's compute
+    Read once from ``flashcourse/data/gemm_linear_thresholds.json``: the entry for this GPU's compute
     capability (``sm_90`` for sm_90 and newer; other GPUs and the interpreter use sm_90's, the
     GPU they were measured on), for this (K, N) if it was measured, else the default. Returns
     ``{"gemv_max_m", "flat_gemm_max_m", "source", "measured"}``.

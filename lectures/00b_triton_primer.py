@@ -1,0 +1,282 @@
+"""Source of notebooks/00b_triton_primer.ipynb: the Triton a student needs before chapter 1's kernel."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from nbtools import code, md  # noqa: E402
+
+CELLS = [
+    md(r"""
+    Every chapter of this course ends in a Triton kernel, and the first one (chapter 1's softmax)
+    asks you to write part of one. This chapter is the Triton you need for that: what a *program* is,
+    how it finds its data, why its blocks are powers of two and need masks, how it reduces and
+    multiplies tiles, and how to debug it — on a laptop with no GPU, through Triton's interpreter, and
+    what changes on a real GPU.
+
+    *Sources: Tillet, Kung & Cox, "Triton: an intermediate language and compiler for tiled neural
+    network computations" (MAPL 2019); the Triton documentation and its tutorials (triton-lang.org);
+    what a GPU does differently was measured on the course's H100 with Triton 3.6
+    (`lab/gpu_primer.py`, shipped as `flashcourse.bench.measured("primer")`).*
+    """, "slide", name="title"),
+
+    md(r"""
+    Instructor notes: about 30 minutes. Every cell runs on a CPU (the interpreter) in a few seconds;
+    on a GPU the cells that differ show the GPU's behaviour live, and on a CPU they show the H100's,
+    shipped. The exercise (`exercises/00b_triton_primer.ipynb`, an RMSNorm kernel) takes 15–20 minutes.
+    """, "notes", name="notes-intro"),
+
+    code("""
+    import numpy as np
+    import torch
+
+    import flashcourse  # before triton: on a machine without a GPU this switches on the interpreter
+    import triton
+    import triton.language as tl
+    from flashcourse import backend, bench
+
+    DEVICE = backend.DEVICE
+    H100 = bench.measured("primer")          # what the course's H100 did with the same kernels
+    print("running on", DEVICE, "(Triton's interpreter)" if backend.INTERPRET else f"({backend.gpu_name()})")
+    """, "skip", name="imports"),
+
+    md(r"""
+    ## A program, and the grid of programs
+
+    A CUDA kernel is written for **one thread**. A Triton kernel is written for **one program**, which
+    works on whole blocks of numbers at a time; the compiler spreads each program over a group of
+    threads (`num_warps` warps of 32) and decides what lives in registers and shared memory.
+
+    You launch `kernel[grid](arguments)`: the grid says how many programs run, and each asks
+    `tl.program_id(axis)` which one it is. Nothing says in which order they run — on a GPU, many at once.
+    """, "slide", name="programs"),
+
+    code("""
+    @triton.jit
+    def who_am_i(out_ptr):
+        pid = tl.program_id(0)            # 0, 1, 2, ... : one number per program
+        tl.store(out_ptr + pid, pid)      # out_ptr is a pointer; + pid moves by pid elements
+
+    out = torch.full((6,), -1, dtype=torch.int32, device=DEVICE)
+    who_am_i[(4,)](out)                   # a grid of 4 programs
+    out.tolist()
+    """, "fragment", name="who-am-i"),
+
+    md(r"""
+    Four programs wrote four slots; the last two were never touched. A tensor passed to a kernel
+    arrives as a **pointer** to its first element, and `out_ptr + pid` is pointer arithmetic in
+    elements (not bytes), as in C.
+    """, "-", name="who-am-i-text"),
+
+    md(r"""
+    ## Blocks: `tl.arange` and pointers
+
+    A program handles a **block** of `BLOCK` elements: `tl.arange(0, BLOCK)` is the vector
+    $0, 1, \dots, \text{BLOCK}-1$, and adding it to a pointer gives a block of pointers, which one
+    `tl.load` reads in one go. Program `pid` of a vector kernel takes elements
+    `pid * BLOCK + tl.arange(0, BLOCK)`; the grid has $\lceil n / \text{BLOCK} \rceil$ programs
+    (`triton.cdiv(n, BLOCK)`).
+    """, "slide", name="blocks"),
+
+    code("""
+    @triton.jit
+    def owner(out_ptr, n, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        offs = pid * BLOCK + tl.arange(0, BLOCK)        # this program's BLOCK elements
+        tl.store(out_ptr + offs, pid, mask=offs < n)    # each element records who wrote it
+
+    n, BLOCK = 10, 4
+    out = torch.full((n,), -1, dtype=torch.int32, device=DEVICE)
+    owner[(triton.cdiv(n, BLOCK),)](out, n, BLOCK=BLOCK)
+    out.tolist()
+    """, "fragment", name="owner"),
+
+    md(r"""
+    ## Masks: the last block is partial
+
+    Ten elements in blocks of four: the third program's block has lanes 8–11, and only 8 and 9 exist.
+    `mask=offs < n` switches the other lanes off: a masked load returns `other` there (0 if not given),
+    a masked store writes nothing. Without the mask, the store writes past the end of the tensor, into
+    whatever lies there — here, a neighbour in the same buffer:
+    """, "slide", name="masks"),
+
+    code("""
+    @triton.jit
+    def copy_unmasked(x_ptr, y_ptr, BLOCK: tl.constexpr):
+        i = tl.arange(0, BLOCK)
+        tl.store(y_ptr + i, tl.load(x_ptr + i))         # no mask: all BLOCK lanes
+
+    buffer = torch.full((12,), -1.0, device=DEVICE)
+    y = buffer[:6]                                      # a tensor of 6 elements inside a larger buffer
+    copy_unmasked[(1,)](torch.arange(1.0, 9.0, device=DEVICE), y, BLOCK=8)
+    print("y         ", y.tolist())
+    print("the buffer", buffer.tolist(), "<- two lanes landed past y")
+    """, "fragment", name="unmasked-store"),
+
+    md(r"""
+    No error, on the interpreter or on the GPU (the H100 overwrote the same two neighbours). An
+    unmasked **load** past the end is as silent: it returns whatever bytes follow the tensor. Neither
+    stops you; the course's checks do, by filling outputs with a marker and watching what a kernel reads.
+    """, "fragment", name="unmasked-load"),
+
+    code("""
+    lanes = H100["experiments"]["unmasked_load"]["lanes"]
+    print("H100, 8 lanes read from a tensor of 5:", [round(v, 3) for v in lanes])
+    """, "fragment", name="unmasked-load-h100"),
+
+    md(r"""
+    ## `tl.constexpr`: powers of two, and one compile per value
+
+    A block's size must be known when the kernel is compiled, so `BLOCK` is declared
+    `BLOCK: tl.constexpr`, and `tl.arange`'s length must be a **power of two**. A row of 100 columns is
+    read with `BLOCK = 128` and a mask — never with a block of 100:
+    """, "slide", name="constexpr"),
+
+    code("""
+    try:
+        owner[(1,)](torch.empty(10, dtype=torch.int32, device=DEVICE), 10, BLOCK=10)
+    except Exception as e:
+        print(type(e).__name__, "...", str(e).strip().splitlines()[-1][-60:])
+    print("the H100:", H100["experiments"]["arange_10"])
+    """, "fragment", name="not-a-power-of-two"),
+
+    md(r"""
+    Each new value of a constexpr compiles a new kernel (cached for the next call). On the course's
+    H100 the first launch with a new `BLOCK` took tens to hundreds of milliseconds; the same launch
+    again about 0.1 ms (host time, measured around the call):
+    """, "fragment", name="compile-cost"),
+
+    code("""
+    for key, ms in H100["experiments"]["launch_ms"].items():
+        print(f"{key:18s} {ms:8.2f} ms")
+    """, "fragment", name="compile-cost-h100"),
+
+    md(r"""
+    So a kernel's block sizes are chosen from a few powers of two (the course's kernels keep a table
+    per GPU), not from the problem's exact size.
+    """, "-", name="compile-cost-text"),
+
+    md(r"""
+    ## Two dimensions: tiles, broadcasting, reductions
+
+    `rows[:, None]` and `cols[None, :]` broadcast as in NumPy: `x_ptr + rows[:, None] * stride + cols[None, :]`
+    is a `(BLOCK_R, BLOCK_C)` tile of pointers, and the mask combines both edges. Reductions run along an
+    axis: `tl.sum(x, axis=1)`, `tl.max(x, axis=1)` (one number per row), or `axis=0`.
+    """, "slide", name="tiles"),
+
+    code("""
+    @triton.jit
+    def row_sums(x_ptr, out_ptr, n_rows, n_cols, stride, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+        rows = tl.arange(0, BLOCK_R)
+        cols = tl.arange(0, BLOCK_C)
+        inside = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+        x = tl.load(x_ptr + rows[:, None] * stride + cols[None, :], mask=inside, other=0.0)
+        tl.store(out_ptr + rows, tl.sum(x, axis=1), mask=rows < n_rows)
+
+    x = torch.arange(35.0, device=DEVICE).reshape(5, 7)
+    out = torch.empty(5, device=DEVICE)
+    row_sums[(1,)](x, out, 5, 7, x.stride(0), BLOCK_R=8, BLOCK_C=8)
+    out.tolist(), x.sum(dim=1).tolist()
+    """, "fragment", name="row-sums"),
+
+    md(r"""
+    `other=0.0` is right for a sum; for a maximum the masked lanes must load as `-inf` — chapter 1
+    comes back to this.
+    """, "-", name="other"),
+
+    md(r"""
+    ## `tl.dot`: tiles on the tensor cores
+
+    `tl.dot(a, b)` multiplies two tiles, `(M, K) @ (K, N)`, on the GPU's matrix units. Float16 inputs
+    are accumulated in float32 (the result is float32; convert when you store). Two rules the
+    interpreter does **not** enforce, both measured on the course's H100 (Triton 3.6):
+
+    * the inner dimension must be at least 16 (older Tritons asked the same of all three); an
+      8 × 8 × 8 product fails to compile;
+    * float32 inputs are multiplied in **TF32** (10 bits of mantissa) unless you ask for
+      `input_precision="ieee"`: the error is about $10^{-3}$, against $10^{-7}$ in the interpreter.
+    """, "slide", name="dot"),
+
+    code("""
+    @triton.jit
+    def matmul_tile(a_ptr, b_ptr, c_ptr, M: tl.constexpr):
+        i = tl.arange(0, M)
+        a = tl.load(a_ptr + i[:, None] * M + i[None, :])
+        b = tl.load(b_ptr + i[:, None] * M + i[None, :])
+        tl.store(c_ptr + i[:, None] * M + i[None, :], tl.dot(a, b))
+
+    g = torch.Generator().manual_seed(0)
+    for M in (8, 16):
+        a, b = (torch.randn(M, M, generator=g).to(DEVICE) for _ in range(2))
+        c = torch.empty(M, M, device=DEVICE)
+        try:
+            matmul_tile[(1,)](a, b, c, M)
+            ref = a.cpu().double() @ b.cpu().double()
+            print(f"here, {M}x{M}x{M}: error {float((c.cpu() - ref).abs().max() / ref.abs().max()):.1e}")
+        except Exception as e:
+            print(f"here, {M}x{M}x{M}:", str(e).strip().splitlines()[-1][-70:])
+    for key, r in H100["experiments"]["dot"].items():
+        print(f"H100, {key:22s}", f"error {r['max_error_relative_to_max']:.1e}" if r["ran"] else r["error"])
+    """, "fragment", name="dot-rules"),
+
+    md(r"""
+    ## Debugging
+
+    * **The interpreter.** `TRITON_INTERPRET=1` (set before `triton` is imported; `import flashcourse`
+      does it when there is no GPU) runs each program as NumPy, one after the other. Inside a kernel you
+      can then `print(x)` and even `breakpoint()`.
+    * **`tl.device_print("name", x)`** works in both. The interpreter prints once per program; a GPU
+      prints from **every thread** that holds a copy, so one program of 4 values printed
+      32 lines with 1 warp and 128 with 4 warps on the H100. Print from one program
+      (`if pid == 0:`) and small blocks.
+    * **`tl.static_print` / `tl.static_assert`** run while the kernel compiles: shapes and constexprs.
+    * **Where they differ**, besides `tl.dot`: the interpreter never runs out of registers or shared
+      memory and ignores `num_warps` and `num_stages`; it accepts some Python the compiler refuses
+      (the course's checks compile every kernel for an A100 and an H100 after it passes, to catch
+      that); its out-of-bounds reads land elsewhere than a GPU's. And speed: below.
+    """, "slide", name="debugging"),
+
+    code("""
+    @triton.jit
+    def show(x_ptr, N: tl.constexpr):
+        tl.device_print("x", tl.load(x_ptr + tl.arange(0, N)))
+
+    show[(1,)](torch.arange(4.0, device=DEVICE), N=4)
+    for run in H100["device_print"]:
+        print(f"H100, num_warps={run['num_warps']}: {run['lines']} lines, the first: {run['first'][0]!r}")
+    """, "fragment", name="device-print"),
+
+    md(r"""
+    ## How fast is a kernel this simple?
+
+    RMSNorm, the normalisation of Llama-family models, is the exercise: one program per row, the whole
+    row in one block, `y = x / sqrt(mean(x²) + ε) · w`. It reads each row once and writes it once.
+    Measured on the course's H100 (fp16, `triton.testing.do_bench`), against PyTorch's own
+    `torch.nn.functional.rms_norm`:
+    """, "slide", name="speed"),
+
+    code("""
+    print(f"{'rows x cols':>14s} {'ours':>9s} {'torch':>9s} {'ours, TB/s':>11s}")
+    for r in H100["rms_norm"]:
+        tb = r["bytes"] / (r["ours_us"] * 1e-6) / 1e12
+        print(f"{r['rows']:>6d} x {r['cols']:<5d} {r['ours_us']:7.1f} us {r['torch_rms_norm_us']:7.1f} us {tb:9.2f}")
+    """, "fragment", name="speed-h100"),
+
+    md(r"""
+    Fifteen lines of Triton run at or below PyTorch's time, near the H100's memory bandwidth (its
+    spec sheet: 3.35 TB/s), because the kernel does the minimum: one read and one write of each row.
+    The interpreter, which runs each program as NumPy calls one program after another, is for
+    correctness, never for timing.
+    """, "-", name="speed-text"),
+
+    md(r"""
+    ## Where next
+
+    * **The exercise**: `exercises/00b_triton_primer.ipynb` — write the RMSNorm kernel; the check runs
+      it on ragged rows, float16 activations of a thousand, and rows of zeros.
+    * **More practice**: Sasha Rush's *Triton-Puzzles* (github.com/srush/Triton-Puzzles, runs in the
+      interpreter) and Triton's tutorials (vector addition, fused softmax, matrix multiplication) at
+      triton-lang.org.
+    * **Chapter 1** uses all of this for softmax: a row read in blocks, a running maximum, masks that
+      load `-inf`.
+    """, "slide", name="next"),
+]

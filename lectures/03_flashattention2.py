@@ -1,0 +1,846 @@
+"""Source of notebooks/03_flashattention2.ipynb: FlashAttention-2's swapped loops and deferred rescale."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from nbtools import code, md  # noqa: E402
+
+CELLS = [
+    md("""
+    FlashAttention-1 reaches only 25–40% of the A100's theoretical peak FLOP/s. FlashAttention-2
+    gets about twice that with three changes: (1) fewer non-matmul FLOPs, (2) parallelism over the
+    sequence length, (3) a better split of the work between the warps of a thread block. One move
+    makes (2) and (3) possible: put $Q$ in the outer loop. This chapter counts what each change
+    saves, then measures the kernel on an H100 against FlashAttention-1's loop order and PyTorch's
+    own kernels, and looks at what FlashAttention-3 adds.
+
+    *Sources: Dao, "FlashAttention-2: Faster Attention with Better Parallelism and Work
+    Partitioning" (2023), abstract, Algorithm 1 and §3; Shah et al., "FlashAttention-3" (2024).*
+    """, "slide", name="title"),
+
+    md("""
+    ## What FlashAttention-1 leaves on the table
+
+    The FA2 paper's diagnosis, and its three changes (§3.1–3.3):
+
+    1. **Non-matmul FLOPs.** FA1 rescales $O_i$ *and divides it by* $\\ell_i$ at every step. An A100
+       does 312 TFLOP/s of fp16 matmul but 19.5 TFLOP/s of fp32 non-matmul work: each non-matmul
+       FLOP costs 16 matmul FLOPs. → Keep $\\tilde O_i$ unnormalised; divide once, at the end.
+    2. **Parallelism.** FA1 runs one thread block per (batch, head): $B \\cdot H$ of them, too few
+       for the A100's 108 SMs when long sequences leave a small batch. → Also parallelise over the
+       sequence: one program per query block, $\\lceil N/B_r \\rceil \\cdot B \\cdot H$ in all.
+    3. **Work between warps.** Inside a block FA1 splits $K_j, V_j$ across the warps ("split-K"):
+       each warp holds a slice of every row of $S_{ij}$, so the warps write partial results to shared
+       memory, synchronise and add them up. → Split $Q_i$ instead ("split-Q"): each warp owns whole
+       rows, and no warp waits for another.
+
+    The loop order makes (2) and (3) possible: with $Q_i$ outside, $O_i, \\ell_i, m_i$ stay on chip
+    until the row block is done (FA1 sends them to HBM and back at every $K_j$), and query blocks
+    share nothing. The paper credits this swap, and the parallelism over the sequence, to Phil
+    Tillet's Triton kernel (§3.2). The update, with an unnormalised accumulator:
+
+    $$\\tilde O_i \\leftarrow \\tilde O_i\\, e^{m_{old} - m_{new}} + \\tilde P_{ij} V_j, \\qquad
+    O_i = \\tilde O_i / \\ell_i \\text{ once, at the end.}$$
+    """, "slide", name="what"),
+
+    code("""
+    import numpy as np
+    from flashcourse import formulas, viz
+    from flashcourse.reference import fa1_attention, fa2_attention, fa2_update, fa2_finish, attention_float64
+    rng = np.random.default_rng(0)
+    S, V = rng.normal(size=(1, 12)) * 3, rng.normal(size=(12, 2))       # one row of scores, 12 keys
+    acc, l, m = np.zeros((1, 2)), np.zeros(1), np.full(1, -np.inf)
+    for j in range(0, 12, 4):                                           # three blocks of 4 keys
+        acc, l, m = fa2_update(acc, l, m, S[:, j:j + 4], V[j:j + 4])
+        print(f"keys {j:2d}-{j + 3:2d}: acc = {acc[0].round(3)}  l = {l[0]:6.3f}  m = {m[0]:5.2f}")
+    print("once, at the end: acc / l =", fa2_finish(acc, l, m)[0][0].round(3))
+    print("softmax(S) V            =", (np.exp(S - S.max()) / np.exp(S - S.max()).sum() @ V)[0].round(3))
+    """, "subslide", name="update-src"),
+
+    md("""
+    ## Fewer non-matmul FLOPs, counted
+
+    The references count every non-matmul FLOP they do (by kind); the formulas say the same.
+    """, "slide", name="flops-md"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    rng = np.random.default_rng(0)
+    N, d, B = 512, 64, 64
+    q, k, v = rng.normal(size=(3, N, d))
+    f1, f2 = {}, {}
+    fa1_attention(q, k, v, block_sizes=(B, B), flops=f1)
+    fa2_attention(q, k, v, block_sizes=(B, B), flops=f2)
+    print(f"{'kind':5s} {'FA1':>9s} {'FA2':>9s}")
+    for kind in f1:
+        print(f"{kind:5s} {f1[kind]:9d} {f2.get(kind, 0):9d}")
+    t1, t2 = sum(f1.values()), sum(f2.values())
+    print(f"total {t1:9d} {t2:9d}   FA2/FA1 = {t2 / t1:.2f}")
+    print("formulas agree:", t1 == formulas.fa1_nonmatmul_flops(N, d, B),
+          t2 == formulas.fa2_nonmatmul_flops(N, d, B, B))
+    mm = int(formulas.attention_flops(N, d))          # the two matmuls, 4 N^2 d: the same in both
+    print(f"matmul FLOPs {mm}: non-matmul share FA1 {t1 / (t1 + mm):.1%}, FA2 {t2 / (t2 + mm):.1%}")
+    """, "subslide", name="flops"),
+    md("""
+    FA1 divides every element of $O_i$ at every step, FA2 once at the end; one rescale of $O_i$ per
+    step goes too: a fifth fewer non-matmul FLOPs, on top of matmuls that do not change. At the paper's 16× price on an A100 that
+    saving is worth having — but it cannot make a kernel several times faster. The measurements
+    below show where FA2's speed comes from.
+    """, "fragment", name="flops-moral"),
+
+    md("""
+    ## Fewer HBM accesses, counted
+
+    Same tiles, same SRAM: FlashAttention-2 writes $O$ once instead of $T_c + 1$ times and never
+    reads it; $\\ell$ and $m$ disappear from HBM (only the log-sum-exp $L$ is written, for the
+    backward pass). The swap has a price: FA1 reads $Q$ once per key block ($T_c$ times), FA2 reads
+    $K$ and $V$ once per query block ($T_r$ times). The re-reads move from $Q, O$ to $K, V$, and the
+    order of the traffic stays $\\Theta(N^2 d^2 / M)$ — FA2 saves a constant factor, not the order.
+    """, "slide", name="traffic-md"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    from flashcourse.memory import Memory
+    m1, m2 = Memory(dtype_bytes=2), Memory(dtype_bytes=2)
+    fa1_attention(q, k, v, block_sizes=(B, B), memory=m1)
+    fa2_attention(q, k, v, block_sizes=(B, B), memory=m2)
+    for name, mem in (("FA1", m1), ("FA2", m2)):
+        print(f"{name}: Q read {mem.passes('Q')['read']:.0f}x, K and V read {mem.passes('K')['read']:.0f}x,"
+              f" O written {mem.passes('O')['write']:.0f}x, read {mem.passes('O')['read']:.0f}x;"
+              f" total {mem.accesses():8d} elements")
+    print("FA2 = formula:", m2.accesses() == formulas.fa2_accesses(N, d, B, B))
+    """, "subslide", name="traffic"),
+    code("""
+    from flashcourse import viz
+    from flashcourse.viz.attention import count_attention
+    viz.flash_traffic(Ns=(128, 256, 512, 1024, 2048), d=64, N_max=16384)
+    """, "fragment", name="traffic-plot"),
+
+    md("""
+    ## Causal: skip what is masked anyway
+
+    With a causal mask, key blocks entirely above the diagonal contribute nothing. FlashAttention-2
+    never loads them, and masks only the blocks that cross the diagonal — about half the work at
+    large $N$; the paper measures 1.7–1.8× over the same attention without the mask (§3.1.1). This
+    is no FA2 invention: FA1 works on blocks too and can skip the same ones (the paper says so, and
+    chapter 2's kernel does: its inner loop starts at the first query block that sees $K_j$).
+    """, "slide", name="causal-md"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    for causal in (False, True):
+        mem = Memory(dtype_bytes=2)
+        o = fa2_attention(q, k, v, block_sizes=(B, B), causal=causal, memory=mem)
+        masked = sum("(masked)" in label for label in mem.step_labels)
+        print(f"causal={causal!s:5}: K read {mem.passes('K')['read']:.2f}x, diagonal blocks masked: {masked:2d},"
+              f" exact: {bool(np.abs(o - attention_float64(q, k, v, causal=causal)).max() < 1e-12)}")
+    """, "subslide", name="causal"),
+
+    md("""
+    ## Watch the tiles
+
+    Now $Q_i$ and the accumulator stay on chip while $K_j, V_j$ stream past; $O_i$ is written once,
+    at the end of its row.
+    """, "slide", name="stepper-md"),
+    code("""
+    # NBVAL_IGNORE_OUTPUT
+    from flashcourse.viz import show_stepper
+    from flashcourse.viz.attention import count_attention
+    show_stepper(count_attention("fa2", N=128, d=16, sram_bytes=4096))
+    """, "subslide", name="stepper"),
+
+    md("""
+    ## Inside one program: split-K or split-Q
+
+    A program (CUDA's thread block) runs on one SM as a few *warps* of 32 threads. How they share a
+    step of $Q_i$ against $K_j, V_j$ is FA2's third change (FA2 paper §3.3, "Work Partitioning
+    Between Warps", and its Figure 3):
+
+    * **FlashAttention-1, "split-K"** (the paper's name, in its quotes): for each block, FA1 splits
+      $K$ and $V$ across 4 warps and every warp sees all of $Q$. Each warp gets a slice of *every*
+      row of $Q K^\\top$ and multiplies it by its slice of $V$; the warps must then write their
+      intermediate results to shared memory, synchronise, and add them up, and "these shared memory
+      reads/writes slow down the forward pass". FA1's CUDA kernel is built that way: in PyTorch's copy
+      of it (`aten/src/ATen/native/transformers/cuda/flash_attn/kernel_traits.h` and
+      `fmha_fwd_hdim64.cu`, 2022), a step is 16 query rows against 128 or 256 keys
+      (`FMHA_kernel_traits<256, 64, 16, 1, 4>`: `STEP = 16` rows, `WARPS_N = 4` warps along the keys of
+      $QK^\\top$, the same 4 along the keys that $PV$ sums over), with a shared-memory tile for $O$.
+    * **FlashAttention-2, "split-Q"**: split $Q$ across the 4 warps and let every warp read all of $K$
+      and $V$. Each warp owns whole rows of $S$, so its row maxima and sums are final and its slice of
+      $O$ is its own: "there is no need for communication between warps" (§3.3).
+
+    The seeds repeat the paper: 000 (§2.4) retells Figure 3, but has FA1's warps exchange $O_i$ through
+    HBM (the paper says shared memory); 003 lists it as the third improvement, "use shared memory to
+    reduce communication", without detail; 004 quotes the paragraph and leaves it unexplained. (In
+    CUTLASS's GEMMs the words differ: "split-K" means partitions of K computed by separate thread blocks
+    and reduced afterwards (`GemmSplitKParallel`), as chapter 6's flat GEMM does through HBM; its
+    partitions among the warps of one block, `PartitionsK`, are "used in sliced-K".)
+    """, "slide", name="warps-md"),
+    md("""
+    The paper gives no numbers for this, so we count. `flashcourse.reference.split_k` and `split_q` run
+    one program: a query block $Q_i$ against key blocks $K_j, V_j$, with $W$ warps, on the course's
+    counted `Memory` with its two levels renamed: the program's **shared memory** (where $Q_i$, $K_j$,
+    $V_j$ land in fp16 and the partials go in fp32) and the warps' **registers** (`warp_memory()`).
+    Every read and write of shared memory by a warp is counted; HBM is not (both load the same
+    tiles). What the model assumes — ours, not the paper's:
+
+    * each warp reads its $Q_i$ (all of it in split-K, its rows in split-Q) once and keeps it in
+      registers, and reads its operands of $K_j, V_j$ once per key block;
+    * $K_j, V_j$ have two buffers, so each key block costs both schemes one barrier (the tile has landed);
+    * split-K's exchange is the cheapest there is: each warp keeps its own row maximum $m_w$, writes
+      $O_w, m_w, \\ell_w$, and after **one barrier** warp $v$ merges rows $v$ of every partial with
+      chapter 1's $(m, \\ell)$ rule.
+    """, "fragment", name="warps-model-md"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    from flashcourse.reference import split_k, split_q, warp_memory
+    from flashcourse.viz import human_bytes
+
+    B_r, B_c, d, W = 128, 64, 128, 4                 # one step of the H100 config's 128 x 64 tile, 4 warps
+    rng = np.random.default_rng(0)
+    Q_i, K_j, V_j = rng.normal(size=(B_r, d)), rng.normal(size=(B_c, d)), rng.normal(size=(B_c, d))
+    exact = attention_float64(*(np.float16(t) for t in (Q_i, K_j, V_j)))
+    print(f"one key block: B_r = {B_r}, B_c = {B_c}, d = {d}, W = {W} warps; shared-memory bytes")
+    print(f"{'':8s} {'Q_i read':>9s} {'K_j, V_j read':>14s} {'partials w / r':>18s} {'per key block':>14s}"
+          f" {'barriers':>9s}  matmul FLOPs a warp")
+    warp_runs = {}
+    for name, scheme in (("split-K", split_k), ("split-Q", split_q)):
+        mem, sync, flops = warp_memory(), {}, {}
+        O_i = scheme(Q_i, K_j, V_j, warps=W, B_c=B_c, memory=mem, barriers=sync, flops=flops)
+        warp_runs[name] = mem
+        t = mem.totals()
+        kv = t[("K_j", "read")] + t[("V_j", "read")]
+        w = sum(n for (x, io), n in t.items() if io == "write")
+        r = sum(n for (x, io), n in t.items() if io == "read" and x not in ("Q_i", "K_j", "V_j"))
+        print(f"{name:8s} {human_bytes(t[('Q_i', 'read')]):>9s} {human_bytes(kv):>14s}"
+              f" {human_bytes(w) + ' / ' + human_bytes(r):>18s} {human_bytes(kv + w + r):>14s}"
+              f" {sync['tile'] + sync['exchange']:>9d}  {sorted(set(flops.values()))}")
+        print(f"{'':8s} O = float64's: {np.allclose(O_i, exact, rtol=1e-5, atol=1e-6)};"
+              f" counts = formulas.warp_split_*: {t == formulas.warp_split_traffic(B_r, B_c, d, B_c, W, name)}"
+              f" and {sync == formulas.warp_split_barriers(B_c, B_c, name)}")
+    """, "subslide", name="warps-count"),
+    md("""
+    * **The exchange is split-K's cost.** Each warp's partial $O_w$ is $B_r \\times d$ in fp32 (64 KiB),
+      and all four are written and read back: 260 KiB each way per key block, beside 32 KiB of
+      $K_j, V_j$.
+    * **Split-Q pays too, less.** Every warp reads all of $K_j$ and $V_j$: 4× split-K's 32 KiB.
+    * **One barrier less per key block.** Both wait for the tile; only split-K waits for the partials.
+    * **The same matmul work**: $4 B_r B_c d / W$ FLOPs per warp in both (split-K adds its merge).
+
+    Which is cheaper depends on the shape. The same count, from the closed forms, for FA2's tiles and
+    for FA1's own 16-row step:
+    """, "fragment", name="warps-count-notes"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    print(f"{'per key block, W = 4 warps':37s} {'split-K':>8s} {'split-Q':>8s}  split-K/split-Q  rows a warp (split-Q)")
+    for what, B_r, B_c, d in (("FA2, the H100 tile 128 x 64, d = 128", 128, 64, 128),
+                              ("FA2, the H100 tile 128 x 64, d = 64", 128, 64, 64),
+                              ("FA1's CUDA step 16 x 256, d = 64", 16, 256, 64)):
+        k, q = (sum(n for (t, _), n in formulas.warp_split_traffic(B_r, B_c, d, B_c, 4, s).items() if t != "Q_i")
+                for s in formulas.WARP_SCHEMES)
+        print(f"{what:37s} {human_bytes(k):>8s} {human_bytes(q):>8s}  {k / q:15.2f}  {B_r // 4:10d}")
+    """, "fragment", name="warps-shapes"),
+    md("""
+    With FA2's 128-row tiles split-K moves about 4.3× split-Q's bytes. With FA1's 16-row step the
+    model says the opposite: its partials are small and its $K_j, V_j$ large. But split-Q would give
+    each of its 4 warps 4 rows, a quarter of the 16 rows that Ampere's `mma.sync` multiplies at once
+    (m16n8k16, the instruction of FA1's and PyTorch's FA2 kernels). FA2 takes blocks of 64 or 128
+    rows ("typically we choose blocks of size {64, 128} × {64, 128}", §3.3), which leave every warp
+    16 or more rows. The model counts bytes and barriers, not time; the paper
+    measures only its changes together (about 2× over FA1, §4.1), none of them alone.
+    """, "fragment", name="warps-shapes-notes"),
+    md("""
+    ## Watch the warps
+
+    The same runs on the tile stepper, one lane per warp: 32 rows, $d$ = 16, key blocks of 32, 4
+    warps. Split-K: every warp reads all of $Q_i$ and its quarter of $K_j, V_j$, writes its partials
+    (a quarter of the columns of $O_w$, one column of $m_w$, $\\ell_w$); then a barrier, where nothing
+    moves; then each warp reads its rows of all four partials back. Split-Q: each warp reads its
+    rows of $Q_i$ once and all of $K_j, V_j$, and that is all — no partials, no barrier of its own.
+    """, "slide", name="warps-stepper-md"),
+    code("""
+    # NBVAL_IGNORE_OUTPUT
+    import numpy as np
+    from flashcourse.reference import split_k, warp_memory
+    from flashcourse.viz import show_stepper
+    q, k, v = np.random.default_rng(1).normal(size=(3, 64, 16))
+    mem = warp_memory()
+    split_k(q[:32], k, v, warps=4, B_c=32, memory=mem)     # 32 rows, 64 keys in 2 blocks, 4 warps
+    show_stepper(mem, steps=[0, 1, 2])                     # compute, barrier, combine of the first key block
+    """, "subslide", name="warps-stepper-k"),
+    code("""
+    # NBVAL_IGNORE_OUTPUT
+    import numpy as np
+    from flashcourse.reference import split_q, warp_memory
+    from flashcourse.viz import show_stepper
+    q, k, v = np.random.default_rng(1).normal(size=(3, 64, 16))
+    mem = warp_memory()
+    split_q(q[:32], k, v, warps=4, B_c=32, memory=mem)
+    show_stepper(mem, steps=[0, 1])                        # both key blocks: reads, and nothing else
+    """, "fragment", name="warps-stepper-q"),
+
+    md("""
+    ## The kernel
+
+    `flashcourse.kernels.fa2_forward`, the paper's three changes in Triton:
+
+    1. the loop only rescales the accumulator by $\\alpha = 2^{m_{old} - m_{new}}$ and divides by
+       $\\ell_i$ after it; $e^x$ is $2^{x \\log_2 e}$ with the softmax scale folded in;
+    2. a grid over (query block, head, batch): $\\lceil N/B_r \\rceil \\cdot H \\cdot B$ programs (with
+       grouped-query attention, at the end of the chapter, a block may pack several heads: `GROUP`, `SPLITS`);
+    3. split-Q: on an H100 a program has $B_r = 128$ rows and 8 warps, and the compiler gives each
+       group of 4 warps 64 whole rows of $Q_i$ (`tests/test_kernels_attention.py` checks the layout).
+
+    The K/V loop is split into unmasked blocks and the masked diagonal (two calls of `fa2_inner`);
+    ragged $N$ is masked. Here is the program around the loop; the loop's body and the final store are
+    left out: they are what you write in the exercise (`viz.kernel_source` prints the course's kernels
+    with an exercise's part left out).
+    """, "slide", name="kernel-md"),
+    code("""
+    from flashcourse.kernels import aot
+    print(viz.kernel_source(aot.kernel_of("fa2_fwd"), start="(B_r,) query rows of Q_i"))
+    """, "subslide", name="kernel-src"),
+    md("""
+    Is it right? fp16 attention cannot match float64 exactly; the fair bar is PyTorch's own fp16
+    attention. The course's rule (`flashcourse.checks.cases.error_rule`, which the tests use too): the
+    kernel's error against float64 is at most twice PyTorch's, plus $10^{-3}$.
+    """, "subslide", name="kernel-check-md"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    import torch
+    from flashcourse import backend
+    from flashcourse.checks.cases import error_rule
+    from flashcourse.kernels import fa2_forward
+
+    torch.manual_seed(0)
+    for (N_q, N_k, causal) in [(113, 113, False), (113, 113, True), (64, 200, True)]:
+        q = torch.randn(1, 2, N_q, 64, device=backend.DEVICE, dtype=torch.float16)
+        k, v = (torch.randn(1, 2, N_k, 64, device=backend.DEVICE, dtype=torch.float16) for _ in range(2))
+        ref = torch.from_numpy(attention_float64(*(t.cpu().double().numpy() for t in (q, k, v)), causal=causal))
+        s = (q.float() @ k.float().transpose(-1, -2)) / 8
+        if causal:
+            s = s.masked_fill(~torch.from_numpy(np.tril(np.ones((N_q, N_k), bool), N_k - N_q)).to(s.device), float("-inf"))
+        torch_got = (torch.softmax(s, -1).half().float() @ v.float()).half()
+        rule = error_rule(fa2_forward(q, k, v, causal=causal), ref, torch_got)
+        print(f"N_q={N_q:3d} N_k={N_k:3d} causal={causal!s:5}: within the rule: {rule.ok}")
+    """, "fragment", name="kernel-check"),
+
+    md("""
+    ## What runs on an H100
+
+    Triton compiles the same source for each GPU. Compiled for an H100 (sm_90) — on a CPU, as
+    `flashcourse.kernels.aot` does — the launch `fa2_config` picks there has, in its PTX
+    (`tests/test_kernels_attention.py::test_fa2_on_an_h100_uses_wgmma_but_not_tma`; Triton 3.6.0,
+    the version of the H100 measurements, and 3.9.0 agree):
+
+    * **Hopper's tensor-core instruction.** `wgmma.mma_async` (warpgroup MMA: 4 warps, 64 rows at
+      a time), 16 of them at $d = 64$ and 24 at $d = 128$: per K/V block, $d/16$ for
+      $Q_i K_j^\\top$ and $B_c/16$ for $\\tilde P_{ij} V_j$, in the unmasked and the masked loop. No
+      `mma.sync`, the A100's instruction.
+    * **Ampere's way of feeding it.** No TMA (`cp.async.bulk.tensor`, Hopper's copy engine): $K_j$
+      and $V_j$ come through `cp.async`, in three stages (`num_stages = 3`). No warp specialisation
+      (`setmaxnreg`): every warp loads, multiplies and does the softmax.
+    * **No overlap inside a warpgroup.** Each `wgmma` is waited for as soon as it is issued
+      (`wgmma.wait_group 0`): the softmax never runs while its own matmul is in flight.
+    """, "slide", name="ptx-md"),
+
+    md("""
+    ## Who splits the tile between warps? Triton
+
+    Our kernel never names a warp. `num_warps` is a launch option: "the number of warps to use for
+    the kernel when compiled for GPUs. For example, if num_warps=8, then each kernel instance will be
+    automatically parallelized to cooperatively execute using 8 * 32 = 256 threads" (Triton's docs,
+    `triton.Config`). The compiler decides how each tile is laid out over those warps. Compiled for
+    sm_90 on a CPU (Triton 3.9.0, $d$ = 128, 3 stages; `tests/test_attention_warps.py` checks this
+    table), the layout of each dot — warps along the rows of $Q_i$ × along the columns — and its
+    instruction:
+
+    | warps | 64 × 64 tile: $S = Q_i K_j^\\top$, $O \\mathrel{+}= \\tilde P V_j$ | 128 × 64 tile: $S$, $O$ |
+    | --- | --- | --- |
+    | 1 | `mma.sync`: 1 × 1, 1 × 1 | `mma.sync`: 1 × 1, 1 × 1 |
+    | 2 | `mma.sync`: **1 × 2, 1 × 2** | `mma.sync`: 2 × 1, 2 × 1 |
+    | 4 | `wgmma`: 4 × 1, 4 × 1 | `wgmma`: 4 × 1, 4 × 1 |
+    | 8 | `wgmma`: 8 × 1, 4 × 2 | `wgmma`: 8 × 1, 8 × 1 (the shipped config) |
+    | 16 | `wgmma`: 16 × 1, 4 × 4 | `wgmma`: 16 × 1, 8 × 2 |
+
+    * From 4 warps on, Triton uses Hopper's `wgmma`, which a *warpgroup* of 4 warps (128 threads)
+      issues together (NVIDIA, CUTLASS's "Warpgroup MMA Programming Guide"); with 1 or 2 warps there is
+      no warpgroup, and the PTX has Ampere's `mma.sync`, one warp an instruction.
+    * From 4 warps on, $S$ has every warp along the rows of $Q_i$: each warp owns whole rows, split-Q,
+      as §3.3 asks, chosen by the compiler. Where a 64-row tile gets 8 or 16 warps, or a 128-row tile
+      16, the second dot puts warps side by side along the $d$ columns of $O$: each computes some
+      columns of $O$ over all the keys, a split of the output, with no partial sums to add.
+    * At 64 × 64 with 2 warps the warps sit side by side along the keys: each holds half of every row
+      of $S$, split-K's situation, and the row maxima and sums cross warps. It is the only config whose
+      PTX reads shared memory with `ld.shared` (24 of them), and it has the most `bar.sync` in its PTX
+      (31, against 6–21 for the others).
+    """, "slide", name="warps-triton-md"),
+    md("""
+    ## How many warps? (H100)
+
+    What the course measured before: `fa2_config` picks 128 × 64 tiles and 8 warps on sm_90, the best
+    or within 6% of the best of 7 configs on an H100 at $d$ = 64 and 128, $N$ = 1k, 4k and 16k, causal
+    or not; 4 warps at $d$ = 128 lose half (its docstring; `lab/gpu_attention.py --sweep`). The sweep
+    below times every warp count from 1 to 16 for both tiles, at the benchmark's shapes (fp16, 16k
+    tokens, hidden 2048), and records what Triton compiled for each: `lab/gpu_attention_warps.py`,
+    `bench.shipped("attention_warps")`.
+    """, "slide", name="warps-sweep-md"),
+    code("""
+    # NBVAL_IGNORE_OUTPUT
+    import torch
+    from flashcourse import bench
+    from flashcourse.kernels import fa2_config
+    try:
+        h100_warps = bench.shipped("attention_warps")
+    except FileNotFoundError:
+        h100_warps = None
+        print("not measured yet: run lab/gpu_attention_warps.py on an H100")
+    if h100_warps is not None:
+        chosen = fa2_config(128, torch.float16, (9, 0))
+        fig = viz.warps_plot(h100_warps, marked=(f"fa2 {chosen.constexprs['BLOCK_M']}x{chosen.constexprs['BLOCK_N']}",
+                                                 chosen.num_warps))
+        display(fig)
+    """, "subslide", name="warps-sweep"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    if h100_warps is None:
+        print("not measured yet")
+    else:
+        print("  d      N causal | best config         TFLOP/s | 128x64, 8 warps | 4 warps (best tile) | 2 warps")
+        for key in sorted({(r.params["d"], r.params["N"], r.params["causal"]) for r in h100_warps.records}):
+            recs = [r for r in h100_warps.select(d=key[0], N=key[1], causal=key[2]) if r.ok]
+            best = max(recs, key=lambda r: r.TFLOPs)
+            at = lambda impl, w: max((r.TFLOPs for r in recs if (impl is None or r.impl == impl)  # noqa: E731
+                                      and r.params["num_warps"] == w), default=float("nan"))
+            print(f"{key[0]:3d} {key[1]:6d} {key[2]!s:6} | {best.impl} w{best.params['num_warps']:<2d}"
+                  f" {best.TFLOPs:13.0f} | {at('fa2 128x64', 8) / best.TFLOPs:15.0%} |"
+                  f" {at(None, 4) / best.TFLOPs:19.0%} | {at(None, 2) / best.TFLOPs:7.0%}")
+    """, "fragment", name="warps-sweep-table"),
+    md("""
+    What the sweep can and cannot say. Triton lays out the warps, so the sweep does not pit split-K
+    against split-Q: from 4 warps on every config is split-Q in $S$ (table above). It measures what
+    the warp count changes on an H100: whether `wgmma` is used at all (4 warps or more), how many
+    warpgroups share the tile, and how many registers each thread needs — the fp32 accumulator $O_i$ of
+    a 128-row tile at $d$ = 128 is 64 KiB, 512 / W registers a thread over W warps (the file records the
+    registers and spills the driver reports). The only split-K layout in it is the 64 × 64 tile with 2
+    warps at $d$ = 128.
+
+    What it measured (H100, torch 2.11, Triton 3.6; the shipped file): 128 × 64 tiles with 8 warps,
+    `fa2_config`'s choice, are the fastest at 10 of the 12 shapes, 383–485 TFLOP/s; at $N$ = 1k
+    causal, 64 × 64 tiles with 4 warps are 2% ($d$ = 64) and 6% ($d$ = 128) faster. At $d$ = 128,
+    $N$ = 16k: 476 TFLOP/s with 8 warps, 230 with 4 on the same tile (255 registers a thread, the
+    most there are; 64 × 64 tiles with 4 warps reach 428) and 281 with 16. With 1 or 2 warps there is no warpgroup, so no `wgmma` (the file records the
+    `mma.sync` of Ampere instead), and the 128-row tile falls to 4–5 TFLOP/s; the 64 × 64 tile with
+    2 warps, the one split-K layout, reaches 171.
+    """, "fragment", name="warps-sweep-notes"),
+
+    md("""
+    ## How fast? (H100, measured)
+
+    fp16 forward, $B \\cdot N$ = 16k tokens, hidden 2048 ($H = 2048/d$). Beside it: PyTorch's SDPA with
+    its FlashAttention-2 backend (`flash`), cuDNN's fused attention, the memory-efficient backend,
+    naive PyTorch, and the FA1-order kernel of chapter 2.
+    """, "slide", name="bench-md"),
+    code("""
+    # NBVAL_IGNORE_OUTPUT
+    from flashcourse import bench
+    h100 = bench.shipped("attention")
+    mine = bench.run("attention", quick=True, progress=False) if backend.DEVICE == "cuda" else None
+    fig, axes = viz.new_figure(2, 2, figsize=(10, 6.4), sharex=True)
+    for row, d in enumerate((64, 128)):
+        for col, causal in enumerate((False, True)):
+            viz.bench_plot(h100, mine, x="N", metric="TFLOPs", where={"d": d, "causal": causal},
+                           ax=axes[row, col], title=f"d = {d}, {'causal' if causal else 'not causal'}")
+    viz.figure_legend(fig)
+    fig
+    """, "subslide", name="bench"),
+    md("""
+    The claims of this chapter, read off the shipped H100 measurement: FA2 against SDPA's flash
+    backend and cuDNN, against the FA1-order kernel, causal against non-causal (by time: causal does
+    half the FLOPs), and the GPU memory that naive attention needs against FA2's.
+    """, "subslide", name="claims-md"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    from flashcourse.bench.attention import table
+    rows = {(r["d"], r["N"], r["causal"]): r for r in table(h100)}
+    from flashcourse.kernels import fa2_config
+    print("  d      N | FA2/flash FA2/cuDNN  FA2/FA1 | causal faster by (at most) | peak MiB: naive    FA2")
+    for (d, N, causal), r in sorted(rows.items()):
+        if causal:
+            continue
+        c = rows[(d, N, True)]
+        fa2 = r["kernels.fa2_forward"]
+        T_r = N // fa2_config(d, torch.float16, (9, 0)).constexprs["BLOCK_M"]   # B_r = 2 B_c on the H100
+        print(f"{d:3d} {N:6d} | {fa2 / r['sdpa (flash)']:8.2f}x {fa2 / r['sdpa (cudnn)']:8.2f}x "
+              f"{fa2 / r['kernels.fa1_forward']:7.1f}x | {2 * c['kernels.fa2_forward'] / fa2:15.2f}x"
+              f" ({2 * T_r / (T_r + 1):.2f}x) | {r['naive (torch) peak MiB']:14.0f} {r['kernels.fa2_forward peak MiB']:6.0f}")
+    """, "fragment", name="claims"),
+    md("""
+    * **Against PyTorch's FlashAttention-2** (`flash`): ours is faster at every size, 1.09–1.42×
+      without the mask (1.16–1.48× causal). Same algorithm, other instructions. PyTorch's flash
+      backend is FA2's CUTLASS code, written for the A100: from sm_80 on it uses `mma.sync`
+      (m16n8k16) and `cp.async` (`aten/src/ATen/native/transformers/cuda/flash_attn/kernel_traits.h`),
+      so on an H100 it runs Ampere code. Triton gives our `tl.dot` Hopper's `wgmma`.
+    * **Against cuDNN**: cuDNN is ahead (ours reaches 0.64–0.93 of it without the mask, 0.66–0.98
+      causal). Its kernels are closed, so we cannot read their instructions. What is left for a
+      kernel on Hopper is what our PTX lacks and FlashAttention-3 (below) uses: TMA copies, warp
+      specialisation, softmax overlapped with the matmuls.
+    * **Causal** saves time as the block count says: a causal run visits $T_r(T_r+1)$ of the
+      $2T_r^2$ key blocks, so it can be at most $2T_r/(T_r+1)$ times faster — 1.6× at $N$ = 512,
+      1.98× at 16k. Short sequences fall further below that: their masked diagonal blocks are a
+      large share of the work.
+    * **Memory**: naive attention's grows with $N$ (here $B \\cdot N$ is fixed, so it grows like $N$);
+      FA2 needs only its output.
+    """, "fragment", name="claims-notes"),
+
+    md("""
+    ## Where 5–50× over the FA1 loop order comes from
+
+    Not from the FLOP table (a fifth fewer non-matmul FLOPs). From the loop order, twice:
+
+    * **$O$'s round trips.** FA1 reads $Q_i$ and reads and writes $O_i$ (fp32), $\\ell_i$, $m_i$ at
+      every one of its $T_c \\cdot T_r$ steps. While $B \\cdot H$ fills the GPU, that traffic alone
+      would take 76–88% of FA1's measured time at the H100's copy speed (if all of it went to HBM):
+      FA1 is, roughly, bound by memory, at about 60 TFLOP/s. FA2 reads $Q_i$ once and writes $O_i$ once.
+    * **The grid.** FA1 runs $B \\cdot H$ programs, each on one SM. Here $B \\cdot N$ is fixed,
+      so $B \\cdot H$ falls as $N$ grows: from 128 programs on (fewer than the 132 SMs) FA1's FLOP/s
+      falls with them, to 14.7 TFLOP/s with 32 programs and 9.4 with 16. FA2 runs
+      $\\lceil N/B_r \\rceil \\cdot B \\cdot H$ = 4096 ($d$ = 64) or 2048 ($d$ = 128) programs at every $N$.
+
+    (Our FA1 kernel is chapter 2's literal Algorithm 1, kept for comparison: 64×64 tiles, loads not
+    pipelined. A tuned FA1 would close part of the first gap, not the second.)
+    """, "slide", name="fa1-gap-md"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    from flashcourse.kernels import fa1_config
+    copy = bench.shipped("roofline").ceilings()["TBps"] * 1e12        # B/s, copying 2 GiB on the same H100
+    print("  d      N | programs: FA1   FA2 | FA1 TFLOP/s | FA2/FA1 | FA1's round trips at copy speed / FA1's time")
+    for (d, N, causal) in sorted(rows):
+        if causal:
+            continue
+        B, H = 16384 // N, 2048 // d
+        B_c = fa1_config(d, torch.float16, (9, 0)).constexprs["BLOCK_N"]
+        B_r = fa2_config(d, torch.float16, (9, 0)).constexprs["BLOCK_M"]
+        # per step and query row: Q_i read (fp16), O_i read and written (fp32), l_i and m_i read and written (fp32)
+        trips = B * H * (N // B_c) * N * (2 * d + 2 * 4 * d + 2 * 2 * 4)
+        fa1 = h100.get("kernels.fa1_forward", d=d, N=N, causal=False)
+        fa2 = h100.get("kernels.fa2_forward", d=d, N=N, causal=False)
+        print(f"{d:3d} {N:6d} | {B * H:13d} {B * H * -(-N // B_r):5d} | {fa1.TFLOPs:11.1f} | {fa2.TFLOPs / fa1.TFLOPs:6.1f}x |"
+              f" {trips / copy / (fa1.ms * 1e-3):6.0%}")
+    """, "subslide", name="fa1-gap"),
+
+    md("""
+    ## Paper says / we measure
+
+    **The FA2 paper** (A100 80GB SXM4, fp16/bf16; its benchmark: 16k tokens, hidden 2048, $d$ = 64
+    or 128, $N$ = 512–16k — the shapes of ours):
+
+    * FA1 reaches 25–40% of the A100's theoretical peak; FA2 50–73% (abstract), in the forward pass
+      up to 73% (§1): 230 of 312 TFLOP/s (§4.1).
+    * FA2 is about 2× FA1 (abstract), 1.7–3.0× across its benchmarks (§4.1).
+    * Causal, with block skipping: 1.7–1.8× faster than without the mask (§3.1.1).
+    * On an H100, the same code with "no special instructions" (TMA, 4th-generation tensor cores):
+      up to 335 TFLOP/s; new instructions should give another 1.5–2× (§4.1).
+
+    **We measure** (H100 80GB HBM3, fp16, forward; `bench/results/h100/attention.json`, next cell):
+
+    * our FA2: 309–471 TFLOP/s (causal 204–464): 31–48% of the H100's 989 TFLOP/s (data sheet,
+      dense fp16), 47–71% of the 664 that cuBLAS reaches on this H100;
+    * FA2 over our FA1 loop order: 5.3–50× (causal 3.9–52×);
+    * causal faster than not by 1.28–1.97×, at least 1.77× from $N$ = 4k;
+    * PyTorch's flash backend, the paper's own code: 256–336 TFLOP/s (not causal).
+
+    **Why the numbers differ on the H100.**
+
+    * *The peak moved more than the recipe.* The H100's tensor cores are 3.2× the A100's (989
+      vs 312), its copy speed here 3.02 TB/s. To use them a kernel needs Hopper's asynchronous
+      `wgmma` and TMA (FA2 paper §4.1; FA3 paper: FA2 reaches 35% of the H100). PyTorch's FA2 stays
+      on `mma.sync`: 336 TFLOP/s, the paper's 335. Ours gets `wgmma` from Triton and reaches 48%,
+      but waits on each matmul at once and loads with `cp.async`.
+    * *Our FA1 is not the paper's FA1.* The paper timed FA1's tuned CUDA kernel; ours is Algorithm 1
+      as written, with $O$ in fp32 through HBM and no load pipeline, and at long $N$ it runs only
+      $B \\cdot H$ programs — 16 or 32 here, for 132 SMs: our gap grows to 50×.
+    * *Causal at short $N$.* Few blocks per row: the block count caps the gain at 1.6× for
+      $N$ = 512, and the diagonal blocks, which need the mask, are a large share. From 4k on we
+      reach the paper's 1.7–1.8× and pass it.
+    """, "slide", name="paper-vs-measured-md"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    peak = 989e12                                                        # H100 SXM data sheet, dense fp16
+    gemm = bench.shipped("roofline").ceilings()["float16 TFLOPs"] * 1e12   # cuBLAS, measured on this H100
+    def span(values, fmt="{:.0f}"):
+        return f"{fmt.format(min(values))}–{fmt.format(max(values))}"
+    for causal in (False, True):
+        rs = [r for (d, N, c), r in rows.items() if c == causal]
+        fa2 = [r["kernels.fa2_forward"] for r in rs]
+        print(f"{'causal' if causal else 'not causal':10s}: FA2 {span(fa2)} TFLOP/s"
+              f" ({span([t * 1e12 / peak for t in fa2], '{:.0%}')} of 989, {span([t * 1e12 / gemm for t in fa2], '{:.0%}')}"
+              f" of cuBLAS' {gemm / 1e12:.0f}); flash {span([r['sdpa (flash)'] for r in rs])};"
+              f" cuDNN {span([r['sdpa (cudnn)'] for r in rs])}")
+        print(f"{'':10s}  FA2/FA1 {span([r['kernels.fa2_forward'] / r['kernels.fa1_forward'] for r in rs], '{:.1f}')}x,"
+              f" FA2/flash {span([r['kernels.fa2_forward'] / r['sdpa (flash)'] for r in rs], '{:.2f}')}x,"
+              f" FA2/cuDNN {span([r['kernels.fa2_forward'] / r['sdpa (cudnn)'] for r in rs], '{:.2f}')}x")
+    speedup = {(d, N): 2 * rows[d, N, True]["kernels.fa2_forward"] / rows[d, N, False]["kernels.fa2_forward"]
+               for (d, N, c) in rows if c}
+    print(f"causal faster by {span(speedup.values(), '{:.2f}')}x;"
+          f" from N = 4096: {span([x for (d, N), x in speedup.items() if N >= 4096], '{:.2f}')}x")
+    """, "subslide", name="paper-vs-measured"),
+
+    md("""
+    ## The model meets the hardware
+
+    The counted memory charges HBM for every load that is not in SRAM. A real GPU has one more
+    level the program does not control: the L2 cache, 50 MB on the H100, between the SMs and HBM.
+    Nsight Compute counts the bytes that really cross the DRAM interface
+    (`ncu --metrics dram__bytes_read.sum,dram__bytes_write.sum`), each kernel starting with an
+    emptied L2. Below: the counted bytes of each course kernel beside what `ncu` measured on the
+    H100 (`flashcourse.bench.ncu`; shipped as `flashcourse.bench.measured("ncu_dram")`; torch
+    2.11, Triton 3.6, ncu 2025.3). With `ncu` on your GPU, the cell measures two of them again.
+    """, "slide", name="dram-md"),
+    code("""
+    # NBVAL_IGNORE_OUTPUT
+    import shutil
+    from flashcourse.bench import measured, ncu
+    ncu_path = shutil.which("ncu") or shutil.which("/usr/local/cuda/bin/ncu")
+    dram = measured("ncu_dram")
+    if backend.DEVICE == "cuda" and ncu_path:
+        live = ncu.run_all(ncu=ncu_path, cases=["softmax_fused", "fa2"])
+        for name, case in live["cases"].items():
+            print(name, case.get("summary") or case.get("log", "")[-300:])
+    viz.dram_plot(dram)
+    """, "subslide", name="dram"),
+    md("""
+    **Where nothing is re-read, the count is what DRAM sees.** The one-pass softmax read 67.12 MB
+    (counted: 67.11), standard attention's three PyTorch kernels 1099.6 MB (1098.9),
+    `flash_decode` 537.24 MB (537.27: every cached key once), `flat_gemm` 90.3 MB (95.8: the count
+    also charges $x$ once per column tile, which L2 serves).
+
+    **Re-reads are served by L2 when what is re-read fits.** FA2 reads $K_j$, $V_j$ once per query
+    block: counted 545 MB, DRAM 25.2 MB, which is $Q$, $K$ and $V$ once; $K$ and $V$ of all 16 heads
+    are 16 MiB and stay in L2. With 4 heads of 16k keys ($Q$, $K$, $V$: 48 MiB) DRAM read 53.0 MB:
+    the programs running at the same time share one head's $K$ and $V$. FA1's re-read $O_i$: counted
+    1661 MB, DRAM 47.8 MB. Softmax's second and third passes re-read a block just read (counted 134
+    and 201 MB; DRAM 75 and 70 MB). So on this GPU, FA2 counted with $M$ = the L2 ($T_r$ = 1: every
+    tensor once) predicts DRAM; the $\\Theta(N^2 d^2 / M)$ re-reads come back when the $K$ and $V$
+    in use outgrow the L2.
+
+    **Writes still in L2 when the kernel ends are not seen.** The one-pass softmax wrote 46.35 of
+    its 67.1 MB output to DRAM during the kernel; the rest stayed in L2, to be written back while the
+    next kernel runs. With a 16 MiB input, 1.35 of 16.8 MB.
+
+    **Not explained.** Kernels that write little (`flash_decode`: 0.33 MB counted, `flat_gemm`:
+    0.18 MB) show 2.3–2.4 MB of DRAM writes. An empty kernel measured the same way writes nothing
+    (and reads 2.3 KB), so it is not `ncu`'s floor; we have not found where they come from.
+    """, "fragment", name="dram-notes"),
+
+    md("""
+    ## Grouped-query attention: K and V shared by groups of heads
+
+    In multi-head attention (MHA) each of the $H$ query heads has its own head of $K$ and $V$.
+    Grouped-query attention (GQA) keeps $H$ query heads but only $H_{kv}$ heads of $K$ and $V$: a group of
+    $g = H / H_{kv}$ query heads shares one, and query head $h$ reads K/V head $\\lfloor h / g \\rfloor$.
+    Multi-query attention (MQA) is $H_{kv} = 1$; MHA is $g = 1$. $K$ and $V$ shrink $g$-fold, and with them
+    the KV cache that decoding reads (chapter 4). Open models that use it, each by its own publication:
+
+    * Llama 2 70B (Llama 2 paper, §A.2.1: GQA with 8 K/V projections, chosen over MQA for the 34B and
+      70B; its model card: not the 7B and 13B);
+    * Llama 3 8B and 70B (model card: GQA in all its models): 32 query and 8 K/V heads in the 8B, 64 and
+      8 in the 70B (the parameters in Meta's `llama-models` repository, `models/sku_list.py`);
+    * Mistral 7B (its paper's abstract).
+
+    Seed 001 (§21.6.2) lists MQA and GQA support among FlashAttention-2's improvements. In the
+    `flash-attn` library it is a matter of shapes: $K$ and $V$ may have fewer heads than $Q$, a divisor of
+    its count (`flash_attn_func`'s docstring); the forward kernel maps heads by index, the program of
+    query head $h$ loading K/V head $\\lfloor h / g \\rfloor$ (`csrc/flash_attn/src/flash_fwd_kernel.h`).
+    Nothing is copied, but each K/V head is loaded by the $g$ programs of its group.
+    """, "slide", name="gqa-md"),
+    md("""
+    ## Pack the group into one tile
+
+    The $g$ query heads of a group read the same $K_j, V_j$. `reference.fa2_gqa_attention` (the counted
+    reference; $Q$ is (B, H, N_q, d), $K$ and $V$ are (B, H_kv, N_k, d), SDPA's layout) stacks the
+    group's query blocks $Q_i$ into one tile of $g B_r$ rows, so that every $K_j, V_j$ it loads serves
+    the whole group. The rows are independent, so the inner step is FA2's, unchanged, and their order is
+    free: the reference stacks head after head; the course's kernel (`kernels.fa2_forward`) and
+    FlashAttention-3's `PackGQA` (`hopper/pack_gqa.h`) interleave them, packed row $p$ being position
+    $\\lfloor p / g \\rfloor$ of head $h_{kv} g + (p \\bmod g)$ — and $g B_r$ consecutive packed rows are
+    the same rows.
+
+    HBM accesses per batch element, in elements (`formulas.fa2_traffic(..., kv_heads=)`), with
+    $T_r = \\lceil N_q / B_r \\rceil$ (causal: only the key blocks visited, as before):
+
+    $$\\underbrace{H N_q d}_{Q\\ \\text{read}} \\;+\\; \\underbrace{H N_q d + H N_q}_{O,\\ L\\ \\text{written}}
+    \\;+\\; \\underbrace{2\\, H_{kv}\\, T_r N_k d}_{K,\\ V\\ \\text{read}}$$
+
+    MHA's count has $H$ in the last term: GQA divides the $K, V$ term by $g$ and leaves the rest. With
+    $N_q = N_k$, $K$ and $V$ come to about $T_r / g$ times $Q$ and $O$: they dominate while $g < T_r$.
+    """, "subslide", name="gqa-pack-md"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    from flashcourse.memory import Memory
+    from flashcourse.reference import fa2_gqa_attention
+    from flashcourse.viz import human_bytes
+
+    B, H, N, d, B_r, B_c = 1, 8, 256, 64, 32, 32
+    rng = np.random.default_rng(0)
+    q = rng.normal(size=(B, H, N, d))                                    # (B, H, N_q, d)
+    gqa_runs = {}
+    print(f"H = {H} query heads, N_q = N_k = {N}, d = {d}, B_r = B_c = {B_r}, 2-byte elements")
+    print(f"{'':4s} {'H_kv':>4s} {'g':>2s} {'Q read':>8s} {'O, L written':>13s} {'K, V read':>10s}"
+          f" {'K read':>7s}  = formula  exact")
+    for name, H_kv in (("MHA", 8), ("GQA", 4), ("GQA", 2), ("MQA", 1)):
+        g = H // H_kv
+        k, v = rng.normal(size=(2, B, H_kv, N, d))                       # (B, H_kv, N_k, d)
+        mem = gqa_runs[f"{name}\\nH_kv = {H_kv}"] = Memory(dtype_bytes=2)
+        o = fa2_gqa_attention(q, k, v, block_sizes=(B_r, B_c), memory=mem)
+        t = mem.totals()                                                 # bytes, by (tensor, direction)
+        formula = formulas.fa2_traffic(N, d, B_r, B_c, heads=B * H, kv_heads=B * H_kv)   # elements
+        formula = {key: 2 * n for key, n in formula.items()}
+        assert t == formula
+        exact = np.abs(o - attention_float64(q, np.repeat(k, g, axis=1), np.repeat(v, g, axis=1))).max() < 1e-12
+        print(f"{name:4s} {H_kv:4d} {g:2d} {human_bytes(t['Q', 'read']):>8s}"
+              f" {human_bytes(t['O', 'write'] + t['L', 'write']):>13s} {human_bytes(t['K', 'read'] + t['V', 'read']):>10s}"
+              f" {mem.passes('K')['read']:6.0f}x  {t == formula!s:>8s}  {exact}")
+    """, "subslide", name="gqa-count"),
+    code("""
+    from flashcourse.viz.traffic import traffic_by_group
+    traffic_by_group(gqa_runs, title=f"FA2, H = {H} query heads, N = {N}, d = {d}, B_r = B_c = {B_r}, fp16")
+    """, "fragment", name="gqa-plot"),
+    md("""
+    Every $K_j$ is still read $T_r$ = 8 times, once per row block, but there are $g$ times fewer of them;
+    $Q$, $O$ and $L$ do not move. With MQA ($g = T_r = 8$) $K$ and $V$ cost what $Q$ and $O$ cost. And the
+    answer is exact: each group's output is float64 attention on $K$ and $V$ repeated to $H$ heads.
+    """, "fragment", name="gqa-count-notes"),
+    md("""
+    ## Is packing just a taller tile?
+
+    Yes. The packed tile has $g B_r$ rows, and FA2 re-reads $K$ and $V$ once per tile of query rows. A
+    kernel that runs one query head per program, as FA2's does, with tiles of $g B_r$ rows of one head,
+    re-reads them as often: on the counted memory, same rows in SRAM, same count. Packing pays where one
+    head cannot fill the tile: a few query rows against many keys — decoding (chapter 4), a prompt fed in
+    chunks, a short last block. Head by head, each K/V head is then read once per query head, $g$ times;
+    packed, once. FlashAttention-3 packs only then: its heuristic (`hopper/heuristics.h`,
+    `should_pack_gqa`) compares the share of tile rows in use with and without packing, and its comment
+    says "PackGQA is a bit slower but can help if seqlen_q is small or not near a multiple of kBlockM".
+    On a GPU, the programs of one group that run at the same time also share $K_j, V_j$ through L2, as
+    the programs of one head did in the DRAM measurement above.
+    """, "slide", name="gqa-tile-md"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    H, H_kv, N_k = 8, 2, 256
+    g = H // H_kv
+    print(f"H = {H}, H_kv = {H_kv} (g = {g}), N_k = {N_k}, d = {d}, B_c = {B_c}: K and V read")
+    for N_q in (256, 16):
+        q = rng.normal(size=(1, H, N_q, d))
+        k, v = rng.normal(size=(2, 1, H_kv, N_k, d))
+        k_h, v_h = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)     # head by head: head h reads K/V head h // g
+        print(f"  N_q = {N_q}:")
+        for what, attention, kv, rows, tile, used in (               # rows: B_r; tile: rows a tile holds
+                (f"packed, {g} heads a tile", fa2_gqa_attention, (k, v), B_r, g * B_r, g * min(B_r, N_q)),
+                (f"head by head, B_r = {g * B_r}", fa2_attention, (k_h, v_h), g * B_r, g * B_r, min(g * B_r, N_q)),
+                (f"head by head, B_r = {B_r}", fa2_attention, (k_h, v_h), B_r, B_r, min(B_r, N_q))):
+            mem = Memory(dtype_bytes=2)
+            attention(q, *kv, block_sizes=(rows, B_c), memory=mem)
+            t = mem.totals("elements")
+            f = formulas.fa2_traffic(N_q, d, rows, B_c, N_k, heads=H, kv_heads=kv[0].shape[1])
+            assert t == f
+            kv_bytes = mem.bytes_read("K") + mem.bytes_read("V")
+            print(f"    {what:24s} {used:3d} of {tile:3d} rows of a tile used: {human_bytes(kv_bytes):>8s}")
+    """, "subslide", name="gqa-tile"),
+    md("""
+    ## The kernels, measured
+
+    `kernels.fa2_forward`, `fa2_backward` and `flash_attention` take $K$ and $V$ with $H_{kv}$ heads and
+    never copy them. Each kernel splits a group into $S$ parts, one a program: $S = 1$ packs the whole
+    group into its tiles, $S = g$ runs a program per query head that reads its K/V head in place
+    (`kernels.gqa_splits`). What an H100 measured (`lab/gpu_attention_gqa.py`; `lab/results/h100/attention_gqa_splits.json`):
+
+    * causal, the forward and $dQ$ pack: a packed tile holds $g$ times fewer positions, so fewer of its
+      key blocks straddle the diagonal; not causal, a program per head is up to 5% faster, unless one
+      head's rows cannot fill a tile (then packing reads each $K_j$ once for the group, as above);
+    * $dK, dV$: always a program per query head, then the $g$ float32 parts summed (FlashAttention-2's
+      library sums per-head gradients too). One program walking the whole group made the backward
+      1.04–1.8× slower, and at MQA left too few programs (256 for 16k keys). Up to 2k keys the programs
+      add their parts atomically into one float32 sum instead of storing them for a second pass
+      (`kernels.gqa_dkdv_sum`): the parts are $g$ times the gradient's size, and at 1k keys the atomic
+      sum made the backward 1.04–1.14× as fast (`lab/results/h100/attention_gqa_dkdv_sum.json`, two rounds); at 4k and 16k,
+      0.89–1.06×, about as far apart as two rounds of the same call (up to 10%), so the parts stay there:
+      their sum, unlike atomic adds in whatever order, is the same from run to run.
+
+    Against the same kernels on $K$ and $V$ repeated to $H$ heads — what a model does without GQA —
+    and against SDPA with `enable_gqa=True` (`flashcourse bench attention_gqa`, shipped):
+    """, "slide", name="gqa-measured-md"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    from flashcourse.bench import shipped
+    from flashcourse.bench.attention_gqa import table as gqa_table
+    gqa = shipped("attention_gqa")
+    print(f"{gqa.provenance['gpu']}, torch {gqa.provenance['torch']}, triton {gqa.provenance['triton']}; "
+          "fp16, d = 128, 32 query heads, 16k tokens; their time / ours")
+    print(f"{'':8s} {'N':>6s} {'causal':>6s}  {'fwd vs repeated':>15s} {'bwd vs repeated':>15s} {'step vs repeated':>16s}"
+          f" {'step vs best SDPA':>17s}")
+    for row in gqa_table(gqa):
+        kind = "MQA" if row["H_kv"] == 1 else f"GQA {row['H']}/{row['H_kv']}"
+        print(f"{kind:8s} {row['N']:6d} {row['causal']!s:>6s}  {row['fwd vs repeated']:15.2f}"
+              f" {row['bwd vs repeated']:15.2f} {row['fwd+bwd vs repeated']:16.2f} {row['fwd+bwd vs best sdpa']:17.2f}")
+    """, "subslide", name="gqa-measured"),
+    md("""
+    Ratios above 1: ours is faster. Reading $K$ and $V$ in place beats repeating them in every training
+    step (1.05–1.18×), the forward most at short $N$, where the copy costs most. At 16k tokens the copy is
+    1–6% of the forward's time, about what our kernel on $K$, $V$ in place loses to the same kernel on
+    repeated ones (up to 5%), so the two forwards are at parity (0.98–1.04×); the backward alone runs at
+    0.99–1.14×. The fastest SDPA backend
+    here is cuDNN's, which takes `enable_gqa` and beats our FlashAttention-2 by as much as it does
+    for MHA; SDPA's FlashAttention-2 backend is 1.2–1.7× slower than ours (the shipped JSON).
+    """, "fragment", name="gqa-measured-notes"),
+
+    md("""
+    ## What FlashAttention-3 adds
+
+    Shah, Bikshandi, Zhang, Thakkar, Ramani, Dao (2024): FA2's algorithm, rebuilt for Hopper's
+    asynchrony — everything our PTX lacks.
+
+    * **`wgmma` and TMA, asynchronous.** The TMA copies whole tiles between HBM and shared memory
+      in hardware, and a `wgmma` runs while the warps that issued it go on working.
+    * **Warp specialisation.** Producer warps only issue TMA loads; consumer warpgroups only
+      multiply and do the softmax; the producers hand their registers to the consumers.
+    * **Softmax overlapped with the matmuls.** "Ping-pong": two warpgroups take turns, one's softmax
+      while the other's GEMMs run; and inside one warpgroup, the softmax of one block while the
+      next block's $QK^\\top$ is in flight. It matters because the H100 has 989 TFLOP/s of fp16
+      matmul but only 3.9 TFLOP/s for exponentials (FA3 paper).
+    * **FP8** with block quantisation and *incoherent processing*: $Q$ and $K$ multiplied by a
+      random orthogonal (Hadamard) matrix, which spreads outliers; 2.6× lower error than plain FP8
+      attention.
+
+    The paper (H100 SXM5): 1.5–2.0× faster than FA2, up to 740 TFLOP/s in fp16 (75% of the peak),
+    close to 1.2 PFLOP/s in FP8. Our best is 471 TFLOP/s; cuDNN here reaches 574.
+    """, "slide", name="fa3"),
+
+
+    md("""
+    ## What we learned
+
+    * FA2's three changes: fewer non-matmul FLOPs, parallelism over the sequence, split-Q between
+      warps. Swapping the loops makes the last two possible.
+    * The swap keeps $O_i$ on chip: $O$ is written once, $\\ell$ and $m$ never go to HBM. The re-reads
+      move to $K$ and $V$; the traffic stays $\\Theta(N^2 d^2/M)$.
+    * Deferring the division leaves one rescale per step and one division at the end: a fifth
+      fewer non-matmul FLOPs, counted.
+    * Causal attention skips the blocks above the diagonal (FA1 can too) and masks only the
+      diagonal ones.
+    * Grouped-query attention ($H_{kv}$ K/V heads for $H$ query heads): a tile packs a group's query
+      blocks, so each $K_j, V_j$ is read once for the group and the $K, V$ traffic falls $g$-fold,
+      counted. Against one query head a program with tiles as tall, packing saves only where one
+      head's query rows cannot fill a tile.
+    * On the H100, 5–50× over the FA1 loop order comes from the grid and $O$'s round trips; the lead
+      over PyTorch's FA2 goes with `wgmma` against its `mma.sync`. FlashAttention-3's asynchrony is what is left.
+
+    **Exercises:** `exercises/03_flashattention2.ipynb` — the deferred rescale in NumPy, the inner
+    loop of the Triton kernel, and its launch config (tiles, warps, stages) from a count of shared
+    memory and registers, set beside 135 configs timed on an H200.
+    """, "slide", name="summary"),
+    md("""
+    Instructor notes: about 75 minutes. Ask the room to predict the speed-up over FA1 from the
+    non-matmul FLOP table (a fifth fewer), then show 5–50×: the program counts and the round trips
+    explain it, not the FLOPs. Before the GQA tile-height slide, ask whether a head-by-head kernel with
+    tiles as tall would read more $K$ and $V$ than the packed one. The PTX slide shows that what most
+    visibly separates our kernel from PyTorch's FA2 is an instruction, not the algorithm.
+    """, "notes", name="notes"),
+]
