@@ -523,7 +523,7 @@ def widget_bundle(ui) -> tuple[dict, dict]:
 
 
 def show_stepper(mem: Memory, *, head=None, steps=None, frames: int = 4, animation: bool = False,
-                 animation_frames: int = 12):
+                 animation_frames: int = 12, strip: bool = True):
     """Show the stepper the best way the notebook can, and always leave static frames behind.
 
     When :func:`live_widgets` (a live kernel with ipywidgets), it displays the widget :func:`stepper`
@@ -532,7 +532,10 @@ def show_stepper(mem: Memory, *, head=None, steps=None, frames: int = 4, animati
     otherwise only the strip. The strip is what GitHub, slides and nbval see of the loop (they cannot
     run the widget, and one frame does not show tiles staying on chip), so it is always in the
     committed output. ``animation=True`` adds :func:`stepper_animation` (it plays on nbviewer and in
-    slides, not on GitHub) of ``animation_frames`` frames. Returns None: everything is displayed.
+    slides, not on GitHub) of ``animation_frames`` frames. ``strip=False`` leaves the strip out when the
+    widget is shown, for a slide that has no room for both and shows key frames on the next one
+    (:func:`stepper_strip`); without a live widget the strip is shown anyway. Returns None: everything
+    is displayed.
 
     Example:
         >>> import numpy as np
@@ -542,12 +545,14 @@ def show_stepper(mem: Memory, *, head=None, steps=None, frames: int = 4, animati
         Figure(...)
     """
     from IPython.display import display
-    if live_widgets():
+    live = live_widgets()
+    if live:
         ui = stepper(mem, head=head)
         if hasattr(ui, "_handle_displayed"):      # ipywidgets 7: what its display hook does besides the bundle
             ui._handle_displayed()
         data, metadata = widget_bundle(ui)
         display(data, raw=True, metadata=metadata)
-    display(stepper_strip(mem, steps=steps, head=head, frames=frames))
+    if strip or not live:
+        display(stepper_strip(mem, steps=steps, head=head, frames=frames))
     if animation:
         display(stepper_animation(mem, head=head, steps=steps, frames=animation_frames))
