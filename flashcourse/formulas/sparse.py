@@ -10,8 +10,10 @@ partial key blocks (what the kernel walks), each key block's lists of query bloc
 walks) and the bit tiles of the partial blocks.
 
 With a fraction s of the T_r T_c blocks non-empty, block-sparse FlashAttention reads K and V
-s T_r N_k d times instead of T_r N_k d: Θ(N d + N² d² s / M) accesses for blocks of B_r = Θ(M / d)
-(Proposition 4 of the FlashAttention paper).
+s T_r N_k d times instead of T_r N_k d: Θ(N d + N² d² s / M) elements for blocks of B_r = Θ(M / d)
+(Proposition 4 of the FlashAttention paper, whose mask is given block by block). A mask function also
+makes partial blocks, each read with its bit tile: a fraction p of partial blocks adds p N² / 8 bytes
+(:func:`block_sparse_closed_form` keeps the two units apart).
 
 Example:
     >>> bm = block_mask(sliding_window(32), N_q=64, N_k=64, block_size=(16, 16))
@@ -33,7 +35,8 @@ import numpy as np
 from .counting import ceil_div, expect_positive, flop_counts
 
 __all__ = ["EMPTY", "PARTIAL", "FULL", "Mask", "mask_from_spec", "causal", "sliding_window", "strided", "local_global", "documents",
-           "BlockMask", "check_mask_sizes", "evaluate_mask", "block_kinds", "block_mask", "block_sparse_traffic", "block_sparse_accesses",
+           "BlockMask", "check_mask_sizes", "evaluate_mask", "block_kinds", "block_mask", "block_sparse_traffic", "block_sparse_closed_form",
+           "block_sparse_accesses",
            "block_sparse_flops", "block_sparse_nonmatmul_flops"]
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
@@ -129,7 +132,8 @@ def causal(offset: int = 0) -> Mask:
 
 
 def sliding_window(window: int, causal: bool = True) -> Mask:
-    """The last ``window`` keys up to the query (``i - window < j <= i``: Mistral, Gemma's local layers), or with
+    """The last ``window`` keys up to the query (``i - window < j <= i``: every layer of Mistral 7B, the local layers
+    Gemma 2 alternates with global ones), or with
     ``causal=False`` the keys less than ``window`` away on either side.
 
     Example:
@@ -429,10 +433,34 @@ def block_sparse_traffic(bm: BlockMask, d: int, heads: int = 1) -> dict[tuple[st
     return {key: heads * n for key, n in per_head.items() if n}
 
 
+def block_sparse_closed_form(N: int, d: int, B_r: int, s: float, partial: float = 0.0,
+                             B_c: int | None = None) -> tuple[float, float]:
+    """The closed form in s, in its two units: ``(elements, tile_bytes)``.
+
+    ``elements = 2 N d + N + 2 s N^2 d / B_r``: Q read and O written once, L written once, K and V read once
+    for every non-empty block; ``tile_bytes = partial N^2 ceil(B_c / 8) / B_c`` (about ``partial N^2 / 8``):
+    one bit per (query, key) pair of every partial block. For N = N_k a multiple of the blocks, s the fraction
+    of non-empty blocks and ``partial`` the fraction of partial ones. With no partial block (a mask given
+    block by block, as in the FlashAttention paper) and B_r = Θ(M / d), the elements are
+    Θ(N d + N^2 d^2 s / M): its Proposition 4. A partial block's tile is B_r B_c / 8 bytes beside the
+    4 B_c d bytes of its K_j, V_j in fp16: B_r / (32 d) as much.
+
+    Example:
+        >>> bm = block_mask(sliding_window(32), 128, 128, (16, 16))
+        >>> t = block_sparse_traffic(bm, d=8)
+        >>> elements, tile_bytes = block_sparse_closed_form(128, 8, 16, bm.density, bm.counts()["partial"] / bm.kinds.size)
+        >>> sum(n for key, n in t.items() if key[0] != "mask") == round(elements), t[("mask", "read")] == round(tile_bytes)
+        (True, True)
+    """
+    expect_positive("block_sparse_closed_form", N=N, d=d, B_r=B_r)
+    B_c = B_r if B_c is None else B_c
+    return 2 * N * d + N + 2 * s * N * N * d / B_r, partial * N * N * ceil_div(B_c, 8) / B_c
+
+
 def block_sparse_accesses(N: int, d: int, B_r: int, s: float, partial: float = 0.0, B_c: int | None = None) -> float:
-    """The closed form in s: ``2 N d + N + 2 s N^2 d / B_r + partial N^2 / 8`` for N = N_k a multiple of the
-    blocks, s the fraction of non-empty blocks and ``partial`` the fraction of partial ones (their bit
-    tiles). With B_r = Θ(M / d): Θ(N d + N^2 d^2 s / M), the FlashAttention paper's Proposition 4.
+    """Everything :func:`block_sparse_closed_form` counts, as ``Memory.totals("elements")`` adds it up: the
+    elements of Q, K, V, O and L plus the bit tiles' bytes, each a uint8 element. For the bound, keep them
+    apart: Proposition 4 is the elements' part with no partial block.
 
     Example:
         >>> bm = block_mask(sliding_window(32), 128, 128, (16, 16))
@@ -441,8 +469,7 @@ def block_sparse_accesses(N: int, d: int, B_r: int, s: float, partial: float = 0
         True
     """
     expect_positive("block_sparse_accesses", N=N, d=d, B_r=B_r)
-    B_c = B_r if B_c is None else B_c
-    return 2 * N * d + N + 2 * s * N * N * d / B_r + partial * N * N * ceil_div(B_c, 8) / B_c
+    return sum(block_sparse_closed_form(N, d, B_r, s, partial, B_c))
 
 
 def block_sparse_flops(bm: BlockMask, d: int, heads: int = 1) -> int:
