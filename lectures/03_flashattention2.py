@@ -1,4 +1,7 @@
-"""Source of notebooks/03_flashattention2.ipynb: FlashAttention-2's swapped loops and deferred rescale."""
+"""Source of notebooks/03_flashattention2.ipynb: FlashAttention-2's swapped loops and deferred rescale.
+
+The tuning runs and experiments behind this chapter's measurements are in lab/attention.md (the lab notes);
+the lecture keeps one table and a few sentences of each and links there."""
 import sys
 from pathlib import Path
 
@@ -7,15 +10,15 @@ from nbtools import code, md  # noqa: E402
 
 CELLS = [
     md("""
-    FlashAttention-1 reaches only 25–40% of the A100's theoretical peak FLOP/s. FlashAttention-2
-    gets about twice that with three changes: (1) fewer non-matmul FLOPs, (2) parallelism over the
-    sequence length, (3) a better split of the work between the warps of a thread block. One move
-    makes (2) and (3) possible: put $Q$ in the outer loop. This chapter counts what each change
-    saves, then measures the kernel on an H100 against FlashAttention-1's loop order and PyTorch's
-    own kernels, and looks at what FlashAttention-3 adds.
+    FlashAttention-1 reaches only 25–40% of the A100's peak FLOP/s; FlashAttention-2 gets about
+    twice that. One move does most of it: put $Q$ in the outer loop. This chapter counts what each of
+    FA2's changes saves, builds the kernel, and measures it on an H100 against FlashAttention-1's
+    loop order and PyTorch's own kernels.
 
     *Sources: Dao, "FlashAttention-2: Faster Attention with Better Parallelism and Work
-    Partitioning" (2023), abstract, Algorithm 1 and §3; Shah et al., "FlashAttention-3" (2024).*
+    Partitioning" (2023), abstract, Algorithm 1 and §3; Shah et al., "FlashAttention-3" (2024). How
+    the kernel was tuned, and what failed:
+    [the chapter's lab notes](https://github.com/flashcourse/flashcourse/blob/main/lab/attention.md).*
     """, "slide", name="title"),
 
     md("""
@@ -24,25 +27,24 @@ CELLS = [
     The FA2 paper's diagnosis, and its three changes (§3.1–3.3):
 
     1. **Non-matmul FLOPs.** FA1 rescales $O_i$ *and divides it by* $\\ell_i$ at every step. An A100
-       does 312 TFLOP/s of fp16 matmul but 19.5 TFLOP/s of fp32 non-matmul work: each non-matmul
-       FLOP costs 16 matmul FLOPs. → Keep $\\tilde O_i$ unnormalised; divide once, at the end.
-    2. **Parallelism.** FA1 runs one thread block per (batch, head): $B \\cdot H$ of them, too few
-       for the A100's 108 SMs when long sequences leave a small batch. → Also parallelise over the
-       sequence: one program per query block, $\\lceil N/B_r \\rceil \\cdot B \\cdot H$ in all.
-    3. **Work between warps.** Inside a block FA1 splits $K_j, V_j$ across the warps ("split-K"):
-       each warp holds a slice of every row of $S_{ij}$, so the warps write partial results to shared
-       memory, synchronise and add them up. → Split $Q_i$ instead ("split-Q"): each warp owns whole
-       rows, and no warp waits for another.
-
-    The loop order makes (2) and (3) possible: with $Q_i$ outside, $O_i, \\ell_i, m_i$ stay on chip
-    until the row block is done (FA1 sends them to HBM and back at every $K_j$), and query blocks
-    share nothing. The paper credits this swap, and the parallelism over the sequence, to Phil
-    Tillet's Triton kernel (§3.2). The update, with an unnormalised accumulator:
+       does 312 TFLOP/s of fp16 matmul but 19.5 TFLOP/s of fp32 non-matmul work: a non-matmul FLOP
+       costs 16 matmul FLOPs. → Keep $\\tilde O_i$ unnormalised; divide once, at the end.
+    2. **Parallelism.** FA1 runs one thread block per (batch, head), too few for the A100's 108 SMs
+       when long sequences leave a small batch. → Also parallelise over the sequence: one program per
+       query block, $\\lceil N/B_r \\rceil \\cdot B \\cdot H$ in all.
+    3. **Work between warps.** FA1 splits $K_j, V_j$ across the warps of a block, which must then
+       add up their partial results through shared memory. → Split $Q_i$ instead: each warp owns
+       whole rows, and no warp waits for another.
+    """, "slide", name="what"),
+    md("""
+    With $Q_i$ in the outer loop, $O_i, \\ell_i, m_i$ stay on chip until the row block is done (FA1
+    sends them to HBM and back at every $K_j$), and query blocks share nothing. The paper credits
+    this swap, and the parallelism over the sequence, to Phil Tillet's Triton kernel (§3.2). The
+    update, with an unnormalised accumulator:
 
     $$\\tilde O_i \\leftarrow \\tilde O_i\\, e^{m_{old} - m_{new}} + \\tilde P_{ij} V_j, \\qquad
     O_i = \\tilde O_i / \\ell_i \\text{ once, at the end.}$$
-    """, "slide", name="what"),
-
+    """, "subslide", name="update-md"),
     code("""
     import numpy as np
     from flashcourse import formulas, viz
@@ -55,7 +57,7 @@ CELLS = [
         print(f"keys {j:2d}-{j + 3:2d}: acc = {acc[0].round(3)}  l = {l[0]:6.3f}  m = {m[0]:5.2f}")
     print("once, at the end: acc / l =", fa2_finish(acc, l, m)[0][0].round(3))
     print("softmax(S) V            =", (np.exp(S - S.max()) / np.exp(S - S.max()).sum() @ V)[0].round(3))
-    """, "subslide", name="update-src"),
+    """, name="update-src"),
 
     md("""
     ## Fewer non-matmul FLOPs, counted
@@ -81,20 +83,18 @@ CELLS = [
     print(f"matmul FLOPs {mm}: non-matmul share FA1 {t1 / (t1 + mm):.1%}, FA2 {t2 / (t2 + mm):.1%}")
     """, "subslide", name="flops"),
     md("""
-    FA1 divides every element of $O_i$ at every step, FA2 once at the end; one rescale of $O_i$ per
-    step goes too: a fifth fewer non-matmul FLOPs, on top of matmuls that do not change. At the paper's 16× price on an A100 that
-    saving is worth having — but it cannot make a kernel several times faster. The measurements
-    below show where FA2's speed comes from.
+    FA1 divides every element of $O_i$ at every step, FA2 once at the end, and one rescale of $O_i$
+    per step goes too: a fifth fewer non-matmul FLOPs, on matmuls that do not change. At 16× the price
+    of a matmul FLOP that is worth having, but it cannot make a kernel several times faster.
     """, "fragment", name="flops-moral"),
 
     md("""
     ## Fewer HBM accesses, counted
 
     Same tiles, same SRAM: FlashAttention-2 writes $O$ once instead of $T_c + 1$ times and never
-    reads it; $\\ell$ and $m$ disappear from HBM (only the log-sum-exp $L$ is written, for the
-    backward pass). The swap has a price: FA1 reads $Q$ once per key block ($T_c$ times), FA2 reads
-    $K$ and $V$ once per query block ($T_r$ times). The re-reads move from $Q, O$ to $K, V$, and the
-    order of the traffic stays $\\Theta(N^2 d^2 / M)$ — FA2 saves a constant factor, not the order.
+    reads it; $\\ell$ and $m$ leave HBM (only the log-sum-exp $L$ is written, for the backward). The
+    price: FA1 reads $Q$ once per key block ($T_c$ times), FA2 reads $K$ and $V$ once per query block
+    ($T_r$ times). The traffic stays $\\Theta(N^2 d^2 / M)$: FA2 saves a constant factor, not the order.
     """, "slide", name="traffic-md"),
     code("""
     # NBVAL_CHECK_OUTPUT
@@ -118,10 +118,9 @@ CELLS = [
     ## Causal: skip what is masked anyway
 
     With a causal mask, key blocks entirely above the diagonal contribute nothing. FlashAttention-2
-    never loads them, and masks only the blocks that cross the diagonal — about half the work at
-    large $N$; the paper measures 1.7–1.8× over the same attention without the mask (§3.1.1). This
-    is no FA2 invention: FA1 works on blocks too and can skip the same ones (the paper says so, and
-    chapter 2's kernel does: its inner loop starts at the first query block that sees $K_j$).
+    never loads them, and masks only the blocks that cross the diagonal: about half the work at
+    large $N$; the paper measures 1.7–1.8× over the same attention without the mask (§3.1.1). FA1
+    can skip the same blocks, and chapter 2's kernel does.
     """, "slide", name="causal-md"),
     code("""
     # NBVAL_CHECK_OUTPUT
@@ -150,43 +149,25 @@ CELLS = [
     ## Inside one program: split-K or split-Q
 
     A program (CUDA's thread block) runs on one SM as a few *warps* of 32 threads. How they share a
-    step of $Q_i$ against $K_j, V_j$ is FA2's third change (FA2 paper §3.3, "Work Partitioning
-    Between Warps", and its Figure 3):
+    step of $Q_i$ against $K_j, V_j$ is FA2's third change (§3.3 and its Figure 3):
 
-    * **FlashAttention-1, "split-K"** (the paper's name, in its quotes): for each block, FA1 splits
-      $K$ and $V$ across 4 warps and every warp sees all of $Q$. Each warp gets a slice of *every*
-      row of $Q K^\\top$ and multiplies it by its slice of $V$; the warps must then write their
-      intermediate results to shared memory, synchronise, and add them up, and "these shared memory
-      reads/writes slow down the forward pass". FA1's CUDA kernel is built that way: in PyTorch's copy
-      of it (`aten/src/ATen/native/transformers/cuda/flash_attn/kernel_traits.h` and
-      `fmha_fwd_hdim64.cu`, 2022), a step is 16 query rows against 128 or 256 keys
-      (`FMHA_kernel_traits<256, 64, 16, 1, 4>`: `STEP = 16` rows, `WARPS_N = 4` warps along the keys of
-      $QK^\\top$, the same 4 along the keys that $PV$ sums over), with a shared-memory tile for $O$.
-    * **FlashAttention-2, "split-Q"**: split $Q$ across the 4 warps and let every warp read all of $K$
-      and $V$. Each warp owns whole rows of $S$, so its row maxima and sums are final and its slice of
-      $O$ is its own: "there is no need for communication between warps" (§3.3).
-
-    The seeds repeat the paper: 000 (§2.4) retells Figure 3, but has FA1's warps exchange $O_i$ through
-    HBM (the paper says shared memory); 003 lists it as the third improvement, "use shared memory to
-    reduce communication", without detail; 004 quotes the paragraph and leaves it unexplained. (In
-    CUTLASS's GEMMs the words differ: "split-K" means partitions of K computed by separate thread blocks
-    and reduced afterwards (`GemmSplitKParallel`), as chapter 6's flat GEMM does through HBM; its
-    partitions among the warps of one block, `PartitionsK`, are "used in sliced-K".)
+    * **FlashAttention-1, "split-K"**: $K_j, V_j$ are split across 4 warps, and each warp gets a
+      slice of *every* row of $Q_i K_j^\\top$. The warps write partial results to shared memory,
+      synchronise and add them up: "these shared memory reads/writes slow down the forward pass".
+    * **FlashAttention-2, "split-Q"**: $Q_i$ is split across the 4 warps, each reading all of $K_j,
+      V_j$. Each warp owns whole rows of $S_{ij}$, so its row maxima, sums and slice of $O_i$ are its
+      own: "there is no need for communication between warps".
     """, "slide", name="warps-md"),
     md("""
-    The paper gives no numbers for this, so we count. `flashcourse.reference.split_k` and `split_q` run
-    one program: a query block $Q_i$ against key blocks $K_j, V_j$, with $W$ warps, on the course's
-    counted `Memory` with its two levels renamed: the program's **shared memory** (where $Q_i$, $K_j$,
-    $V_j$ land in fp16 and the partials go in fp32) and the warps' **registers** (`warp_memory()`).
-    Every read and write of shared memory by a warp is counted; HBM is not (both load the same
-    tiles). What the model assumes — ours, not the paper's:
+    The paper gives no numbers for this, so we count. `reference.split_k` and `split_q` run one
+    program ($Q_i$ against $K_j, V_j$, $W$ warps) on the counted `Memory`, its two levels renamed
+    **shared memory** and **registers** (`warp_memory()`), and count every shared-memory read and
+    write of a warp. Our model's assumptions, not the paper's:
 
-    * each warp reads its $Q_i$ (all of it in split-K, its rows in split-Q) once and keeps it in
-      registers, and reads its operands of $K_j, V_j$ once per key block;
-    * $K_j, V_j$ have two buffers, so each key block costs both schemes one barrier (the tile has landed);
-    * split-K's exchange is the cheapest there is: each warp keeps its own row maximum $m_w$, writes
-      $O_w, m_w, \\ell_w$, and after **one barrier** warp $v$ merges rows $v$ of every partial with
-      chapter 1's $(m, \\ell)$ rule.
+    * each warp reads its part of $Q_i$ once, and its operands of $K_j, V_j$ once per key block;
+    * $K_j, V_j$ have two buffers: one barrier per key block in both schemes;
+    * split-K's exchange is the cheapest there is: each warp writes $O_w, m_w, \\ell_w$, and after
+      **one barrier** warp $v$ merges rows $v$ of every partial with chapter 1's $(m, \\ell)$ rule.
     """, "fragment", name="warps-model-md"),
     code("""
     # NBVAL_CHECK_OUTPUT
@@ -217,16 +198,13 @@ CELLS = [
               f" and {sync == formulas.warp_split_barriers(B_c, B_c, name)}")
     """, "subslide", name="warps-count"),
     md("""
-    * **The exchange is split-K's cost.** Each warp's partial $O_w$ is $B_r \\times d$ in fp32 (64 KiB),
-      and all four are written and read back: 260 KiB each way per key block, beside 32 KiB of
-      $K_j, V_j$.
-    * **Split-Q pays too, less.** Every warp reads all of $K_j$ and $V_j$: 4× split-K's 32 KiB.
-    * **One barrier less per key block.** Both wait for the tile; only split-K waits for the partials.
-    * **The same matmul work**: $4 B_r B_c d / W$ FLOPs per warp in both (split-K adds its merge).
+    * **The exchange is split-K's cost.** Each warp's partial $O_w$ is $B_r \\times d$ in fp32 (64 KiB):
+      260 KiB written and read back per key block, beside 32 KiB of $K_j, V_j$.
+    * **Split-Q pays less**: every warp reads all of $K_j, V_j$ (4× 32 KiB), and waits at one barrier, not two.
+    * **The same matmul work**: $4 B_r B_c d / W$ FLOPs per warp.
 
-    Which is cheaper depends on the shape. The same count, from the closed forms, for FA2's tiles and
-    for FA1's own 16-row step:
-    """, "fragment", name="warps-count-notes"),
+    Which is cheaper depends on the shape: the closed forms, for FA2's tiles and FA1's 16-row step:
+    """, "subslide", name="warps-count-notes"),
     code("""
     # NBVAL_CHECK_OUTPUT
     print(f"{'per key block, W = 4 warps':37s} {'split-K':>8s} {'split-Q':>8s}  split-K/split-Q  rows a warp (split-Q)")
@@ -236,24 +214,22 @@ CELLS = [
         k, q = (sum(n for (t, _), n in formulas.warp_split_traffic(B_r, B_c, d, B_c, 4, s).items() if t != "Q_i")
                 for s in formulas.WARP_SCHEMES)
         print(f"{what:37s} {human_bytes(k):>8s} {human_bytes(q):>8s}  {k / q:15.2f}  {B_r // 4:10d}")
-    """, "fragment", name="warps-shapes"),
+    """, name="warps-shapes"),
     md("""
-    With FA2's 128-row tiles split-K moves about 4.3× split-Q's bytes. With FA1's 16-row step the
-    model says the opposite: its partials are small and its $K_j, V_j$ large. But split-Q would give
-    each of its 4 warps 4 rows, a quarter of the 16 rows that Ampere's `mma.sync` multiplies at once
-    (m16n8k16, the instruction of FA1's and PyTorch's FA2 kernels). FA2 takes blocks of 64 or 128
-    rows ("typically we choose blocks of size {64, 128} × {64, 128}", §3.3), which leave every warp
-    16 or more rows. The model counts bytes and barriers, not time; the paper
-    measures only its changes together (about 2× over FA1, §4.1), none of them alone.
+    With FA2's 128-row tiles split-K moves about 4.3× split-Q's bytes. With FA1's step, 16 query
+    rows against 256 keys (PyTorch's copy of its CUDA kernel, `fmha_fwd_hdim64.cu`:
+    `FMHA_kernel_traits<256, 64, 16, 1, 4>`), the model says the opposite; but split-Q would leave
+    each warp 4 rows, a quarter of the 16 that Ampere's `mma.sync` (m16n8k16) multiplies at once.
+    FA2's blocks of 64 or 128 rows (§3.3) leave every warp 16 or more. The model counts bytes, not
+    time; the paper measures its changes only together (about 2× over FA1, §4.1).
     """, "fragment", name="warps-shapes-notes"),
     md("""
     ## Watch the warps
 
-    The same runs on the tile stepper, one lane per warp: 32 rows, $d$ = 16, key blocks of 32, 4
-    warps. Split-K: every warp reads all of $Q_i$ and its quarter of $K_j, V_j$, writes its partials
-    (a quarter of the columns of $O_w$, one column of $m_w$, $\\ell_w$); then a barrier, where nothing
-    moves; then each warp reads its rows of all four partials back. Split-Q: each warp reads its
-    rows of $Q_i$ once and all of $K_j, V_j$, and that is all — no partials, no barrier of its own.
+    The same runs on the tile stepper, one lane per warp (32 rows, $d$ = 16, key blocks of 32, 4
+    warps). Split-K: each warp reads $Q_i$ and its quarter of $K_j, V_j$, writes its partials, waits
+    at a barrier, then reads its rows of all four partials back. Split-Q: each warp reads its rows
+    of $Q_i$ and all of $K_j, V_j$, and that is all.
     """, "slide", name="warps-stepper-md"),
     code("""
     # NBVAL_IGNORE_OUTPUT
@@ -274,7 +250,7 @@ CELLS = [
     mem = warp_memory()
     split_q(q[:32], k, v, warps=4, B_c=32, memory=mem)
     show_stepper(mem, steps=[0, 1])                        # both key blocks: reads, and nothing else
-    """, "fragment", name="warps-stepper-q"),
+    """, "subslide", name="warps-stepper-q"),
 
     md("""
     ## The kernel
@@ -325,18 +301,15 @@ CELLS = [
     md("""
     ## What runs on an H100
 
-    Triton compiles the same source for each GPU. Compiled for an H100 (sm_90) — on a CPU, as
-    `flashcourse.kernels.aot` does — the launch `fa2_config` picks there has, in its PTX
-    (`tests/test_kernels_attention.py::test_fa2_on_an_h100_uses_wgmma_but_not_tma`; Triton 3.6.0,
-    the version of the H100 measurements, and 3.9.0 agree):
+    Compiled for an H100 (sm_90) on a CPU, as `kernels.aot` does, the launch `fa2_config` picks
+    there has in its PTX (`tests/test_kernels_attention.py::test_fa2_on_an_h100_uses_wgmma_but_not_tma`;
+    Triton 3.6.0, the version of the H100 measurements, and 3.9.0 agree):
 
-    * **Hopper's tensor-core instruction.** `wgmma.mma_async` (warpgroup MMA: 4 warps, 64 rows at
-      a time), 16 of them at $d = 64$ and 24 at $d = 128$: per K/V block, $d/16$ for
-      $Q_i K_j^\\top$ and $B_c/16$ for $\\tilde P_{ij} V_j$, in the unmasked and the masked loop. No
-      `mma.sync`, the A100's instruction.
+    * **Hopper's tensor-core instruction**, `wgmma.mma_async` (a warpgroup of 4 warps, 64 rows at
+      a time), not the A100's `mma.sync`.
     * **Ampere's way of feeding it.** No TMA (`cp.async.bulk.tensor`, Hopper's copy engine): $K_j$
-      and $V_j$ come through `cp.async`, in three stages (`num_stages = 3`). No warp specialisation
-      (`setmaxnreg`): every warp loads, multiplies and does the softmax.
+      and $V_j$ come through `cp.async`, in three stages. No warp specialisation (`setmaxnreg`):
+      every warp loads, multiplies and does the softmax.
     * **No overlap inside a warpgroup.** Each `wgmma` is waited for as soon as it is issued
       (`wgmma.wait_group 0`): the softmax never runs while its own matmul is in flight.
     """, "slide", name="ptx-md"),
@@ -344,43 +317,30 @@ CELLS = [
     md("""
     ## Who splits the tile between warps? Triton
 
-    Our kernel never names a warp. `num_warps` is a launch option: "the number of warps to use for
-    the kernel when compiled for GPUs. For example, if num_warps=8, then each kernel instance will be
-    automatically parallelized to cooperatively execute using 8 * 32 = 256 threads" (Triton's docs,
-    `triton.Config`). The compiler decides how each tile is laid out over those warps. Compiled for
-    sm_90 on a CPU (Triton 3.9.0, $d$ = 128, 3 stages; `tests/test_attention_warps.py` checks this
-    table), the layout of each dot — warps along the rows of $Q_i$ × along the columns — and its
-    instruction:
+    Our kernel never names a warp: `num_warps` is a launch option, and the compiler lays each tile
+    out over the warps. Compiled for sm_90 ($d$ = 128), the warps of each dot along its rows ×
+    columns, and the instruction:
 
-    | warps | 64 × 64 tile: $S = Q_i K_j^\\top$, $O \\mathrel{+}= \\tilde P V_j$ | 128 × 64 tile: $S$, $O$ |
-    | --- | --- | --- |
-    | 1 | `mma.sync`: 1 × 1, 1 × 1 | `mma.sync`: 1 × 1, 1 × 1 |
-    | 2 | `mma.sync`: **1 × 2, 1 × 2** | `mma.sync`: 2 × 1, 2 × 1 |
-    | 4 | `wgmma`: 4 × 1, 4 × 1 | `wgmma`: 4 × 1, 4 × 1 |
-    | 8 | `wgmma`: 8 × 1, 4 × 2 | `wgmma`: 8 × 1, 8 × 1 (the shipped config) |
-    | 16 | `wgmma`: 16 × 1, 4 × 4 | `wgmma`: 16 × 1, 8 × 2 |
+    | warps | instruction | 64 × 64 tile: $S = Q_i K_j^\\top$, $O \\mathrel{+}= \\tilde P V_j$ | 128 × 64 tile: $S$, $O$ |
+    | --- | --- | --- | --- |
+    | 1 | `mma.sync` | 1×1, 1×1 | 1×1, 1×1 |
+    | 2 | `mma.sync` | **1×2, 1×2** | 2×1, 2×1 |
+    | 4 | `wgmma` | 4×1, 4×1 | 4×1, 4×1 |
+    | 8 | `wgmma` | 8×1, 4×2 | 8×1, 8×1 (the shipped config) |
+    | 16 | `wgmma` | 16×1, 4×4 | 16×1, 8×2 |
 
-    * From 4 warps on, Triton uses Hopper's `wgmma`, which a *warpgroup* of 4 warps (128 threads)
-      issues together (NVIDIA, CUTLASS's "Warpgroup MMA Programming Guide"); with 1 or 2 warps there is
-      no warpgroup, and the PTX has Ampere's `mma.sync`, one warp an instruction.
-    * From 4 warps on, $S$ has every warp along the rows of $Q_i$: each warp owns whole rows, split-Q,
-      as §3.3 asks, chosen by the compiler. Where a 64-row tile gets 8 or 16 warps, or a 128-row tile
-      16, the second dot puts warps side by side along the $d$ columns of $O$: each computes some
-      columns of $O$ over all the keys, a split of the output, with no partial sums to add.
-    * At 64 × 64 with 2 warps the warps sit side by side along the keys: each holds half of every row
-      of $S$, split-K's situation, and the row maxima and sums cross warps. It is the only config whose
-      PTX reads shared memory with `ld.shared` (24 of them), and it has the most `bar.sync` in its PTX
-      (31, against 6–21 for the others).
+    From 4 warps on, Triton issues Hopper's `wgmma` by warpgroups and puts every warp of $S$ along
+    the rows of $Q_i$: split-Q, chosen by the compiler. The one split-K layout is in bold, the only
+    config whose PTX reads shared memory with `ld.shared`
+    ([lab notes](https://github.com/flashcourse/flashcourse/blob/main/lab/attention.md#what-triton-makes-of-the-warps);
+    `tests/test_attention_warps.py` holds the table).
     """, "slide", name="warps-triton-md"),
     md("""
     ## How many warps? (H100)
 
-    What the course measured before: `fa2_config` picks 128 × 64 tiles and 8 warps on sm_90, the best
-    or within 6% of the best of 7 configs on an H100 at $d$ = 64 and 128, $N$ = 1k, 4k and 16k, causal
-    or not; 4 warps at $d$ = 128 lose half (its docstring; `lab/gpu_attention.py --sweep`). The sweep
-    below times every warp count from 1 to 16 for both tiles, at the benchmark's shapes (fp16, 16k
-    tokens, hidden 2048), and records what Triton compiled for each: `lab/gpu_attention_warps.py`,
-    `bench.shipped("attention_warps")`.
+    The sweep times every warp count from 1 to 16 for both tiles at the benchmark's shapes (fp16, 16k
+    tokens, hidden 2048) and records what Triton compiled for each (`lab/gpu_attention_warps.py`,
+    shipped as `bench.shipped("attention_warps")`). The ring marks the config `fa2_config` picks.
     """, "slide", name="warps-sweep-md"),
     code("""
     # NBVAL_IGNORE_OUTPUT
@@ -396,6 +356,7 @@ CELLS = [
         chosen = fa2_config(128, torch.float16, (9, 0))
         fig = viz.warps_plot(h100_warps, marked=(f"fa2 {chosen.constexprs['BLOCK_M']}x{chosen.constexprs['BLOCK_N']}",
                                                  chosen.num_warps))
+        fig.set_size_inches(10, 4.3)
         display(fig)
     """, "subslide", name="warps-sweep"),
     code("""
@@ -412,23 +373,14 @@ CELLS = [
             print(f"{key[0]:3d} {key[1]:6d} {key[2]!s:6} | {best.impl} w{best.params['num_warps']:<2d}"
                   f" {best.TFLOPs:13.0f} | {at('fa2 128x64', 8) / best.TFLOPs:15.0%} |"
                   f" {at(None, 4) / best.TFLOPs:19.0%} | {at(None, 2) / best.TFLOPs:7.0%}")
-    """, "fragment", name="warps-sweep-table"),
+    """, "subslide", name="warps-sweep-table"),
     md("""
-    What the sweep can and cannot say. Triton lays out the warps, so the sweep does not pit split-K
-    against split-Q: from 4 warps on every config is split-Q in $S$ (table above). It measures what
-    the warp count changes on an H100: whether `wgmma` is used at all (4 warps or more), how many
-    warpgroups share the tile, and how many registers each thread needs — the fp32 accumulator $O_i$ of
-    a 128-row tile at $d$ = 128 is 64 KiB, 512 / W registers a thread over W warps (the file records the
-    registers and spills the driver reports). The only split-K layout in it is the 64 × 64 tile with 2
-    warps at $d$ = 128.
-
-    What it measured (H100, torch 2.11, Triton 3.6; the shipped file): 128 × 64 tiles with 8 warps,
-    `fa2_config`'s choice, are the fastest at 10 of the 12 shapes, 383–485 TFLOP/s; at $N$ = 1k
-    causal, 64 × 64 tiles with 4 warps are 2% ($d$ = 64) and 6% ($d$ = 128) faster. At $d$ = 128,
-    $N$ = 16k: 476 TFLOP/s with 8 warps, 230 with 4 on the same tile (255 registers a thread, the
-    most there are; 64 × 64 tiles with 4 warps reach 428) and 281 with 16. With 1 or 2 warps there is no warpgroup, so no `wgmma` (the file records the
-    `mma.sync` of Ampere instead), and the 128-row tile falls to 4–5 TFLOP/s; the 64 × 64 tile with
-    2 warps, the one split-K layout, reaches 171.
+    128 × 64 tiles with 8 warps, `fa2_config`'s choice, are the fastest at 10 of the 12 shapes; at
+    $N$ = 1k causal, 64 × 64 tiles with 4 warps are 2% ($d$ = 64) and 6% ($d$ = 128) faster. With 2
+    warps there is no warpgroup and so no `wgmma`: at $d$ = 128 the best tile keeps only 28–38% of
+    the best speed. The
+    [lab notes](https://github.com/flashcourse/flashcourse/blob/main/lab/attention.md#the-warps-sweep)
+    give every config with its registers, and the earlier tile sweeps.
     """, "fragment", name="warps-sweep-notes"),
 
     md("""
@@ -443,7 +395,7 @@ CELLS = [
     from flashcourse import bench
     h100 = bench.shipped("attention")
     mine = bench.run("attention", quick=True, progress=False) if backend.DEVICE == "cuda" else None
-    fig, axes = viz.new_figure(2, 2, figsize=(10, 6.4), sharex=True)
+    fig, axes = viz.new_figure(2, 2, figsize=(10, 4.3), sharex=True)
     for row, d in enumerate((64, 128)):
         for col, causal in enumerate((False, True)):
             viz.bench_plot(h100, mine, x="N", metric="TFLOPs", where={"d": d, "causal": causal},
@@ -452,9 +404,8 @@ CELLS = [
     fig
     """, "subslide", name="bench"),
     md("""
-    The claims of this chapter, read off the shipped H100 measurement: FA2 against SDPA's flash
-    backend and cuDNN, against the FA1-order kernel, causal against non-causal (by time: causal does
-    half the FLOPs), and the GPU memory that naive attention needs against FA2's.
+    The same measurement as ratios (causal against non-causal by time, since causal does half the
+    FLOPs), and the GPU memory each needs:
     """, "subslide", name="claims-md"),
     code("""
     # NBVAL_CHECK_OUTPUT
@@ -471,24 +422,21 @@ CELLS = [
         print(f"{d:3d} {N:6d} | {fa2 / r['sdpa (flash)']:8.2f}x {fa2 / r['sdpa (cudnn)']:8.2f}x "
               f"{fa2 / r['kernels.fa1_forward']:7.1f}x | {2 * c['kernels.fa2_forward'] / fa2:15.2f}x"
               f" ({2 * T_r / (T_r + 1):.2f}x) | {r['naive (torch) peak MiB']:14.0f} {r['kernels.fa2_forward peak MiB']:6.0f}")
-    """, "fragment", name="claims"),
+    """, name="claims"),
     md("""
     * **Against PyTorch's FlashAttention-2** (`flash`): ours is faster at every size, 1.09–1.42×
-      without the mask (1.16–1.48× causal). Same algorithm, other instructions. PyTorch's flash
-      backend is FA2's CUTLASS code, written for the A100: from sm_80 on it uses `mma.sync`
-      (m16n8k16) and `cp.async` (`aten/src/ATen/native/transformers/cuda/flash_attn/kernel_traits.h`),
-      so on an H100 it runs Ampere code. Triton gives our `tl.dot` Hopper's `wgmma`.
-    * **Against cuDNN**: cuDNN is ahead (ours reaches 0.64–0.93 of it without the mask, 0.66–0.98
-      causal). Its kernels are closed, so we cannot read their instructions. What is left for a
-      kernel on Hopper is what our PTX lacks and FlashAttention-3 (below) uses: TMA copies, warp
-      specialisation, softmax overlapped with the matmuls.
-    * **Causal** saves time as the block count says: a causal run visits $T_r(T_r+1)$ of the
-      $2T_r^2$ key blocks, so it can be at most $2T_r/(T_r+1)$ times faster — 1.6× at $N$ = 512,
-      1.98× at 16k. Short sequences fall further below that: their masked diagonal blocks are a
-      large share of the work.
-    * **Memory**: naive attention's grows with $N$ (here $B \\cdot N$ is fixed, so it grows like $N$);
-      FA2 needs only its output.
-    """, "fragment", name="claims-notes"),
+      (1.16–1.48× causal). Same algorithm, other instructions: PyTorch's flash backend is FA2's
+      CUTLASS code for the A100, `mma.sync` and `cp.async` from sm_80 on
+      (`aten/src/ATen/native/transformers/cuda/flash_attn/kernel_traits.h`), Ampere code on an H100;
+      Triton gives our `tl.dot` Hopper's `wgmma`.
+    * **Against cuDNN**: ours reaches 0.64–0.93 of its speed (0.66–0.98 causal). Its kernels are
+      closed; what our PTX lacks is what FlashAttention-3 (below) adds. Two of its tools, tried:
+      [lab notes](https://github.com/flashcourse/flashcourse/blob/main/lab/attention.md#tma-descriptors-and-warp-specialisation).
+    * **Causal**: with $B_c = B_r / 2$ it visits $T_r(T_r+1)$ of the $2T_r^2$ key blocks, so it can
+      be at most $2T_r/(T_r+1)$ times faster: 1.6× at $N$ = 512, 1.98× at 16k. Short sequences fall
+      further below: their masked diagonal blocks are a large share.
+    * **Memory**: naive attention's grows like $N$ ($B \\cdot N$ fixed); FA2 needs only its output.
+    """, "subslide", name="claims-notes"),
 
     md("""
     ## Where 5–50× over the FA1 loop order comes from
@@ -496,22 +444,20 @@ CELLS = [
     Not from the FLOP table (a fifth fewer non-matmul FLOPs). From the loop order, twice:
 
     * **$O$'s round trips.** FA1 reads $Q_i$ and reads and writes $O_i$ (fp32), $\\ell_i$, $m_i$ at
-      every one of its $T_c \\cdot T_r$ steps. While $B \\cdot H$ fills the GPU, that traffic alone
-      would take 76–88% of FA1's measured time at the H100's copy speed (if all of it went to HBM):
-      FA1 is, roughly, bound by memory, at about 60 TFLOP/s. FA2 reads $Q_i$ once and writes $O_i$ once.
-    * **The grid.** FA1 runs $B \\cdot H$ programs, each on one SM. Here $B \\cdot N$ is fixed,
-      so $B \\cdot H$ falls as $N$ grows: from 128 programs on (fewer than the 132 SMs) FA1's FLOP/s
-      falls with them, to 14.7 TFLOP/s with 32 programs and 9.4 with 16. FA2 runs
-      $\\lceil N/B_r \\rceil \\cdot B \\cdot H$ = 4096 ($d$ = 64) or 2048 ($d$ = 128) programs at every $N$.
+      each of its $T_c \\cdot T_r$ steps. While $B \\cdot H$ fills the GPU, that traffic alone
+      would take 76–88% of FA1's time at the H100's copy speed: FA1 is roughly bound by memory.
+    * **The grid.** FA1 runs $B \\cdot H$ programs, which fall as $N$ grows ($B \\cdot N$ fixed):
+      below 132 programs, one per SM, FA1's FLOP/s falls with them, to 9.4 TFLOP/s with 16. FA2
+      runs $\\lceil N/B_r \\rceil \\cdot B \\cdot H$ = 4096 ($d$ = 64) or 2048 ($d$ = 128) programs at every $N$.
 
-    (Our FA1 kernel is chapter 2's literal Algorithm 1, kept for comparison: 64×64 tiles, loads not
-    pipelined. A tuned FA1 would close part of the first gap, not the second.)
+    (Our FA1 is chapter 2's literal Algorithm 1: 64×64 tiles, loads not pipelined. A tuned FA1 would
+    close part of the first gap, not the second.)
     """, "slide", name="fa1-gap-md"),
     code("""
     # NBVAL_CHECK_OUTPUT
     from flashcourse.kernels import fa1_config
     copy = bench.shipped("roofline").ceilings()["TBps"] * 1e12        # B/s, copying 2 GiB on the same H100
-    print("  d      N | programs: FA1   FA2 | FA1 TFLOP/s | FA2/FA1 | FA1's round trips at copy speed / FA1's time")
+    print("  d      N | programs: FA1   FA2 | FA1 TFLOP/s | FA2/FA1 | FA1's round trips / its time")
     for (d, N, causal) in sorted(rows):
         if causal:
             continue
@@ -529,37 +475,17 @@ CELLS = [
     md("""
     ## Paper says / we measure
 
-    **The FA2 paper** (A100 80GB SXM4, fp16/bf16; its benchmark: 16k tokens, hidden 2048, $d$ = 64
-    or 128, $N$ = 512–16k — the shapes of ours):
+    **The FA2 paper** (A100 80GB SXM4; its benchmark has our shapes: 16k tokens, hidden 2048,
+    $d$ = 64 or 128, $N$ = 512–16k):
 
-    * FA1 reaches 25–40% of the A100's theoretical peak; FA2 50–73% (abstract), in the forward pass
-      up to 73% (§1): 230 of 312 TFLOP/s (§4.1).
-    * FA2 is about 2× FA1 (abstract), 1.7–3.0× across its benchmarks (§4.1).
-    * Causal, with block skipping: 1.7–1.8× faster than without the mask (§3.1.1).
-    * On an H100, the same code with "no special instructions" (TMA, 4th-generation tensor cores):
-      up to 335 TFLOP/s; new instructions should give another 1.5–2× (§4.1).
+    * FA1 reaches 25–40% of the A100's peak, FA2 50–73% (abstract); the forward up to 230 of 312
+      TFLOP/s (§4.1).
+    * FA2 is about 2× FA1 (abstract), 1.7–3.0× across its benchmarks (§4.1); causal 1.7–1.8× faster
+      than without the mask (§3.1.1).
+    * On an H100, the same code with "no special instructions": up to 335 TFLOP/s (§4.1).
 
-    **We measure** (H100 80GB HBM3, fp16, forward; `bench/results/h100/attention.json`, next cell):
-
-    * our FA2: 309–471 TFLOP/s (causal 204–464): 31–48% of the H100's 989 TFLOP/s (data sheet,
-      dense fp16), 47–71% of the 664 that cuBLAS reaches on this H100;
-    * FA2 over our FA1 loop order: 5.3–50× (causal 3.9–52×);
-    * causal faster than not by 1.28–1.97×, at least 1.77× from $N$ = 4k;
-    * PyTorch's flash backend, the paper's own code: 256–336 TFLOP/s (not causal).
-
-    **Why the numbers differ on the H100.**
-
-    * *The peak moved more than the recipe.* The H100's tensor cores are 3.2× the A100's (989
-      vs 312), its copy speed here 3.02 TB/s. To use them a kernel needs Hopper's asynchronous
-      `wgmma` and TMA (FA2 paper §4.1; FA3 paper: FA2 reaches 35% of the H100). PyTorch's FA2 stays
-      on `mma.sync`: 336 TFLOP/s, the paper's 335. Ours gets `wgmma` from Triton and reaches 48%,
-      but waits on each matmul at once and loads with `cp.async`.
-    * *Our FA1 is not the paper's FA1.* The paper timed FA1's tuned CUDA kernel; ours is Algorithm 1
-      as written, with $O$ in fp32 through HBM and no load pipeline, and at long $N$ it runs only
-      $B \\cdot H$ programs — 16 or 32 here, for 132 SMs: our gap grows to 50×.
-    * *Causal at short $N$.* Few blocks per row: the block count caps the gain at 1.6× for
-      $N$ = 512, and the diagonal blocks, which need the mask, are a large share. From 4k on we
-      reach the paper's 1.7–1.8× and pass it.
+    **We measure** (H100 80GB HBM3, fp16 forward, the shipped `attention.json`; 989 TFLOP/s is the
+    H100's dense fp16 peak, from its data sheet):
     """, "slide", name="paper-vs-measured-md"),
     code("""
     # NBVAL_CHECK_OUTPUT
@@ -570,10 +496,10 @@ CELLS = [
     for causal in (False, True):
         rs = [r for (d, N, c), r in rows.items() if c == causal]
         fa2 = [r["kernels.fa2_forward"] for r in rs]
-        print(f"{'causal' if causal else 'not causal':10s}: FA2 {span(fa2)} TFLOP/s"
-              f" ({span([t * 1e12 / peak for t in fa2], '{:.0%}')} of 989, {span([t * 1e12 / gemm for t in fa2], '{:.0%}')}"
-              f" of cuBLAS' {gemm / 1e12:.0f}); flash {span([r['sdpa (flash)'] for r in rs])};"
-              f" cuDNN {span([r['sdpa (cudnn)'] for r in rs])}")
+        print(f"{'causal' if causal else 'not causal':10s}: FA2 {span(fa2)} TFLOP/s ="
+              f" {span([t * 1e12 / peak for t in fa2], '{:.0%}')} of 989,"
+              f" {span([t * 1e12 / gemm for t in fa2], '{:.0%}')} of cuBLAS' {gemm / 1e12:.0f}")
+        print(f"{'':10s}  flash {span([r['sdpa (flash)'] for r in rs])} TFLOP/s, cuDNN {span([r['sdpa (cudnn)'] for r in rs])}")
         print(f"{'':10s}  FA2/FA1 {span([r['kernels.fa2_forward'] / r['kernels.fa1_forward'] for r in rs], '{:.1f}')}x,"
               f" FA2/flash {span([r['kernels.fa2_forward'] / r['sdpa (flash)'] for r in rs], '{:.2f}')}x,"
               f" FA2/cuDNN {span([r['kernels.fa2_forward'] / r['sdpa (cudnn)'] for r in rs], '{:.2f}')}x")
@@ -582,17 +508,26 @@ CELLS = [
     print(f"causal faster by {span(speedup.values(), '{:.2f}')}x;"
           f" from N = 4096: {span([x for (d, N), x in speedup.items() if N >= 4096], '{:.2f}')}x")
     """, "subslide", name="paper-vs-measured"),
+    md("""
+    **Why the numbers differ on the H100.**
+
+    * *The peak moved more than the recipe.* The H100's tensor cores are 3.2× the A100's (989 vs
+      312 TFLOP/s), and using them takes Hopper's asynchronous `wgmma` and TMA (FA3 paper: FA2
+      reaches 35% of the H100). PyTorch's FA2 stays on `mma.sync`: 336 TFLOP/s, the paper's 335.
+    * *Our FA1 is not the paper's*: the paper timed FA1's tuned CUDA kernel; ours is Algorithm 1 as
+      written, with 16 or 32 programs at long $N$ for 132 SMs: 50×, not 2×.
+    * *Causal at short $N$*: the block count caps the gain at 1.6× for $N$ = 512; from 4k on we
+      reach the paper's 1.7–1.8× and pass it.
+    """, "subslide", name="paper-vs-measured-notes"),
 
     md("""
     ## The model meets the hardware
 
-    The counted memory charges HBM for every load that is not in SRAM. A real GPU has one more
-    level the program does not control: the L2 cache, 50 MB on the H100, between the SMs and HBM.
-    Nsight Compute counts the bytes that really cross the DRAM interface
-    (`ncu --metrics dram__bytes_read.sum,dram__bytes_write.sum`), each kernel starting with an
-    emptied L2. Below: the counted bytes of each course kernel beside what `ncu` measured on the
-    H100 (`flashcourse.bench.ncu`; shipped as `flashcourse.bench.measured("ncu_dram")`; torch
-    2.11, Triton 3.6, ncu 2025.3). With `ncu` on your GPU, the cell measures two of them again.
+    The counted memory charges HBM for every load that is not in SRAM, but a GPU has one more level
+    that no program controls: the L2 cache, 50 MB on the H100. Nsight Compute counts the bytes that
+    really cross the DRAM interface. Below: the counted bytes of each course kernel beside what `ncu`
+    measured on the H100 (`flashcourse.bench.ncu`, shipped as `bench.measured("ncu_dram")`); with
+    `ncu` on your GPU, the cell measures two of them again.
     """, "slide", name="dram-md"),
     code("""
     # NBVAL_IGNORE_OUTPUT
@@ -604,74 +539,48 @@ CELLS = [
         live = ncu.run_all(ncu=ncu_path, cases=["softmax_fused", "fa2"])
         for name, case in live["cases"].items():
             print(name, case.get("summary") or case.get("log", "")[-300:])
-    viz.dram_plot(dram)
+    fig = viz.dram_plot(dram)
+    fig.set_size_inches(9, 4.2)
+    fig
     """, "subslide", name="dram"),
     md("""
-    **Where nothing is re-read, the count is what DRAM sees.** The one-pass softmax read 67.12 MB
-    (counted: 67.11), standard attention's three PyTorch kernels 1099.6 MB (1098.9),
-    `flash_decode` 537.24 MB (537.27: every cached key once), `flat_gemm` 90.3 MB (95.8: the count
-    also charges $x$ once per column tile, which L2 serves).
-
-    **Re-reads are served by L2 when what is re-read fits.** FA2 reads $K_j$, $V_j$ once per query
-    block: counted 545 MB, DRAM 25.2 MB, which is $Q$, $K$ and $V$ once; $K$ and $V$ of all 16 heads
-    are 16 MiB and stay in L2. With 4 heads of 16k keys ($Q$, $K$, $V$: 48 MiB) DRAM read 53.0 MB:
-    the programs running at the same time share one head's $K$ and $V$. FA1's re-read $O_i$: counted
-    1661 MB, DRAM 47.8 MB. Softmax's second and third passes re-read a block just read (counted 134
-    and 201 MB; DRAM 75 and 70 MB). So on this GPU, FA2 counted with $M$ = the L2 ($T_r$ = 1: every
-    tensor once) predicts DRAM; the $\\Theta(N^2 d^2 / M)$ re-reads come back when the $K$ and $V$
-    in use outgrow the L2.
-
-    **Writes still in L2 when the kernel ends are not seen.** The one-pass softmax wrote 46.35 of
-    its 67.1 MB output to DRAM during the kernel; the rest stayed in L2, to be written back while the
-    next kernel runs. With a 16 MiB input, 1.35 of 16.8 MB.
-
-    **Not explained.** Kernels that write little (`flash_decode`: 0.33 MB counted, `flat_gemm`:
-    0.18 MB) show 2.3–2.4 MB of DRAM writes. An empty kernel measured the same way writes nothing
-    (and reads 2.3 KB), so it is not `ncu`'s floor; we have not found where they come from.
-    """, "fragment", name="dram-notes"),
+    Where nothing is re-read, the count is what DRAM sees (standard attention: 1098.9 MB counted,
+    1099.6 read). FA2 re-reads $K_j, V_j$ once per query block, 545 MB counted, but DRAM read 25.2 MB,
+    $Q$, $K$ and $V$ once: the 16 MiB of $K$ and $V$ stay in L2. The $\\Theta(N^2 d^2/M)$ re-reads come
+    back only when the $K$ and $V$ in use outgrow the L2
+    ([lab notes](https://github.com/flashcourse/flashcourse/blob/main/lab/attention.md#dram-bytes-against-the-count)).
+    """, "subslide", name="dram-notes"),
 
     md("""
     ## Grouped-query attention: K and V shared by groups of heads
 
     In multi-head attention (MHA) each of the $H$ query heads has its own head of $K$ and $V$.
-    Grouped-query attention (GQA) keeps $H$ query heads but only $H_{kv}$ heads of $K$ and $V$: a group of
-    $g = H / H_{kv}$ query heads shares one, and query head $h$ reads K/V head $\\lfloor h / g \\rfloor$.
-    Multi-query attention (MQA) is $H_{kv} = 1$; MHA is $g = 1$. $K$ and $V$ shrink $g$-fold, and with them
-    the KV cache that decoding reads (chapter 4). Open models that use it, each by its own publication:
-
-    * Llama 2 70B (Llama 2 paper, §A.2.1: GQA with 8 K/V projections, chosen over MQA for the 34B and
-      70B; its model card: not the 7B and 13B);
-    * Llama 3 8B and 70B (model card: GQA in all its models): 32 query and 8 K/V heads in the 8B, 64 and
-      8 in the 70B (the parameters in Meta's `llama-models` repository, `models/sku_list.py`);
-    * Mistral 7B (its paper's abstract).
+    Grouped-query attention (GQA) keeps $H$ query heads but only $H_{kv}$ heads of $K$ and $V$: a group
+    of $g = H / H_{kv}$ query heads shares one, query head $h$ reading K/V head $\\lfloor h / g \\rfloor$.
+    Multi-query attention (MQA) is $H_{kv} = 1$. $K$ and $V$ shrink $g$-fold, and with them the KV
+    cache that decoding reads (chapter 4). Llama 2 70B (its paper, §A.2.1), Llama 3 8B (32 query and
+    8 K/V heads) and Mistral 7B (its abstract) use it.
 
     Seed 001 (§21.6.2) lists MQA and GQA support among FlashAttention-2's improvements. In the
-    `flash-attn` library it is a matter of shapes: $K$ and $V$ may have fewer heads than $Q$, a divisor of
-    its count (`flash_attn_func`'s docstring); the forward kernel maps heads by index, the program of
-    query head $h$ loading K/V head $\\lfloor h / g \\rfloor$ (`csrc/flash_attn/src/flash_fwd_kernel.h`).
-    Nothing is copied, but each K/V head is loaded by the $g$ programs of its group.
+    `flash-attn` library the program of query head $h$ loads K/V head $\\lfloor h / g \\rfloor$
+    (`flash_fwd_kernel.h`): nothing is copied, but each K/V head is loaded by the $g$ programs of its
+    group.
     """, "slide", name="gqa-md"),
     md("""
     ## Pack the group into one tile
 
-    The $g$ query heads of a group read the same $K_j, V_j$. `reference.fa2_gqa_attention` (the counted
-    reference; $Q$ is (B, H, N_q, d), $K$ and $V$ are (B, H_kv, N_k, d), SDPA's layout) stacks the
-    group's query blocks $Q_i$ into one tile of $g B_r$ rows, so that every $K_j, V_j$ it loads serves
-    the whole group. The rows are independent, so the inner step is FA2's, unchanged, and their order is
-    free: the reference stacks head after head; the course's kernel (`kernels.fa2_forward`) and
-    FlashAttention-3's `PackGQA` (`hopper/pack_gqa.h`) interleave them, packed row $p$ being position
-    $\\lfloor p / g \\rfloor$ of head $h_{kv} g + (p \\bmod g)$ — and $g B_r$ consecutive packed rows are
-    the same rows.
-
-    HBM accesses per batch element, in elements (`formulas.fa2_traffic(..., kv_heads=)`), with
-    $T_r = \\lceil N_q / B_r \\rceil$ (causal: only the key blocks visited, as before):
+    The $g$ query heads of a group read the same $K_j, V_j$. `reference.fa2_gqa_attention` ($K$ and
+    $V$ are (B, H_kv, N_k, d), SDPA's layout) stacks the group's query blocks $Q_i$ into one tile of
+    $g B_r$ rows, so that every $K_j, V_j$ it loads serves the whole group; the inner step is FA2's,
+    unchanged. HBM accesses per batch element (`formulas.fa2_traffic(..., kv_heads=)`), with
+    $T_r = \\lceil N_q / B_r \\rceil$:
 
     $$\\underbrace{H N_q d}_{Q\\ \\text{read}} \\;+\\; \\underbrace{H N_q d + H N_q}_{O,\\ L\\ \\text{written}}
     \\;+\\; \\underbrace{2\\, H_{kv}\\, T_r N_k d}_{K,\\ V\\ \\text{read}}$$
 
-    MHA's count has $H$ in the last term: GQA divides the $K, V$ term by $g$ and leaves the rest. With
-    $N_q = N_k$, $K$ and $V$ come to about $T_r / g$ times $Q$ and $O$: they dominate while $g < T_r$.
-    """, "subslide", name="gqa-pack-md"),
+    MHA has $H$ in the last term: GQA divides it by $g$ and leaves the rest. With $N_q = N_k$, $K$ and
+    $V$ come to about $T_r / g$ times $Q$ and $O$.
+    """, "slide", name="gqa-pack-md"),
     code("""
     # NBVAL_CHECK_OUTPUT
     from flashcourse.memory import Memory
@@ -702,25 +611,20 @@ CELLS = [
     code("""
     from flashcourse.viz.traffic import traffic_by_group
     traffic_by_group(gqa_runs, title=f"FA2, H = {H} query heads, N = {N}, d = {d}, B_r = B_c = {B_r}, fp16")
-    """, "fragment", name="gqa-plot"),
+    """, "subslide", name="gqa-plot"),
     md("""
-    Every $K_j$ is still read $T_r$ = 8 times, once per row block, but there are $g$ times fewer of them;
-    $Q$, $O$ and $L$ do not move. With MQA ($g = T_r = 8$) $K$ and $V$ cost what $Q$ and $O$ cost. And the
-    answer is exact: each group's output is float64 attention on $K$ and $V$ repeated to $H$ heads.
+    Every $K_j$ is still read $T_r$ = 8 times, but there are $g$ times fewer of them; $Q$, $O$ and $L$
+    do not move. With MQA ($g = T_r$) $K$ and $V$ cost what $Q$ and $O$ cost. And each group's output
+    is exactly float64 attention on $K$ and $V$ repeated to $H$ heads.
     """, "fragment", name="gqa-count-notes"),
     md("""
     ## Is packing just a taller tile?
 
-    Yes. The packed tile has $g B_r$ rows, and FA2 re-reads $K$ and $V$ once per tile of query rows. A
-    kernel that runs one query head per program, as FA2's does, with tiles of $g B_r$ rows of one head,
-    re-reads them as often: on the counted memory, same rows in SRAM, same count. Packing pays where one
-    head cannot fill the tile: a few query rows against many keys — decoding (chapter 4), a prompt fed in
-    chunks, a short last block. Head by head, each K/V head is then read once per query head, $g$ times;
-    packed, once. FlashAttention-3 packs only then: its heuristic (`hopper/heuristics.h`,
-    `should_pack_gqa`) compares the share of tile rows in use with and without packing, and its comment
-    says "PackGQA is a bit slower but can help if seqlen_q is small or not near a multiple of kBlockM".
-    On a GPU, the programs of one group that run at the same time also share $K_j, V_j$ through L2, as
-    the programs of one head did in the DRAM measurement above.
+    Yes. FA2 re-reads $K$ and $V$ once per tile of query rows, and the packed tile has $g B_r$ rows; a
+    kernel with one query head per program and tiles of $g B_r$ rows re-reads them as often. Packing
+    pays where one head cannot fill the tile, a few query rows against many keys (decoding, a prompt
+    fed in chunks): head by head, each K/V head is then read $g$ times; packed, once.
+    FlashAttention-3 packs only then (`hopper/heuristics.h`, `should_pack_gqa`).
     """, "slide", name="gqa-tile-md"),
     code("""
     # NBVAL_CHECK_OUTPUT
@@ -747,33 +651,19 @@ CELLS = [
     md("""
     ## The kernels, measured
 
-    `kernels.fa2_forward`, `fa2_backward` and `flash_attention` take $K$ and $V$ with $H_{kv}$ heads and
-    never copy them. Each kernel splits a group into $S$ parts, one a program: $S = 1$ packs the whole
-    group into its tiles, $S = g$ runs a program per query head that reads its K/V head in place
-    (`kernels.gqa_splits`). What an H100 measured (`lab/gpu_attention_gqa.py`; `lab/results/h100/attention_gqa_splits.json`):
-
-    * causal, the forward and $dQ$ pack: a packed tile holds $g$ times fewer positions, so fewer of its
-      key blocks straddle the diagonal; not causal, a program per head is up to 5% faster, unless one
-      head's rows cannot fill a tile (then packing reads each $K_j$ once for the group, as above);
-    * $dK, dV$: always a program per query head, then the $g$ float32 parts summed (FlashAttention-2's
-      library sums per-head gradients too). One program walking the whole group made the backward
-      1.04–1.8× slower, and at MQA left too few programs (256 for 16k keys). Up to 2k keys the programs
-      add their parts atomically into one float32 sum instead of storing them for a second pass
-      (`kernels.gqa_dkdv_sum`): the parts are $g$ times the gradient's size, and at 1k keys the atomic
-      sum made the backward 1.04–1.14× as fast (`lab/results/h100/attention_gqa_dkdv_sum.json`, two rounds); at 4k and 16k,
-      0.89–1.06×, about as far apart as two rounds of the same call (up to 10%), so the parts stay there:
-      their sum, unlike atomic adds in whatever order, is the same from run to run.
-
-    Against the same kernels on $K$ and $V$ repeated to $H$ heads — what a model does without GQA —
-    and against SDPA with `enable_gqa=True` (`flashcourse bench attention_gqa`, shipped):
+    `kernels.fa2_forward`, `fa2_backward` and `flash_attention` take $K$ and $V$ with $H_{kv}$ heads,
+    never copied, and pack a group into a tile where an H100 measured it pays
+    ([lab notes](https://github.com/flashcourse/flashcourse/blob/main/lab/attention.md#splitting-a-query-group-among-programs)).
+    Against the same kernels on $K$ and $V$ repeated to $H$ heads, what a model does without GQA, and
+    against SDPA with `enable_gqa=True` (`flashcourse bench attention_gqa`, shipped):
     """, "slide", name="gqa-measured-md"),
     code("""
     # NBVAL_CHECK_OUTPUT
     from flashcourse.bench import shipped
     from flashcourse.bench.attention_gqa import table as gqa_table
     gqa = shipped("attention_gqa")
-    print(f"{gqa.provenance['gpu']}, torch {gqa.provenance['torch']}, triton {gqa.provenance['triton']}; "
-          "fp16, d = 128, 32 query heads, 16k tokens; their time / ours")
+    print(f"{gqa.provenance['gpu']}, torch {gqa.provenance['torch']}, triton {gqa.provenance['triton']}")
+    print("fp16, d = 128, 32 query heads, 16k tokens; their time / ours")
     print(f"{'':8s} {'N':>6s} {'causal':>6s}  {'fwd vs repeated':>15s} {'bwd vs repeated':>15s} {'step vs repeated':>16s}"
           f" {'step vs best SDPA':>17s}")
     for row in gqa_table(gqa):
@@ -783,64 +673,53 @@ CELLS = [
     """, "subslide", name="gqa-measured"),
     md("""
     Ratios above 1: ours is faster. Reading $K$ and $V$ in place beats repeating them in every training
-    step (1.05–1.18×), the forward most at short $N$, where the copy costs most. At 16k tokens the copy is
-    1–6% of the forward's time, about what our kernel on $K$, $V$ in place loses to the same kernel on
-    repeated ones (up to 5%), so the two forwards are at parity (0.98–1.04×); the backward alone runs at
-    0.99–1.14×. The fastest SDPA backend
-    here is cuDNN's, which takes `enable_gqa` and beats our FlashAttention-2 by as much as it does
-    for MHA; SDPA's FlashAttention-2 backend is 1.2–1.7× slower than ours (the shipped JSON).
+    step (1.05–1.18×), the forward most at short $N$, where the copy weighs most; at 16k tokens the two
+    forwards are level (0.98–1.04×). The fastest SDPA backend here is cuDNN's (with `enable_gqa` or on
+    repeated $K$, $V$): a training step on ours runs at 0.74–0.85 of its speed
+    ([lab notes](https://github.com/flashcourse/flashcourse/blob/main/lab/attention.md#grouped-query-attention-against-repeated-kv-and-sdpa)).
     """, "fragment", name="gqa-measured-notes"),
 
     md("""
     ## What FlashAttention-3 adds
 
     Shah, Bikshandi, Zhang, Thakkar, Ramani, Dao (2024): FA2's algorithm, rebuilt for Hopper's
-    asynchrony — everything our PTX lacks.
+    asynchrony, which is everything our PTX lacks.
 
-    * **`wgmma` and TMA, asynchronous.** The TMA copies whole tiles between HBM and shared memory
-      in hardware, and a `wgmma` runs while the warps that issued it go on working.
-    * **Warp specialisation.** Producer warps only issue TMA loads; consumer warpgroups only
-      multiply and do the softmax; the producers hand their registers to the consumers.
-    * **Softmax overlapped with the matmuls.** "Ping-pong": two warpgroups take turns, one's softmax
-      while the other's GEMMs run; and inside one warpgroup, the softmax of one block while the
-      next block's $QK^\\top$ is in flight. It matters because the H100 has 989 TFLOP/s of fp16
-      matmul but only 3.9 TFLOP/s for exponentials (FA3 paper).
-    * **FP8** with block quantisation and *incoherent processing*: $Q$ and $K$ multiplied by a
-      random orthogonal (Hadamard) matrix, which spreads outliers; 2.6× lower error than plain FP8
-      attention.
+    * **`wgmma` and TMA, asynchronous**: the TMA copies whole tiles in hardware, and a `wgmma` runs
+      while the warps that issued it go on working.
+    * **Warp specialisation**: producer warps only issue TMA loads; consumer warpgroups multiply and
+      do the softmax, with the producers' registers handed to them.
+    * **Softmax overlapped with the matmuls**: two warpgroups take turns ("ping-pong"), and inside
+      one warpgroup the next block's $QK^\\top$ runs during this block's softmax. The H100 has 989
+      TFLOP/s of fp16 matmul but only 3.9 TFLOP/s for exponentials (FA3 paper).
+    * **FP8**, with block quantisation and *incoherent processing* (outliers spread by a random
+      orthogonal matrix).
 
     The paper (H100 SXM5): 1.5–2.0× faster than FA2, up to 740 TFLOP/s in fp16 (75% of the peak),
     close to 1.2 PFLOP/s in FP8. Our best is 471 TFLOP/s; cuDNN here reaches 574.
     """, "slide", name="fa3"),
 
-
     md("""
     ## What we learned
 
-    * FA2's three changes: fewer non-matmul FLOPs, parallelism over the sequence, split-Q between
+    * FA2's changes: a fifth fewer non-matmul FLOPs, parallelism over the sequence, split-Q between
       warps. Swapping the loops makes the last two possible.
     * The swap keeps $O_i$ on chip: $O$ is written once, $\\ell$ and $m$ never go to HBM. The re-reads
       move to $K$ and $V$; the traffic stays $\\Theta(N^2 d^2/M)$.
-    * Deferring the division leaves one rescale per step and one division at the end: a fifth
-      fewer non-matmul FLOPs, counted.
-    * Causal attention skips the blocks above the diagonal (FA1 can too) and masks only the
-      diagonal ones.
-    * Grouped-query attention ($H_{kv}$ K/V heads for $H$ query heads): a tile packs a group's query
-      blocks, so each $K_j, V_j$ is read once for the group and the $K, V$ traffic falls $g$-fold,
-      counted. Against one query head a program with tiles as tall, packing saves only where one
-      head's query rows cannot fill a tile.
+    * Causal attention skips the blocks above the diagonal and masks only the diagonal ones.
+    * Grouped-query attention: a tile packs a group's query blocks, so the $K, V$ traffic falls
+      $g$-fold; against tiles as tall, packing saves only where one head cannot fill a tile.
     * On the H100, 5–50× over the FA1 loop order comes from the grid and $O$'s round trips; the lead
       over PyTorch's FA2 goes with `wgmma` against its `mma.sync`. FlashAttention-3's asynchrony is what is left.
 
-    **Exercises:** `exercises/03_flashattention2.ipynb` — the deferred rescale in NumPy, the inner
-    loop of the Triton kernel, and its launch config (tiles, warps, stages) from a count of shared
-    memory and registers, set beside 135 configs timed on an H200.
+    **Exercises:** `exercises/03_flashattention2.ipynb`: the deferred rescale in NumPy, the Triton
+    kernel's inner loop, and its launch config from a count of shared memory and registers, set
+    beside 135 configs timed on an H200.
     """, "slide", name="summary"),
     md("""
     Instructor notes: about 75 minutes. Ask the room to predict the speed-up over FA1 from the
     non-matmul FLOP table (a fifth fewer), then show 5–50×: the program counts and the round trips
-    explain it, not the FLOPs. Before the GQA tile-height slide, ask whether a head-by-head kernel with
-    tiles as tall would read more $K$ and $V$ than the packed one. The PTX slide shows that what most
-    visibly separates our kernel from PyTorch's FA2 is an instruction, not the algorithm.
+    explain it. Before the GQA tile-height slide, ask whether a head-by-head kernel with tiles as tall
+    would read more $K$ and $V$ than the packed one.
     """, "notes", name="notes"),
 ]
