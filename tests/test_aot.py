@@ -1,11 +1,15 @@
 """Every registered kernel compiles ahead of time for sm_75, sm_80, sm_89 and sm_90, within each
 chip's shared memory -- and the check does fail when a config asks for too much.
 
-No GPU is needed: Triton compiles for a ``GPUTarget`` with the ``ptxas`` it ships.
+No GPU is needed: Triton compiles for a ``GPUTarget`` with the ``ptxas`` it ships. The check of every
+registered kernel takes minutes on a CPU, so its tests are marked ``slow``; the one that compiles two
+small kernels (the check rejects a config too big for a T4) stays in ``-m "not slow"``.
 """
 from __future__ import annotations
 
+import os
 import textwrap
+import time
 
 import pytest
 import torch
@@ -20,6 +24,7 @@ def results():
     return aot.check()
 
 
+@pytest.mark.slow
 def test_every_registered_kernel_compiles_and_fits(results):
     failures = [r for r in results if not r.ok]
     assert not failures, "\n" + aot.report(results)
@@ -29,6 +34,7 @@ def test_every_registered_kernel_compiles_and_fits(results):
             assert n == len(aot.configs_of(name, cc)) > 0, f"{name} on sm_{cc[0]}{cc[1]}: {n} results"
 
 
+@pytest.mark.slow
 def test_report_names_every_kernel_and_target(results):
     text = aot.report(results)
     for name in aot.registered():
@@ -109,3 +115,38 @@ def test_the_check_rejects_a_config_too_big_for_a_t4(tmp_path):
     assert "tile_matmul  sm_75" in text and "FAILED" in text
     broken = by["broken", (9, 0)]
     assert not broken.ok and "signature lacks ['n']" in broken.error
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_a_timeout_kills_the_compile_processes_and_what_they_started(tmp_path, monkeypatch):
+    """A compile process that runs past the timeout is killed, with the process it started (as ptxas
+    would be): nothing is left running. A stand-in for the compile process starts quickly and sleeps."""
+    pids = tmp_path / "pids"
+    monkeypatch.setattr(aot, "_CHILD", (
+        "import os, subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(pids)!r}, 'a').write(f'{{os.getpid()}} {{p.pid}}\\n'); time.sleep(60)"))
+    monkeypatch.setattr(aot, "_interpreting", lambda: True)          # compile in child processes, as without a GPU
+    start = time.time()
+    with pytest.raises(TimeoutError, match="timeout=3"):
+        aot.check(["softmax_one_pass"], [(7, 5), (9, 0)], jobs=2, timeout=3)
+    assert time.time() - start < 10
+    started = [int(pid) for line in pids.read_text().splitlines() for pid in line.split()]
+    assert len(started) == 4, f"the stand-ins did not start in 3 s: {started}"
+    time.sleep(0.5)
+    assert not [pid for pid in started if _alive(pid)], "compile processes left running after the timeout"
+
+
+def test_timeout_must_be_positive():
+    with pytest.raises(ValueError, match="timeout"):
+        aot.check(["softmax_one_pass"], [(7, 5)], timeout=0)
+    with pytest.raises(ValueError, match="timeout"):
+        aot.check(["softmax_one_pass"], [(7, 5)], timeout="10")

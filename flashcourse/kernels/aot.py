@@ -38,6 +38,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -45,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 __all__ = ["Launch", "Result", "TARGETS", "SHARED_LIMIT", "register", "registered", "kernel_of", "configs_of",
-           "compile_launch", "ptx_of", "error_summary", "check", "report", "main"]
+           "compile_launch", "ptx_of", "error_summary", "check", "stop_processes", "report", "main"]
 
 #: Compute capabilities the course promises to run on, and a GPU of each.
 TARGETS = {(7, 5): "T4", (8, 0): "A100", (8, 9): "L4 / RTX 4090", (9, 0): "H100"}
@@ -275,13 +276,15 @@ _CHILD = ("import os, sys; import flashcourse.backend; os.environ['TRITON_INTERP
 
 
 def check(names: Iterable[str] | None = None, ccs: Iterable[tuple] = tuple(TARGETS), *,
-          files: Iterable[str] = (), jobs: int | None = None, timeout: float = 900) -> list[Result]:
+          files: Iterable[str] = (), jobs: int | None = None, timeout: float | None = 900) -> list[Result]:
     """Compile every launch of the registered kernels (or of ``names``) for each target in ``ccs``.
 
     ``files`` are extra Python files to import first (each may call :func:`register`). Returns a
     list of :class:`Result`; ``r.ok`` says whether a launch compiled and fits the chip's shared
     memory. The work runs in ``jobs`` fresh processes (default: one per CPU, at most one per
-    target), or in this one when ``jobs=1`` and it compiles kernels (a GPU, no interpreter).
+    target), or in this one when ``jobs=1`` and it compiles kernels (a GPU, no interpreter). Processes
+    still compiling after ``timeout`` seconds in all (None: no limit) are killed, with what they
+    started, and ``TimeoutError`` is raised.
 
     Example:
         >>> from flashcourse.kernels import aot
@@ -289,6 +292,8 @@ def check(names: Iterable[str] | None = None, ccs: Iterable[tuple] = tuple(TARGE
         >>> all(r.ok for r in results)                              # doctest: +SKIP
         True
     """
+    if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise ValueError(f"aot.check: timeout must be a positive number of seconds (or None), got {timeout!r}")
     ccs = [tuple(cc) for cc in ccs]
     files = [os.path.abspath(f) for f in files]
     jobs = max(1, min(len(ccs), jobs or os.cpu_count() or 1))
@@ -296,24 +301,36 @@ def check(names: Iterable[str] | None = None, ccs: Iterable[tuple] = tuple(TARGE
         for f in files:
             _import_file(f)
         return _check_here(list(names) if names is not None else registered(), ccs)
-    # one child per group of targets, run side by side
+    # one child per group of targets, run side by side, each in a process group of its own so that a
+    # timeout (or Ctrl-C) stops it and whatever it started (ptxas) at once
     groups = [ccs[i::jobs] for i in range(jobs)]
     env = dict(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
-    procs = []
-    for group in groups:
-        child = ([sys.executable, "-I", "-S", "-c", f"import sys; sys.path[:0] = {sys.path!r}; {_CHILD}"]
-                 if sys.flags.no_site else [sys.executable, "-c", _CHILD])   # as isolated as this process
-        cmd = [*child, "--json", "--jobs", "1", "--cc", *[f"{a}{b}" for a, b in group]]
-        for f in files:
-            cmd += ["--file", f]
-        if names is not None:
-            cmd += ["--names", *names]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    procs, outputs = [], []
+    try:
+        for group in groups:
+            child = ([sys.executable, "-I", "-S", "-c", f"import sys; sys.path[:0] = {sys.path!r}; {_CHILD}"]
+                     if sys.flags.no_site else [sys.executable, "-c", _CHILD])   # as isolated as this process
+            cmd = [*child, "--json", "--jobs", "1", "--cc", *[f"{a}{b}" for a, b in group]]
+            for f in files:
+                cmd += ["--file", f]
+            if names is not None:
+                cmd += ["--names", *names]
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                          start_new_session=hasattr(os, "killpg")))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for proc in procs:
+            try:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                outputs.append((proc, *proc.communicate(timeout=left)))
+            except subprocess.TimeoutExpired:
+                raise TimeoutError(f"aot.check: the compiles ran past timeout={timeout} s; its {len(procs)} "
+                                   "compile processes were killed") from None
+    finally:
+        stop_processes(procs)
     results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=timeout)
+    for proc, out, err in outputs:
         if proc.returncode not in (0, 1) or not out.strip():
             raise RuntimeError(f"ahead-of-time compile process failed ({proc.returncode}):\n{err[-4000:]}")
         data = json.loads(out.strip().splitlines()[-1])
@@ -321,6 +338,32 @@ def check(names: Iterable[str] | None = None, ccs: Iterable[tuple] = tuple(TARGE
                     for d in data]
     order = {cc: i for i, cc in enumerate(ccs)}
     return sorted(results, key=lambda r: order[r.cc])  # stable: kernels keep their order per target
+
+
+def stop_processes(procs) -> None:
+    """Kill each process of ``procs`` (``subprocess.Popen`` objects) that still runs, with its process group
+    when it leads one (``start_new_session=True``), and reap it.
+
+    Example:
+        >>> import subprocess, sys
+        >>> p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+        >>> stop_processes([p]); p.returncode
+        -9
+    """
+    for proc in procs:
+        if proc.poll() is None:                     # not reaped, so its pid (and group id) is still its own
+            try:
+                if hasattr(os, "killpg") and os.getpgid(proc.pid) == proc.pid:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                else:
+                    proc.kill()
+            except ProcessLookupError:
+                pass
+    for proc in procs:
+        proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
 
 
 def report(results: list[Result]) -> str:
