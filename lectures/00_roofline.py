@@ -261,7 +261,7 @@ CELLS = [
     Each is timed with the course's timer, `bench.flush_timer`: `triton.testing.do_bench`'s method
     (median of many runs, the L2 cache flushed in between), counting the GPU's time alone.
     On a GPU the next cell measures yours (it takes 10–30 seconds); without one it shows the H100's.
-    The same measurement from a shell: `flashcourse bench memory`.
+    The same measurement from a shell: `flashcourse bench roofline`.
     """, "slide", name="measure-md"),
     code("""
     # NBVAL_IGNORE_OUTPUT

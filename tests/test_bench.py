@@ -505,3 +505,49 @@ def test_shipped_flush_variants():
     with pytest.raises(FileNotFoundError, match="no shipped results for suite 'roofline'"):
         bench.shipped("roofline", flush="read")          # only the streaming suites were timed both ways
     assert "read-flush" not in bench.shipped_suites()
+
+
+# -- every command the course shows names a suite that exists ------------------------------------
+def _shipped_files():
+    """(path, suite, command) of every result shipped with the course, each GPU, each flush."""
+    out = []
+    for folder in sorted(p for p in harness.RESULTS.iterdir() if p.is_dir()):
+        for path in sorted([*folder.glob("*.json"), *(folder / "read-flush").glob("*.json")]):
+            data = json.loads(path.read_text())
+            out.append((path, data["suite"], data["provenance"]["command"]))
+    return out
+
+
+def _suite_named(command: str):
+    """The suite a ``flashcourse bench ...`` command runs (its first word that is not an option), or None."""
+    words = command.split()
+    if words[:2] != ["flashcourse", "bench"]:
+        return None
+    return next((w for w in words[2:] if not w.startswith("-")), "")
+
+
+def test_shipped_results_name_the_command_that_makes_them():
+    """A shipped result of a course suite says it was made by ``flashcourse bench SUITE``, and any
+    ``flashcourse bench X`` a provenance names is a suite that exists (the roofline results once said
+    ``flashcourse bench memory``, a suite renamed ``roofline``)."""
+    known = set(bench.registered())
+    files = _shipped_files()
+    assert any(suite == "roofline" for _, suite, _ in files)
+    for path, suite, command in files:
+        named = _suite_named(command)
+        if suite in known:
+            assert named == suite, f"{path}: suite {suite!r} but its command is {command!r}"
+        if named is not None:
+            assert named in known, f"{path}: {command!r} names no suite; known: {sorted(known)}"
+
+
+def test_lectures_name_only_suites_that_exist():
+    import re
+    from pathlib import Path
+    known = set(bench.registered())
+    lectures = sorted((Path(flashcourse.__file__).resolve().parents[1] / "lectures").glob("*.py"))
+    assert lectures
+    named = [(p.name, m) for p in lectures for m in re.findall(r"flashcourse bench ([a-z][\w-]*)", p.read_text())]
+    assert ("00_roofline.py", "roofline") in named
+    wrong = [(name, suite) for name, suite in named if suite not in known]
+    assert not wrong, f"lectures name suites that do not exist: {wrong}; known: {sorted(known)}"
