@@ -1,5 +1,6 @@
 """The repository keeps its promises: README badges from one URL, notebooks executed and presentable."""
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -210,3 +211,36 @@ def test_a_stepper_cell_runs_on_its_own(path, monkeypatch):
         source = "".join(cell["source"])
         if cell["cell_type"] == "code" and "show_stepper(" in source:
             exec(compile(source, f"{path.name}:{cell['id']}", "exec"), {})
+
+
+# -- conda environments --------------------------------------------------------------------------
+def _conda_env(name: str) -> tuple[list[str], list[str]]:
+    """(conda dependencies, pip lines) of a conda environment file at the repository root."""
+    yaml = pytest.importorskip("yaml")          # PyYAML: transformers (the dev extra) requires it
+    env = yaml.safe_load((ROOT / name).read_text())
+    conda = [d for d in env["dependencies"] if isinstance(d, str)]
+    pip = [line for d in env["dependencies"] if isinstance(d, dict) for line in d.get("pip", [])]
+    return conda, pip
+
+
+def test_conda_environments_pin_the_python_the_package_allows():
+    """Both environment files ask conda for the Pythons pyproject allows (``python>=3.10``), not one
+    minor version (they once pinned 3.11)."""
+    requires = re.search(r'^requires-python = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    for name in ("environment.yml", "environment-cpu.yml"):
+        conda, pip = _conda_env(name)
+        pythons = [d for d in conda if re.match(r"python\b", d)]
+        assert pythons == ["python" + requires], f"{name}: {pythons}; pyproject says requires-python {requires}"
+        assert "pip" in conda and "-e .[dev]" in pip, name
+
+
+def test_the_cpu_environment_takes_torch_from_the_cpu_index():
+    """environment-cpu.yml installs PyTorch's CPU build from PyTorch's CPU index (an index that holds
+    no CUDA build), as the README's quick start does, not the package index's CUDA build."""
+    _, pip = _conda_env("environment-cpu.yml")
+    assert "--index-url https://download.pytorch.org/whl/cpu" in pip and "torch" in pip
+    assert not [line for line in pip if re.search(r"cu\d{2,3}|nvidia|cuda", line, re.I)]
+    _, gpu = _conda_env("environment.yml")
+    assert not [line for line in gpu if "--index-url" in line]     # the GPU file: the package index's CUDA build
+    readme = (ROOT / "README.md").read_text()
+    assert "environment.yml" in readme and "environment-cpu.yml" in readme
