@@ -234,6 +234,7 @@ CELLS = [
          '$dQ_i$ through $dS\\,K_j$. Its row of $K_j$ is zero, but when every logit of the row is very '
          'negative, $\\exp(-L_i)$ passes fp16\'s largest value (65504, about $e^{11}$), the cast before '
          '`tl.dot` makes it inf, and inf times 0 is NaN. So that block keeps its mask. Skipping the mask '
-         'elsewhere made the causal backward 3-8% faster on an H100 (`lab/results/h100/backward_masks.json`).'),
+         'elsewhere made the causal backward 3-8% faster on an H100 ([lab notes]'
+         '(https://github.com/flashcourse/flashcourse/blob/main/lab/backward.md#masks-only-where-they-are-needed)).'),
     ]),
 ]
