@@ -190,20 +190,25 @@ CELLS = [
     check("sparse_kernel"),
 
     done("""
-    The course's kernel (`flashcourse.kernels.block_sparse_attention`) is yours with two refinements measured
-    on an H100: the query blocks with the most key blocks run first, and each loop reads the index of its
-    next block one step ahead, so that the loads of $K_j, V_j$ do not wait for it. Chapter 8's lecture
-    measures it against FlexAttention.
+    The course's kernel (`flashcourse.kernels.block_sparse_attention`) is yours with two refinements: the query
+    blocks with the most key blocks run first, and each loop reads the index of its next block one step
+    ahead, so that the loads of $K_j, V_j$ do not wait for it. Chapter 8's lecture measures it against
+    FlexAttention.
     """),
     *questions([
-        ('A sliding window of 1024 keys at N = 16k keeps about 6% of the pairs. Why does block-sparse attention '
-         'run about 8x faster than dense causal attention there, and not 16x (what the pairs suggest against '
-         'causal\'s 50%)?',
-         'The work is set by blocks, not pairs: every non-empty block costs a whole tile of matmul. The window '
-         'covers 1024 / 64 = 16 key blocks per query block fully, plus the partial blocks at its two edges (the '
-         'diagonal, and where the window starts inside a block), about 18 of the 256 key blocks (s = 0.068 '
-         'measured, against causal\'s 0.504): 7.4x fewer blocks. Partial blocks also pay for their bit tiles '
-         'and masks; the rest is the fixed cost of the launch and of loading Q and writing O.'),
+        ('A sliding window of 1024 keys at N = 16k keeps 6.1% of the (query, key) pairs, causal attention 50%: '
+         '8.3x fewer. Yet the course\'s kernels run the window only 5.6-5.9x as fast as their causal attention '
+         '(chapter 8\'s lecture). Count the key blocks of 64 that a query block of 128 rows visits, and say where '
+         'the rest of the gap goes.',
+         'Take query rows i to i + 127 (i a multiple of 128, past the first 1024 keys): row i sees keys i - 1023 to '
+         'i, row i + 127 keys i - 896 to i + 127. Every row sees keys i - 896 to i - 1 whole: 896 keys, **14 full** '
+         'blocks. The windows start at 128 different keys, which cut two 64-key blocks at the left edge, and the '
+         'diagonal cuts two more: **4 partial** blocks, 18 of the 256 in the row (`block_mask(sliding_window(1024), '
+         '16384, 16384, (128, 64))` gives 14 full and 4 partial for 120 of the 128 query blocks; the first 8 see '
+         'fewer keys). So s = 0.068 against causal\'s 0.504: 7.4x fewer blocks, less than the pairs\' 8.3x '
+         'because a partial block is computed whole. The rest is fixed cost: the forward\'s time is a fixed part '
+         'plus a slope in s (about 110 µs + 4.5 ms x s on the H100, the lecture\'s fit), not proportional to s, '
+         'so the time falls less than the blocks: 5.7x by the fit, 5.6-5.9x measured.'),
         ('The strided pattern keeps only a few percent of the pairs, yet block-sparse attention saves nothing on '
          'it. Why, and what would a kernel need to gain from it?',
          'Every block below the diagonal holds at least one key the pattern keeps (every stride-th key), so no '
