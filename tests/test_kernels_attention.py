@@ -24,15 +24,16 @@ import torch.nn.functional as F
 
 from flashcourse import backend  # first: it decides the backend before triton is imported
 
-from flashcourse.kernels import aot, fa1_config, fa1_forward, fa2_config, fa2_forward  # noqa: E402
+from flashcourse.kernels import aot, fa1_config, fa1_forward, fa2_config, fa2_forward, fa2_taught  # noqa: E402
 from flashcourse.kernels.validate import supports_bf16  # noqa: E402
 from flashcourse.reference.attention import attention_float64, causal_mask  # noqa: E402
 from flashcourse.checks.cases import assert_within_error_rule  # noqa: E402
 
-from flashcourse.kernels import attention as FA  # noqa: E402  (the module: FA1 and FA2)
+from flashcourse.kernels import attention as FA  # noqa: E402  (the module: FA1 and chapter 3's taught FA2)
+from flashcourse.kernels import attention_fast as FAST  # noqa: E402  (fa2_forward, the fast path)
 
 GPU = backend.DEVICE == "cuda"
-KERNELS = {"fa2": fa2_forward, "fa1": fa1_forward}
+KERNELS = {"fa2": fa2_forward, "fa1": fa1_forward, "fa2_taught": fa2_taught}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -101,6 +102,40 @@ def test_fa2_against_float64(device, case, causal, gen):
     B, H, N_q, N_k, d = case
     q, k, v = qkv(B, H, N_q, N_k, d, gen, device)
     assert_attention_close(fa2_forward(q, k, v, causal=causal), q, k, v, causal, what=f"{case_id(case)} causal={causal}")
+
+
+TAUGHT_CASES = CASES if GPU else [CASES[1], CASES[2], CASES[5], CASES[6], CASES[8]]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", TAUGHT_CASES, ids=case_id)
+def test_fa2_taught_against_float64(device, case, causal, gen):
+    """Chapter 3's kernel as the lecture prints it: the same cases as fa2_forward's (a subset on the CPU)."""
+    B, H, N_q, N_k, d = case
+    q, k, v = qkv(B, H, N_q, N_k, d, gen, device)
+    assert_attention_close(fa2_taught(q, k, v, causal=causal), q, k, v, causal, what=f"{case_id(case)} causal={causal}")
+
+
+def test_the_exercise_asks_for_the_taught_kernel():
+    """Exercise 3's fa2_kernel is the library's chapter 3 kernel: what the student is given (the solution cell but
+    its solution regions) is the library kernel but its exercise regions, line for line; and the exercise's
+    check passes the library kernel, hidden cases and all."""
+    import json
+    from pathlib import Path
+    from flashcourse import checks, viz
+    from flashcourse.kernels.attention import fa2_kernel
+    root = Path(__file__).resolve().parents[1]
+    cells = json.loads((root / "solutions/03_flashattention2.ipynb").read_text())["cells"]
+    cell = next("".join(c["source"]) for c in cells if "def fa2_kernel(" in "".join(c["source"]))
+    given, inside = [], False
+    for line in cell[cell.index("@triton.jit"):cell.index("\n\n\ndef ")].splitlines():
+        if "### BEGIN SOLUTION" in line or "### END SOLUTION" in line:
+            inside = "BEGIN" in line
+        elif not inside:
+            given.append(line.rstrip())
+    library = [line.rstrip() for line in viz.kernel_source(fa2_kernel).splitlines() if not line.strip().startswith("...")]
+    assert given == library
+    checks.fa2_kernel(fa2_kernel)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -208,7 +243,7 @@ def test_errors_speak_to_the_student(name):
     dev = backend.DEVICE
     z = lambda *s, dtype=torch.float16, device=dev: torch.zeros(*s, dtype=dtype, device=device)  # noqa: E731
     q = z(2, 8, 100, 64)
-    with pytest.raises(ValueError, match=rf"^{name}_forward: q is \(2, 8, 100, 96\) but head dim 96 is not one of 16, 32, 64, 128$"):
+    with pytest.raises(ValueError, match=rf"^{fn.__name__}: q is \(2, 8, 100, 96\) but head dim 96 is not one of 16, 32, 64, 128$"):
         fn(z(2, 8, 100, 96), z(2, 8, 100, 96), z(2, 8, 100, 96))
     if name == "fa1":
         with pytest.raises(ValueError, match=r"q is \(2, 8, 100, 64\) but k is \(2, 4, 100, 64\); expected k of shape "
@@ -370,13 +405,13 @@ def test_causal_block_skipping_launches_fewer_key_blocks(device, gen, monkeypatc
     if GPU:
         pytest.skip("counts the inner loop's trips, which only the interpreter can watch")
     calls = []
-    inner = FA.fa2_inner
+    inner = FAST.fa2_inner
 
     def spy(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, rows, cols, lo, hi, *rest):
         masked = rest[3]
         calls.append((bool(masked), max(0, (int(hi) - int(lo) + 63) // 64)))
         return inner(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, rows, cols, lo, hi, *rest)
-    monkeypatch.setattr(FA, "fa2_inner", spy)
+    monkeypatch.setattr(FAST, "fa2_inner", spy)
     q, k, v = qkv(1, 1, 512, 512, 32, gen, device)
     fa2_forward(q, k, v, causal=True)
     blocks = {m: sum(n for mm, n in calls if mm == m) for m in (False, True)}
@@ -389,16 +424,19 @@ def test_causal_block_skipping_launches_fewer_key_blocks(device, gen, monkeypatc
 # ---------------------------------------------------------------------------------------------
 # The comparison rejects wrong kernels
 
-def _wrong_inner(tmp_path, old, new, name):
-    """FA2's inner loop with one line changed, compiled as a Triton function from a file."""
-    src = textwrap.dedent(inspect.getsource(FA.fa2_inner.fn))
+def _wrong_inner(tmp_path, old, new, name, fn="fa2_inner"):
+    """A jit helper of fa2_forward's (its inner loop, or the online-softmax update it calls) with one line changed,
+    compiled as a Triton function from a file."""
+    module = FAST if fn == "fa2_inner" else FA
+    src = textwrap.dedent(inspect.getsource(getattr(module, fn).fn))
     assert old in src, old
     path = tmp_path / f"{name}.py"
-    path.write_text("import triton\nimport triton.language as tl\n\n" + src.replace(old, new))
+    path.write_text("import triton\nimport triton.language as tl\nfrom flashcourse.kernels.attention import "
+                    "online_softmax_update\n\n" + src.replace(old, new))
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.fa2_inner
+    return getattr(mod, fn)
 
 
 @pytest.mark.parametrize("bug", ["no rescale by alpha", "wrong triangle"])
@@ -409,11 +447,12 @@ def test_the_comparison_rejects_a_wrong_kernel(device, bug, gen, monkeypatch, tm
     q, k, v = qkv(1, 2, 256, 256, 64, gen, device)
     assert_attention_close(fa2_forward(q, k, v, causal=causal), q, k, v, causal)   # the real one passes
     if bug == "no rescale by alpha":
-        wrong = _wrong_inner(tmp_path, "acc = acc * alpha[:, None]", "acc = acc", "fa2_no_alpha")
+        wrong = _wrong_inner(tmp_path, "acc = acc * alpha[:, None]", "acc = acc", "fa2_no_alpha", "online_softmax_update")
+        monkeypatch.setattr(FAST, "online_softmax_update", wrong)
     else:
         wrong = _wrong_inner(tmp_path, "(start_n + cols)[None, :] <= rows[:, None] + offset",
                              "(start_n + cols)[None, :] >= rows[:, None] + offset", "fa2_upper_triangle")
-    monkeypatch.setattr(FA, "fa2_inner", wrong)
+        monkeypatch.setattr(FAST, "fa2_inner", wrong)
     with pytest.raises(AssertionError, match="max error"):
         assert_attention_close(fa2_forward(q, k, v, causal=causal), q, k, v, causal)
 
@@ -478,7 +517,7 @@ def test_fa2_forward_reuses_the_host_work_of_a_shape(device, gen, monkeypatch):
     no checks; another shape, or a launch given, takes the full path."""
     q, k, v = qkv(1, 2, 40, 40, 32, gen, device)
     first = fa2_forward(q, k, v, causal=True, return_lse=True)
-    monkeypatch.setattr(FA, "expect_qkv", lambda *a, **kw: (_ for _ in ()).throw(AssertionError("full path")))
+    monkeypatch.setattr(FAST, "expect_qkv", lambda *a, **kw: (_ for _ in ()).throw(AssertionError("full path")))
     again = fa2_forward(q.clone(), k.clone(), v.clone(), causal=True, return_lse=True)
     assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
     with pytest.raises(AssertionError, match="full path"):

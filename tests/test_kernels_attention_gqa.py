@@ -30,7 +30,7 @@ import triton.language as tl  # noqa: E402
 from flashcourse.checks.cases import assert_within_error_rule, error_rule  # noqa: E402
 from flashcourse.formulas import sparse as masks  # noqa: E402
 from flashcourse.kernels import aot, fa1_forward, fa2_backward, fa2_config, fa2_forward, flash_attention  # noqa: E402
-from flashcourse.kernels import attention as FA  # noqa: E402
+from flashcourse.kernels import attention_fast as FA  # noqa: E402  (fa2_forward, the fast path)
 from flashcourse.kernels import backward as BW  # noqa: E402
 from flashcourse.kernels import sparse as SPK  # noqa: E402
 from flashcourse.kernels.sparse import block_sparse_attention, create_block_mask, sparse_block_size  # noqa: E402

@@ -3,7 +3,8 @@
 Suite ``attention``: fp16, B * N = 16k tokens, hidden 2048 (H = 2048 / d heads), d in {64, 128},
 N from 512 to 16k, causal and not -- the shapes of ``../shared/baselines`` -- timing
 
-* ``kernels.fa2_forward`` and ``kernels.fa1_forward`` (the course's kernels),
+* ``kernels.fa2_forward`` (the fast path), ``kernels.fa2_taught`` (chapter 3's kernel as the lecture prints
+  it) and ``kernels.fa1_forward`` (the course's kernels),
 * ``sdpa (flash)``, ``sdpa (cudnn)``, ``sdpa (efficient)``: ``scaled_dot_product_attention`` with
   one backend forced by ``torch.nn.attention.sdpa_kernel``,
 * ``naive (torch)``: ``softmax(Q K^T * scale) V`` with S and P materialised (skipped where S and P
@@ -29,7 +30,7 @@ from .inputs import memory_skip
 __all__ = ["attention", "IMPLS", "table"]
 
 #: The implementations the suite times, in order.
-IMPLS = ["kernels.fa2_forward", "kernels.fa1_forward", "sdpa (flash)", "sdpa (cudnn)",
+IMPLS = ["kernels.fa2_forward", "kernels.fa2_taught", "kernels.fa1_forward", "sdpa (flash)", "sdpa (cudnn)",
          "sdpa (efficient)", "naive (torch)"]
 _SDPA = {"sdpa (flash)": "FLASH_ATTENTION", "sdpa (cudnn)": "CUDNN_ATTENTION",
          "sdpa (efficient)": "EFFICIENT_ATTENTION"}
@@ -92,7 +93,7 @@ def _cases(B, H, N, d, causal, fa1, naive, device, seed):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from ..kernels import fa1_forward, fa2_forward
+    from ..kernels import fa1_forward, fa2_forward, fa2_taught
 
     warm_up(torch)
 
@@ -135,6 +136,7 @@ def _cases(B, H, N, d, causal, fa1, naive, device, seed):
         return None if err <= 2e-2 else f"max |o - sdpa| = {err:.3g}"
 
     fns = {"kernels.fa2_forward": lambda: fa2_forward(q, k, v, causal=causal),
+           "kernels.fa2_taught": lambda: fa2_taught(q, k, v, causal=causal),
            "kernels.fa1_forward": lambda: fa1_forward(q, k, v, causal=causal),
            **{name: sdpa(name) for name in _SDPA}, "naive (torch)": naive_fn}
     skips = {}

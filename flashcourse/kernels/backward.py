@@ -330,7 +330,7 @@ def fa2_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
     """``(dq, dk, dv)`` of ``o = softmax(q k^T sm_scale) v`` for the upstream gradient ``do``, recomputing P.
 
     ``q``, ``o``, ``do``: (B, H, N_q, d); ``k``, ``v``: (B, H_kv, N_k, d) with H a multiple of H_kv
-    (grouped-query attention, as :func:`~flashcourse.kernels.attention.fa2_forward`: dk and dv sum over the
+    (grouped-query attention, as :func:`~flashcourse.kernels.attention_fast.fa2_forward`: dk and dv sum over the
     H / H_kv query heads of a group, on chip); ``lse``: (B, H, N_q) float32, the log-sum-exp
     ``fa2_forward(q, k, v, causal, sm_scale, return_lse=True)`` returned with ``o``. float16, or bfloat16 on a
     GPU of sm_80 or newer; d one of 16, 32, 64, 128. ``causal`` and ``sm_scale`` must be the forward's.

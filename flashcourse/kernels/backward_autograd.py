@@ -1,5 +1,5 @@
 """FlashAttention as one operator that autograd and torch.compile can use (chapter 7): the forward is
-:func:`~flashcourse.kernels.attention.fa2_forward`, saving O and the log-sum-exp of each row, the backward
+:func:`~flashcourse.kernels.attention_fast.fa2_forward`, saving O and the log-sum-exp of each row, the backward
 :func:`~flashcourse.kernels.backward.fa2_backward`, recomputing P from them. A model trains on it, eager or under
 ``torch.compile``.
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention import fa2_forward
+from .attention_fast import fa2_forward
 from .backward import HEAD_DIMS, fa2_backward
 from .validate import expect_qkv, expect_sm_scale
 

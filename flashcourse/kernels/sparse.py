@@ -31,7 +31,7 @@ from .. import backend
 from ..formulas.counting import LOG2E, ceil_div
 from ..formulas.sparse import EMPTY, FULL, PARTIAL, BlockMask, Mask, check_mask_sizes, evaluate_mask
 from . import aot
-from .attention import quiet
+from .attention import online_softmax_update, quiet
 from .attention_gqa import packed_rows, sum_parts
 from .backward import backward_stats, row_stats
 from .validate import expect_qkv, expect_saved, expect_sm_scale
@@ -89,13 +89,7 @@ def _sparse_fwd(Q, K, V, O, LSE, KV_FULL_NUM, KV_FULL_IDX, KV_PART_NUM, KV_PART_
     for t in range(0, n_full):                                    # full blocks: every row sees every key
         K_j = tl.load(K_ptrs + start_n * stride_kn)
         V_j = tl.load(V_ptrs + start_n * stride_vn)
-        qk = tl.dot(Q_i, tl.trans(K_j))
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(V_j.dtype), V_j, acc * alpha[:, None])
-        m_i = m_new
+        acc, l_i, m_i = online_softmax_update(acc, l_i, m_i, tl.dot(Q_i, tl.trans(K_j)), V_j, qk_scale, False)
         start_n = tl.load(KV_FULL_IDX + i * T_c + t + 1, mask=t + 1 < n_full, other=0).to(tl.int64) * BLOCK_N
 
     n_part = tl.load(KV_PART_NUM + i)
@@ -108,13 +102,7 @@ def _sparse_fwd(Q, K, V, O, LSE, KV_FULL_NUM, KV_FULL_IDX, KV_PART_NUM, KV_PART_
         seen = seen_bits(TILES, tile, rows - i * BLOCK_M, BLOCK_M, BLOCK_N)
         qk = tl.dot(Q_i, tl.trans(K_j))
         qk = tl.where(seen != 0, qk * qk_scale, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_shift = tl.where(m_new == -float("inf"), 0.0, m_new)   # a row that has seen no key yet
-        p = tl.math.exp2(qk - m_shift[:, None])
-        alpha = tl.math.exp2(m_i - m_shift)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(V_j.dtype), V_j, acc * alpha[:, None])
-        m_i = m_new
+        acc, l_i, m_i = online_softmax_update(acc, l_i, m_i, qk, V_j, qk_scale, True)
         start_n = tl.load(KV_PART_IDX + i * T_c + t + 1, mask=t + 1 < n_part, other=0).to(tl.int64) * BLOCK_N
         tile = tl.load(KV_PART_TILE + i * T_c + t + 1, mask=t + 1 < n_part, other=0).to(tl.int64)
 
