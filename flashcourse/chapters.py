@@ -26,8 +26,8 @@ Example:
     'notebooks/03_flashattention2.ipynb'
     >>> modules("kernels")[:4]
     ['online', 'attention', 'decode', 'gemm']
-    >>> layer_modules("kernels")[:6]
-    ['online', 'attention', 'attention_gqa', 'decode', 'gemm', 'gemm_linear']
+    >>> [m for m in layer_modules("kernels") if m.startswith(("decode", "gemm"))]    # each stem, then its extras
+    ['decode', 'decode_configs', 'decode_unified', 'gemm', 'gemm_linear', 'gemm_floor', 'gemm_configs']
 """
 from __future__ import annotations
 
@@ -122,7 +122,7 @@ CHAPTERS: tuple[Chapter, ...] = (
             former_names=("01_softmax",)),
     Chapter(2, "attention", "FlashAttention-1: tiles, and the order of the loops", "02_flashattention1",
             layers=_ALL, kernels=("fa1_forward",), checks=("fa1_step", "fa1_accesses"), bench="attention",
-            extra_modules=("checks.attention_predict",)),
+            extra_modules=("reference.attention_updates", "checks.attention_predict")),
     Chapter(3, "attention", "FlashAttention-2: swap the loops, defer the rescale", "03_flashattention2",
             layers=_ALL, kernels=("fa2_forward", "fa2_taught"), checks=("fa2_attention", "fa2_kernel", "choose_fa2_config"),
             bench="attention",
@@ -130,15 +130,18 @@ CHAPTERS: tuple[Chapter, ...] = (
                            "checks.attention_tiles", "bench.attention_gqa")),
     Chapter(4, "decode", "Flash-Decoding: split the keys, not the queries", "04_flash_decode",
             layers=_ALL, kernels=("flash_decode",), checks=("lse_combine", "split_kv_kernel", "choose_num_splits"),
-            bench="decode", extra_modules=("checks.decode_splits",), former_names=("04_flash_decoding",)),
+            bench="decode", extra_modules=("kernels.decode_configs", "checks.decode_splits"),
+            former_names=("04_flash_decoding",)),
     Chapter(5, "decode", "FlashDecoding++: one shared maximum instead of many", "05_unified_max_decode",
             layers=_ALL, kernels=("unified_max_decode",), checks=("unified_max_partials", "choose_phi", "partials_kernel"),
             bench="decode",
-            extra_modules=("checks.decode_phi", "checks.decode_partials"), former_names=("05_unified_max",)),
+            extra_modules=("reference.decode_unified", "kernels.decode_unified", "checks.decode_unified",
+                           "checks.decode_phi", "checks.decode_partials"),
+            former_names=("05_unified_max",)),
     Chapter(6, "gemm", "Flat GEMM: the linear layers of a decoding step", "06_flat_gemm",
             layers=_ALL, kernels=("flat_gemm", "gemv", "linear", "read_once"),
             checks=("choose_block_n", "flat_gemm_kernel"), bench="gemm",
-            extra_modules=("kernels.gemm_linear", "kernels.gemm_floor")),
+            extra_modules=("kernels.gemm_linear", "kernels.gemm_floor", "kernels.gemm_configs")),
     Chapter(7, "backward", "The backward pass: recompute P, don't store it", "07_backward",
             layers=("formulas", "reference", "kernels", "checks", "bench"), kernels=("fa2_backward", "fa1_backward", "flash_attention"),
             checks=("fa2_backward_step", "dkdv_kernel"), bench="backward",
@@ -203,10 +206,10 @@ def layer_modules(layer: str) -> list[str]:
     the ``extra_modules`` its chapters name in that layer.
 
     Example:
-        >>> layer_modules("kernels")[4:7]
-        ['gemm', 'gemm_linear', 'gemm_floor']
-        >>> layer_modules("reference")[1:3]           # chapter 3's warps have a module of their own
-        ['attention', 'attention_warps']
+        >>> [m for m in layer_modules("kernels") if m.startswith("gemm")]
+        ['gemm', 'gemm_linear', 'gemm_floor', 'gemm_configs']
+        >>> [m for m in layer_modules("reference") if m.startswith("decode")]     # chapter 4's stem, then 5's
+        ['decode', 'decode_unified']
     """
     names = []
     for stem in modules(layer):
@@ -241,8 +244,8 @@ def export(package: str, namespace: dict) -> list[str]:
 
     Example:
         >>> ns = {}
-        >>> "fa2_forward" in export("flashcourse.kernels", ns), ns["fa2_forward"].__module__
-        (True, 'flashcourse.kernels.attention')
+        >>> "flash_decode" in export("flashcourse.kernels", ns), ns["flash_decode"].__module__
+        (True, 'flashcourse.kernels.decode')
     """
     names: list[str] = []
     for module in import_layer(package):

@@ -184,20 +184,15 @@ def test_readme_draws_the_layers():
 
 @pytest.mark.parametrize("path", LIBRARY, ids=lambda p: str(p.relative_to(ROOT)))
 def test_modules_stay_readable(path):
-    """No library module over ~500 lines, unless it is one idea (listed here, with its size).
+    """No library module over 500 lines: one job to a module (a chapter's others are ``STEM_job.py``).
 
-    The decode modules carry two chapters (4 and 5, one stem); the others are one idea each."""
-    one_idea = {
-        "flashcourse/viz/stepper.py": 573,             # one widget and its static frames
-        "flashcourse/reference/attention.py": 610,     # standard attention, FA1 and FA2: chapters 2-3 (and the mask of 8)
-        "flashcourse/reference/decode.py": 635,        # chapters 4 and 5: decode, split-KV, unified max
-        "flashcourse/bench/harness.py": 577,           # suites, records, results, the run (timers: timers.py)
-        "flashcourse/checks/decode.py": 696,           # chapters 4 and 5
-        "flashcourse/kernels/decode.py": 730,          # chapters 4 and 5: the split-KV kernels and their combine
-        "flashcourse/kernels/gemm.py": 693,            # flat_gemm and gemv: kernels, config tables, launch
-    }
+    Pending, not exceptions: the kernels that issue 30's part 1 is rewriting keep the limit they had (560)
+    until that lands; formulas/sparse.py grew to 512 lines with chapter 8's corrections and waits for its split."""
+    pending = {f"flashcourse/kernels/{m}.py": 560 for m in ("attention", "attention_fast", "attention_gqa", "backward",
+                                                            "backward_fa1", "backward_autograd", "sparse")}
+    pending["flashcourse/formulas/sparse.py"] = 560
     n = len(path.read_text().splitlines())
-    assert n <= one_idea.get(str(path.relative_to(ROOT)), 560), f"{path.name}: {n} lines"
+    assert n <= pending.get(str(path.relative_to(ROOT)), 500), f"{path.name}: {n} lines"
 
 
 def test_the_wheel_ships_only_measurements_the_course_reads():

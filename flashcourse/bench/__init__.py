@@ -7,7 +7,8 @@ measured on an H100 that ship with the course, so a student without a GPU still 
 ``flashcourse bench SUITE`` does the same from the shell and writes JSON with its provenance.
 
 Suites register themselves with ``@suite("name")`` (one module per chapter, found through :mod:`flashcourse.chapters`).
-Four modules are no chapter's: :mod:`.harness` (suites, records, results, the run),
+Five modules are no chapter's: :mod:`.harness` (suites and the run), :mod:`.records` (records, results,
+their JSON and the shipped ones),
 :mod:`.timers` (the GPU timers: :func:`flush_timer`, :func:`read_flush_timer`, :func:`do_bench_timer`,
 :func:`host_us`), :mod:`.measured` (the shipped measurements that are no suite's) and :mod:`.ncu`
 (DRAM bytes under Nsight Compute beside the counted ones).

@@ -70,7 +70,7 @@ def _cases(B, H_q, H_kv, L, d, device, seed):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from ..kernels import decode as dec
-    from ..kernels import fa2_forward
+    from ..kernels import fa2_forward, unified_max_decode
     from .attention import warm_up
 
     if device == "cuda":
@@ -119,14 +119,14 @@ def _cases(B, H_q, H_kv, L, d, device, seed):
 
     fns, skips, extra = {}, {}, {}
     fns["kernels.flash_decode"] = lambda: dec.flash_decode(q, k, v)
-    fns["kernels.unified_max_decode"] = lambda: dec.unified_max_decode(q, k, v, PHI)
-    fns["kernels.unified_max_decode (fallback 1/8)"] = lambda: dec.unified_max_decode(q_hot, k, v, PHI)
+    fns["kernels.unified_max_decode"] = lambda: unified_max_decode(q, k, v, PHI)
+    fns["kernels.unified_max_decode (fallback 1/8)"] = lambda: unified_max_decode(q_hot, k, v, PHI)
     S = dec.num_splits(B, H_kv, L, q.device)
     for impl in ("kernels.flash_decode", "kernels.unified_max_decode", "kernels.unified_max_decode (fallback 1/8)"):
         extra[impl] = {"num_splits": S}
     try:
         for impl, qq in (("kernels.unified_max_decode", q), ("kernels.unified_max_decode (fallback 1/8)", q_hot)):
-            _, st = dec.unified_max_decode(qq, k, v, PHI, return_stats=True)
+            _, st = unified_max_decode(qq, k, v, PHI, return_stats=True)
             extra[impl].update(fallback_heads=st["fallback_heads"], heads=st["heads"],
                                fallback_chunks=st["fallback_chunks"], chunks=st["chunks"])
     except Exception:  # noqa: BLE001 - the case itself records the error

@@ -29,11 +29,12 @@ The checks, by chapter:
   :func:`fa1_accesses` (FA1's HBM traffic, predicted and counted); :mod:`.attention_tiles`:
   :func:`choose_fa2_config` (the FA2 kernel's tiles, warps and stages for a GPU, from a count of what
   one program asks of an SM);
-* :mod:`.decode` (chapters 4 and 5): :func:`lse_combine` (Flash-Decoding's log-sum-exp combine, in
-  NumPy), :func:`split_kv_kernel` (the per-chunk loop of the split-KV Triton kernel) and
-  :func:`unified_max_partials` (FlashDecoding++'s unified-max partials and their overflow detection);
+* :mod:`.decode` (chapter 4): :func:`lse_combine` (Flash-Decoding's log-sum-exp combine, in
+  NumPy) and :func:`split_kv_kernel` (the per-chunk loop of the split-KV Triton kernel);
   :mod:`.decode_splits`: :func:`choose_num_splits` (how many splits, by the wave model);
-  :mod:`.decode_phi`: :func:`choose_phi` (the unified maximum for a target fallback rate);
+  :mod:`.decode_unified`: :func:`unified_max_partials` (FlashDecoding++'s unified-max partials and
+  their overflow detection); :mod:`.decode_phi`: :func:`choose_phi` (the unified maximum for a target
+  fallback rate);
   :mod:`.decode_partials`: :func:`partials_kernel` (the unified-max partials in Triton, added with
   ``tl.atomic_add``);
 * :mod:`.gemm` (chapter 6): :func:`choose_block_n` (FlashDecoding++'s choice of B_N from the

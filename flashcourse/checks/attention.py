@@ -28,14 +28,13 @@ import math
 
 import numpy as np
 
-from ..reference.attention import attention_float64
-from .attention_cases import (BOUNDARY, DROP, FA1_STEP_KINDS, JUMP, KERNEL_KINDS, KINDS, block_shifts, draw,
-                              fa1_step_inputs, head, large_v, long_row, one_pass_loads, shift_logits)
+from .attention_cases import (BOUNDARY, DROP, FA1_STEP_KINDS, JUMP, KERNEL_KINDS, KINDS, AttentionCase, attention64,
+                              block_shifts, draw, fa1_step_inputs, head, jump_then_drop, kind_hint, large_v,
+                              long_row, loop_inputs, one_pass_loads, shift_logits, shifted_inputs, stats64)
 from .attention_mistakes import (FA1_MISTAKES, FA2_MISTAKES, KERNEL_MISTAKES, diagnose, fa1_loops, fa1_step_variant,
-                                 fa2_variant, kernel_variant, matches, visible)
+                                 fa2_variant, kernel_variant, matches)
 from .cases import (ATTENTION_DTYPE_NOTE, LOG2E, U16, U32, Case, InterpreterLoads, as_array, call, compare,
-                    compile_after, join_lines, launch, passed, poisoned, require_callable, require_kernel, seed_of,
-                    value_summary)
+                    compile_after, join_lines, launch, passed, poisoned, require_callable, require_kernel, seed_of)
 
 __all__ = ["fa1_step", "fa2_attention", "fa2_kernel"]
 
@@ -70,67 +69,6 @@ RTOL_ATTN_F64, ATOL_ATTN_F64 = 1e-9, 1e-9
 # The fp16 bit pattern the kernel check poisons O with: a NaN that no arithmetic produces
 # (computed fp16 NaNs are 0x7e00 or 0xfe00), so "never written" and "wrote nan" differ.
 _POISON16 = 0x7DAD
-
-
-class _AttnCase(Case):
-    """An attention case: (Q, K, V) with its sizes, and the description a student reads."""
-
-    def __init__(self, kind, inputs, number, of, hidden=False, seed=None, extra=None, what=""):
-        super().__init__(kind, inputs, number, of, hidden, seed, ("Q", "K", "V"), extra or {})
-        self.what = what
-
-    def describe(self) -> str:
-        where = self.where()
-        e = self.extra
-        sizes = f"N_q = {e['N_q']}, N_k = {e['N_k']}, d = {e['d']}"
-        blocks = ", ".join(f"{b} = {e[b]}" for b in ("B_r", "B_c", "BLOCK_M", "BLOCK_N", "B*H") if b in e)
-        scale = f"sm_scale = {e['sm_scale']:.6g}"
-        vals = value_summary(np.concatenate([np.ravel(np.asarray(t, dtype=np.float64)) for t in self.inputs[:3]]))
-        what = f"{self.what} " if self.what else ""
-        return (f"{where}: {what}{sizes}, {blocks}, {'causal' if e['causal'] else 'not causal'}, {scale}; "
-                f"Q, K, V {vals}")
-
-
-def _stats64(q, k, causal: bool, scale: float):
-    """The final (m, l) of each query row: its largest visible logit, and sum of e^(s - m) (-inf, 0 if none)."""
-    s = np.where(visible(len(q), len(k), causal), q @ k.T * scale, -np.inf)
-    m = s.max(axis=1)
-    safe = np.where(np.isneginf(m), 0.0, m)
-    return m, np.exp(s - safe[:, None]).sum(axis=1)
-
-
-def attention64(q, k, v, causal: bool, scale: float) -> np.ndarray:
-    """Float64 attention of one head, the reference of this module's checks: ``q`` (N_q, d) against ``k``,
-    ``v`` (N_k, d), causal masking aligned bottom-right (query r sees keys c <= r + N_k - N_q), 0 for a
-    row that sees no key; :func:`~flashcourse.reference.attention.attention_float64` on (N, d) arrays.
-
-    Example:
-        >>> attention64(np.zeros((4, 2)), np.zeros((3, 2)), np.arange(6.0).reshape(3, 2), True, 1.0)
-        array([[0., 0.],
-               [0., 1.],
-               [1., 2.],
-               [2., 3.]])
-    """
-    return attention_float64(q[None, None], k[None, None], v[None, None], causal=causal, sm_scale=scale)[0, 0]
-
-
-# hints, by what a case stresses (the first that applies to the case's kind)
-_KIND_HINTS = {
-    "rows that see no key": "a row that sees no key of a block has a block maximum of -inf, and "
-                            "e^(-inf - (-inf)) is nan: subtract 0 where the maximum is -inf (as in chapter 1's "
-                            "merge), and divide by l only where l > 0 (a row that sees no key at all gives O = 0).",
-    "aligned bottom-right": "causal masking is aligned bottom-right: query r sees keys c <= r + (N_k - N_q), so "
-                            "the last query sees every key; with N_q != N_k, c <= r is the wrong triangle.",
-    "causal": "causal: query r sees keys c <= r + (N_k - N_q); the other keys get S = -inf.",
-    "large logits": "e^s overflows for s > 709 (float64) or 88 (float32): exponentiate s - m, with m the running "
-                    "row maximum, never s itself.",
-    "maximum moves": "every block raises the row maximum: what was summed against the old maximum (l, and O or "
-                     "acc) must be scaled by e^(m_old - m_new) before this block's terms are added.",
-}
-
-
-def _kind_hint(kind: str) -> str:
-    return next((h for k, h in _KIND_HINTS.items() if k in kind), "")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,12 +126,12 @@ def _compare_all(name, checks, case, variant, mistakes: dict, history: list, fal
 def _fa1_verdict(name, fn, case, seed, history) -> None:
     """One case of :func:`fa1_step`: a single step, or a whole run of FA1's loops with the step inside."""
     again = f"check.fa1_step(fa1_step, seed={seed}) draws this hidden case again." if case.hidden else ""
-    if isinstance(case, _AttnCase):
+    if isinstance(case, AttentionCase):
         q, k, v = case.inputs
         e = case.extra
         loops = (q, k, v, e["B_r"], e["B_c"], e["causal"], e["sm_scale"])
         got = fa1_loops(lambda *a: _fa1_got(name, call(name, fn, a, case), len(a[0]), q.shape[1], case), *loops)
-        m, l = _stats64(q, k, e["causal"], e["sm_scale"])
+        m, l = stats64(q, k, e["causal"], e["sm_scale"])
         expected = (attention64(q, k, v, e["causal"], e["sm_scale"]), l, m)
         atols = (ATOL_ATTN_F64 * max(1.0, np.abs(v).max()), ATOL_ATTN_F64, ATOL_ATTN_F64)
         names = ("O", "l", "m")
@@ -206,16 +144,9 @@ def _fa1_verdict(name, fn, case, seed, history) -> None:
         names = ("new O_i", "new l_i", "new m_i")
         variant = lambda mistake: fa1_step_variant(*case.inputs, mistake=mistake)  # noqa: E731
     first_wrong = next((w for w in (2, 1, 0) if not matches(got[w], expected[w], RTOL_ATTN_F64, atols[w])), 0)
-    fallback = join_lines(_kind_hint(case.kind), _FA1_HINTS[("O_i", "l_i", "m_i")[first_wrong]])
+    fallback = join_lines(kind_hint(case.kind), _FA1_HINTS[("O_i", "l_i", "m_i")[first_wrong]])
     _compare_all(name, [(names[w], got[w], expected[w], atols[w]) for w in (2, 1, 0)], case,  # the maximum first
                  lambda mistake: variant(mistake)[::-1], FA1_MISTAKES, history, fallback, again)
-
-
-def _jump_then_drop(g, n_q, n_k, d, B_c, size):
-    """Inputs of FA1's loops whose maximum jumps up by ``size`` at the second K/V tile and drops back at the third."""
-    q, k, v, causal, scale = _loop_inputs(g, n_q, n_k, d, False)
-    shifts = block_shifts(n_k, B_c, 1, True, size) - block_shifts(n_k, B_c, 2, True, size)
-    return (*shift_logits(q, k, scale, shifts), v, causal, scale)
 
 
 def fa1_step(fn, seed: int | None = None) -> None:
@@ -273,17 +204,18 @@ def fa1_step(fn, seed: int | None = None) -> None:
         ("one step: this tile's maximum is over 1000 below m_i", (Q_i, K_j, V_j, *after_up, ones, 0.5)),
     ]
     shown_loops = [
-        ("ragged: N is not a multiple of the blocks", _loop_inputs(g, 10, 10, 4, False), 4, 3),
-        ("causal, N_q > N_k: rows that see no key", _loop_inputs(g, 7, 5, 4, True), 2, 2),
+        ("ragged: N is not a multiple of the blocks", loop_inputs(g, 10, 10, 4, False), 4, 3),
+        ("causal, N_q > N_k: rows that see no key", loop_inputs(g, 7, 5, 4, True), 2, 2),
         ("the maximum jumps up by 1000 at the second K/V tile and drops back at the third",
-         _jump_then_drop(g, 6, 11, 4, 4, 1000.0), 3, 4),
+         jump_then_drop(g, 6, 11, 4, 4, 1000.0), 3, 4),
     ]
     n_shown = len(shown_steps) + len(shown_loops)
     cases = [Case(k, args, number=i + 1, of=n_shown, names=names) for i, (k, args) in enumerate(shown_steps)]
     for i, (kind, (q, k, v, causal, scale), B_r, B_c) in enumerate(shown_loops):
-        cases.append(_AttnCase(kind, (q, k, v), len(shown_steps) + i + 1, n_shown, what="FA1's loops around your step over",
-                               extra=dict(N_q=len(q), N_k=len(k), d=q.shape[1], B_r=B_r, B_c=B_c, causal=causal,
-                                          sm_scale=scale)))
+        cases.append(AttentionCase(kind, (q, k, v), len(shown_steps) + i + 1, n_shown,
+                                   what="FA1's loops around your step over",
+                                   extra=dict(N_q=len(q), N_k=len(k), d=q.shape[1], B_r=B_r, B_c=B_c, causal=causal,
+                                              sm_scale=scale)))
     kinds = KINDS + [JUMP.format(1000), DROP.format(1000)]
     n_steps, n_loops = len(FA1_STEP_KINDS), 14
     n_hidden = n_steps + n_loops
@@ -294,19 +226,14 @@ def fa1_step(fn, seed: int | None = None) -> None:
         kind = kinds[i % len(kinds)]
         B_r, B_c = (int(t) for t in rng.integers(1, 17, size=2))
         q, k, v, causal, scale = draw(rng, kind, (B_r, B_c))
-        cases.append(_AttnCase(kind, (q, k, v), n_steps + i + 1, n_hidden, hidden=True, seed=seed,
-                               what="FA1's loops around your step over",
-                               extra=dict(N_q=len(q), N_k=len(k), d=q.shape[1], B_r=B_r, B_c=B_c, causal=causal,
-                                          sm_scale=scale)))
+        cases.append(AttentionCase(kind, (q, k, v), n_steps + i + 1, n_hidden, hidden=True, seed=seed,
+                                   what="FA1's loops around your step over",
+                                   extra=dict(N_q=len(q), N_k=len(k), d=q.shape[1], B_r=B_r, B_c=B_c, causal=causal,
+                                              sm_scale=scale)))
     history = []
     for case in cases:
         _fa1_verdict(name, fn, case, seed, history)
     passed(name, n_shown, n_hidden)
-
-
-def _loop_inputs(g, n_q, n_k, d, causal):
-    q, k, v = g.normal(size=(n_q, d)), g.normal(size=(n_k, d)), g.normal(size=(n_k, d))
-    return q, k, v, causal, 1.0 / math.sqrt(d)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -315,12 +242,6 @@ def _loop_inputs(g, n_q, n_k, d, causal):
 _FA2_HINT = ("per K/V block: m_new = max(m_i, rowmax(S_ij)), alpha = e^(m_i - m_new), P~ = e^(S_ij - m_new), "
              "l_i = alpha l_i + rowsum(P~), acc = alpha acc + P~ V_j; after the last block, O_i = acc / l_i "
              "(once, not at every step).")
-
-
-def _shifted(g, n_q, n_k, d, B_c, up: bool, size: float):
-    """Inputs whose maximum jumps up (``up``) or drops by ``size`` at the second key block of ``B_c`` keys."""
-    q, k, v, causal, scale = _loop_inputs(g, n_q, n_k, d, False)
-    return (*shift_logits(q, k, scale, block_shifts(n_k, B_c, 1, up, size)), v, causal, scale)
 
 
 def fa2_attention(fn, seed: int | None = None) -> None:
@@ -347,26 +268,26 @@ def fa2_attention(fn, seed: int | None = None) -> None:
     seed = seed_of(seed)
     rng = np.random.default_rng(seed)
     g = np.random.default_rng(3)
-    inc = _loop_inputs(g, 8, 8, 4, False)
+    inc = loop_inputs(g, 8, 8, 4, False)
     inc[0][:, 0], inc[1][:, 0] = np.abs(inc[0][:, 0]) + 2.0, np.linspace(-3.0, 3.0, 8)
-    big = _loop_inputs(g, 9, 9, 8, False)
+    big = loop_inputs(g, 9, 9, 8, False)
     shown = [
-        ("one block of queries, one of keys", _loop_inputs(g, 4, 4, 4, False), 4, 4),
+        ("one block of queries, one of keys", loop_inputs(g, 4, 4, 4, False), 4, 4),
         ("the maximum moves in every block", inc, 4, 2),
-        ("ragged: N is not a multiple of the blocks", _loop_inputs(g, 10, 7, 4, False), 4, 3),
-        ("causal", _loop_inputs(g, 8, 8, 4, True), 4, 3),    # B_c = 3: diagonal blocks of every sort
-        ("causal, N_q < N_k: aligned bottom-right", _loop_inputs(g, 5, 9, 4, True), 2, 3),
-        ("causal, N_q > N_k: rows that see no key", _loop_inputs(g, 7, 4, 4, True), 4, 2),
+        ("ragged: N is not a multiple of the blocks", loop_inputs(g, 10, 7, 4, False), 4, 3),
+        ("causal", loop_inputs(g, 8, 8, 4, True), 4, 3),    # B_c = 3: diagonal blocks of every sort
+        ("causal, N_q < N_k: aligned bottom-right", loop_inputs(g, 5, 9, 4, True), 2, 3),
+        ("causal, N_q > N_k: rows that see no key", loop_inputs(g, 7, 4, 4, True), 4, 2),
         ("large logits (Q x 30)", (big[0] * 30, *big[1:]), 4, 4),
-        (JUMP.format(1000) + " (e^1000 overflows)", _shifted(g, 6, 10, 4, 4, True, 1000.0), 3, 4),
-        (DROP.format(1000), _shifted(g, 6, 10, 4, 4, False, 1000.0), 3, 4),
+        (JUMP.format(1000) + " (e^1000 overflows)", shifted_inputs(g, 6, 10, 4, 4, True, 1000.0), 3, 4),
+        (DROP.format(1000), shifted_inputs(g, 6, 10, 4, 4, False, 1000.0), 3, 4),
     ]
 
     def case_of(kind, inputs, B_r, B_c, number, of, hidden):
         q, k, v, causal, scale = inputs
-        return _AttnCase(kind, (q, k, v), number, of, hidden=hidden, seed=seed if hidden else None,
-                         extra=dict(N_q=len(q), N_k=len(k), d=q.shape[1], B_r=B_r, B_c=B_c, causal=causal,
-                                    sm_scale=scale))
+        return AttentionCase(kind, (q, k, v), number, of, hidden=hidden, seed=seed if hidden else None,
+                             extra=dict(N_q=len(q), N_k=len(k), d=q.shape[1], B_r=B_r, B_c=B_c, causal=causal,
+                                        sm_scale=scale))
 
     cases = [case_of(k, x, br, bc, i + 1, len(shown), False) for i, (k, x, br, bc) in enumerate(shown)]
     kinds = KINDS + [JUMP.format(1000), DROP.format(1000)] + [b.format(c="B_c", r="B_r") for b in BOUNDARY]
@@ -385,7 +306,7 @@ def fa2_attention(fn, seed: int | None = None) -> None:
         atol = ATOL_ATTN_F64 * max(1.0, np.abs(v).max())
         again = f"check.fa2_attention(fa2_attention, seed={seed}) draws this hidden case again." if case.hidden else ""
         _compare_all(name, [("O", got, expected, atol)], case, lambda m, args=args: (fa2_variant(*args, mistake=m),),
-                     FA2_MISTAKES, history, join_lines(_kind_hint(case.kind), _FA2_HINT), again)
+                     FA2_MISTAKES, history, join_lines(kind_hint(case.kind), _FA2_HINT), again)
     passed(name, len(shown), n_hidden)
 
 
@@ -475,10 +396,10 @@ def fa2_kernel(kernel, seed: int | None = None) -> None:
     for i, (kind, qkv, causal, bm, bn, hidden) in enumerate(raw):
         q, k, v = (np.asarray(t, dtype=np.float16).astype(np.float64) for t in qkv)  # the values the kernel sees
         number, of = (i - len(shown) + 1, n_hidden) if hidden else (i + 1, len(shown))
-        cases.append(_AttnCase(kind, (q, k, v), number, of, hidden=hidden, seed=seed if hidden else None,
-                               extra=dict(N_q=q.shape[1], N_k=k.shape[1], d=q.shape[2], BLOCK_M=bm, BLOCK_N=bn,
-                                          **{"B*H": q.shape[0]}, causal=causal,
-                                          sm_scale=1.0 / math.sqrt(q.shape[2]))))
+        cases.append(AttentionCase(kind, (q, k, v), number, of, hidden=hidden, seed=seed if hidden else None,
+                                   extra=dict(N_q=q.shape[1], N_k=k.shape[1], d=q.shape[2], BLOCK_M=bm, BLOCK_N=bn,
+                                              **{"B*H": q.shape[0]}, causal=causal,
+                                              sm_scale=1.0 / math.sqrt(q.shape[2]))))
     history = []
     with compile_after(name, kernel):                  # then compiled for sm_80 and sm_90
         for i, case in enumerate(cases):
@@ -487,7 +408,7 @@ def fa2_kernel(kernel, seed: int | None = None) -> None:
     passed(name, len(shown), n_hidden)
 
 
-def _check_fa2_kernel_case(name: str, kernel, case: _AttnCase, first: bool, pad: int, seed: int, history=None) -> None:
+def _check_fa2_kernel_case(name: str, kernel, case: AttentionCase, first: bool, pad: int, seed: int, history=None) -> None:
     import torch
 
     from .. import backend
@@ -538,14 +459,14 @@ def _check_fa2_kernel_case(name: str, kernel, case: _AttnCase, first: bool, pad:
         raise AssertionError(f"{name} wrote past the end of O (O[{b}, {r}, {c}], but O has N_q = {n_q} rows) on "
                              f"{case.describe()}\n  hint: mask the store with rows[:, None] < N_q.")
     expected = np.stack([attention64(q[h], k[h], v[h], causal, scale) for h in range(bh)])
-    kind_hint = next((h for key, h in _KERNEL_HINTS.items() if key in case.kind), "") or _kind_hint(case.kind)
+    hint = next((h for key, h in _KERNEL_HINTS.items() if key in case.kind), "") or kind_hint(case.kind)
     again = f"check.fa2_kernel(fa2_kernel, seed={seed}) draws this hidden case again." if case.hidden else ""
     got, atol = out[:, :n_q, :d], kernel_atol(q, k, v, scale)
 
     def variant(mistake):
         return (np.stack([kernel_variant(q[h], k[h], v[h], bm, bn, causal, scale, mistake) for h in range(bh)]),)
     _compare_all(name, [("O", got, expected, atol)], case, variant, KERNEL_MISTAKES, [] if history is None else history,
-                 join_lines(kind_hint, _FA2_HINT.replace("e^(", "2^(").replace("S_ij", "qk")), again, rtol=0.0)
+                 join_lines(hint, _FA2_HINT.replace("e^(", "2^(").replace("S_ij", "qk")), again, rtol=0.0)
     once = one_pass_loads(n_q, n_k, bm, bn, causal)          # right, and in one pass? (under the interpreter)
     for what, view in (("K", k_t), ("V", v_t)) if loads.active else ():
         count = loads.counts(view)                            # (bh, n_k, d): the loads of each element

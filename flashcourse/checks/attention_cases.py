@@ -6,7 +6,10 @@ that every run has, whatever the seed.
 * :func:`draw`, :func:`head` and :func:`fa1_step_inputs` draw the hidden cases of a kind;
 * :func:`long_row` and :func:`large_v` are the kernel's fp16-accumulation cases;
 * :func:`one_pass_loads` is how often one pass over K and V loads each key (the kernel check counts the
-  loads with :class:`~flashcourse.checks.cases.InterpreterLoads`).
+  loads with :class:`~flashcourse.checks.buffers.InterpreterLoads`);
+* :class:`AttentionCase` is a case as the student reads it, :func:`attention64` and :func:`stats64` the
+  float64 reference it is judged against, :func:`kind_hint` the hint for what it stresses;
+  :func:`loop_inputs`, :func:`shifted_inputs` and :func:`jump_then_drop` the NumPy checks' inputs.
 
 Example:
     >>> q, k = shift_logits(np.zeros((2, 3)), np.zeros((4, 3)), 0.5, block_shifts(4, 2, 1, up=True, size=1000.0))
@@ -20,7 +23,9 @@ import re
 
 import numpy as np
 
-from .attention_mistakes import fa1_step_variant
+from ..reference.attention import attention_float64
+from .attention_mistakes import fa1_step_variant, visible
+from .cases import Case, value_summary
 
 def shift_logits(q, k, scale: float, shifts, c: float = 1.0):
     """Copies of ``q`` (N_q, d) and ``k`` (N_k, d) whose logits ``q . k * scale`` move by ``shifts[j]`` for key
@@ -210,3 +215,129 @@ def one_pass_loads(n_q: int, n_k: int, BLOCK_M: int, BLOCK_N: int, causal: bool)
         hi = min(n_k, start_m + BLOCK_M + n_k - n_q) if causal else n_k
         loads[: min(n_k, -(-max(hi, 0) // BLOCK_N) * BLOCK_N)] += 1
     return loads
+
+
+# ---------------------------------------------------------------------------------------------
+# A case of the attention checks, the float64 reference it is judged against, and a hint by its kind.
+
+class AttentionCase(Case):
+    """An attention case: (Q, K, V) with its sizes (``extra``: N_q, N_k, d, the blocks, causal, sm_scale), and
+    the description a student reads.
+
+    Example:
+        >>> q = np.zeros((4, 2))
+        >>> c = AttentionCase("causal", (q, q, q), 1, 9, extra=dict(N_q=4, N_k=4, d=2, B_r=2, B_c=2, causal=True,
+        ...                                                        sm_scale=0.5))
+        >>> c.describe().split(";")[0]
+        'shown case 1 of 9 (causal): N_q = 4, N_k = 4, d = 2, B_r = 2, B_c = 2, causal, sm_scale = 0.5'
+    """
+
+    def __init__(self, kind, inputs, number, of, hidden=False, seed=None, extra=None, what=""):
+        super().__init__(kind, inputs, number, of, hidden, seed, ("Q", "K", "V"), extra or {})
+        self.what = what
+
+    def describe(self) -> str:
+        where = self.where()
+        e = self.extra
+        sizes = f"N_q = {e['N_q']}, N_k = {e['N_k']}, d = {e['d']}"
+        blocks = ", ".join(f"{b} = {e[b]}" for b in ("B_r", "B_c", "BLOCK_M", "BLOCK_N", "B*H") if b in e)
+        scale = f"sm_scale = {e['sm_scale']:.6g}"
+        vals = value_summary(np.concatenate([np.ravel(np.asarray(t, dtype=np.float64)) for t in self.inputs[:3]]))
+        what = f"{self.what} " if self.what else ""
+        return (f"{where}: {what}{sizes}, {blocks}, {'causal' if e['causal'] else 'not causal'}, {scale}; "
+                f"Q, K, V {vals}")
+
+
+def stats64(q, k, causal: bool, scale: float):
+    """The final (m, l) of each query row: its largest visible logit, and sum of e^(s - m) (-inf, 0 if none).
+
+    Example:
+        >>> m, l = stats64(np.zeros((2, 1)), np.zeros((1, 1)), True, 1.0)     # N_q > N_k: row 0 sees no key
+        >>> m.tolist(), l.tolist()
+        ([-inf, 0.0], [0.0, 1.0])
+    """
+    s = np.where(visible(len(q), len(k), causal), q @ k.T * scale, -np.inf)
+    m = s.max(axis=1)
+    safe = np.where(np.isneginf(m), 0.0, m)
+    return m, np.exp(s - safe[:, None]).sum(axis=1)
+
+
+def attention64(q, k, v, causal: bool, scale: float) -> np.ndarray:
+    """Float64 attention of one head, the reference of the attention checks: ``q`` (N_q, d) against ``k``,
+    ``v`` (N_k, d), causal masking aligned bottom-right (query r sees keys c <= r + N_k - N_q), 0 for a
+    row that sees no key; :func:`~flashcourse.reference.attention.attention_float64` on (N, d) arrays.
+
+    Example:
+        >>> attention64(np.zeros((4, 2)), np.zeros((3, 2)), np.arange(6.0).reshape(3, 2), True, 1.0)
+        array([[0., 0.],
+               [0., 1.],
+               [1., 2.],
+               [2., 3.]])
+    """
+    return attention_float64(q[None, None], k[None, None], v[None, None], causal=causal, sm_scale=scale)[0, 0]
+
+
+#: Hints by what a case stresses (the first that applies to the case's kind).
+KIND_HINTS = {
+    "rows that see no key": "a row that sees no key of a block has a block maximum of -inf, and "
+                            "e^(-inf - (-inf)) is nan: subtract 0 where the maximum is -inf (as in chapter 1's "
+                            "merge), and divide by l only where l > 0 (a row that sees no key at all gives O = 0).",
+    "aligned bottom-right": "causal masking is aligned bottom-right: query r sees keys c <= r + (N_k - N_q), so "
+                            "the last query sees every key; with N_q != N_k, c <= r is the wrong triangle.",
+    "causal": "causal: query r sees keys c <= r + (N_k - N_q); the other keys get S = -inf.",
+    "large logits": "e^s overflows for s > 709 (float64) or 88 (float32): exponentiate s - m, with m the running "
+                    "row maximum, never s itself.",
+    "maximum moves": "every block raises the row maximum: what was summed against the old maximum (l, and O or "
+                     "acc) must be scaled by e^(m_old - m_new) before this block's terms are added.",
+}
+
+
+def kind_hint(kind: str) -> str:
+    """The hint of :data:`KIND_HINTS` for a case of ``kind`` ("" if none applies).
+
+    Example:
+        >>> kind_hint("causal, N_q > N_k: rows that see no key").startswith("a row that sees no key")
+        True
+    """
+    return next((h for k, h in KIND_HINTS.items() if k in kind), "")
+
+
+# ---------------------------------------------------------------------------------------------
+# The NumPy checks' inputs: (q, k, v, causal, sm_scale) for FA1's and FA2's loops.
+
+def loop_inputs(g, n_q, n_k, d, causal):
+    """Normal q (n_q, d), k, v (n_k, d) from the generator ``g``, with ``causal`` and the scale 1/sqrt(d).
+
+    Example:
+        >>> q, k, v, causal, scale = loop_inputs(np.random.default_rng(0), 3, 5, 4, True)
+        >>> q.shape, v.shape, causal, scale
+        ((3, 4), (5, 4), True, 0.5)
+    """
+    q, k, v = g.normal(size=(n_q, d)), g.normal(size=(n_k, d)), g.normal(size=(n_k, d))
+    return q, k, v, causal, 1.0 / math.sqrt(d)
+
+
+def shifted_inputs(g, n_q, n_k, d, B_c, up: bool, size: float):
+    """Inputs whose maximum jumps up (``up``) or drops by ``size`` at the second key block of ``B_c`` keys.
+
+    Example:
+        >>> q, k, v, causal, scale = shifted_inputs(np.random.default_rng(0), 2, 8, 4, 4, True, 1000.0)
+        >>> bool((q @ k.T * scale)[:, 4:].min() > 990)                       # keys 4..7: the jump
+        True
+    """
+    q, k, v, causal, scale = loop_inputs(g, n_q, n_k, d, False)
+    return (*shift_logits(q, k, scale, block_shifts(n_k, B_c, 1, up, size)), v, causal, scale)
+
+
+def jump_then_drop(g, n_q, n_k, d, B_c, size):
+    """Inputs of FA1's loops whose maximum jumps up by ``size`` at the second K/V tile and drops back at the third.
+
+    Example:
+        >>> q, k, v, causal, scale = jump_then_drop(np.random.default_rng(0), 2, 12, 4, 4, 1000.0)
+        >>> s = q @ k.T * scale
+        >>> bool(s[:, 4:8].min() > 990), bool(s[:, 8:].max() < 10)
+        (True, True)
+    """
+    q, k, v, causal, scale = loop_inputs(g, n_q, n_k, d, False)
+    shifts = block_shifts(n_k, B_c, 1, True, size) - block_shifts(n_k, B_c, 2, True, size)
+    return (*shift_logits(q, k, scale, shifts), v, causal, scale)

@@ -7,7 +7,9 @@ through :func:`call` (NotImplementedError becomes "not implemented yet", any oth
 AssertionError naming the case), compares each result with a float64 reference through
 :func:`compare` (the first wrong element, expected and got), and ends with :func:`passed`, which
 prints the one line that is the check cell's expected output. The tolerances ``RTOL_F64``,
-``ATOL_F64``, ``RTOL_F32`` and ``ATOL_F32`` are justified below, where they are defined.
+``ATOL_F64``, ``RTOL_F32`` and ``ATOL_F32`` are justified below, where they are defined. A kernel
+check's poisoned outputs and counted loads are in :mod:`flashcourse.checks.buffers`; the course's
+error rule for an fp16 kernel (tests, notebooks) in :mod:`flashcourse.checks.fp16_rule`.
 
 Example:
     >>> c = Case("one element", (np.array([5.0]),), number=3, of=8)
@@ -24,7 +26,6 @@ import os
 import secrets
 import warnings
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 
@@ -48,16 +49,13 @@ RTOL_F64, ATOL_F64 = 1e-9, 1e-300
 # (l >= 1, since the maximum contributes e^0): atol = 1e-7. A wrong kernel is off by O(1).
 RTOL_F32, ATOL_F32 = 1e-4, 1e-7
 
-#: The float32 bit pattern a kernel check fills its outputs with before the launch: a NaN that no
-#: arithmetic produces (computed NaNs are 0x7fc00000 or 0xffc00000), so that an element the kernel
-#: never wrote ("still POISON_F32") and one it wrote as nan are told apart.
-POISON_F32 = 0x7FC0DEAD
-
 #: The unit roundoffs of float16 and float32 (2^-11 and 2^-24), the ``u16`` and ``u32`` of the kernel
 #: checks' error analyses; and log2(e), by which the kernels scale their logits to use exp2.
 U16, U32 = 2.0 ** -11, 2.0 ** -24
 from ..formulas.counting import LOG2E  # noqa: E402  (its one home)
+from .buffers import POISON_F32, InterpreterLoads, poisoned  # noqa: E402,F401  (the kernel checks import them from here)
 from .compiled import compile_after, launch_failure, record, require_jit  # noqa: E402,F401  (compile_after: for the checks)
+from .fp16_rule import ErrorRule, assert_within_error_rule, error_rule  # noqa: E402,F401  (cases.X, as tests and lectures use)
 
 #: What a check of attention outputs says of an integer or boolean array (the ``dtype_note`` of
 #: :func:`compare` and :func:`as_array`; the default note speaks of softmax values).
@@ -369,105 +367,6 @@ def require_kernel(name: str, kernel) -> None:
     require_jit(name, kernel)
 
 
-def poisoned(shape, pattern: int = POISON_F32, half: bool = False):
-    """A CPU torch tensor of ``shape``, float32 (float16 when ``half``), whose every element holds the
-    bit pattern ``pattern`` (:data:`POISON_F32`, or a 16-bit NaN pattern): the output buffer of a
-    kernel check, in which the elements the kernel never wrote are found afterwards by their bits.
-
-    Example:
-        >>> import torch
-        >>> t = poisoned((2, 3))
-        >>> bool(t.isnan().all()), bool((t.view(torch.int32) == POISON_F32).all())
-        (True, True)
-    """
-    import torch
-    t = torch.empty(shape, dtype=torch.float16 if half else torch.float32)
-    t.view(torch.int16 if half else torch.int32).fill_(pattern)
-    return t
-
-
-class InterpreterLoads:
-    """Under Triton's interpreter (``TRITON_INTERPRET=1``): the byte addresses that a launch's loads read.
-
-    For the duration of a ``with`` (the checks' one wrapper of Triton's private hook, which has no public
-    one: ``triton.runtime.interpreter._interpreter``), each load first records the addresses of its lanes
-    whose mask is True. Then :meth:`counts` says how often each element of a tensor was loaded,
-    :meth:`loaded` how many loaded elements are its, :meth:`first_stray` what the first load to stray outside
-    given tensors read there (an address counts for the element whose bytes hold it). On a GPU, or in a
-    Triton without the hook, ``active`` is False and the three say None.
-
-    Example:
-        >>> import torch
-        >>> from flashcourse.backend import DEVICE
-        >>> from flashcourse.kernels import softmax
-        >>> x = torch.randn(2, 100, device=DEVICE)
-        >>> with InterpreterLoads() as loads:
-        ...     y = softmax(x, block_size=32)                  # the online softmax: two passes over a row
-        >>> n, stray = loads.counts(x), loads.first_stray(x)   # n: (2, 100), the loads of each element
-        >>> (np.unique(n).tolist(), loads.loaded(x[1]), stray.size) if loads.active else ([2], 200, 0)
-        ([2], 200, 0)
-    """
-
-    def __init__(self):
-        self.active, self._loads, self._module = False, [], None
-
-    def __enter__(self):
-        from .. import backend
-        if not backend.INTERPRET:
-            return self
-        try:  # Triton's own private hook, spelled out in full
-            import triton.runtime.interpreter
-            inner = triton.runtime.interpreter._interpreter
-        except (ImportError, AttributeError):  # pragma: no cover - another Triton
-            return self
-        loads = self._loads
-
-        class Proxy:
-            def __getattr__(self, attr):
-                return getattr(inner, attr)
-
-            def load(self, ptrs, mask, *args, **kwargs):
-                loads.append(np.asarray(ptrs)[np.asarray(mask, dtype=bool)].astype(np.int64).ravel())
-                return inner.load(ptrs, mask, *args, **kwargs)
-
-        self._module, self._inner, self.active = triton.runtime.interpreter, inner, True
-        self._module._interpreter = Proxy()
-        return self
-
-    def __exit__(self, *exc):
-        if self._module is not None:
-            self._module._interpreter, self._module = self._inner, None
-
-    def _find(self, tensor):
-        """For every loaded address: whether it is in an element of ``tensor``, and that element's flat index."""
-        offs, size = np.zeros((), dtype=np.int64), tensor.element_size()
-        for n, s in zip(tensor.shape, tensor.stride()):
-            offs = offs[..., None] + np.arange(n, dtype=np.int64) * s
-        order = np.argsort(offs.ravel(), kind="stable")
-        starts = np.append(tensor.data_ptr() + size * offs.ravel()[order], -1)   # -1: for an empty tensor
-        addrs = np.concatenate([np.zeros(0, dtype=np.int64)] + self._loads)
-        pos = np.searchsorted(starts[:-1], addrs, side="right") - 1
-        inside = (pos >= 0) & (addrs < starts[pos] + size)
-        return inside, order[pos[inside]], offs.shape
-
-    def counts(self, tensor) -> np.ndarray | None:
-        """An int64 array of ``tensor``'s shape: how many loads read each of its elements."""
-        if self.active:
-            _, element, shape = self._find(tensor)
-            return np.bincount(element, minlength=int(np.prod(shape))).reshape(shape)
-
-    def loaded(self, tensor) -> int | None:
-        """How many loaded elements are elements of ``tensor`` (each as often as it was loaded)."""
-        return int(self.counts(tensor).sum()) if self.active else None
-
-    def first_stray(self, *tensors) -> np.ndarray | None:
-        """The addresses (sorted; none: empty) that the first load to stray outside ``tensors``' elements read."""
-        if self.active:
-            inside = np.logical_or.reduce([self._find(t)[0] for t in tensors])
-            for load, ok in zip(self._loads, np.split(inside, np.cumsum([len(a) for a in self._loads])[:-1])):
-                if not ok.all():
-                    return np.unique(load[~ok])
-            return np.zeros(0, dtype=np.int64)
 
 
 def join_lines(*parts: str) -> str:
@@ -496,65 +395,3 @@ def softmax64(x) -> np.ndarray:
         m = x.max(axis=-1, keepdims=True)
         e = np.exp(x - m)
         return e / e.sum(axis=-1, keepdims=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# The course's error rule for an fp16 kernel (tests and notebooks): fp16 attention cannot match
-# float64 exactly, and the fair bar is PyTorch's own fp16 result. A kernel passes when its largest
-# error against float64 is at most twice PyTorch's, plus 1e-3.
-
-class ErrorRule(NamedTuple):
-    """The verdict of :func:`error_rule`: ``ok``, the kernel's and PyTorch's largest errors, the bound."""
-    ok: bool
-    error: float
-    torch_error: float
-    bound: float
-
-
-def _float64(a) -> np.ndarray:
-    if hasattr(a, "detach"):                    # a torch tensor, on any device
-        a = a.detach().cpu().double().numpy()
-    return np.asarray(a, dtype=np.float64)
-
-
-def error_rule(got, ref, torch_got) -> ErrorRule:
-    """The course's error rule: ``max|got - ref| <= 2 max|torch_got - ref| + 1e-3``.
-
-    ``got`` is the kernel's fp16 result, ``torch_got`` PyTorch's fp16 result of the same problem and
-    ``ref`` the float64 reference (arrays or tensors). A NaN in ``got`` breaks the rule.
-
-    Example:
-        >>> ref = np.array([1.0, 2.0])
-        >>> r = error_rule(ref + 0.0015, ref, torch_got=ref + 0.001)
-        >>> r.ok, round(r.error, 6), round(r.torch_error, 6), round(r.bound, 6)
-        (True, 0.0015, 0.001, 0.003)
-        >>> error_rule(ref + 0.5, ref, torch_got=ref + 0.001).ok
-        False
-    """
-    got, ref, torch_got = _float64(got), _float64(ref), _float64(torch_got)
-    error = float(np.abs(got - ref).max()) if not np.isnan(got).any() else float("nan")
-    torch_error = float(np.abs(torch_got - ref).max())
-    bound = 2 * torch_error + 1e-3
-    return ErrorRule(bool(error <= bound), error, torch_error, bound)
-
-
-def assert_within_error_rule(got, ref, torch_got, where: str = "") -> tuple[float, float]:
-    """Raise AssertionError unless :func:`error_rule` holds, naming the worst element; return both errors.
-
-    ``where`` is appended to the message (e.g. ``" (causal, N = 17)"``).
-
-    Example:
-        >>> assert_within_error_rule(np.array([1.0, 2.6]), np.array([1.0, 2.0]), np.array([1.0, 2.001]))
-        Traceback (most recent call last):
-        ...
-        AssertionError: max error 0.6 at (1,) (got 2.6, float64 2) > bound 0.003 = 2 x torch's fp16 error 0.001 + 1e-3
-    """
-    got, ref = _float64(got), _float64(ref)
-    assert not np.isnan(got).any(), f"nan at {tuple(int(i) for i in np.argwhere(np.isnan(got))[0])}{where}"
-    rule = error_rule(got, ref, torch_got)
-    if not rule.ok:
-        err = np.abs(got - ref)
-        i = tuple(int(x) for x in np.unravel_index(err.argmax(), err.shape))
-        raise AssertionError(f"max error {rule.error:.3g} at {i} (got {got[i]:.6g}, float64 {ref[i]:.6g}) > "
-                             f"bound {rule.bound:.3g} = 2 x torch's fp16 error {rule.torch_error:.3g} + 1e-3{where}")
-    return rule.error, rule.torch_error

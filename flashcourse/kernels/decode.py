@@ -1,17 +1,15 @@
-"""Decoding attention in Triton: Flash-Decoding (split-KV) and FlashDecoding++'s unified max.
+"""Flash-Decoding in Triton: split the keys, not the queries -- and the pieces chapter 5 builds on.
 
-Chapters 4 and 5. When a model generates text, each step has ONE query token per sequence and a
-long KV cache: softmax(q K^T * scale) V with q of shape (B, H_q, d) against caches (B, H_kv, L, d).
-FA2's grid (query blocks x heads x batch) has B * H programs here -- 32 for one sequence of a
-32-head model, on an H100 with 132 SMs -- and each walks the whole cache alone.
+Chapter 4. When a model generates text, each step has ONE query token per sequence and a long KV
+cache: softmax(q K^T * scale) V with q of shape (B, H_q, d) against caches (B, H_kv, L, d). FA2's
+grid (query blocks x heads x batch) has B * H programs here -- 32 for one sequence of a 32-head
+model, on a GPU of 132 SMs -- and each walks the whole cache alone.
 
 ``flash_decode`` splits each sequence's valid keys into ``S`` chunks, so the grid is
 ``S x (B * H_kv)`` programs. A program takes one chunk of one KV head, for ALL the
 ``G = H_q / H_kv`` query heads that share it (grouped-query attention without copying K or V: the
-group is the M dimension of the dot, padded to 16 rows -- even for G = 1, where the padded dot on
-tensor cores measured twice as fast on an H100 as a broadcast multiply and sum). Each program
-writes a partial output ``o_s`` (fp32, normalised) and its log-sum-exp ``lse_s``, and they are
-combined:
+group is the M dimension of the dot, padded to 16 rows, even for G = 1). Each program writes a
+partial output ``o_s`` (fp32, normalised) and its log-sum-exp ``lse_s``, and they are combined:
 
     lse = log sum_s exp(lse_s),     o = sum_s exp(lse_s - lse) o_s
 
@@ -20,21 +18,18 @@ in the same launch (a counter per KV head tells it that it is the last): a secon
 decode step more host time than the combine costs GPU time (chapter 4 measures it). With ``S = 1``
 there is nothing to combine: the split kernel writes o itself.
 
-``unified_max_decode`` is FlashDecoding++'s asynchronous softmax: every chunk uses ONE shared
-offset ``phi`` instead of its own running max, so it accumulates ``sum e^(x - phi) v`` and
-``sum e^(x - phi)`` without any rescaling, and partials simply add -- here with atomic adds into a
-float32 workspace, and the last program to finish a head divides (one kernel launch, no combine
-kernel). A chunk whose scores leave the safe range (``x - phi`` above ``bounds[1]``: e^(x - phi)
-could overflow; or its largest score below ``bounds[0]``: everything underflows) is recomputed the
-synchronised way, flash_decode's way, right there, and the last program merges it with the others
-by log-sum-exp. So the result is always right; ``return_stats=True`` says how often that happened.
+Chapter 5's :func:`~flashcourse.kernels.decode_unified.unified_max_decode` runs the same grid with
+one shared maximum; it starts its programs as this kernel does (:data:`split_program`), loops over a
+chunk with :func:`chunk_async` (and, for a chunk out of range, with :func:`chunk_sync`), and checks its
+inputs here (:func:`prepare_call`). Both kernels' launch configs and split count:
+:mod:`flashcourse.kernels.decode_configs`.
 
 All exponentials are base 2 with ``sm_scale * log2 e`` folded into the scores (as in FA2).
 
 Example:
     >>> import torch
     >>> from flashcourse.backend import DEVICE
-    >>> from flashcourse.kernels import flash_decode, unified_max_decode
+    >>> from flashcourse.kernels import flash_decode
     >>> q = torch.randn(2, 8, 64, device=DEVICE).half()            # (B, H_q, d): one token each
     >>> k, v = torch.randn(2, 2, 2, 300, 64, device=DEVICE).half() # (B, H_kv, L, d): GQA, G = 4
     >>> o = flash_decode(q, k, v, num_splits=3)
@@ -42,30 +37,25 @@ Example:
     ...     q[:, :, None].float(), k.float().repeat_interleave(4, 1), v.float().repeat_interleave(4, 1))[:, :, 0]
     >>> (o.float() - ref).abs().max().item() < 2e-3
     True
-    >>> o2, stats = unified_max_decode(q, k, v, phi=0.0, return_stats=True)
-    >>> (o2.float() - ref).abs().max().item() < 2e-3, stats["fallback_heads"]
-    (True, 0)
 """
 from __future__ import annotations
 
-import contextlib
-import functools
 import math
 
-import numpy as np
 import torch
 import triton
 import triton.language as tl
 
 from .. import backend
 from . import aot
+from .attention import quiet
 from ..formulas.counting import LOG2E
-from ..formulas.decode import DEFAULT_BOUNDS, num_splits_for
+from ..formulas.decode import DEFAULT_BOUNDS, num_splits_for  # noqa: F401  (num_splits_for: lab/gpu_decode.py names it)
+from .decode_configs import combine_block, decode_config, num_splits
 from .launch import Plans, kept, relaunch, shape_key
-from .validate import expect_decode, expect_num_splits, expect_phi_bounds, expect_sm_scale
+from .validate import expect_decode, expect_num_splits, expect_sm_scale
 
-__all__ = ["flash_decode", "unified_max_decode", "decode_config", "num_splits",
-           "DECODE_HEAD_DIMS", "DEFAULT_BOUNDS"]
+__all__ = ["flash_decode", "DECODE_HEAD_DIMS", "DEFAULT_BOUNDS"]
 
 #: Head dims the decode kernels are compiled for.
 DECODE_HEAD_DIMS = (64, 128)
@@ -76,7 +66,7 @@ DECODE_HEAD_DIMS = (64, 128)
 
 
 # --------------------------------------------------------------------------------------------------
-# The pieces both kernels share. FA2's names (chapter 3): Q_i a program's query rows, K_j, V_j a key block,
+# The pieces both chapters' kernels share. FA2's names (chapter 3): Q_i a program's query rows, K_j, V_j a key block,
 # qk = S_ij (log2 units), p = P~_ij, acc = O_i unnormalised, m_i, l_i, alpha = e^(m_i^(j-1) - m_i^(j)).
 
 @triton.jit
@@ -130,7 +120,7 @@ def _load_kv(K_ptrs, V_ptrs, start, stride_kn, stride_vn, cols, n_end, MASKED: t
 def chunk_sync(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, lo, hi, n_end,
                 qk_scale, MASKED: tl.constexpr, BLOCK_N: tl.constexpr, USE_DOT: tl.constexpr):
     """Keys [lo, hi) of one chunk: FA2's inner loop, lines 6-11 of Algorithm 1 (FA2 paper), as
-    reference.attention.fa2_update: running max m_i, sum l_i, acc rescaled by alpha."""
+    reference.attention_updates.fa2_update: running max m_i, sum l_i, acc rescaled by alpha."""
     for start in range(lo, hi, BLOCK_N):                                            # line 6
         K_j, V_j, in_k = _load_kv(K_ptrs, V_ptrs, start, stride_kn, stride_vn, cols, n_end, MASKED)  # line 7
         qk = _scores(Q_i, K_j, qk_scale, USE_DOT)                                   # line 8 (B_G, B_c)
@@ -149,7 +139,7 @@ def chunk_sync(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, l
 @triton.jit
 def chunk_async(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, lo, hi, n_end,
                  qk_scale, phi2, MASKED: tl.constexpr, BLOCK_N: tl.constexpr, USE_DOT: tl.constexpr):
-    """The same keys with one shared offset phi (log2 units), as reference.decode.unified_update: acc = N_i
+    """The same keys with one shared offset phi (log2 units), as reference.decode_unified.unified_update: acc = N_i
     += e^(S_ij - phi) V_j, l_i += rowsum, no rescale. m_i (the largest score) is only for the fallback rule."""
     for start in range(lo, hi, BLOCK_N):
         K_j, V_j, in_k = _load_kv(K_ptrs, V_ptrs, start, stride_kn, stride_vn, cols, n_end, MASKED)
@@ -203,6 +193,11 @@ def _program(Q, K, V, KV_LENS, L, H_kv, G, S, stride_qb, stride_qh, stride_kb, s
     V_ptrs = V + b * stride_vb + hk * stride_vh + cols[:, None] * stride_vn + dims[None, :]
     n, lo, hi, full = chunk_bounds(KV_LENS, b, s, L, S, HAS_LENS, BLOCK_N)
     return s, bh, rows, in_g, dims, cols, Q_i, K_ptrs, V_ptrs, n, lo, hi, full
+
+
+#: ``_program`` (the name chapter 4's lecture reads in ``_decode_split``) for chapter 5's kernel,
+#: :mod:`flashcourse.kernels.decode_unified`, whose programs start the same way.
+split_program = _program
 
 
 @triton.jit
@@ -284,187 +279,13 @@ def combine_splits(O_PART, LSE_PART, O, rows, in_g, S, HEAD_DIM: tl.constexpr, B
     # end of exercise
 
 
-@triton.jit
-def _unified_max_decode(Q, K, V, KV_LENS, O, ACC, LSUM, COUNT, O_PART, LSE_PART, FLAGS,
-                        qk_scale, phi2, lo2, hi2, L, H_kv, G, S,
-                        stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh,
-                        stride_vn, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_G: tl.constexpr, USE_DOT: tl.constexpr, HAS_LENS: tl.constexpr):
-    # Kernel 1 of reference.decode.unified_max_decoding (asynchronous split-KV); a head's last program does
-    # kernel 2 (add the partials); a chunk that breaks the fallback rule is redone FA2's way here (kernel 3
-    # redoes the head). grid: as _decode_split. ACC, LSUM, COUNT: zeroed, and left zeroed by the last program.
-    s, bh, rows, in_g, dims, cols, Q_i, K_ptrs, V_ptrs, n, lo, hi, full = _program(
-        Q, K, V, KV_LENS, L, H_kv, G, S, stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb,
-        stride_vh, stride_vn, HEAD_DIM, BLOCK_N, BLOCK_G, HAS_LENS)
-
-    m_i = tl.full([BLOCK_G], -float("inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
-    acc, l_i, m_i = chunk_async(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, lo, full,
-                                 n, qk_scale, phi2, False, BLOCK_N, USE_DOT)
-    acc, l_i, m_i = chunk_async(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, full, hi,
-                                 n, qk_scale, phi2, True, BLOCK_N, USE_DOT)
-
-    # the fallback rule (formulas.decode.needs_fallback): the chunk's largest score m_i is outside [phi + a, phi + b]
-    # exercise: chapter 5's unified_max_partials writes this, in NumPy (the overflow flag)
-    out = ((m_i > phi2 + hi2) | ((m_i < phi2 + lo2) & (m_i > -float("inf")))) & in_g
-    # end of exercise
-    fallback = tl.max(out.to(tl.int32), 0)                                          # 0 or 1
-    lse_s = tl.full([BLOCK_G], -float("inf"), tl.float32)
-    if fallback > 0:
-        # the synchronised way for this chunk: re-read it with a running max (flash_decode's loop)
-        m_i = tl.full([BLOCK_G], -float("inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_G], tl.float32)
-        acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
-        acc, l_i, m_i = chunk_sync(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, lo,
-                                    full, n, qk_scale, False, BLOCK_N, USE_DOT)
-        acc, l_i, m_i = chunk_sync(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, full,
-                                    hi, n, qk_scale, True, BLOCK_N, USE_DOT)
-        lse_s = m_i + tl.math.log2(l_i)
-        tl.store(O_PART + (rows[:, None] * S + s) * HEAD_DIM + dims[None, :],
-                 acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None], mask=in_g[:, None])
-    else:
-        # the asynchronous partials just add (an empty chunk adds zeros)
-        tl.atomic_add(ACC + rows[:, None] * HEAD_DIM + dims[None, :], acc, mask=in_g[:, None], sem="relaxed")
-        tl.atomic_add(LSUM + rows, l_i, mask=in_g, sem="relaxed")
-    tl.store(LSE_PART + rows * S + s, lse_s, mask=in_g)     # -inf: this chunk is in ACC, LSUM
-
-    # One counter per head counts arrivals (low 16 bits) and recomputed chunks (high bits); the
-    # release/acquire of this atomic makes every other program's adds and stores visible to the last.
-    # (The barrier first: the counter is bumped by one thread, after all threads' adds are done.)
-    tl.debug_barrier()
-    inc = 1 + fallback * 65536
-    old = tl.atomic_add(COUNT + bh, inc, sem="acq_rel", scope="gpu")
-    if (old & 65535) == S - 1:
-        n_fb = (old + inc) >> 16
-        # every other program of this head is done: read the sums (from L2) and zero them again
-        acc_ptrs = ACC + rows[:, None] * HEAD_DIM + dims[None, :]
-        acc = tl.load(acc_ptrs, mask=in_g[:, None], other=0.0, cache_modifier=".cg")
-        l_sum = tl.load(LSUM + rows, mask=in_g, other=0.0, cache_modifier=".cg")
-        tl.debug_barrier()    # l_sum is held by several threads: all read before one zeroes it
-        tl.store(acc_ptrs, tl.zeros([BLOCK_G, HEAD_DIM], tl.float32), mask=in_g[:, None])
-        tl.store(LSUM + rows, tl.zeros([BLOCK_G], tl.float32), mask=in_g)
-        tl.store(COUNT + bh, 0)
-        if n_fb == 0:
-            o = acc / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
-        else:
-            # merge the phi-referenced sum (lse = phi + log2 l_sum) with each recomputed chunk
-            m_run = tl.where(l_sum > 0.0, phi2 + tl.math.log2(l_sum), -float("inf"))
-            o = acc / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
-            for s2 in range(0, S):
-                lse2 = tl.load(LSE_PART + rows * S + s2, mask=in_g, other=-float("inf"),
-                               cache_modifier=".cg")
-                has = lse2 > -float("inf")
-                o2 = tl.load(O_PART + (rows[:, None] * S + s2) * HEAD_DIM + dims[None, :],
-                             mask=has[:, None], other=0.0, cache_modifier=".cg")
-                m_new = tl.maximum(m_run, lse2)
-                m_shift = tl.where(m_new == -float("inf"), 0.0, m_new)
-                w_run = tl.math.exp2(m_run - m_shift)
-                w2 = tl.math.exp2(lse2 - m_shift)
-                tot = tl.where(w_run + w2 == 0.0, 1.0, w_run + w2)
-                o = (o * w_run[:, None] + o2 * w2[:, None]) / tot[:, None]
-                m_run = m_shift + tl.math.log2(tot)
-        tl.store(O + rows[:, None] * HEAD_DIM + dims[None, :], o.to(O.dtype.element_ty),
-                 mask=in_g[:, None])
-        tl.store(FLAGS + rows, tl.zeros([BLOCK_G], tl.int32) + n_fb, mask=in_g)
-
-
 # --------------------------------------------------------------------------------------------------
-# Launch configs and the split count. One function picks them, for the entry points at launch and
-# for the ahead-of-time check (aot.py) on every target GPU.
-
-_PTR = {torch.float16: "*fp16", torch.bfloat16: "*bf16"}
-
-
-def decode_config(d: int, group: int, dtype=torch.float16, cc="current", kernel: str = "decode_split") -> aot.Launch:
-    """Tile sizes, warps and stages of the split-KV kernels (``decode_split``, ``unified_max_decode``).
-
-    ``group`` is G = H_q / H_kv, the query heads one program serves: a ``tl.dot`` with the group
-    padded to ``BLOCK_G >= 16`` rows. (The kernels can also do G = 1 with a broadcast multiply and
-    sum, ``USE_DOT=False``; on an H100 that moved 1.2-1.4 TB/s against the padded dot's 2.5-3.1,
-    so no config picks it.) ``BLOCK_N`` keys per step.
-
-    * sm_90 (H100): 64 keys per block, 4 warps, 3 stages (lab/gpu_decode.py --sweep: within 3%
-      of the best of 8 configs at B = 1, L = 16k and 128k, MHA and GQA);
-    * sm_80 / sm_89: 64 keys, 4 warps, 3 / 2 stages;
-    * sm_75 (T4, 64 KB, no asynchronous copies): 64 keys, 4 warps, 1 stage;
-    * the interpreter: 32 keys (num_warps and stages mean nothing there).
-
-    Example:
-        >>> decode_config(128, 4, torch.float16, (9, 0)).constexprs
-        {'HEAD_DIM': 128, 'BLOCK_N': 64, 'BLOCK_G': 16, 'USE_DOT': True}
-        >>> decode_config(128, 1, torch.float16, (7, 5)).constexprs
-        {'HEAD_DIM': 128, 'BLOCK_N': 64, 'BLOCK_G': 16, 'USE_DOT': True}
-    """
-    if cc == "current":
-        cc = backend.cached_compute_capability()
-    return _decode_config(d, group, dtype, cc, kernel)
-
-
-@functools.lru_cache(maxsize=None)
-def _decode_config(d, group, dtype, cc, kernel):
-    use_dot = True
-    block_g = max(16, triton.next_power_of_2(group)) if use_dot else 1
-    if cc is None:
-        block_n, warps, stages = 32, 4, 1
-    elif cc >= (9, 0):
-        block_n, warps, stages = 64, 4, 3
-    elif cc >= (8, 9):
-        block_n, warps, stages = 64, 4, 2
-    elif cc >= (8, 0):
-        block_n, warps, stages = 64, 4, 3
-    else:
-        block_n, warps, stages = 64, 4, 1
-    return aot.Launch({"HEAD_DIM": d, "BLOCK_N": block_n, "BLOCK_G": block_g, "USE_DOT": use_dot},
-                      warps, stages, {n: _PTR[dtype] for n in ("Q", "K", "V")}, kernel=kernel,
-                      note=f"d={d} G={group}")
-
-
-def combine_block(splits: int) -> int:
-    """How many splits the combine reads at a time, for all of a program's rows at once: the power of
-    two that holds them, at most 4 (a (16, 4, 128) float32 tile is 64 registers a thread at 4 warps).
-
-    Example:
-        >>> combine_block(14), combine_block(1), combine_block(2)
-        (4, 1, 2)
-    """
-    return min(4, triton.next_power_of_2(max(1, splits)))
-
-
-#: Smallest chunk of keys worth a split of its own (given to the heuristic). On an H100, one
-#: sequence of 8 KV heads and 1k keys ran 8.1 us of GPU time with 4 splits and 6.7 us with 8
-#: (CUDA-graph replay, lab/gpu_decode.py): chunks of 128 keys still pay for their partials.
-MIN_CHUNK = 128
-
-
-def num_splits(B: int, H_kv: int, L: int, device=None) -> int:
-    """The split count flash_decode and unified_max_decode use when not told: enough programs
-    (``B * H_kv * S``) to give every SM a few, and no chunk shorter than :data:`MIN_CHUNK` keys.
-
-    Uses :func:`flashcourse.formulas.decode.num_splits_for` (the chapter's wave-efficiency heuristic,
-    with the GPU's SM count and ``min_chunk=MIN_CHUNK``) -- what the shipped H100 results ran
-    with; on an H100 it picks 4 splits for one sequence of 32 KV heads, 15 for 8 KV heads, 1 from
-    B * H_kv >= 106 on.
-
-    Example:
-        >>> num_splits(1, 32, 65536, device="cpu") >= 1
-        True
-    """
-    return _splits(B, H_kv, L, backend.num_sms(device if device is not None else backend.DEVICE))
-
-
-@functools.lru_cache(maxsize=4096)
-def _splits(B, H_kv, L, sms):       # the heuristic costs ~0.1 ms of Python: once per shape
-    return int(num_splits_for(B, H_kv, L, sms, min_chunk=MIN_CHUNK))
-
-
-# --------------------------------------------------------------------------------------------------
-# Entry points
+# Checked inputs (both chapters' entry points), and flash_decode
 
 def _common_case(q, k, v) -> bool:
     """The inputs of a decoding loop, recognised in a few attribute reads: (B, H_q, d) fp16 (or bf16 on
     a GPU) q and contiguous-in-d caches on the kernels' device. Anything else takes the full checks.
-    (A decode step is ~10 us of GPU time: the host must not spend more than that on checking.)"""
+    (A decode step takes microseconds of GPU time: the host must not spend longer checking.)"""
     if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
         return False
     if q.dim() != 3 or k.dim() != 4 or k.shape != v.shape:
@@ -484,7 +305,23 @@ def _common_case(q, k, v) -> bool:
 _BF16_OK = not backend.INTERPRET and backend.DEVICE == "cuda" and (backend.compute_capability() or (0, 0)) >= (8, 0)
 
 
-def _prepare(fn, q, k_cache, v_cache, kv_lens, num_splits_, sm_scale):
+def prepare_call(fn: str, kernel: str, q, k_cache, v_cache, kv_lens, num_splits_, sm_scale, launch):
+    """What both split-KV entry points do before a launch: check the inputs (a decoding loop's common
+    case in a few attribute reads, anything else in full), and settle the scale, the split count and
+    the launch config of ``kernel`` (``"decode_split"`` or ``"unified_max_decode"``).
+
+    Returns ``(q3, k, v, lens, sm_scale, S, launch)``: q as (B, H_q, d) (a view of ``q``), the caches,
+    the valid lengths (None: all L), and the settled arguments. Errors name ``fn``.
+
+    Example:
+        >>> import torch
+        >>> from flashcourse.backend import DEVICE
+        >>> q, k = torch.zeros(1, 8, 1, 64, device=DEVICE).half(), torch.zeros(1, 2, 100, 64, device=DEVICE).half()
+        >>> q3, _, _, lens, scale, S, launch = prepare_call("flash_decode", "decode_split", q, k, k,
+        ...                                                 None, 3, None, None)
+        >>> tuple(q3.shape), lens, scale, S, launch.constexprs["BLOCK_G"]          # G = 4 heads, padded to 16
+        ((1, 8, 64), None, 0.125, 3, 16)
+    """
     if kv_lens is None and _common_case(q, k_cache, v_cache):
         q3, k, v, lens = q, k_cache, v_cache, None
     else:
@@ -497,15 +334,46 @@ def _prepare(fn, q, k_cache, v_cache, kv_lens, num_splits_, sm_scale):
         S = num_splits(q3.shape[0], k.shape[1], k.shape[2], q3.device)
     else:
         S = expect_num_splits(fn, num_splits_)
-    return q3, k, v, lens, sm_scale, S
+    d, G = q3.shape[-1], q3.shape[1] // k.shape[1]
+    launch = decode_config(d, G, q3.dtype, kernel=kernel) if launch is None else _expect_launch(fn, launch, d, G)
+    return q3, k, v, lens, sm_scale, S, launch
 
 
 _DEFAULT_SCALE = {d: 1.0 / math.sqrt(d) for d in DECODE_HEAD_DIMS}
 
 
-def _strides(q3, k, v):
+def _expect_launch(fn, launch, d, G=1):
+    """``launch`` if it is an aot.Launch for head dim d that serves G query heads (BLOCK_G >= G)."""
+    c = launch.constexprs if isinstance(launch, aot.Launch) else {}
+    if c.get("HEAD_DIM") != d or c.get("BLOCK_G", G) < G:
+        raise ValueError(f"{fn}: launch is {launch!r}; expected an aot.Launch with HEAD_DIM = {d} (q's head dim)"
+                         f" and, for a split kernel, BLOCK_G >= {G} (the query heads of a KV head)")
+    return launch
+
+
+def kv_strides(q3, k, v) -> tuple:
+    """The eight strides both split-KV kernels take, ``stride_qb`` ... ``stride_vn`` (d has stride 1).
+
+    Example:
+        >>> import torch
+        >>> kv_strides(torch.zeros(2, 8, 64), torch.zeros(2, 2, 10, 64), torch.zeros(2, 2, 10, 64))
+        (512, 64, 1280, 640, 64, 1280, 640, 64)
+    """
     return (q3.stride(0), q3.stride(1), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2))
+
+
+def partials_scratch(device, n_partials: int, d: int):
+    """The float32 partial outputs (``n_partials`` x d) and their lse, kept between calls: every call
+    writes each partial before it reads it.
+
+    Example:
+        >>> from flashcourse.backend import DEVICE
+        >>> o_part, lse_part = partials_scratch(DEVICE, 6, 64)
+        >>> o_part.numel() >= 6 * 64, lse_part.numel() >= 6
+        (True, True)
+    """
+    return kept("decode partials", device, (n_partials * d, torch.float32, False), (n_partials, torch.float32, False))
 
 
 def _launch_flash(q, q3, k, v, lens, sm_scale, S, launch: aot.Launch):
@@ -515,12 +383,12 @@ def _launch_flash(q, q3, k, v, lens, sm_scale, S, launch: aot.Launch):
     host's work done (a plan)."""
     B, H_q, d = q3.shape
     H_kv, L = k.shape[1], k.shape[2]
-    o_part, lse_part = _scratch(q3.device, B * H_q * S, d)     # (B H_q, S, d) and (B H_q, S)
+    o_part, lse_part = partials_scratch(q3.device, B * H_q * S, d)     # (B H_q, S, d) and (B H_q, S)
     (count,) = kept("decode counters", q3.device, (B * H_kv, torch.int32, True))   # left zeroed by each call
     shape, dtype, device = q.shape, q.dtype, q.device
     o = torch.empty(shape, dtype=dtype, device=device)
-    rest = (sm_scale * LOG2E, L, H_kv, H_q // H_kv, S, *_strides(q3, k, v))
-    with _quiet():
+    rest = (sm_scale * LOG2E, L, H_kv, H_q // H_kv, S, *kv_strides(q3, k, v))
+    with quiet():
         split = relaunch(_decode_split, (S, B * H_kv), (q3, k, v, lens, o, o_part, lse_part, count, *rest),
                          {"HAS_LENS": lens is not None, "DIRECT": S == 1, "BLOCK_S": combine_block(S),
                           **launch.constexprs, **launch.options()})
@@ -530,18 +398,6 @@ def _launch_flash(q, q3, k, v, lens, sm_scale, S, launch: aot.Launch):
         split(q, k, v, None, o, o_part, lse_part, count, *rest)
         return o
     return o, again
-
-
-def _quiet():
-    # The interpreter computes with NumPy, which warns about the -inf arithmetic of empty splits
-    if backend.INTERPRET:
-        return np.errstate(invalid="ignore", over="ignore", divide="ignore")
-    return contextlib.nullcontext()
-
-
-def _scratch(device, n_partials: int, d: int):
-    # float32 partial outputs (n_partials x d) and their lse: every call writes before it reads
-    return kept("decode partials", device, (n_partials * d, torch.float32, False), (n_partials, torch.float32, False))
 
 
 def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_lens=None,
@@ -582,9 +438,8 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         again = _FLASH_PLANS.get(key)
         if again is not None:
             return again(q, k_cache, v_cache)
-    q3, k, v, lens, sm_scale, S = _prepare("flash_decode", q, k_cache, v_cache, kv_lens, num_splits, sm_scale)
-    d, G = q3.shape[-1], q3.shape[1] // k.shape[1]
-    launch = decode_config(d, G, q3.dtype) if launch is None else _expect_launch("flash_decode", launch, d, G)
+    q3, k, v, lens, sm_scale, S, launch = prepare_call("flash_decode", "decode_split", q, k_cache, v_cache, kv_lens,
+                                                       num_splits, sm_scale, launch)
     o, again = _launch_flash(q, q3, k, v, lens, sm_scale, S, launch)
     if plain and k is k_cache and v is v_cache and q3.data_ptr() == q.data_ptr():     # nothing was copied
         _FLASH_PLANS.put(key, again)
@@ -594,132 +449,24 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
 _FLASH_PLANS = Plans()
 
 
-def _expect_launch(fn, launch, d, G=1, name="launch"):
-    """``launch`` if it is an aot.Launch for head dim d that serves G query heads (BLOCK_G >= G)."""
-    c = launch.constexprs if isinstance(launch, aot.Launch) else {}
-    if c.get("HEAD_DIM") != d or c.get("BLOCK_G", G) < G:
-        raise ValueError(f"{fn}: {name} is {launch!r}; expected an aot.Launch with HEAD_DIM = {d} (q's head dim)"
-                         f" and, for a split kernel, BLOCK_G >= {G} (the query heads of a KV head)")
-    return launch
-
-
-def _workspace(device, n_rows: int, d: int, n_heads: int):
-    # zeroed float32 sums (rows x d, rows), int32 counters (heads) and per-row flags (chunks
-    # recomputed): every call leaves them zeroed again (its last programs reset what they read)
-    f32, i32 = torch.float32, torch.int32
-    return kept("unified sums", device, (n_rows * d, f32, True), (n_rows, f32, True), (n_heads, i32, True),
-                (n_rows, i32, True))
-
-
-def _launch_unified(q, q3, k, v, lens, sm_scale, S, phi, bounds, launch: aot.Launch):
-    """Run the unified-max kernel on checked inputs (``q3``: q as (B, H_q, d), a view of ``q``):
-    o of q's shape, the flags per row, and ``again(q, k, v, phi)`` (as :func:`_launch_flash`'s)."""
-    B, H_q, d = q3.shape
-    H_kv, L = k.shape[1], k.shape[2]
-    acc, lsum, count, flags = _workspace(q3.device, B * H_q, d, B * H_kv)
-    o_part, lse_part = _scratch(q3.device, B * H_q * S, d)
-    shape, dtype, device = q.shape, q.dtype, q.device
-    o = torch.empty(shape, dtype=dtype, device=device)
-    work = (acc, lsum, count, o_part, lse_part, flags)
-    rest = (bounds[0] * LOG2E, bounds[1] * LOG2E, L, H_kv, H_q // H_kv, S, *_strides(q3, k, v))
-    with _quiet():
-        run = relaunch(_unified_max_decode, (S, B * H_kv), (q3, k, v, lens, o, *work, sm_scale * LOG2E, phi * LOG2E, *rest),
-                       {"HAS_LENS": lens is not None, **launch.constexprs, **launch.options()})
-
-    def again(q, k, v, phi):
-        o = torch.empty(shape, dtype=dtype, device=device)
-        run(q, k, v, None, o, *work, sm_scale * LOG2E, phi * LOG2E, *rest)
-        return o
-    return o, flags, again
-
-
-def unified_max_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, phi: float,
-                       kv_lens=None, num_splits: int | None = None, sm_scale: float | None = None,
-                       bounds=None, return_stats: bool = False, *, launch: aot.Launch | None = None):
-    """Decoding attention with FlashDecoding++'s asynchronous softmax: one shared offset ``phi``.
-
-    Same inputs and result as :func:`flash_decode`, plus ``phi``: a number close to the typical
-    largest scaled score ``x = sm_scale * q.k`` (one value for every head, as the paper picks one
-    per model from statistics). Each chunk sums ``e^(x - phi) v`` and ``e^(x - phi)`` with no
-    running max; the chunks' sums are added (atomically) and the last chunk of each head divides.
-    A chunk where some ``x - phi > bounds[1]`` or whose largest ``x - phi < bounds[0]`` is
-    recomputed with flash_decode's running max and merged by log-sum-exp, so the output is right
-    for any ``phi`` -- only slower when phi is badly chosen. ``bounds`` defaults to
-    :data:`DEFAULT_BOUNDS`, the reference's (about (-49.2, 56.1)). ``launch``: as flash_decode's.
-
-    With ``return_stats=True`` returns ``(o, stats)``: ``stats["fallback_heads"]`` (query heads of
-    a sequence with any recomputed chunk), ``"heads"`` (B * H_q), ``"fallback_chunks"``,
-    ``"chunks"`` (S * B * H_kv) and ``"num_splits"`` -- reading them synchronises with the GPU.
-    The atomic sums make the last bits of the result depend on the order the chunks finish in.
-
-    Example:
-        >>> import torch
-        >>> from flashcourse.backend import DEVICE
-        >>> q = torch.randn(1, 2, 64, device=DEVICE).half()
-        >>> k, v = torch.randn(2, 1, 2, 200, 64, device=DEVICE).half()
-        >>> o, st = unified_max_decode(q, k, v, phi=0.0, num_splits=4, return_stats=True)
-        >>> st["fallback_heads"], st["chunks"]
-        (0, 8)
-        >>> o, st = unified_max_decode(q.abs() * 100, k.abs(), v, phi=0.0, num_splits=4, return_stats=True)
-        >>> st["fallback_heads"], st["fallback_chunks"]      # every score ~500: every chunk recomputed
-        (2, 8)
-        >>> ref = flash_decode(q.abs() * 100, k.abs(), v)              # fp16 outputs of up to ~4: an ulp is 4e-3
-        >>> (o.float() - ref.float()).abs().max().item() < 1e-2
-        True
-    """
-    fn = "unified_max_decode"
-    plain = (kv_lens is None and num_splits is None and sm_scale is None and bounds is None and not return_stats
-             and launch is None)
-    if plain:                           # a decoding loop's call: the host's work for this shape is done
-        key = shape_key(q, k_cache, v_cache)
-        again = _UNIFIED_PLANS.get(key)
-        if again is not None:
-            return again(q, k_cache, v_cache, expect_phi_bounds(fn, phi, None, DEFAULT_BOUNDS)[0])
-    q3, k, v, lens, sm_scale, S = _prepare(fn, q, k_cache, v_cache, kv_lens, num_splits, sm_scale)
-    phi, bounds = expect_phi_bounds(fn, phi, bounds, DEFAULT_BOUNDS)
-    d, G = q3.shape[-1], q3.shape[1] // k.shape[1]
-    launch = (decode_config(d, G, q3.dtype, kernel="unified_max_decode") if launch is None
-              else _expect_launch(fn, launch, d, G))
-    o, flags, again = _launch_unified(q, q3, k, v, lens, sm_scale, S, phi, bounds, launch)
-    if plain and k is k_cache and v is v_cache and q3.data_ptr() == q.data_ptr():     # nothing was copied
-        _UNIFIED_PLANS.put(key, again)
-    if not return_stats:
-        return o
-    B, H_q = q3.shape[:2]
-    flags = flags[: B * H_q].view(B, H_q)
-    per_kv_head = flags.view(B, k.shape[1], G)[:, :, 0]
-    stats = {"fallback_heads": int((flags > 0).sum()), "heads": B * H_q,
-             "fallback_chunks": int(per_kv_head.sum()), "chunks": S * B * k.shape[1], "num_splits": S}
-    return o, stats
-
-
-_UNIFIED_PLANS = Plans()
-
-
 # --------------------------------------------------------------------------------------------------
-# Ahead-of-time check: every config the entry points can pick, on every target.
+# Ahead-of-time check: every config flash_decode can pick, on every target.
 
-def _aot_split(kernel):
-    def configs(cc):
-        for d in DECODE_HEAD_DIMS:
-            for group in (1, 4):
-                launch = decode_config(d, group, torch.float16, cc, kernel=kernel)
-                for direct in ((False, True) if kernel == "decode_split" else (None,)):
-                    extra = {"HAS_LENS": True} if direct is None else {"HAS_LENS": True, "DIRECT": direct,
-                                                                       "BLOCK_S": combine_block(1 if direct else 32)}
-                    yield aot.Launch({**launch.constexprs, **extra}, launch.num_warps, launch.num_stages,
-                                     launch.signature, launch.kernel, launch.note)
-    return configs
+def _aot_configs(cc):
+    for d in DECODE_HEAD_DIMS:
+        for group in (1, 4):
+            launch = decode_config(d, group, torch.float16, cc)
+            for direct in (False, True):
+                extra = {"HAS_LENS": True, "DIRECT": direct, "BLOCK_S": combine_block(1 if direct else 32)}
+                yield aot.Launch({**launch.constexprs, **extra}, launch.num_warps, launch.num_stages,
+                                 launch.signature, launch.kernel, launch.note)
 
 
-_COMMON = {"Q": "*fp16", "K": "*fp16", "V": "*fp16", "KV_LENS": "*i32",
-           **{f"stride_{n}": "i32" for n in ("qb", "qh", "kb", "kh", "kn", "vb", "vh", "vn")},
-           "HEAD_DIM": "constexpr", "BLOCK_N": "constexpr", "BLOCK_G": "constexpr",
-           "USE_DOT": "constexpr", "HAS_LENS": "constexpr"}
-aot.register("decode_split", _decode_split, configs=_aot_split("decode_split"), signature={
-    **_COMMON, "O": "*fp16", "O_PART": "*fp32", "LSE_PART": "*fp32", "COUNT": "*i32", "qk_scale": "fp32", "L": "i32",
-    "H_kv": "i32", "G": "i32", "S": "i32", "DIRECT": "constexpr", "BLOCK_S": "constexpr"})
-aot.register("unified_max_decode", _unified_max_decode, configs=_aot_split("unified_max_decode"), signature={
-    **_COMMON, "O": "*fp16", "ACC": "*fp32", "LSUM": "*fp32", "COUNT": "*i32", "O_PART": "*fp32",
-    "LSE_PART": "*fp32", "FLAGS": "*i32", "qk_scale": "fp32", "phi2": "fp32", "lo2": "fp32",
-    "hi2": "fp32", "L": "i32", "H_kv": "i32", "G": "i32", "S": "i32"})
+#: The AOT signature of what both split-KV kernels take (chapter 5's kernel adds its own arguments).
+KV_SIGNATURE = {"Q": "*fp16", "K": "*fp16", "V": "*fp16", "KV_LENS": "*i32",
+                **{f"stride_{n}": "i32" for n in ("qb", "qh", "kb", "kh", "kn", "vb", "vh", "vn")},
+                "HEAD_DIM": "constexpr", "BLOCK_N": "constexpr", "BLOCK_G": "constexpr",
+                "USE_DOT": "constexpr", "HAS_LENS": "constexpr"}
+aot.register("decode_split", _decode_split, configs=_aot_configs, signature={
+    **KV_SIGNATURE, "O": "*fp16", "O_PART": "*fp32", "LSE_PART": "*fp32", "COUNT": "*i32", "qk_scale": "fp32",
+    "L": "i32", "H_kv": "i32", "G": "i32", "S": "i32", "DIRECT": "constexpr", "BLOCK_S": "constexpr"})

@@ -1,8 +1,8 @@
 """The tile stepper: walk through an attention loop one step at a time and see which tiles move.
 
 :mod:`flashcourse.viz._stepper_log` reads a :class:`~flashcourse.memory.Memory`'s logs into frames
-(what each step did to every tile, the residency rule, parallel lanes); this module draws them. A
-frame shows
+(what each step did to every tile, the residency rule, parallel lanes), :mod:`flashcourse.viz._stepper_layout`
+places the tensors at one scale; this module draws them. A frame shows
 
 * every tensor the log touches (Q, K, V, S, P, O, l, m, ...) as a matrix, all at one scale (an
   element is the same size in every tensor, so a 128×16 Q is 8 times narrower than a 128×128 S; a
@@ -37,204 +37,23 @@ from __future__ import annotations
 import base64
 import io
 import os
-from dataclasses import dataclass
 
 import numpy as np
-from matplotlib.colors import ListedColormap
-from matplotlib.patches import Patch, Rectangle
 
 from ..memory import Memory
 from ._common import DPI, READ_COLOR, WRITE_COLOR, CourseFigure, compact_png, human_bytes
-from ._stepper_log import (DONE, LANE, READ, READ_WRITTEN, RESIDENT, UNTOUCHED, WRITTEN, Frame, FrameState,
-                           SlotEvent, Timeline, frame_state, frame_steps, stepper_frames, timeline)
+from ._stepper_layout import (RIGHT_IN, STATE_COLORS, STATE_NAMES, TEXT_PT, TITLE_PT, draw_legend, frame_size, geometry,
+                              lane_kind, legend_height, pool, tensor_panel)
+from ._stepper_log import (DONE, READ, READ_WRITTEN, RESIDENT, UNTOUCHED, WRITTEN, Frame, FrameState, SlotEvent,
+                           Timeline, frame_state, frame_steps, stepper_frames, timeline)
 
 __all__ = ["SlotEvent", "UNTOUCHED", "DONE", "RESIDENT", "READ", "WRITTEN", "READ_WRITTEN", "STATE_NAMES",
            "STATE_COLORS", "Frame", "FrameState", "stepper_frames", "frame_state", "frame_steps",
            "new_frame_figure", "draw_frame", "stepper", "stepper_strip", "stepper_animation", "show_stepper",
            "live_widgets", "widget_bundle", "PNG_SCALE", "WIDGET_TEXT"]
 
-STATE_NAMES = ("untouched", "done (earlier step)", "in SRAM (loaded earlier)", "read this step",
-               "written this step", "read + written this step")
-STATE_COLORS = ("#f7f7f7", "#c9c9c9", "#8fd18f", READ_COLOR, WRITE_COLOR, "#8E5BB5")
-_CMAP = ListedColormap(STATE_COLORS)
-
-#: Grids are pooled (keeping the highest-priority state) to at most this many cells a side, so
-#: that one row read out of 512 still shows.
-_MAX_CELLS = 128
 #: Pictures are rendered at this many pixels per displayed pixel (sharp on HiDPI screens).
 PNG_SCALE = 2
-
-
-# -- layout: every tensor at one scale ------------------------------------------------------------------
-@dataclass
-class _Piece:
-    """A tensor's rows ``rows`` drawn at ``(x, y)``, ``w`` x ``h`` (element units, y down)."""
-    tensor: str
-    rows: tuple
-    x: float
-    y: float
-    w: float
-    h: float
-
-
-#: Inches: the HBM and SRAM panels' width, the widest frame, the tallest tensor panel, the room
-#: above and below the tensors (names, shapes).
-_RIGHT_IN, _MAX_IN, _PANEL_IN, _ROOM_IN = 1.9, 9.0, 3.0, 0.22
-#: The legend's six entries fit one row from this width (inches) on, else two rows of three (which
-#: need the least width a frame with its legend gets).
-_LEGEND_ROW_IN, _LEGEND_MIN_IN = 8.8, 5.4
-#: Font sizes (points; the figure's DPI is 72, so about as many pixels): names, shapes, captions, titles.
-_NAME_PT, _SHAPE_PT, _TEXT_PT, _TITLE_PT = 10, 8.5, 9, 10
-
-
-def _text_in(text: str, points: float) -> float:
-    """About how wide ``text`` is, in inches (DejaVu Sans: 0.6 em a character)."""
-    return 0.6 * len(text) * points / 72
-
-
-def _shape_text(shape) -> str:
-    return f"{shape[0]}×{shape[1]}" if shape[1] > 1 else ""
-
-
-def _layout(tl: Timeline, per_in: float | None = None):
-    """Where each tensor (or each lane's rows of it) is drawn, one element the same size everywhere.
-
-    Returns ``(pieces, width, height, lane_labels)`` in element units. A side shorter than 3% of the
-    tallest tensor (a vector's one column, decoding's one query row) is drawn that long, so that it
-    still shows. With ``per_in`` (element units per inch) the gaps between tensors leave room for
-    their names and shapes.
-    """
-    lanes = {t: rows for t in tl.tensors if (rows := tl.lane_rows(t)) is not None}
-    n_lanes = len(tl.groups[0]) if lanes else 0
-    lane_raw = [max((r[s][1] - r[s][0] for r in lanes.values() if r[s]), default=0) for s in range(n_lanes)]
-    raw = max([tl.shapes[t][0] for t in tl.tensors if t not in lanes] + [sum(lane_raw)])
-    thin, gap = max(1.0, 0.03 * raw), 0.06 * raw
-
-    def size(n):
-        return max(float(n), thin)
-
-    widths = [size(tl.shapes[t][1]) for t in tl.tensors]
-    labels_in = [max(_text_in(t, _NAME_PT), _text_in(_shape_text(tl.shapes[t]), _SHAPE_PT)) for t in tl.tensors]
-    gaps = [gap if per_in is None else max(gap, ((la + lb) / 2 + 0.14) * per_in - (wa + wb) / 2)
-            for la, lb, wa, wb in zip(labels_in, labels_in[1:], widths, widths[1:])] + [0.0]
-    lane_h = [size(h) for h in lane_raw]
-    lane_y = np.concatenate([[0.0], np.cumsum(np.add(lane_h, 1.5 * gap))])[:n_lanes]
-    pieces, x = [], 0.0
-    for t, w, g in zip(tl.tensors, widths, gaps):
-        rows = tl.shapes[t][0]
-        parts = [(r, lane_y[s]) for s, r in enumerate(lanes[t]) if r] if t in lanes else [((0, rows), 0.0)]
-        pieces += [_Piece(t, r, x, float(y), w, size(r[1] - r[0])) for r, y in parts]
-        x += w + g
-    labels = [(y + h / 2, " ".join(LANE.match(tl.mem.step_labels[s]).group("kind", "split")))
-              for s, y, h in zip(tl.groups[0], lane_y, lane_h)] if lanes else []
-    return pieces, x, max(p.y + p.h for p in pieces), labels
-
-
-def _geometry(tl: Timeline) -> dict:
-    """The tensor panel: its layout and its size in inches, the height at most ``_PANEL_IN`` and the
-    frame at most ``_MAX_IN`` wide (computed once per log)."""
-    if getattr(tl, "geometry", None) is None:
-        per_in = None
-        for _ in range(4):                              # the gaps depend on the scale, and the scale on them
-            pieces, width, height, labels = _layout(tl, per_in)
-            left = max((_text_in(text, _TEXT_PT) + 0.12 for _, text in labels), default=0.0)
-            ph = min(_PANEL_IN, (_MAX_IN - _RIGHT_IN - 0.45 - left) * height / width)
-            per_in = height / ph
-        tl.geometry = dict(pieces=pieces, width=width, height=height, labels=labels, pw=ph * width / height,
-                           ph=ph, left=left, per_in=per_in)
-    return tl.geometry
-
-
-def _frame_size(tl: Timeline, legend: bool):
-    """A frame's figure size in inches (the tensor panel, its names and shapes, the title, the legend)."""
-    g = _geometry(tl)
-    width = g["pw"] + g["left"] + _RIGHT_IN + 0.45
-    if legend:
-        width = max(width, _LEGEND_MIN_IN + _longer_in(tl.mem.levels[1]))
-    return width, g["ph"] + 2 * _ROOM_IN + 0.5 + (_legend_height(width, tl.mem.levels[1]) if legend else 0.0)
-
-
-def _pool(grid: np.ndarray) -> np.ndarray:
-    """Max-pool a state grid to at most ``_MAX_CELLS`` a side (the most important state wins)."""
-    out = grid
-    for axis in (0, 1):
-        n = out.shape[axis]
-        if n > _MAX_CELLS:
-            f = -(-n // _MAX_CELLS)
-            pad = [(0, 0), (0, 0)]
-            pad[axis] = (0, f * (-(-n // f)) - n)
-            out = np.pad(out, pad, constant_values=UNTOUCHED)
-            shape = list(out.shape)
-            shape[axis:axis + 1] = [shape[axis] // f, f]
-            out = out.reshape(shape).max(axis=axis + 1)
-    return out
-
-
-def _edges(tl: Timeline, t: str, axis: int) -> list[int]:
-    """Block boundaries of tensor ``t`` along ``axis``: where its tiles start and stop (if few)."""
-    cuts = {c for e, box in zip(tl.mem.events, tl.boxes) if box is not None and e.tensor == t for c in box[axis]}
-    cuts -= {0, tl.shapes[t][axis]}
-    return sorted(cuts) if len(cuts) <= 40 else []
-
-
-def _longer_in(on_chip: str) -> float:
-    """How much wider the legend's "in SRAM" entry is with ``on_chip`` in place of SRAM, in inches."""
-    return _text_in("x" * max(0, len(on_chip) - len("SRAM")), _TEXT_PT)
-
-
-def _legend_height(width: float, on_chip: str = "SRAM") -> float:
-    return 0.35 if width >= _LEGEND_ROW_IN + _longer_in(on_chip) else 0.6
-
-
-def _lane_kind(tl: Timeline) -> str | None:
-    """``"split"`` (thread blocks) or ``"warp"`` (warps of one block) for a log with lanes, else None."""
-    return LANE.match(tl.mem.step_labels[tl.groups[0][0]])["kind"] if tl.groups else None
-
-
-def _legend(fig, width: float, on_chip: str = "SRAM"):
-    """The six states' colours under the figure (``width`` inches wide): one row, or two of three.
-    ``on_chip`` names the memory's on-chip level (``mem.levels[1]``)."""
-    names = [n.replace("SRAM", on_chip) for n in STATE_NAMES]
-    handles = [Patch(facecolor=c, edgecolor="0.5", lw=0.5, label=n) for c, n in zip(STATE_COLORS, names)]
-    fig.legend(handles=handles, loc="outside lower center", ncols=6 if width >= _LEGEND_ROW_IN + _longer_in(on_chip) else 3,
-               fontsize=_TEXT_PT, frameon=False, handlelength=1.2, columnspacing=1.0)
-
-
-def _tensor_panel(ax, tl: Timeline) -> tuple[dict, dict]:
-    """Outlines, block edges, names and shapes of every tensor; returns its images and pieces."""
-    g = _geometry(tl)
-    per_in = g["per_in"]
-    ax.set_xlim(-g["left"] * per_in, g["width"] + 0.02 * per_in)
-    ax.set_ylim(g["height"] + _ROOM_IN * per_in, -_ROOM_IN * per_in)
-    ax.set_axis_off()
-    images, placed = {}, {}
-    for p in g["pieces"]:
-        cols = tl.shapes[p.tensor][1]
-        n = p.rows[1] - p.rows[0]
-        pr, pc = _pool(np.zeros((n, cols), np.int8)).shape
-        fy, fx = -(-n // pr), -(-cols // pc)               # pooled cells cover fy rows, fx columns
-        im = ax.imshow(np.zeros((pr, pc), np.int8), cmap=_CMAP, vmin=-0.5, vmax=len(STATE_COLORS) - 0.5,
-                       extent=(p.x, p.x + p.w * pc * fx / cols, p.y + p.h * pr * fy / n, p.y),
-                       interpolation="nearest", aspect="auto")
-        outline = ax.add_patch(Rectangle((p.x, p.y), p.w, p.h, fill=False, ec="0.5", lw=0.6))
-        im.set_clip_path(outline)
-        ys = [p.y + (c - p.rows[0]) * p.h / n for c in _edges(tl, p.tensor, 0) if p.rows[0] < c < p.rows[1]]
-        xs = [p.x + c * p.w / cols for c in _edges(tl, p.tensor, 1)]
-        ax.hlines(ys, p.x, p.x + p.w, colors="white", lw=0.6)
-        ax.vlines(xs, p.y, p.y + p.h, colors="white", lw=0.6)
-        images.setdefault(p.tensor, []).append(im)
-        placed.setdefault(p.tensor, []).append(p)
-    for t, ps in placed.items():
-        top, bottom = ps[0], ps[-1]
-        ax.annotate(t, (top.x + top.w / 2, top.y), xytext=(0, 2), textcoords="offset points",
-                    ha="center", va="bottom", fontsize=_NAME_PT)
-        ax.annotate(_shape_text(tl.shapes[t]), (bottom.x + bottom.w / 2, bottom.y + bottom.h), xytext=(0, -2),
-                    textcoords="offset points", ha="center", va="top", fontsize=_SHAPE_PT)
-    for y, text in g["labels"]:
-        ax.annotate(text, (0, y), xytext=(-5, 0), textcoords="offset points", ha="right", va="center",
-                    fontsize=_TEXT_PT)
-    ax.set_aspect("equal", adjustable="box")               # one scale (after imshow, which sets "auto")
-    return images, placed
 
 
 def new_frame_figure(mem: Memory, *, head=None, fig=None, legend: bool = True):
@@ -253,16 +72,16 @@ def new_frame_figure(mem: Memory, *, head=None, fig=None, legend: bool = True):
         (['tensors', 'traffic', 'sram', 'images', 'pieces'], ['Q', 'K', 'V', 'S', 'P', 'O'])
     """
     tl = timeline(mem, head)
-    figsize, g = _frame_size(tl, legend), _geometry(tl)
+    figsize, g = frame_size(tl, legend), geometry(tl)
     if fig is None:
         fig = CourseFigure(figsize=figsize, dpi=DPI, layout="constrained")
         fig.png_scale = PNG_SCALE
-    gs = fig.add_gridspec(2, 2, width_ratios=[g["pw"] + g["left"], _RIGHT_IN])
+    gs = fig.add_gridspec(2, 2, width_ratios=[g["pw"] + g["left"], RIGHT_IN])
     parts = {"tensors": fig.add_subplot(gs[:, 0]), "traffic": fig.add_subplot(gs[0, 1]),
              "sram": fig.add_subplot(gs[1, 1])}
-    parts["images"], parts["pieces"] = _tensor_panel(parts["tensors"], tl)
+    parts["images"], parts["pieces"] = tensor_panel(parts["tensors"], tl)
     if legend:
-        _legend(fig, figsize[0], tl.mem.levels[1])
+        draw_legend(fig, figsize[0], tl.mem.levels[1])
     return fig, parts
 
 
@@ -270,12 +89,12 @@ def _draw_traffic(ax, st: FrameState, total, level: str = "HBM"):
     ax.clear()
     ax.barh([1, 0], [st.bytes_read, st.bytes_written], color=[READ_COLOR, WRITE_COLOR], height=0.7)
     for y, v in ((1, st.bytes_read), (0, st.bytes_written)):
-        ax.text(0.98, y, human_bytes(v), transform=ax.get_yaxis_transform(), ha="right", va="center", fontsize=_TEXT_PT,
+        ax.text(0.98, y, human_bytes(v), transform=ax.get_yaxis_transform(), ha="right", va="center", fontsize=TEXT_PT,
                 bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.8))
-    ax.set_yticks([1, 0], ["read", "written"], fontsize=_TEXT_PT)
+    ax.set_yticks([1, 0], ["read", "written"], fontsize=TEXT_PT)
     ax.set_xlim(0, max(total, 1) * 1.02)
     ax.set_xticks([])
-    ax.set_title(f"{level} traffic so far" if len(level) <= 4 else f"{level} traffic\nso far", fontsize=_TEXT_PT)
+    ax.set_title(f"{level} traffic so far" if len(level) <= 4 else f"{level} traffic\nso far", fontsize=TEXT_PT)
 
 
 def _draw_sram(ax, st: FrameState, top, level: str = "SRAM", lane: str | None = None):
@@ -290,20 +109,20 @@ def _draw_sram(ax, st: FrameState, top, level: str = "SRAM", lane: str | None = 
     ax.set_xticks([])
     ax.set_yticks([])
     ax.text(0.02, 0, human_bytes(st.sram) + (f" of {human_bytes(limit)}" if limit else ""),
-            transform=ax.get_yaxis_transform(), va="center", fontsize=_TEXT_PT)
+            transform=ax.get_yaxis_transform(), va="center", fontsize=TEXT_PT)
     marks = [(st.peak_sram, "0.25", "--", f"run's peak {human_bytes(st.peak_sram)}", -1.1)]
     if limit is not None:
         marks.insert(0, (limit, "crimson", "-", f"{size} {human_bytes(limit)}", 1.1))
     else:
         ax.text(0.02, 1.1, f"{size}: no limit", transform=ax.get_yaxis_transform(), va="center",
-                fontsize=_TEXT_PT, color="crimson")
+                fontsize=TEXT_PT, color="crimson")
     for x, color, ls, caption, y in marks:            # each line crosses the bar and its own caption's band
         ax.plot([x, x], [np.sign(y) * 1.6, -np.sign(y) * 0.6], color=color, ls=ls, lw=1.3)
         right = x > top / 2                               # the caption on the line's roomier side
         ax.annotate(caption, (x, y), xytext=(-3 if right else 3, 0), textcoords="offset points", color=color,
-                    ha="right" if right else "left", va="center", fontsize=_TEXT_PT)
+                    ha="right" if right else "left", va="center", fontsize=TEXT_PT)
     ax.set_title(f"{level}, all warps" if lane == "warp" else f"{level} per lane (thread block)" if st.lanes > 1
-                 else f"{level} this step", fontsize=_TEXT_PT)
+                 else f"{level} this step", fontsize=TEXT_PT)
 
 
 def draw_frame(mem: Memory, frame, parts=None, *, head=None):
@@ -331,13 +150,13 @@ def draw_frame(mem: Memory, frame, parts=None, *, head=None):
     st = tl.state(frame)
     for t, images in parts["images"].items():
         for im, p in zip(images, parts["pieces"][t]):
-            im.set_data(_pool(st.grids[t][p.rows[0]:p.rows[1]]))
+            im.set_data(pool(st.grids[t][p.rows[0]:p.rows[1]]))
     _draw_traffic(parts["traffic"], st, max(tl.unit_bytes.sum(axis=0)), mem.levels[0])
-    _draw_sram(parts["sram"], st, max(st.sram_limit or 0, st.peak_sram, tl.peak, 1) * 1.1, mem.levels[1], _lane_kind(tl))
+    _draw_sram(parts["sram"], st, max(st.sram_limit or 0, st.peak_sram, tl.peak, 1) * 1.1, mem.levels[1], lane_kind(tl))
     title = (f"step {tl.frames.index(frame) + 1}/{len(tl.frames)}: {st.label}" if frame in tl.frames
              else st.label)
     if getattr(fig, "_stepper_title", None) is None:
-        fig._stepper_title = fig.suptitle(title, fontsize=_TITLE_PT)
+        fig._stepper_title = fig.suptitle(title, fontsize=TITLE_PT)
     else:
         fig._stepper_title.set_text(title)
     fig.frame_axes = parts
@@ -374,10 +193,10 @@ def stepper_strip(mem: Memory, steps=None, *, head=None, frames: int = 4, width:
     """
     tl = timeline(mem, head)
     picked = _default_frames(tl, frames) if steps is None else [int(s) for s in steps]
-    fw, fh = _frame_size(tl, legend=False)
+    fw, fh = frame_size(tl, legend=False)
     ncols = max(1, min(len(picked), int(width // fw)))
     nrows = -(-len(picked) // ncols)
-    fig = CourseFigure(figsize=(fw * ncols, fh * nrows + _legend_height(fw * ncols, mem.levels[1])), dpi=DPI,
+    fig = CourseFigure(figsize=(fw * ncols, fh * nrows + legend_height(fw * ncols, mem.levels[1])), dpi=DPI,
                        layout="constrained")
     fig.png_scale = PNG_SCALE
     subs = np.asarray(fig.subfigures(nrows, ncols), dtype=object).ravel()
@@ -386,7 +205,7 @@ def stepper_strip(mem: Memory, steps=None, *, head=None, frames: int = 4, width:
         _, parts = new_frame_figure(mem, head=head, fig=sub, legend=False)
         draw_frame(mem, k, parts, head=head)
         fig.frames.append(parts)
-    _legend(fig, fw * ncols, mem.levels[1])
+    draw_legend(fig, fw * ncols, mem.levels[1])
     return fig
 
 
