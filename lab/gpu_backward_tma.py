@@ -25,6 +25,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))              # lab/, for gpu_common
 
 from flashcourse import backend  # noqa: E402,F401  (decides the backend before triton is imported)
 
@@ -97,7 +98,7 @@ def backward_tma(q, k, v, o, do, lse, causal, tiles=(64, 64, 4, 3), tma=True, tm
     scale by torch."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    from flashcourse.kernels.backward import backward_delta
+    from gpu_common import backward_delta
     B, H, N, d = q.shape
     BM, BN, warps, stages = tiles
     sm_scale = d ** -0.5

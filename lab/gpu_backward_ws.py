@@ -31,7 +31,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))              # tools/, for gpu_common
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))              # lab/, for gpu_common
 
 from flashcourse import backend  # noqa: E402,F401  (decides the backend before triton is imported)
 
@@ -207,12 +207,12 @@ def dq_ws(Q, K, V, DO, LSE, Delta, DQ, qk_scale, sm_scale, N,
 
 def backward_descriptors(q, k, v, o, do, lse, causal, dkdv_tiles=(64, 128, 8, 3), dq_tiles=(128, 64, 8, 3),
                          ws=False, loops=0, ws_dq=None, unroll_dq=False):
-    """(dq, dk, dv) from the two descriptor kernels, D from kernels.backward.backward_delta. ``ws``: warp-specialise
+    """(dq, dk, dv) from the two descriptor kernels, D from gpu_common.backward_delta (the backward's first kernel). ``ws``: warp-specialise
     the loops (the dQ kernel's too unless ``ws_dq`` says otherwise); ``loops``: the dK/dV kernel's loop order when
     causal (a key of LOOPS; 4-6 need dK/dV tiles whose BLOCK_N is a multiple of BLOCK_M); ``unroll_dq``: the dQ
     kernel's masked key blocks in straight-line code (dQ tiles whose BLOCK_M is a multiple of BLOCK_N). Needs an
     allocator for the descriptors' workspace (``triton.set_allocator``)."""
-    from flashcourse.kernels.backward import backward_delta
+    from gpu_common import backward_delta
     B, H, N, d = q.shape
     delta, lse2, sm = backward_delta(o, do), lse * LOG2E, d ** -0.5
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)

@@ -65,3 +65,23 @@ def attempt(fn):
         return fn()
     except Exception as e:  # noqa: BLE001 - any refusal is a result of the experiment
         return f"{type(e).__name__}: {str(e)[:120]}"
+
+
+def backward_delta(o, do, block: int = 64):
+    """``D = rowsum(dO o O)``, (B, H, N) float32 (line 4 of Algorithm 2), with the backward's own first kernel
+    (``aot.kernel_of("bwd_preprocess")``), so that an experiment is timed on the D the library computes.
+    ``o``, ``do``: (B, H, N, d) with unit last stride. The library pads its statistics' rows
+    (``kernels.backward.backward_stats``); the experiments' kernels read them unpadded."""
+    import torch
+    import triton
+
+    from flashcourse.kernels import aot
+    from flashcourse.kernels.attention import quiet
+    B, H, N, d = o.shape
+    delta = torch.empty((B, H, N), dtype=torch.float32, device=o.device)
+    if delta.numel():
+        with quiet():
+            aot.kernel_of("bwd_preprocess")[(triton.cdiv(N, block), H, B)](
+                o, do, delta, delta, delta, N, N, *o.stride()[:3], *do.stride()[:3], HEAD_DIM=d, BLOCK_M=block,
+                WITH_LSE2=False)
+    return delta

@@ -131,10 +131,10 @@ def test_a_timeout_kills_the_compile_processes_and_what_they_started(tmp_path, m
     """A compile process that runs past the timeout is killed, with the process it started (as ptxas
     would be): nothing is left running. A stand-in for the compile process starts quickly and sleeps."""
     pids = tmp_path / "pids"
-    monkeypatch.setattr(aot, "_CHILD", (
+    monkeypatch.setattr(aot, "CHILD_CODE", (
         "import os, subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
         f"open({str(pids)!r}, 'a').write(f'{{os.getpid()}} {{p.pid}}\\n'); time.sleep(60)"))
-    monkeypatch.setattr(aot, "_interpreting", lambda: True)          # compile in child processes, as without a GPU
+    monkeypatch.setattr(aot, "interpreting", lambda: True)          # compile in child processes, as without a GPU
     start = time.time()
     with pytest.raises(TimeoutError, match="timeout=3"):
         aot.check(["softmax_one_pass"], [(7, 5), (9, 0)], jobs=2, timeout=3)

@@ -261,7 +261,15 @@ def _import_file(path: str) -> None:
     spec.loader.exec_module(module)
 
 
-def _interpreting() -> bool:
+def interpreting() -> bool:
+    """Whether Triton runs its interpreter in this process: then :func:`check` compiles in fresh processes
+    (:data:`CHILD_CODE`), where kernels are real ``JITFunction``s.
+
+    Example:
+        >>> from flashcourse import backend
+        >>> interpreting() == backend.INTERPRET
+        True
+    """
     try:
         from triton import knobs
         return bool(knobs.runtime.interpret)
@@ -269,10 +277,10 @@ def _interpreting() -> bool:
         return os.environ.get("TRITON_INTERPRET", "0") in ("1", "true", "True")
 
 
-# The child process: flashcourse.backend switches the interpreter on when there is no GPU; switch
-# it off again before flashcourse.kernels imports triton, so that kernels are JITFunctions.
-_CHILD = ("import os, sys; import flashcourse.backend; os.environ['TRITON_INTERPRET'] = '0'; "
-          "from flashcourse.kernels import aot; sys.exit(aot.main(sys.argv[1:]))")
+#: The compile processes' code: flashcourse.backend switches the interpreter on when there is no GPU; this
+#: switches it off again before flashcourse.kernels imports triton, so that kernels are JITFunctions.
+CHILD_CODE = ("import os, sys; import flashcourse.backend; os.environ['TRITON_INTERPRET'] = '0'; "
+              "from flashcourse.kernels import aot; sys.exit(aot.main(sys.argv[1:]))")
 
 
 def check(names: Iterable[str] | None = None, ccs: Iterable[tuple] = tuple(TARGETS), *,
@@ -297,7 +305,7 @@ def check(names: Iterable[str] | None = None, ccs: Iterable[tuple] = tuple(TARGE
     ccs = [tuple(cc) for cc in ccs]
     files = [os.path.abspath(f) for f in files]
     jobs = max(1, min(len(ccs), jobs or os.cpu_count() or 1))
-    if not _interpreting() and jobs == 1:
+    if not interpreting() and jobs == 1:
         for f in files:
             _import_file(f)
         return _check_here(list(names) if names is not None else registered(), ccs)
@@ -310,8 +318,8 @@ def check(names: Iterable[str] | None = None, ccs: Iterable[tuple] = tuple(TARGE
     procs, outputs = [], []
     try:
         for group in groups:
-            child = ([sys.executable, "-I", "-S", "-c", f"import sys; sys.path[:0] = {sys.path!r}; {_CHILD}"]
-                     if sys.flags.no_site else [sys.executable, "-c", _CHILD])   # as isolated as this process
+            child = ([sys.executable, "-I", "-S", "-c", f"import sys; sys.path[:0] = {sys.path!r}; {CHILD_CODE}"]
+                     if sys.flags.no_site else [sys.executable, "-c", CHILD_CODE])   # as isolated as this process
             cmd = [*child, "--json", "--jobs", "1", "--cc", *[f"{a}{b}" for a, b in group]]
             for f in files:
                 cmd += ["--file", f]

@@ -313,10 +313,7 @@ def fa2_config(d: int, dtype=torch.float16, cc="current", causal: bool = False) 
     ``cc`` is a compute capability such as ``(9, 0)``, None for the interpreter, or ``"current"``.
 
     * sm_90 (H100): 128 x 64 tiles, 8 warps (two warpgroups, each one 64-row wgmma), K and V
-      tiles of 3 stages in flight, for every d. Measured on an H100 (lab/gpu_attention.py
-      --sweep, fp16, 16k tokens): the best or within 6% of the best of 7 configs at d = 64 and
-      128, N = 1k, 4k and 16k, causal or not; 128 x 128 tiles lose 2-20%, 4 warps at d = 128
-      lose half;
+      tiles of 3 stages in flight, for every d (chosen by lab/gpu_attention.py --sweep; lab/attention.md);
     * sm_80 (A100): 128 x 64, 4 warps at d <= 64 and 8 at d = 128, 3 stages;
     * sm_89 (L4, RTX 4090, 99 KB of shared memory): 128 x 64, 2 stages;
     * sm_75 (T4, 64 KB, no asynchronous copies to pipeline): 64 x 64, 4 warps, 1 stage;

@@ -7,8 +7,7 @@ never stores S or P: every tile ``P_ij = exp(S_ij - L_i)`` is recomputed on chip
 
 1. ``_bwd_preprocess``: ``D_i = rowsum(dO_i o O_i)`` (line 4) and ``L_i`` in log2 units, each head's rows
    padded to a multiple of 16 (``stat_rows``), so that the dK/dV loop's loads of them stay aligned whatever N_q
-   (on an H100 the whole backward at N = 1023, 4095, 16383 had run 4-10% slower than at 1024, 4096, 16384;
-   ``lab/results/h100/backward_ragged.json``);
+   (lab/backward.md, "Padding L and D");
 2. ``_bwd_dkdv``: one program per block ``K_j, V_j`` (the outer loop, lines 5-19), which keeps ``dK_j``
    and ``dV_j`` in registers, walks the query blocks i that see its keys, recomputes ``P_ij``, and adds
    ``dV_j += P_ij^T dO_i`` and ``dK_j += dS_ij^T Q_i`` with ``dS_ij = P_ij o (dO_i V_j^T - D_i)``;
@@ -20,9 +19,7 @@ never stores S or P: every tile ``P_ij = exp(S_ij - L_i)`` is recomputed on chip
 
 Rows that see no key (causal with N_q > N_k) have L = -inf: their P is 0 and their gradients too. Like the
 forward, each loop runs in two parts: the blocks on the causal diagonal (and dQ's last, ragged key block) with a
-mask, the rest without one -- a query row past N_q loads L = inf and gets P = 0 by itself. On an H100 (d = 128,
-N 4k-16k) that made the causal backward 3-8% faster than masking every tile, the non-causal one no slower
-(``lab/results/h100/backward_masks.json``).
+mask, the rest without one -- a query row past N_q loads L = inf and gets P = 0 by itself (lab/backward.md).
 :func:`~flashcourse.kernels.backward_autograd.flash_attention` puts the forward and this backward in one operator
 that autograd and torch.compile can use.
 
@@ -268,36 +265,15 @@ def backward_config(d: int, cc="current") -> dict:
                  "dkdv_atomic": (32, 64, 4, 1)} if d <= 64 else
                 {"dkdv": (32, 32, 4, 1), "dq": (32, 32, 4, 1), "pre": 64, "fa1": (16, 32, 4, 1),
                  "dkdv_atomic": (32, 32, 4, 1)})
-    # Measured on an H200 (sm_90, Triton 3.6; lab/gpu_backward.py --sweep --pairs, fp16, 16k tokens, N = 4k):
-    # at d = 128 these ran at 349 TFLOP/s (causal 307), 32 x 64 tiles with 8 warps and 64 x 32 with 8 at
-    # 146; 4 warps over a 64-key block keep dK_j and dV_j in registers without spilling.
+    # Tiles chosen by lab/gpu_backward.py --sweep --pairs (lab/backward.md, "The tiles"): 4 warps over a
+    # 64-key block keep dK_j and dV_j in registers without spilling.
     stages = 2 if cc == (8, 9) else 3                     # an L4's 99 KB of shared memory
     dkdv = (32, 128 if d <= 64 else 64, 4, stages)
     # dq_mode="atomic" adds to each row of dQ once per key block: 64 x 128 tiles with 8 warps halve that at
-    # d = 128 and ran 1.1-1.36x as fast as 32 x 64 on an H100 (lab/gpu_backward_tma.py, N = 1k-16k).
+    # d = 128 (lab/backward.md).
     atomic = (64, 128, 8, 3) if cc == (9, 0) and d == 128 else dkdv
     return {"dkdv": dkdv, "dq": (128, 64, 8, stages), "pre": 64, "fa1": dkdv,   # fa1_backward: the dK/dV tiles
             "dkdv_atomic": atomic}
-
-
-def backward_delta(o: torch.Tensor, do: torch.Tensor, block: int = 64) -> torch.Tensor:
-    """``D = rowsum(dO o O)``, (B, H, N) float32, with the backward's first kernel (line 4 of Algorithm 2): for
-    the backwards that reuse it (chapter 8's). ``o``, ``do``: (B, H, N, d) with unit last stride.
-
-    Example:
-        >>> from flashcourse.backend import DEVICE
-        >>> o, do = (torch.randn(1, 2, 5, 16, device=DEVICE).half() for _ in range(2))
-        >>> bool(torch.allclose(backward_delta(o, do), (o.float() * do.float()).sum(-1), atol=1e-3))
-        True
-    """
-    B, H, N, d = o.shape
-    delta = torch.empty((B, H, N), dtype=torch.float32, device=o.device)
-    if delta.numel():
-        with quiet():
-            _bwd_preprocess[(triton.cdiv(N, block), H, B)](o, do, delta, delta, delta, N, N, *o.stride()[:3],
-                                                             *do.stride()[:3], HEAD_DIM=d, BLOCK_M=block,
-                                                             WITH_LSE2=False)
-    return delta
 
 
 def backward_stats(o: torch.Tensor, do: torch.Tensor, lse: torch.Tensor, block: int = 64):

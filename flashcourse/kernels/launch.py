@@ -1,8 +1,8 @@
 """Launching a kernel again without paying Triton's per-call host work: what a decode step needs.
 
-A decoding step runs about 10 us of GPU work; ``kernel[grid](*args)`` spends 25-45 us of Python per
-launch on an H100 host (lab/gpu_decode_host.py: binding the arguments, working out their
-specialisation, looking up the compiled kernel), and the entry point's own checks add more. Serving
+A decoding step runs microseconds of GPU work; ``kernel[grid](*args)`` spends tens of microseconds of Python
+per launch (binding the arguments, working out their specialisation, looking up the compiled kernel; chapter 4
+measures it, ``bench.measured("decode_host")``), and the entry point's own checks add more. Serving
 engines therefore do the host's work once per *shape* and keep only the launch itself per step
 (and then capture whole steps in CUDA graphs; chapter 4 measures both).
 
@@ -91,7 +91,7 @@ def relaunch(kernel, grid: tuple, args: tuple, kwargs: dict) -> Callable[..., No
     stream = driver.active.get_current_stream
     # Tensors go to the launcher as their addresses: given a tensor, Triton's launcher calls its
     # data_ptr() and asks the driver whether the address is on the GPU (cuPointerGetAttribute),
-    # about 2 us per pointer on the H100's host (lab/gpu_decode_host.py). The key the plans are
+    # a driver call per pointer (lab/gpu_decode_host.py). The key the plans are
     # kept by already says every tensor is on this GPU.
     tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
 

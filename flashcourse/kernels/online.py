@@ -139,11 +139,9 @@ _KERNELS = {"softmax_one_pass": _softmax_one_pass, "softmax_online": _softmax_on
 _PTR = {torch.float16: "*fp16", torch.float32: "*fp32", torch.bfloat16: "*bf16"}
 _MIN_BLOCK = 32        # a warp's width: narrower rows are masked, not given kernels of their own
 
-# Measured on an H100 (fp16, 256 MB per call, lab/gpu_online.py --sweep). One pass: about 16
-# elements per thread keeps every width from 1k to 32k columns at 96-100% of the device-copy
-# bandwidth, 8 or fewer per thread (narrower loads) loses 5-25%, and a 32k row takes all 32 warps
-# a block may have. The streaming kernels wait on every block's load before the next: about 8
-# elements per thread (more threads, more loads in flight) and 16k-column blocks do best.
+# Chosen by lab/gpu_online.py --sweep: one pass, about 16 elements per thread (a 32k row takes all 32 warps a
+# block may have); the streaming kernels wait on every block's load before the next, so about 8 elements per
+# thread (more threads, more loads in flight) and 16k-column blocks.
 
 
 def _one_pass_launch(BLOCK: int, dtype, cc, n_rows: int) -> aot.Launch:

@@ -404,8 +404,7 @@ def block_sparse_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: 
     attention as :func:`flashcourse.kernels.fa2_backward` does it: the dQ kernel packs a group's query heads, the
     dK/dV kernel splits each group in ``splits`` parts (default: one per query head), summed by ``sum_parts``. L
     and D come from :func:`~flashcourse.kernels.backward.backward_stats`, each head's rows padded to a multiple of
-    16: on an H100 that made it 1.08-1.11x as fast at N = 4095 and 16383, level with 4096 and 16384
-    (``lab/results/h100/sparse_ragged.json``).
+    16, so that their loads stay aligned whatever N (lab/sparse.md).
 
     Example:
         >>> from flashcourse.backend import DEVICE
