@@ -4,7 +4,7 @@
 (``tl.make_tensor_descriptor``: rows past N zero-filled, stores clipped), its unmasked key loop optionally
 warp-specialised (``tl.range(..., warp_specialize=True)``), and the causal diagonal and a ragged last key block in
 a second, masked loop, as fa2_forward has them. On a GPU it times, in two rounds in one session, cuDNN's forward,
-fa2_forward and the descriptor kernel on seven tiles, with and without warp specialisation, and the largest
+fa2_forward and the descriptor kernel in seven configs (three of which do not compile), with and without warp specialisation, and the largest
 difference of each output from fa2_forward's, and writes ``attention_descriptors.json``:
 
     PYTHONPATH=. python lab/gpu_attention_ws.py [--out DIR]

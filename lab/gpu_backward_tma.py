@@ -4,8 +4,10 @@ fa2_backward runs 7 matmuls a tile pair: 4 in the dK/dV kernel and 3 more in the
 P and dS rather than let the key-block programs race on dQ. Its ``dq_mode="atomic"`` (Algorithm 2 as written:
 5 matmuls, dQ_i += dS_ij K_j added to an fp32 dQ with ``tl.atomic_add``, element by element) measured
 1.15-1.38x slower on an H100 on the dK/dV kernel's 32 x 64 tiles, and about as fast on 64 x 128 at d = 128
-(the tiles it now runs there). FlashAttention-3 adds the same tile with one bulk reduction instead
-(``cp.reduce.async.bulk.tensor``, issued once per tile). Triton exposes it as ``TensorDescriptor.atomic_add``.
+(the tiles it now runs there). FlashAttention-3 adds the same tile with one bulk reduction instead: the
+non-tensor ``cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32`` (its ``hopper/copy_sm90_bulk_reduce.hpp``),
+issued once per tile. Triton exposes the tensor form, ``cp.reduce.async.bulk.tensor``, as
+``TensorDescriptor.atomic_add``: that is what this script measures.
 This script times that variant (and the same kernel with element-wise atomics) beside fa2_backward, both its
 dQ modes, and SDPA's cuDNN backward, checks the gradients against fa2_backward's, and prints one JSON line
 per shape:

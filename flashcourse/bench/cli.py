@@ -57,7 +57,7 @@ def run(args) -> int:
             shipped = " (H100 results shipped)" if name in harness.shipped_suites() else ""
             print(f"{name:<{width}}  {s.help}{shipped}")
         if not args.list:
-            _err("name a suite to run, e.g. `flashcourse bench memory`")
+            _err("name a suite to run, e.g. `flashcourse bench roofline`")
             return 1
         return 0
     if args.suite not in known:

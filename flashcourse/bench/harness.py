@@ -174,7 +174,7 @@ def provenance(command: str | None = None, now: str | None = None) -> dict:
     """Where and when a measurement was made: GPU, compute capability, versions, date, command.
 
     Example:
-        >>> p = provenance(command="flashcourse bench memory")
+        >>> p = provenance(command="flashcourse bench roofline")
         >>> sorted(p)
         ['backend', 'command', 'compute_capability', 'cuda', 'date', 'flashcourse', 'gpu', 'platform', 'python', 'torch', 'triton']
     """

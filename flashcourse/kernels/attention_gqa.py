@@ -3,8 +3,8 @@
 In grouped-query attention H query heads share H_kv heads of K and V, g = H / H_kv query heads a K/V head
 (:mod:`flashcourse.reference.attention_gqa` counts its traffic). The course's forward, dQ and dK/dV kernels take K
 and V with their H_kv heads and never copy them: each splits a group in S parts of g / S query heads, one part a
-program, and packs a part's heads into its tiles (:func:`packed_rows`); :func:`gqa_splits` picks S, as measured on
-an H100. S = 1 packs the whole group, so a K/V tile a program loads serves every head of it; S = g runs a program
+program, and packs a part's heads into its tiles (:func:`packed_rows`); :func:`gqa_splits` picks S (chosen by
+lab/gpu_attention_gqa.py; lab/attention.md). S = 1 packs the whole group, so a K/V tile a program loads serves every head of it; S = g runs a program
 per query head that reads its K/V head in place. The dK/dV kernel's parts each sum their heads' gradient of K_j,
 V_j; :func:`sum_parts` adds the parts up, or the parts add into one fp32 sum atomically (:func:`gqa_dkdv_sum`).
 
@@ -56,20 +56,18 @@ def gqa_splits(kernel: str, group: int, causal: bool, N_q: int, block_m: int) ->
     for ``N_q`` queries and tiles of ``block_m`` rows.
 
     1 packs the whole group into each tile (:func:`packed_rows`); ``group`` runs a program per query head, each
-    reading its K/V head in place; the dK/dV kernel's parts are summed afterwards (``sum_parts``). Measured on an
-    H100 (lab/gpu_attention_gqa.py; fp16, d = 128, 16k tokens, 32 query heads over 8 or 1 K/V heads, N 1k-16k; results in
-    lab/results/h100/attention_gqa_splits.json):
+    reading its K/V head in place; the dK/dV kernel's parts are summed afterwards (``sum_parts``). The rule:
 
     * causal, the forward and dQ pack (S = 1): a packed tile holds g times fewer positions, so fewer of its key
-      blocks straddle the diagonal. Up to 9% faster than a program per head (MQA, N = 1k: 0.418 vs 0.428 ms forward;
-      N = 4k: 4.31 vs 4.58 ms backward);
-    * not causal, a program per query head (S = g): packing only adds the gathered rows' addressing (GQA 32/8,
-      N = 4k: forward 2.27 vs 2.40 ms, backward 7.62 vs 7.98 ms) -- unless one head's N_q rows cannot fill a tile
-      (a short prompt, one decoding token): then packing loads each K/V tile once for the group instead of once a
-      head (FlashAttention-3 packs on the same condition; tests/test_kernels_attention_gqa.py counts the loads);
-    * dK/dV, always S = g: packing the group into one program per key block made that kernel 1.3-2.5x slower and
-      the whole backward 1.04-1.8x (at MQA it also leaves too few programs: 256 at N = 16k), the parts' sum
-      counted (0.2 ms at 16k tokens).
+      blocks straddle the diagonal;
+    * not causal, a program per query head (S = g): packing only adds the gathered rows' addressing -- unless one
+      head's N_q rows cannot fill a tile (a short prompt, one decoding token): then packing loads each K/V tile
+      once for the group instead of once a head (FlashAttention-3 packs on the same condition;
+      tests/test_kernels_attention_gqa.py counts the loads);
+    * dK/dV, always S = g: one program per key block and group would leave too few programs and hold the whole
+      group's rows.
+
+    What each choice measured is in lab/attention.md ("Splitting a query group among programs").
 
     Example:
         >>> gqa_splits("dkdv", 4, True, 4096, 128), gqa_splits("fwd", 4, True, 4096, 128)
@@ -89,12 +87,9 @@ def gqa_dkdv_sum(N_k: int) -> str:
     """How the dK/dV kernel's S parts of a group become one gradient per K/V head, for ``N_k`` keys:
     ``"parts"`` stores each part in fp32 and :func:`sum_parts` adds them in a second pass; ``"atomic"`` has each
     program add its fp32 dK_j, dV_j into one (B, H_kv, N_k, d) sum with atomic adds, then casts it (the order of
-    the adds, and so the last bits of the sum, varies from run to run). Measured on an H100 (lab/gpu_attention_gqa.py
-    sums; lab/results/h100/attention_gqa_dkdv_sum.json, two rounds): at N = 1k the atomic sum made the backward
-    1.04-1.14x as fast -- the parts are g times the gradient's size and the pass over them weighs most where the
-    kernels are short -- while at 4k and 16k it was 0.89-1.06x, about as far apart as two rounds of the same
-    call (up to 10%). So: atomic up to ``ATOMIC_SUM_MAX_KEYS`` keys, and beyond them the parts, whose sum is the
-    same from run to run.
+    the adds, and so the last bits of the sum, varies from run to run). Atomic up to ``ATOMIC_SUM_MAX_KEYS`` keys,
+    where the second pass over g parts weighs most against short kernels; beyond them the parts, whose sum is the
+    same from run to run (lab/attention.md, "Summing the dK and dV parts").
 
     Example:
         >>> gqa_dkdv_sum(1024), gqa_dkdv_sum(4096)
