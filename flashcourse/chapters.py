@@ -150,7 +150,7 @@ CHAPTERS: tuple[Chapter, ...] = (
             layers=("formulas", "reference", "kernels", "checks", "bench"),
             kernels=("block_sparse_attention", "block_sparse_backward", "create_block_mask"),
             checks=("block_lists", "sparse_kernel"),
-            bench="sparse"),
+            bench="sparse", extra_modules=("formulas.sparse_masks",)),
 )
 
 
