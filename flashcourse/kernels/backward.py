@@ -82,6 +82,58 @@ def row_stats(LSE2, Delta, head, rows, N_q):
 
 
 @triton.jit
+def dkdv_update(dK_j, dV_j, K_j, V_j, Q_i, dO_i, L_i, D_i, qk_scale, cols, rows, offset, visible,
+                CAUSAL: tl.constexpr, MASKED: tl.constexpr):
+    """Lines 11-16 of FlashAttention-2's Algorithm 2, keys along the rows, for one query block ``Q_i``, ``dO_i``
+    (B_r, d) against the key block ``K_j``, ``V_j`` (B_c, d): ``P_ij^T = 2^(K_j Q_i^T qk_scale - L_i)`` recomputed
+    from the saved ``L_i`` (B_r,), in log2 units; ``dV_j += P_ij^T dO_i``; ``dP_ij^T = V_j dO_i^T``;
+    ``dS_ij^T = P_ij^T o (dP_ij^T - D_i)``; ``dK_j += dS_ij^T Q_i`` (the caller multiplies dK_j by sm_scale once, at
+    the end). P = 0 right of the causal diagonal with ``CAUSAL`` (key ``cols`` c > query ``rows`` r + ``offset``), and
+    where ``visible`` (broadcast to (B_c, B_r)) is False with ``MASKED``. Returns ``(dK_j, dV_j, dS_ij^T)``:
+    Algorithm 2's dQ needs dS too. Every dK/dV kernel of the course calls it.
+
+    Example:
+        >>> import inspect
+        >>> list(inspect.signature(dkdv_update.fn).parameters)[:4]   # the state it updates, and the key block
+        ['dK_j', 'dV_j', 'K_j', 'V_j']
+    """
+    # exercise: chapter 7's dkdv_kernel writes this (P_ij^T recomputed from L_i, its mask, dV_j, dS_ij^T and dK_j)
+    p_t = tl.exp2(tl.dot(K_j, tl.trans(Q_i)) * qk_scale - L_i[None, :])      # line 11: P_ij^T (B_c, B_r)
+    if CAUSAL:
+        p_t = tl.where(cols[:, None] <= rows[None, :] + offset, p_t, 0.0)
+    if MASKED:
+        p_t = tl.where(visible, p_t, 0.0)
+    dV_j += tl.dot(p_t.to(dO_i.dtype), dO_i)                                     # line 12
+    ds_t = p_t * (tl.dot(V_j, tl.trans(dO_i)) - D_i[None, :])                    # lines 13-14: dP_ij^T, dS_ij^T
+    dK_j += tl.dot(ds_t.to(Q_i.dtype), Q_i)                                      # line 16
+    # end of exercise
+    return dK_j, dV_j, ds_t
+
+
+@triton.jit
+def dq_update(dQ_i, Q_i, dO_i, K_j, V_j, L_i, D_i, qk_scale, cols, rows, offset, visible,
+              CAUSAL: tl.constexpr, MASKED: tl.constexpr):
+    """Line 15 of Algorithm 2 with the query block outside: ``P_ij`` and ``dS_ij = P_ij o (dO_i V_j^T - D_i)``
+    recomputed, ``dQ_i += dS_ij K_j`` (times sm_scale by the caller, at the end); shapes as :func:`dkdv_update`'s.
+    With ``MASKED``, P = 0 where ``visible`` (broadcast to (B_r, B_c)) is False and, with ``CAUSAL`` too, right of
+    the causal diagonal. Chapter 7's dQ kernels call it.
+
+    Example:
+        >>> import inspect
+        >>> list(inspect.signature(dq_update.fn).parameters)[:3]
+        ['dQ_i', 'Q_i', 'dO_i']
+    """
+    p = tl.exp2(tl.dot(Q_i, tl.trans(K_j)) * qk_scale - L_i[:, None])           # P_ij, recomputed
+    if MASKED:
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= rows[:, None] + offset)
+        p = tl.where(visible, p, 0.0)
+    ds = p * (tl.dot(dO_i, tl.trans(V_j)) - D_i[:, None])                        # dS_ij
+    dQ_i += tl.dot(ds.to(K_j.dtype), K_j)
+    return dQ_i
+
+
+@triton.jit
 def _bwd_preprocess(O, DO, LSE, Delta, LSE2, N_q, N_stat, stride_ob, stride_oh, stride_om, stride_dob, stride_doh,
                     stride_dom, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, WITH_LSE2: tl.constexpr):
     # line 4: D_i = rowsum(dO_i o O_i) in fp32 (and WITH_LSE2, L_i in log2 units), rows N_stat apart; grid: (row
@@ -107,9 +159,9 @@ def _dkdv_step(dK_j, dV_j, K_j, V_j, Q, DO, LSE2, Delta, DQ32, qk_scale, sm_scal
                offset, stride_qb, stride_qh, stride_qm, stride_dob, stride_doh, stride_dom,
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, ATOMIC_DQ: tl.constexpr, GROUP: tl.constexpr,
                H_STAT, MASK: tl.constexpr):
-    # lines 9-16 for one query block Q_i. Rows past N_q load L = inf, so their P is 0 without a mask; keys past
-    # N_k (zeros in K_j, V_j) only touch their own rows of dK_j, dV_j, never stored. So only the causal mask on the
-    # diagonal blocks (MASK) remains -- and Algorithm 2's dQ, whose sum over keys they would reach.
+    # lines 9-16 for one query block Q_i (the math: dkdv_update). Rows past N_q load L = inf, so their P is 0 without
+    # a mask; keys past N_k (zeros in K_j, V_j) only touch their own rows of dK_j, dV_j, never stored. So only the
+    # causal mask on the diagonal blocks (MASK) remains -- and Algorithm 2's dQ, whose sum over keys they would reach.
     rows, heads = packed_rows(start_m, h, BLOCK_M, GROUP)
     in_q = rows < N_q
     Q_i = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + rows[:, None] * stride_qm + dims[None, :],
@@ -117,17 +169,8 @@ def _dkdv_step(dK_j, dV_j, K_j, V_j, Q, DO, LSE2, Delta, DQ32, qk_scale, sm_scal
     dO_i = tl.load(DO + b * stride_dob + heads[:, None] * stride_doh + rows[:, None] * stride_dom + dims[None, :],
                    mask=in_q[:, None], other=0.0)
     L_i, D_i = row_stats(LSE2, Delta, b * H_STAT + heads, rows, N_q)
-    # line 11, transposed (keys along rows): P_ij^T = exp(S_ij^T - L_i)
-    s_t = tl.dot(K_j, tl.trans(Q_i)) * qk_scale                  # (BLOCK_N, BLOCK_M), log2 units
-    p_t = tl.exp2(s_t - L_i[None, :])
-    if MASK:
-        p_t = tl.where(cols[:, None] <= rows[None, :] + offset, p_t, 0.0)
-    if ATOMIC_DQ:
-        p_t = tl.where(in_k[:, None], p_t, 0.0)
-    dV_j += tl.dot(p_t.to(dO_i.dtype), dO_i)                       # line 12
-    dp_t = tl.dot(V_j, tl.trans(dO_i))                              # line 13: dP_ij^T
-    ds_t = p_t * (dp_t - D_i[None, :])                              # line 14
-    dK_j += tl.dot(ds_t.to(Q_i.dtype), Q_i)                         # line 16
+    dK_j, dV_j, ds_t = dkdv_update(dK_j, dV_j, K_j, V_j, Q_i, dO_i, L_i, D_i, qk_scale, cols, rows, offset,
+                                   in_k[:, None], MASK, ATOMIC_DQ)
     if ATOMIC_DQ:                                   # line 15 as Algorithm 2 writes it: dQ_i += dS_ij K_j in HBM,
         dq = tl.dot(tl.trans(ds_t.to(K_j.dtype)), K_j) * sm_scale  # added atomically (fp32, (B, H, N_q, d))
         dq_rows = (b * H_STAT + heads) * N_q + rows
@@ -187,24 +230,16 @@ def _bwd_dkdv(Q, K, V, DO, LSE2, Delta, DK, DV, DQ32, qk_scale, sm_scale, N_q, N
 def _dq_step(dQ_i, Q_i, dO_i, L_i, D_i, K, V, qk_scale, start_n, kv, b, rows, dims, N_k, offset,
              stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
              BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASK: tl.constexpr):
-    # line 15 for one key block K_j. Rows past N_q have L = inf (P = 0); only the diagonal and the last, ragged key
-    # block (MASK) need a mask: a key past N_k has P = exp(0 - L_i), which overflows for very negative logits.
+    # line 15 for one key block K_j (the math: dq_update). Rows past N_q have L = inf (P = 0); only the diagonal and
+    # the last, ragged key block (MASK) need a mask: a key past N_k has P = exp(0 - L_i), which overflows for very
+    # negative logits.
     cols = start_n + tl.arange(0, BLOCK_N)
     in_k = cols < N_k
     K_j = tl.load(K + b * stride_kb + kv * stride_kh + cols[:, None] * stride_kn + dims[None, :],
                   mask=in_k[:, None], other=0.0)
     V_j = tl.load(V + b * stride_vb + kv * stride_vh + cols[:, None] * stride_vn + dims[None, :],
                   mask=in_k[:, None], other=0.0)
-    p = tl.exp2(tl.dot(Q_i, tl.trans(K_j)) * qk_scale - L_i[:, None])    # P_ij, recomputed
-    if MASK:
-        visible = in_k[None, :]
-        if CAUSAL:
-            visible = visible & (cols[None, :] <= rows[:, None] + offset)
-        p = tl.where(visible, p, 0.0)
-    dp = tl.dot(dO_i, tl.trans(V_j))
-    ds = p * (dp - D_i[:, None])
-    dQ_i += tl.dot(ds.to(K_j.dtype), K_j)
-    return dQ_i
+    return dq_update(dQ_i, Q_i, dO_i, K_j, V_j, L_i, D_i, qk_scale, cols, rows, offset, in_k[None, :], CAUSAL, MASK)
 
 
 @triton.jit
@@ -352,7 +387,7 @@ def fa2_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
         cfg["dkdv"] = cfg["dkdv_atomic"]
     cfg.update(config or {})
     for name in ("dkdv", "dq"):
-        cfg[name] = _tiles(name, cfg[name])
+        cfg[name] = expect_tiles(fn, name, cfg[name])
     grads, again = _launch(q, k, v, o, do, lse, causal, sm_scale, cfg, dq_mode == "atomic")
     if plain and again is not None and all(a is b for a, b in zip((q, k, v, o, do, lse), given)):   # nothing copied
         _PLANS.put(key, again)
@@ -362,11 +397,18 @@ def fa2_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
 _PLANS = Plans()
 
 
-def _tiles(name, tiles):
+def expect_tiles(fn: str, name: str, tiles) -> tuple:
+    """``tiles`` as a tuple, if ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` that a backward kernel can run (the
+    entry ``fn``'s ``config[name]``), else a ValueError naming it.
+
+    Example:
+        >>> expect_tiles("fa2_backward", "dq", [32, 64, 4, 3])
+        (32, 64, 4, 3)
+    """
     ok = isinstance(tiles, (tuple, list)) and len(tiles) == 4 and all(isinstance(t, int) for t in tiles)
     if not (ok and all(t >= 16 and t & (t - 1) == 0 for t in tiles[:2]) and tiles[2] in (1, 2, 4, 8, 16)
             and tiles[3] >= 1):
-        raise ValueError(f"fa2_backward: config['{name}'] is {tiles!r}; expected (BLOCK_M, BLOCK_N, num_warps, "
+        raise ValueError(f"{fn}: config['{name}'] is {tiles!r}; expected (BLOCK_M, BLOCK_N, num_warps, "
                          "num_stages): blocks powers of 2 of at least 16, num_warps a power of 2 up to 16, "
                          "num_stages at least 1")
     return tuple(tiles)
@@ -499,4 +541,5 @@ aot.register("bwd_preprocess", _bwd_preprocess, signature=kernel_signature(_bwd_
 aot.register("bwd_dkdv", _bwd_dkdv, signature=kernel_signature(_bwd_dkdv.arg_names), configs=_aot("dkdv"))
 aot.register("bwd_dq", _bwd_dq, signature=kernel_signature(_bwd_dq.arg_names), configs=_aot("dq"))
 
-__test__ = {"stat_rows": stat_rows.fn, "row_stats": row_stats.fn}   # doctest does not look inside a jit function
+__test__ = {"stat_rows": stat_rows.fn, "row_stats": row_stats.fn, "dkdv_update": dkdv_update.fn,
+            "dq_update": dq_update.fn}   # doctest does not look inside a jit function

@@ -33,7 +33,7 @@ from ..formulas.sparse import EMPTY, FULL, PARTIAL, BlockMask, Mask, check_mask_
 from . import aot
 from .attention import online_softmax_update, quiet
 from .attention_gqa import packed_rows, sum_parts
-from .backward import backward_stats, row_stats
+from .backward import backward_stats, dkdv_update, row_stats
 from .validate import expect_qkv, expect_saved, expect_sm_scale
 
 __all__ = ["block_sparse_attention", "block_sparse_backward", "create_block_mask", "sparse_block_size", "sparse_config"]
@@ -117,10 +117,10 @@ def _sparse_fwd(Q, K, V, O, LSE, KV_FULL_NUM, KV_FULL_IDX, KV_PART_NUM, KV_PART_
 @triton.jit
 def _dkdv_step(Q, DO, LSE2, Delta, TILES, K_j, V_j, dK_j, dV_j, rows, heads, tile_rows, tile, qk_scale, N_q, b_heads,
                q_base, stride_qh, stride_qm, do_base, stride_doh, stride_dom, HEAD_DIM: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Chapter 7's inner step for the query rows ``rows`` of heads ``heads`` against K_j, V_j; ``tile`` >= 0: mask P
-    by the bit tile's rows ``tile_rows`` (a partial block), -1: no mask (a full block). ``b_heads``: b * H, where
-    the batch's row statistics start."""
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+    """Chapter 7's inner step (:func:`~flashcourse.kernels.backward.dkdv_update`) for the query rows ``rows`` of heads
+    ``heads`` against K_j, V_j; ``MASKED``: mask P by the bit tile ``tile``'s rows ``tile_rows`` (a partial block),
+    else no mask (a full block). ``b_heads``: b * H, where the batch's row statistics start."""
     dims = tl.arange(0, HEAD_DIM)
     in_q = rows < N_q
     Q_i = tl.load(Q + q_base + heads[:, None] * stride_qh + rows[:, None] * stride_qm + dims[None, :],
@@ -128,12 +128,11 @@ def _dkdv_step(Q, DO, LSE2, Delta, TILES, K_j, V_j, dK_j, dV_j, rows, heads, til
     dO_i = tl.load(DO + do_base + heads[:, None] * stride_doh + rows[:, None] * stride_dom + dims[None, :],
                    mask=in_q[:, None], other=0.0)
     L_i, D_i = row_stats(LSE2, Delta, b_heads + heads, rows, N_q)
-    p_t = tl.exp2(tl.dot(K_j, tl.trans(Q_i)) * qk_scale - L_i[None, :])      # P_ij^T (BLOCK_N, rows)
-    if tile >= 0:
-        p_t = tl.where(tl.trans(seen_bits(TILES, tile, tile_rows, BLOCK_M, BLOCK_N)) != 0, p_t, 0.0)
-    dV_j += tl.dot(p_t.to(dO_i.dtype), dO_i)
-    ds_t = p_t * (tl.dot(V_j, tl.trans(dO_i)) - D_i[None, :])
-    dK_j += tl.dot(ds_t.to(Q_i.dtype), Q_i)
+    visible = None
+    if MASKED:
+        visible = tl.trans(seen_bits(TILES, tile, tile_rows, BLOCK_M, BLOCK_N)) != 0      # (BLOCK_N, rows)
+    dK_j, dV_j, _ = dkdv_update(dK_j, dV_j, K_j, V_j, Q_i, dO_i, L_i, D_i, qk_scale, None, rows, None, visible, False,
+                                MASKED)
     return dK_j, dV_j
 
 
@@ -167,7 +166,7 @@ def _sparse_bwd_dkdv(Q, K, V, DO, LSE2, Delta, DK, DV, Q_FULL_NUM, Q_FULL_IDX, Q
             rows, heads = packed_rows(i * BLOCK_M * GROUP + s, h, SUB_M, GROUP)
             dK_j, dV_j = _dkdv_step(Q, DO, LSE2, Delta, TILES, K_j, V_j, dK_j, dV_j, rows, heads, rows - i * BLOCK_M,
                                     -1, qk_scale, N_q, b_heads, b * stride_qb, stride_qh, stride_qm,
-                                    b * stride_dob, stride_doh, stride_dom, HEAD_DIM, BLOCK_M, BLOCK_N)
+                                    b * stride_dob, stride_doh, stride_dom, HEAD_DIM, BLOCK_M, BLOCK_N, False)
         i = tl.load(Q_FULL_IDX + j * T_r + t + 1, mask=t + 1 < n_full, other=0)
     n_part = tl.load(Q_PART_NUM + j)
     i = tl.load(Q_PART_IDX + j * T_r)
@@ -177,7 +176,7 @@ def _sparse_bwd_dkdv(Q, K, V, DO, LSE2, Delta, DK, DV, Q_FULL_NUM, Q_FULL_IDX, Q
             rows, heads = packed_rows(i * BLOCK_M * GROUP + s, h, SUB_M, GROUP)
             dK_j, dV_j = _dkdv_step(Q, DO, LSE2, Delta, TILES, K_j, V_j, dK_j, dV_j, rows, heads, rows - i * BLOCK_M,
                                     tile, qk_scale, N_q, b_heads, b * stride_qb, stride_qh, stride_qm,
-                                    b * stride_dob, stride_doh, stride_dom, HEAD_DIM, BLOCK_M, BLOCK_N)
+                                    b * stride_dob, stride_doh, stride_dom, HEAD_DIM, BLOCK_M, BLOCK_N, True)
         i = tl.load(Q_PART_IDX + j * T_r + t + 1, mask=t + 1 < n_part, other=0)
         tile = tl.load(Q_PART_TILE + j * T_r + t + 1, mask=t + 1 < n_part, other=0).to(tl.int64)
     out = b * stride_dkb + h * stride_dkh + cols[:, None] * stride_dkn + dims[None, :]
