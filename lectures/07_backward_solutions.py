@@ -127,18 +127,21 @@ CELLS = [
     @triton.jit
     def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV, qk_scale, sm_scale, N_q, N_k,
                     stride_qh, stride_qm, stride_kh, stride_kn, stride_dkh, stride_dkn,
-                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    CAUSAL: tl.constexpr):
         h = tl.program_id(1)                                     # which head
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)   # this program's keys
         dims = tl.arange(0, HEAD_DIM)
         in_k = cols < N_k
-        K_j = tl.load(K + h * stride_kh + cols[:, None] * stride_kn + dims[None, :], mask=in_k[:, None], other=0.0)
-        V_j = tl.load(V + h * stride_kh + cols[:, None] * stride_kn + dims[None, :], mask=in_k[:, None], other=0.0)
+        K_j = tl.load(K + h * stride_kh + cols[:, None] * stride_kn + dims[None, :],
+                      mask=in_k[:, None], other=0.0)
+        V_j = tl.load(V + h * stride_kh + cols[:, None] * stride_kn + dims[None, :],
+                      mask=in_k[:, None], other=0.0)
         dK_j = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
         dV_j = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-        offset = N_k - N_q                                       # causal: query r sees keys c <= r + offset
+        offset = N_k - N_q                                       # query r sees keys c <= r + offset
         lo = 0
-        if CAUSAL:                                               # the first query block that sees one of these keys
+        if CAUSAL:                                               # the first query block that sees them
             lo = tl.maximum(tl.program_id(0) * BLOCK_N - offset, 0) // BLOCK_M * BLOCK_M
         for start_m in range(lo, N_q, BLOCK_M):
             rows = start_m + tl.arange(0, BLOCK_M)

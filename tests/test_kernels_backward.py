@@ -4,10 +4,14 @@ The bar is FlashAttention's error rule, on each of dQ, dK, dV: the kernel's larg
 is at most twice the error of PyTorch's own low-precision backward (SDPA's, on the same fp16 inputs and
 upstream gradient) against float64, plus 1e-3. Inputs are drawn fresh every run (``FLASHCOURSE_SEED``
 replays one). Under the interpreter the grid is small; on a GPU it is the forward's: N in {1, 17, 113, 256,
-1000, 2048}, N_q != N_k both ways, causal or not, every d. The last tests show the comparison catches the
-chapter's mistakes: D left out, P not recomputed from the log-sum-exp, a forgotten scale.
+1000, 2048}, N_q != N_k both ways, causal or not, every d. The comparison catches the chapter's mistakes: D
+left out, P not recomputed from the log-sum-exp, a forgotten scale -- and, in the kernels the lecture prints
+(fa2_backward_taught), mutants of their source: D or the log2 units left out, the causal triangle the wrong
+way, a causal bound one block off, the scale of dK forgotten.
 """
 from __future__ import annotations
+
+import itertools
 
 import pytest
 import torch
@@ -19,8 +23,10 @@ from flashcourse.checks.cases import error_rule  # noqa: E402
 from flashcourse.kernels import fa1_forward, fa2_forward  # noqa: E402
 from flashcourse.kernels import backward as BW  # noqa: E402
 from flashcourse.kernels.backward import fa2_backward  # noqa: E402
+from flashcourse.kernels import backward_taught as TAUGHT  # noqa: E402
 from flashcourse.kernels.backward_autograd import flash_attention  # noqa: E402
 from flashcourse.kernels.backward_fa1 import fa1_backward  # noqa: E402
+from flashcourse.kernels.backward_taught import fa2_backward_taught  # noqa: E402
 from flashcourse.kernels.validate import supports_bf16  # noqa: E402
 from flashcourse.reference.attention import causal_mask  # noqa: E402
 from flashcourse.reference.backward import attention_backward_float64  # noqa: E402
@@ -86,6 +92,42 @@ def test_fa2_backward_against_float64(device, case, causal, gen):
     q, k, v, do = inputs(*case, gen, device)
     o, lse = fa2_forward(q, k, v, causal, return_lse=True)
     assert_grads_close(fa2_backward(q, k, v, o, do, lse, causal), q, k, v, do, causal)
+
+
+#: Under the interpreter: ragged both ways, N_q != N_k both ways (with causal, rows that see no key), one query.
+TAUGHT_CASES = GPU_CASES if GPU else [(1, 2, 1, 1, 16), (2, 1, 17, 17, 32), (1, 2, 17, 113, 64), (2, 1, 113, 17, 16),
+                                      (1, 1, 100, 64, 128)]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", TAUGHT_CASES, ids=case_id)
+def test_fa2_backward_taught_against_float64(device, case, causal, gen):
+    """Chapter 7's kernels as the lecture prints them (dkdv_kernel, dq_kernel), under the same error rule."""
+    q, k, v, do = inputs(*case, gen, device)
+    o, lse = fa2_forward(q, k, v, causal, return_lse=True)
+    grads = fa2_backward_taught(q, k, v, o, do, lse, causal)
+    assert all(g.is_contiguous() for g in grads)
+    assert_grads_close(grads, q, k, v, do, causal)
+
+
+def test_fa2_backward_taught_large_logits_custom_scale_and_rows_that_see_no_key(device, gen):
+    q, k, v, do = inputs(1, 2, 90, 40, 64, gen, device, scale=4.0)      # causal, N_q > N_k: 50 rows see nothing
+    o, lse = fa2_forward(q, k, v, True, 0.3, return_lse=True)
+    dq, dk, dv = fa2_backward_taught(q, k, v, o, do, lse, True, 0.3)
+    assert bool(torch.isfinite(dq).all() and (dq[:, :, :50] == 0).all())
+    assert_grads_close((dq, dk, dv), q, k, v, do, True, 0.3)
+
+
+@pytest.mark.skipif(GPU, reason="on a GPU these tiles are the defaults, which the other tests run")
+@pytest.mark.parametrize("n_q,n_k", [(100, 260), (260, 100)])
+def test_fa2_backward_taught_at_the_gpu_tiles_under_the_interpreter(n_q, n_k, gen):
+    """The H100's tiles (32 x 128 dK/dV, 128 x 64 dQ at d = 64): which blocks the causal bounds skip depends on
+    them; logits near -27 make any unmasked key past N_k inf."""
+    q, k, v, do = negative_logits(1, 1, n_q, n_k, 64, gen, "cpu")
+    o, lse = fa2_forward(q, k, v, True, return_lse=True)
+    got = fa2_backward_taught(q, k, v, o, do, lse, True, config=BW.backward_config(64, (9, 0)))
+    assert all(bool(torch.isfinite(g).all()) for g in got)
+    assert_grads_close(got, q, k, v, do, True)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -228,29 +270,36 @@ def test_tiles_that_no_kernel_can_run_are_refused_by_name(tiles, gen):
         fa2_backward(q, k, v, o, do, lse, config={"dq": tiles})
 
 
+BACKWARDS = {"fast": fa2_backward, "taught": fa2_backward_taught}
+
+
 @pytest.mark.skipif(not GPU or not supports_bf16(), reason="bfloat16 dots need a GPU of sm_80 or newer")
-def test_bfloat16_on_the_gpu(gen):
+@pytest.mark.parametrize("backward", list(BACKWARDS))
+def test_bfloat16_on_the_gpu(backward, gen):
     q, k, v, do = inputs(2, 2, 300, 300, 64, gen, "cuda", dtype=torch.bfloat16)
     o, lse = fa2_forward(q, k, v, True, return_lse=True)
-    assert_grads_close(fa2_backward(q, k, v, o, do, lse, True), q, k, v, do, True)
+    assert_grads_close(BACKWARDS[backward](q, k, v, o, do, lse, True), q, k, v, do, True)
 
 
-def test_strided_inputs(device, gen):
-    """(B, N, H, d) tensors viewed as (B, H, N, d), as a model's projections leave them."""
+@pytest.mark.parametrize("backward", list(BACKWARDS))
+def test_strided_inputs(device, backward, gen):
+    """(B, N, H, d) tensors viewed as (B, H, N, d), as a model's projections leave them (the taught kernels,
+    which address a batch x head by one stride, take copies)."""
     raw = [randn((2, 70, 2, 32), gen, device) for _ in range(4)]
     q, k, v, do = (t.transpose(1, 2) for t in raw)
     o, lse = fa2_forward(q, k, v, False, return_lse=True)
-    assert_grads_close(fa2_backward(q, k, v, o, do, lse), q, k, v, do, False)
+    assert_grads_close(BACKWARDS[backward](q, k, v, o, do, lse), q, k, v, do, False)
 
 
-def test_views_of_a_qkv_projection(device, gen):
+@pytest.mark.parametrize("backward", list(BACKWARDS))
+def test_views_of_a_qkv_projection(device, backward, gen):
     """q, k, v split from one (B, N, 3 H d) projection: rows 3 H d apart, heads d apart (not dense), as
     a model hands them over; the gradients come back contiguous, in the right places."""
     qkv = randn((2, 50, 3 * 2 * 32), gen, device)
     q, k, v = (t.view(2, 50, 2, 32).transpose(1, 2) for t in qkv.split(64, dim=2))
     do = randn((2, 2, 50, 32), gen, device)
     o, lse = fa2_forward(q, k, v, True, return_lse=True)
-    grads = fa2_backward(q, k, v, o, do, lse, True)
+    grads = BACKWARDS[backward](q, k, v, o, do, lse, True)
     assert all(g.is_contiguous() for g in grads)
     assert_grads_close(grads, q, k, v, do, True)
 
@@ -284,6 +333,113 @@ def test_the_comparison_catches_the_chapters_mistakes(device, bug, gen, monkeypa
         dk = dk * 8                            # the dK of an unscaled dS^T Q (1 / sm_scale = sqrt(32) ~ 5.7)
     with pytest.raises(AssertionError, match="max error"):
         assert_grads_close((dq, dk, dv), q, k, v, do, False)
+
+
+def test_fa2_backward_taught_errors_name_the_argument(device):
+    q = torch.zeros(1, 2, 8, 16, dtype=torch.float16, device=device)
+    lse = torch.zeros(1, 2, 8, device=device)
+    with pytest.raises(ValueError, match=r"fa2_backward_taught: k has 1 heads and q 2: chapter 7's kernels are "
+                                         r"multi-head only \(grouped K/V: fa2_backward\)"):
+        fa2_backward_taught(q, q[:, :1], q[:, :1], q, q, lse)
+    with pytest.raises(ValueError, match="fa2_backward_taught: lse is None: the backward needs the log-sum-exp"):
+        fa2_backward_taught(q, q, q, q, q, None)
+    with pytest.raises(ValueError, match=r"fa2_backward_taught: config\['dkdv'\] is \(16, 24, 4, 1\); expected"):
+        fa2_backward_taught(q, q, q, q, q, lse, config={"dkdv": (16, 24, 4, 1)})
+    huge = torch.zeros(16, dtype=torch.float16, device=device).expand(1, 2, 2 ** 26, 16)   # 2**31 elements, no memory
+    with pytest.raises(ValueError, match=r"fa2_backward_taught: q is \(1, 2, 67108864, 16\) and k \(1, 2, 8, 16\); "
+                                         r"the kernels' offsets are 32-bit"):
+        fa2_backward_taught(huge, q, q, huge, huge, None)
+    empty = q[:, :, :0]
+    grads = fa2_backward_taught(empty, q, q, empty, empty, lse[..., :0])          # no query: dk = dv = 0
+    assert [tuple(g.shape) for g in grads] == [(1, 2, 0, 16), (1, 2, 8, 16), (1, 2, 8, 16)]
+    assert not any(bool(g.any()) for g in grads)
+
+
+def test_the_exercise_asks_for_the_taught_dkdv_kernel():
+    """Exercise 7's dkdv_kernel is the library's chapter 7 kernel: what the student is given (the solution cell but
+    its solution region) is the library kernel but its exercise region, line for line; and the exercise's check
+    passes the library kernel, hidden cases and all."""
+    import json
+    from pathlib import Path
+    from flashcourse import checks, viz
+    from flashcourse.kernels import aot
+    root = Path(__file__).resolve().parents[1]
+    cells = json.loads((root / "solutions/07_backward.ipynb").read_text())["cells"]
+    cell = next("".join(c["source"]) for c in cells if "def dkdv_kernel(" in "".join(c["source"]))
+    given, inside = [], False
+    for line in cell[cell.index("@triton.jit"):cell.index("\n\n\ndef ")].splitlines():
+        if "### BEGIN SOLUTION" in line or "### END SOLUTION" in line:
+            inside = "BEGIN" in line
+        elif not inside:
+            given.append(line.rstrip())
+    kernel = aot.kernel_of("bwd_dkdv_taught")
+    assert kernel is TAUGHT.dkdv_kernel
+    library = [line.rstrip() for line in viz.kernel_source(kernel).splitlines() if not line.strip().startswith("...")]
+    assert given == library
+    checks.dkdv_kernel(kernel)
+
+
+_MUTANTS = itertools.count()
+
+
+def _mutant(tmp_path, replace):
+    """dkdv_kernel, dq_kernel and the helpers they call (backward.dkdv_update, dq_update), each (old, new) of
+    ``replace`` applied to their source, written to a module of their own (Triton reads a kernel's source)."""
+    import importlib.util
+    import inspect
+    src = "import triton\nimport triton.language as tl\n\n\n" + "\n\n".join(
+        inspect.getsource(f.fn) for f in (BW.dkdv_update, BW.dq_update, TAUGHT.dkdv_kernel, TAUGHT.dq_kernel))
+    for old, new in replace:
+        assert src.count(old) == 1, f"the mutation no longer applies: {old!r}"
+        src = src.replace(old, new)
+    path = tmp_path / f"taught_mutant_{next(_MUTANTS)}.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("replace, causal", [
+    pytest.param([("ds_t = p_t * (tl.dot(V_j, tl.trans(dO_i)) - D_i[None, :])",
+                   "ds_t = p_t * tl.dot(V_j, tl.trans(dO_i))")], False, id="dK-without-D"),
+    pytest.param([("ds = p * (tl.dot(dO_i, tl.trans(V_j)) - D_i[:, None])", "ds = p * tl.dot(dO_i, tl.trans(V_j))")],
+                 False, id="dQ-without-D"),
+    pytest.param([("p_t = tl.where(cols[:, None] <= rows[None, :] + offset, p_t, 0.0)",
+                   "p_t = tl.where(cols[:, None] >= rows[None, :] + offset, p_t, 0.0)")], True,
+                 id="dK-dV-the-wrong-triangle"),
+    pytest.param([("visible = visible & (cols[None, :] <= rows[:, None] + offset)",
+                   "visible = visible & (cols[None, :] < rows[:, None] + offset)")], True,
+                 id="dQ-without-the-diagonal"),
+    pytest.param([("other=float(\"inf\")) * 1.4426950408889634    # log2 units\n        D_i",
+                   "other=float(\"inf\"))\n        D_i")], False, id="L-in-natural-log-units"),
+    pytest.param([("lo = tl.maximum(tl.program_id(0) * BLOCK_N - offset, 0) // BLOCK_M * BLOCK_M",
+                   "lo = (tl.maximum(tl.program_id(0) * BLOCK_N - offset, 0) // BLOCK_M + 1) * BLOCK_M")], True,
+                 id="causal-loop-starts-a-block-late"),
+    pytest.param([("tl.store(DK + out, dK_j * sm_scale, mask=in_k[:, None])",
+                   "tl.store(DK + out, dK_j, mask=in_k[:, None])")], False, id="dK-without-the-scale"),
+])
+def test_the_comparison_rejects_mutants_of_the_taught_kernels(device, replace, causal, gen, monkeypatch, tmp_path):
+    """fa2_backward_taught launching a mutant of its kernels (one line of the source changed) fails the error rule
+    that the library's kernels pass on the same inputs: ragged sizes, N_q < N_k, the interpreter's 16 x 16 tiles."""
+    q, k, v, do = inputs(1, 2, 40, 56, 32, gen, device)
+    o, lse = fa2_forward(q, k, v, causal, return_lse=True)
+    assert_grads_close(fa2_backward_taught(q, k, v, o, do, lse, causal), q, k, v, do, causal)
+    mutant = _mutant(tmp_path, replace)
+    monkeypatch.setattr(TAUGHT, "dkdv_kernel", mutant.dkdv_kernel)
+    monkeypatch.setattr(TAUGHT, "dq_kernel", mutant.dq_kernel)
+    with pytest.raises(AssertionError, match="max error"):
+        assert_grads_close(fa2_backward_taught(q, k, v, o, do, lse, causal), q, k, v, do, causal)
+
+
+def test_an_unchanged_copy_of_the_taught_kernels_passes(device, gen, monkeypatch, tmp_path):
+    """The mutants' machinery alone (the source copied to a module of its own) changes nothing."""
+    q, k, v, do = inputs(1, 2, 40, 56, 32, gen, device)
+    o, lse = fa2_forward(q, k, v, True, return_lse=True)
+    copy = _mutant(tmp_path, [])
+    monkeypatch.setattr(TAUGHT, "dkdv_kernel", copy.dkdv_kernel)
+    monkeypatch.setattr(TAUGHT, "dq_kernel", copy.dq_kernel)
+    assert_grads_close(fa2_backward_taught(q, k, v, o, do, lse, True), q, k, v, do, True)
 
 
 def test_configs_per_compute_capability():

@@ -17,6 +17,9 @@ never stores S or P: every tile ``P_ij = exp(S_ij - L_i)`` is recomputed on chip
    would need atomic adds. A second kernel recomputes P and dS once more (7 matmuls instead of 5) and
    needs no atomics: what the tutorial, and this course, does.
 
+The math of a step lives once, in :func:`dkdv_update` and :func:`dq_update`: the kernels chapter 7's lecture prints
+(:mod:`.backward_taught`, :func:`~.backward_taught.fa2_backward_taught`) and the block-sparse backward call them too.
+
 Rows that see no key (causal with N_q > N_k) have L = -inf: their P is 0 and their gradients too. Like the
 forward, each loop runs in two parts: the blocks on the causal diagonal (and dQ's last, ragged key block) with a
 mask, the rest without one -- a query row past N_q loads L = inf and gets P = 0 by itself (lab/backward.md).
