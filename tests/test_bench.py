@@ -439,6 +439,22 @@ def test_gqa_checks_reject_wrong_outputs_and_gradients(gqa_cases):
     assert "max |dq - sdpa's|" in only.check((dq * 0, *only.fn()[1:]))
 
 
+def test_backward_suite_times_the_taught_kernels_beside_the_fast_path():
+    """Chapter 7's suite times fa2_backward_taught (the kernels the lecture prints) right after fa2_backward, at the
+    backward's FLOPs, and checks its gradients against SDPA's as it checks fa2_backward's."""
+    from flashcourse.bench.backward import IMPLS
+    assert IMPLS[:2] == ["kernels.fa2_backward", "kernels.fa2_backward_taught"] and len(IMPLS) == len(set(IMPLS))
+    (w,) = bench.get_suite("backward").workloads(device=DEV, Ns=(48,), ds=(16,), causal=(True,), tokens=48,
+                                                 hidden=32, naive=False)
+    case = {c.impl: c for c in w.setup()}
+    fast, taught = case["kernels.fa2_backward"], case["kernels.fa2_backward_taught"]
+    assert taught.flops == fast.flops == formulas.backward.backward_flops(48, 16, heads=2, causal=True)
+    assert taught.kind == "course" and taught.skip is None
+    dq, dk, dv = taught.fn()
+    assert taught.check is fast.check and taught.check((dq, dk, dv)) is None
+    assert "max |dk - sdpa's|" in taught.check((dq, dk * 1.5, dv))
+
+
 # -- no GPU: plain refusal ------------------------------------------------------------------------
 needs_cpu = pytest.mark.skipif(backend.DEVICE == "cuda", reason="checks the refusal on a CPU-only machine")
 

@@ -4,9 +4,11 @@ Suite ``backward``: fp16, B * N = 16k tokens, hidden 2048 (H = 2048 / d heads), 
 {1k, 4k, 16k}, causal and not -- the shapes of ``../shared/baselines`` -- timing
 
 * ``kernels.fa2_backward``: the three kernels on the forward's saved O and log-sum-exp (the allocation of
-  dq, dk, dv included); ``kernels.fa2_backward (dQ atomics)``: dQ added by the dK/dV kernel with fp32 atomic
-  adds instead of the second, dQ kernel (``dq_mode="atomic"``); ``kernels.fa1_backward``: FlashAttention-1's
-  order (Algorithm 4, one program a head, dQ through HBM) on ``fa1_forward``'s saved l and m;
+  dq, dk, dv included); ``kernels.fa2_backward_taught``: chapter 7's kernels as its lecture prints them
+  (D = rowsum(dO o O) by PyTorch), on the same inputs; ``kernels.fa2_backward (dQ atomics)``: dQ added by the
+  dK/dV kernel with fp32 atomic adds instead of the second, dQ kernel (``dq_mode="atomic"``);
+  ``kernels.fa1_backward``: FlashAttention-1's order (Algorithm 4, one program a head, dQ through HBM) on
+  ``fa1_forward``'s saved l and m;
 * ``sdpa (flash) backward``, ``sdpa (cudnn) backward``, ``sdpa (efficient) backward``: ``o.backward(do)``
   after a forward under ``sdpa_kernel(backend)``, as the baselines measured them;
 * ``kernels.flash_attention fwd+bwd`` and ``sdpa (flash) fwd+bwd``: one training step of the attention,
@@ -17,7 +19,7 @@ Suite ``backward``: fp16, B * N = 16k tokens, hidden 2048 (H = 2048 / d heads), 
 
 FLOPs: the backward's 2.5x the forward's matmul FLOPs (:func:`flashcourse.formulas.backward.backward_flops`),
 fwd+bwd 3.5x; halved when causal. ``extra["peak_bytes"]`` is the memory one call allocates beyond its inputs.
-``kernels.fa2_backward``'s gradients are checked against SDPA's before they are timed. One row per shape:
+The course's backward kernels' gradients are checked against SDPA's before they are timed. One row per shape:
 :func:`flashcourse.bench.attention.table`.
 
 Example:
@@ -37,9 +39,9 @@ from .inputs import memory_skip
 __all__ = ["backward", "IMPLS"]
 
 #: The implementations the suite times, in order.
-IMPLS = ["kernels.fa2_backward", "kernels.fa2_backward (dQ atomics)", "kernels.fa1_backward", "sdpa (flash) backward",
-         "sdpa (cudnn) backward", "sdpa (efficient) backward", "kernels.flash_attention fwd+bwd", "kernels.fa1 fwd+bwd",
-         "sdpa (flash) fwd+bwd", "naive (torch) fwd+bwd"]
+IMPLS = ["kernels.fa2_backward", "kernels.fa2_backward_taught", "kernels.fa2_backward (dQ atomics)",
+         "kernels.fa1_backward", "sdpa (flash) backward", "sdpa (cudnn) backward", "sdpa (efficient) backward",
+         "kernels.flash_attention fwd+bwd", "kernels.fa1 fwd+bwd", "sdpa (flash) fwd+bwd", "naive (torch) fwd+bwd"]
 _SDPA = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
 
 
@@ -75,6 +77,7 @@ def _cases(B, H, N, d, causal, naive, device, seed):
     from ..kernels.backward import fa2_backward
     from ..kernels.backward_autograd import flash_attention
     from ..kernels.backward_fa1 import fa1_backward
+    from ..kernels.backward_taught import fa2_backward_taught
 
     if device == "cuda":
         warm_up(torch)
@@ -148,6 +151,7 @@ def _cases(B, H, N, d, causal, naive, device, seed):
         return None
 
     makers = {"kernels.fa2_backward": lambda: (lambda: fa2_backward(q, k, v, o, do, lse, causal)),
+              "kernels.fa2_backward_taught": lambda: (lambda: fa2_backward_taught(q, k, v, o, do, lse, causal)),
               "kernels.fa2_backward (dQ atomics)": lambda: (lambda: fa2_backward(q, k, v, o, do, lse, causal,
                                                                                   dq_mode="atomic")),
               "kernels.fa1_backward": fa1_bwd,
@@ -180,6 +184,6 @@ def _cases(B, H, N, d, causal, naive, device, seed):
             if device == "cuda":
                 torch.cuda.empty_cache()
         cases.append(Case(impl, fn=fn, flops=int(flops), kind=kind, skip=skip,
-                          check=check if impl.endswith("_backward") or "(dQ atomics)" in impl else None, extra=extra,
+                          check=check if kind == "course" and "fwd+bwd" not in impl else None, extra=extra,
                           inputs=(q, k, v, do)))
     return cases
