@@ -160,13 +160,25 @@ CELLS = [
     md(r"""
     ## The kernels
 
-    `flashcourse.kernels.backward.fa2_backward` runs three Triton kernels: one for $D$ (and $L$ in base-2
-    units); one program per key block that keeps $dK_j, dV_j$ in registers and walks the query blocks (your
-    exercise); and one program per query block for $dQ_i$, which recomputes $P$ and $dS$ once more instead
-    of letting the key-block programs race on $dQ$ with atomic adds. `flash_attention(q, k, v, causal)`
-    wraps forward and backward for autograd (and for `torch.compile`, as one opaque operator).
+    `kernels.fa2_backward_taught` runs Algorithm 2 as two Triton kernels, after $D$: one program per key
+    block that keeps $dK_j, dV_j$ in registers and walks the query blocks that see it (your exercise), and
+    one program per query block for $dQ_i$, which recomputes $P$ and $dS$ once more instead of letting the
+    key-block programs race on $dQ$ with atomic adds. Each calls one step, `backward.dkdv_update` or
+    `dq_update`, that every backward kernel of the course shares. The dK/dV kernel, whole but for the
+    loop's body:
     """, "slide", name="kernels"),
-
+    code("""
+    from flashcourse import viz
+    from flashcourse.kernels import aot
+    print(viz.kernel_source(aot.kernel_of("bwd_dkdv_taught")))
+    """, "subslide", name="kernel-src"),
+    md("""
+    `kernels.fa2_backward` is the same algorithm with what the fast path adds: masks only on the blocks of
+    the causal diagonal (and on dQ's ragged last key block), $L$ and $D$ padded to aligned rows by a first
+    kernel, grouped-query heads summed on chip, Algorithm 2's atomic $dQ$ as an option, and the host's work
+    planned once per shape; the measurements below are its. `flash_attention(q, k, v, causal)` wraps the
+    forward and `fa2_backward` for autograd (and for `torch.compile`, as one opaque operator):
+    """, "subslide", name="kernels-fast"),
     code("""
     # NBVAL_CHECK_OUTPUT
     from flashcourse.backend import DEVICE
