@@ -7,7 +7,7 @@ never stores S or P: every tile ``P_ij = exp(S_ij - L_i)`` is recomputed on chip
 
 1. ``_bwd_preprocess``: ``D_i = rowsum(dO_i o O_i)`` (line 4) and ``L_i`` in log2 units, each head's rows
    padded to a multiple of 16 (``stat_rows``), so that the dK/dV loop's loads of them stay aligned whatever N_q
-   (lab/backward.md, "Padding L and D");
+   (lab/backward.md, "Aligned statistics");
 2. ``_bwd_dkdv``: one program per block ``K_j, V_j`` (the outer loop, lines 5-19), which keeps ``dK_j``
    and ``dV_j`` in registers, walks the query blocks i that see its keys, recomputes ``P_ij``, and adds
    ``dV_j += P_ij^T dO_i`` and ``dK_j += dS_ij^T Q_i`` with ``dS_ij = P_ij o (dO_i V_j^T - D_i)``;
