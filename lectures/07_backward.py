@@ -272,6 +272,27 @@ CELLS = [
     `kernel_traits.h`).
     """, "fragment", name="measured-wgmma"),
 
+    md("""
+    ### The kernels you read, beside `fa2_backward`
+
+    The two kernels printed above (`kernels.fa2_backward_taught`) mask every tile and read $L$ and $D$
+    unpadded; `fa2_backward` adds the rest. Measured side by side in one run on an H200
+    (`bench.shipped("backward", gpu="h200")`): the gap is widest at $N$ = 1k and narrowest at 16k, and
+    both stay ahead of SDPA's flash backend. What each addition buys is the lab's next measurement.
+    """, "subslide", name="taught-md"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    h200 = {(r["d"], r["N"], r["causal"]): r for r in table(bench.shipped("backward", gpu="h200"))}
+    print("  d      N | taught / fa2_backward | taught / SDPA flash")
+    print("           | full     causal       | full     causal")
+    for (d, N, causal), r in sorted(h200.items()):
+        if not causal:
+            c = h200[(d, N, True)]
+            t, f, fl = "kernels.fa2_backward_taught", "kernels.fa2_backward", "sdpa (flash) backward"
+            print(f"{d:3d} {N:6d} | {r[t] / r[f]:5.2f}x   {c[t] / c[f]:5.2f}x       | "
+                  f"{r[t] / r[fl]:5.2f}x   {c[t] / c[fl]:5.2f}x")
+    """, name="taught"),
+
     md(r"""
     ## dQ: a second kernel or atomic adds?
 
