@@ -123,7 +123,7 @@ CELLS = [
         I = flops / nbytes
         verdict = "memory-bound" if I < ridge_a100 else "compute-bound"
         print(f"{name:22s} I = {I:8.2f} FLOP/B   {verdict} on an A100 (ridge {ridge_a100:.0f})")
-    """, "fragment", name="by-hand"),
+    """, "subslide", name="by-hand"),
 
     md(r"""
     Only the matrix product clears the ridge. Element-wise work and softmax sit two orders of
@@ -232,7 +232,7 @@ CELLS = [
     fp16 = h100.get(op="matmul", dtype="float16")
     ops = [viz.matmul_op(8192, achieved=fp16.TFLOPs * 1e12)] + steps
     viz.roofline_plot(ops, result=h100, title="H100: attention's steps on the roofline (N = 2048, d = 64)")
-    """, "-", name="roofline"),
+    """, "subslide", name="roofline"),
 
     md(r"""
     Read it from left to right:
@@ -272,7 +272,7 @@ CELLS = [
         mine = None
         print("No GPU on this machine, so nothing to time here; these are the H100's numbers:\\n")
         print(h100.table())
-    """, "-", name="measure"),
+    """, "subslide", name="measure"),
     code("""
     # NBVAL_IGNORE_OUTPUT
     viz.memory_plot(h100, mine)
@@ -293,7 +293,7 @@ CELLS = [
     # the same operations on your roof (open markers: what each could reach on this GPU)
     viz.roofline_plot([viz.matmul_op(8192)] + viz.attention_ops(N=2048, d=64, memory=mems[2048]),
                  result=ours, title=f"{ours.gpu}: the roofline")
-    """, "fragment", name="ridge"),
+    """, "subslide", name="ridge"),
 
     md(r"""
     ### Spec sheet says / we measure: the H100's roofline

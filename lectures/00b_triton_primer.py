@@ -59,7 +59,7 @@ CELLS = [
     out = torch.full((6,), -1, dtype=torch.int32, device=DEVICE)
     who_am_i[(4,)](out)                   # a grid of 4 programs
     out.tolist()
-    """, "fragment", name="who-am-i"),
+    """, "subslide", name="who-am-i"),
 
     md(r"""
     Four programs wrote four slots; the last two were never touched. A tensor passed to a kernel
@@ -109,14 +109,15 @@ CELLS = [
     y = buffer[:6]                                      # a tensor of 6 elements inside a larger buffer
     copy_unmasked[(1,)](torch.arange(1.0, 9.0, device=DEVICE), y, BLOCK=8)
     print("y         ", y.tolist())
-    print("the buffer", buffer.tolist(), "<- two lanes landed past y")
+    print("the buffer", buffer.tolist())
+    print("            two lanes landed past y: 7.0 and 8.0")
     """, "fragment", name="unmasked-store"),
 
     md(r"""
     No error, on the interpreter or on the GPU (the H100 overwrote the same two neighbours). An
     unmasked **load** past the end is as silent: it returns whatever bytes follow the tensor. Neither
     stops you; the course's checks do, by filling outputs with a marker and watching what a kernel reads.
-    """, "fragment", name="unmasked-load"),
+    """, "subslide", name="unmasked-load"),
 
     code("""
     lanes = H100["experiments"]["unmasked_load"]["lanes"]
@@ -143,7 +144,7 @@ CELLS = [
     Each new value of a constexpr compiles a new kernel (cached for the next call). On the course's
     H100 the first launch with a new `BLOCK` took tens to hundreds of milliseconds; the same launch
     again about 0.1 ms (host time, measured around the call):
-    """, "fragment", name="compile-cost"),
+    """, "subslide", name="compile-cost"),
 
     code("""
     for key, ms in H100["experiments"]["launch_ms"].items():
@@ -176,7 +177,7 @@ CELLS = [
     out = torch.empty(5, device=DEVICE)
     row_sums[(1,)](x, out, 5, 7, x.stride(0), BLOCK_R=8, BLOCK_C=8)
     out.tolist(), x.sum(dim=1).tolist()
-    """, "fragment", name="row-sums"),
+    """, "subslide", name="row-sums"),
 
     md(r"""
     `other=0.0` is right for a sum; for a maximum the masked lanes must load as `-inf` — chapter 1
@@ -216,7 +217,7 @@ CELLS = [
             print(f"here, {M}x{M}x{M}:", str(e).strip().splitlines()[-1][-70:])
     for key, r in H100["experiments"]["dot"].items():
         print(f"H100, {key:22s}", f"error {r['max_error_relative_to_max']:.1e}" if r["ran"] else r["error"])
-    """, "fragment", name="dot-rules"),
+    """, "subslide", name="dot-rules"),
 
     md(r"""
     ## Debugging
@@ -243,7 +244,7 @@ CELLS = [
     show[(1,)](torch.arange(4.0, device=DEVICE), N=4)
     for run in H100["device_print"]:
         print(f"H100, num_warps={run['num_warps']}: {run['lines']} lines, the first: {run['first'][0]!r}")
-    """, "fragment", name="device-print"),
+    """, "subslide", name="device-print"),
 
     md(r"""
     ## How fast is a kernel this simple?

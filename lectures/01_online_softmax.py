@@ -46,9 +46,9 @@ CELLS = [
     counted memory (`mem.load`, `mem.store`) so we can count the passes later.
     """, "slide", name="naive-md"),
     code("""
-    import inspect
+    from flashcourse import viz
     from flashcourse.reference import naive_softmax, safe_softmax, online_softmax, blocked_online_softmax, merge
-    print(inspect.getsource(naive_softmax))
+    print(viz.kernel_source(naive_softmax))
     """, "subslide", name="naive-src"),
 
     md("""
@@ -127,7 +127,7 @@ CELLS = [
     md("""
     The picture: each algorithm's traffic over its steps (a step is one pass over the row). The
     safe softmax climbs one pass higher than the other two.
-    """, "subslide", name="count-plot-md"),
+    """, "fragment", name="count-plot-md"),
     code("""
     from flashcourse import viz
 
@@ -143,7 +143,7 @@ CELLS = [
     ax.set_ylabel("HBM traffic"); viz.bytes_axis(ax.yaxis); viz.legend_outside(ax)
     ax.set_title("softmax of 256 fp16 elements: HBM traffic")
     fig
-    """, "fragment", name="count-plot"),
+    """, "subslide", name="count-plot"),
 
     md("""
     ## Blocks, and the merge rule
@@ -244,7 +244,6 @@ CELLS = [
     h100 = bench.shipped("online")
     ceiling = bench.shipped("roofline").ceilings()["TBps"]
     mine = bench.run("online", progress=False) if backend.DEVICE == "cuda" else None
-    print(h100.table())
     viz.bench_plot(h100, mine, x="cols", metric="TBps", ceiling=ceiling,
                    title="row softmax, fp16: bytes read + written / time")
     """, "subslide", name="bench"),
@@ -280,7 +279,7 @@ CELLS = [
       3-pass kernel's own traffic there is 2.9–3.3 TB/s: every one of its reads now comes from HBM.
     * On a GPU the dashed lines in the plot are your own card, measured just now, at every width
       up to 256k columns.
-    """, "fragment", name="bench-notes"),
+    """, "subslide", name="bench-notes"),
 
     md("""
     ### Paper says / we measure: the online normaliser

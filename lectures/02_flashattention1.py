@@ -38,7 +38,7 @@ CELLS = [
         for d in (64, 128):
             B_r, B_c = formulas.fa1_block_sizes(M, d)
             print(f"M = {sram_kib:3d} KiB fp16, d = {d:3d}:  B_c = {B_c:4d}, B_r = {B_r:3d}")
-    """, "fragment", name="blocks"),
+    """, "subslide", name="blocks"),
 
     md("""
     ## Algorithm 1, line by line
@@ -71,8 +71,10 @@ CELLS = [
     for j in range(0, 12, 4):
         O, l, m = fa1_update(O, l, m, S[:, j:j + 4], V[j:j + 4])
         seen = slice(0, j + 4)
-        mean = np.exp(S[0, seen] - S[0, seen].max()) @ V[seen] / np.exp(S[0, seen] - S[0, seen].max()).sum()
-        print(f"keys 0-{j + 3:2d}: O_i = {O[0].round(3)}  softmax over them = {mean.round(3)}  l = {l[0]:.3f}  m = {m[0]:.2f}")
+        w = np.exp(S[0, seen] - S[0, seen].max())
+        mean = w @ V[seen] / w.sum()
+        print(f"keys 0-{j + 3:2d}: O_i = {O[0].round(3)}  softmax over them = {mean.round(3)}"
+              f"  l = {l[0]:.3f}  m = {m[0]:.2f}")
     """, "fragment", name="update-src"),
 
     md("""
@@ -104,7 +106,6 @@ CELLS = [
     code("""
     # NBVAL_CHECK_OUTPUT
     from flashcourse.memory import Memory
-
     N, d = 512, 64
     sram_bytes = 64 * 1024                          # the SRAM, M, in bytes: try 16 * 1024
     q, k, v = rng.normal(size=(3, N, d))
@@ -130,7 +131,7 @@ CELLS = [
     moves *more* than standard attention. Try it: set `sram_bytes = 16 * 1024` above. Then $M = 8192$,
     $B_c = 32$, $T_c = 16$, and the counted total, still equal to the formula, is 1704960 elements:
     1.45 times standard attention's 1179648.
-    """, "fragment", name="count-note"),
+    """, "subslide", name="count-note"),
 
     md("""
     ## Watch the tiles
@@ -142,10 +143,8 @@ CELLS = [
     """, "slide", name="stepper-md"),
     code("""
     # NBVAL_IGNORE_OUTPUT
-    from flashcourse import viz
     from flashcourse.viz import show_stepper
     from flashcourse.viz.attention import count_attention
-
     small = count_attention("fa1", N=128, d=16, sram_bytes=4096)
     show_stepper(small)
     """, "subslide", name="stepper"),
@@ -170,7 +169,9 @@ CELLS = [
     The paper's own tiles, $K_j, V_j, Q_i, O_i, S_{ij}$, already fill all of $M$; $\\ell_i$ and $m_i$
     tip it over. So `count_attention` gives the counted memory the working set as its size (the red
     line), not $M$; an SRAM of exactly $M$ would refuse the run (`SRAMOverflow`).
+    """, "subslide", name="overshoot-md"),
 
+    md("""
     Why these sizes? The proof of Theorem 2 only needs each tile to be $O(M)$: $B_c d = O(M)$,
     $B_r d = O(M)$ and $B_r B_c = O(M)$, so $B_c = \\Theta(M/d)$ and
     $B_r = \\Theta(\\min(M/d,\\, M/B_c)) = \\Theta(\\min(M/d,\\, d))$. Algorithm 1 fixes the constants:
@@ -179,7 +180,7 @@ CELLS = [
     $\\min$, flash-attention issue #766). Together that is up to $\\frac54 M$ before the statistics: the
     constant 4 is there for the proof, not to pack the SRAM (issue #175). Real kernels pick
     $B_r, B_c$ such as 64 or 128 by tuning (chapter 3).
-    """, "subslide", name="overshoot-md"),
+    """, "subslide", name="overshoot-why"),
 
     md("""
     For contrast, standard attention on the same stepper: the three kernels, row by row, with
@@ -205,6 +206,7 @@ CELLS = [
     that closes to $4/3d$, 2%.
     """, "slide", name="traffic-md"),
     code("""
+    from flashcourse import viz
     viz.flash_traffic(Ns=(128, 256, 512, 1024, 2048), d=64, algorithms=("standard", "fa1"), N_max=16384)
     """, "subslide", name="traffic"),
     md("""
@@ -280,8 +282,10 @@ CELLS = [
     | HBM traffic | GPT-2 medium, forward + backward: 40.3 GB → 4.4 GB (Fig. 2) | counted, forward, $N = 1024$, $d = 64$, $M$ = 192 KiB of fp16: 4456448 → 800768 elements (5.6×), tending to $M/(3d^2 + 4d)$ = 7.8× as $N$ grows |
     | memory | linear in $N$; up to 20× less than exact baselines (Fig. 3) | extra memory of one forward (16k tokens): FlashAttention 64–66 MiB at every $N$; naive 1.06 GiB ($N$ = 512) to 32 GiB (16k): 16× to 497× |
     | training, end to end | GPT-2 3.5× (small) and 3.0× (medium) faster than HuggingFace, 1.7× than Megatron-LM (Table 2); BERT-large 17.4 vs 20.0 min, 15% faster than the MLPerf 1.1 record (Table 1); all on 8 A100s | not measured: the course times attention alone |
+    """, "slide", name="paper-vs-measured-md"),
 
-    Why the numbers differ:
+    md("""
+    ### Why the numbers differ
 
     * **The baseline moved.** The paper's "PyTorch attention" ran matmul, mask, softmax, dropout and
       matmul as separate kernels (Fig. 1). Today `F.scaled_dot_product_attention` is itself fused: its
@@ -293,6 +297,11 @@ CELLS = [
       TFLOP/s of fp16 GEMM per 3.02 TB/s of copy, 220 FLOP/B (`flashcourse/bench/results/h100/roofline.json`),
       against the A100's 312 / 1.5–2.0 = 156–208 (chapter 0): the more compute per byte, the more the
       unfused baseline loses.
+    """, "subslide", name="paper-vs-measured-why"),
+
+    md("""
+    ### Why the numbers differ (2)
+
     * **Forward only, no dropout, no padding mask.** The paper timed forward + backward and saw the
       most speedup with dropout and masking fused in (App. E.5).
     * **Causal.** Naive computes and masks all $N^2$ scores; the fused kernels skip the blocks above
@@ -305,7 +314,7 @@ CELLS = [
       (and the log-sum-exp) for FlashAttention, $S$, $P$ and $O$ for naive — a ratio of about
       $1 + 2N/d$, with no ceiling. The paper measured forward + backward, batch 16 × 8 heads, each
       baseline until it ran out of the A100's 40 GB (App. E.6).
-    """, "slide", name="paper-vs-measured-md"),
+    """, "subslide", name="paper-vs-measured-why-2"),
     code("""
     # NBVAL_CHECK_OUTPUT
     from flashcourse.bench.attention import table

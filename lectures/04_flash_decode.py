@@ -50,7 +50,7 @@ CELLS = [
             S = formulas.num_splits_for(B, H_kv, L, num_sms=SMs)
             cols = [f"{P:4d} ({formulas.wave_efficiency(P, SMs):3.0%})" for P in (B * H_q, B * H_kv, B * H_kv * S)]
             print(f"{H_kv:4d} {B:3d} {cols[0]:>12s} {cols[1]:>12s} {cols[2]:>12s} {S:3d}")
-    """, "fragment", name="waves"),
+    """, "subslide", name="waves"),
 
     md("""
     ## Split the keys
@@ -123,7 +123,7 @@ CELLS = [
     the heuristic's own count, at batch 1, 32 query heads, $L$ from 1k to 64k (`lab/gpu_sweeps.py`,
     the L2 flushed by a read; shipped as `bench.measured("decode_splits")`). The heuristic's count
     runs within 5% of the fastest at every shape, and one split — FA2's grid — is 1.4–8.7× slower:
-    """, "fragment", name="heuristic-measured-md"),
+    """, "subslide", name="heuristic-measured-md"),
     code("""
     from flashcourse import bench
     sweep = bench.measured("decode_splits")
@@ -170,8 +170,12 @@ CELLS = [
     q1, k1, v1 = gen.normal(size=(1, 1, 1, 64)), *gen.normal(size=(2, 1, 1, 300, 64))
     small = Memory(dtype_bytes=2)
     flash_decoding(q1, k1, v1, num_splits=4, memory=small, block_n=64)
-    show_stepper(small)
-    """, "fragment", name="stepper"),
+    show_stepper(small, strip=False)                # its key frames: next
+    """, "subslide", name="stepper"),
+    code("""
+    # NBVAL_IGNORE_OUTPUT
+    viz.stepper_strip(small)                        # the four lanes read their blocks in the same frame
+    """, "subslide", name="stepper-frames"),
 
     md("""
     ## The kernel
@@ -196,12 +200,17 @@ CELLS = [
       acquire-release order so that the others' partials are visible to it); the one that finds
       $S - 1$ there is the last, resets the counter and runs `combine_splits`: the combine in Triton,
       the exercise's first part, so it is not printed.
-    """, name="kernel-src-md"),
+    """, "subslide", name="kernel-src-md"),
     code("""
     from flashcourse.kernels import aot, decode as kernel_decode
-    print(viz.kernel_source(kernel_decode.chunk_bounds))
-    print(viz.kernel_source(aot.kernel_of("decode_split")))
+    print(viz.kernel_source(aot.kernel_of("decode_split"), stop="m_i = tl.full"))
     """, "subslide", name="kernel-src"),
+    code("""
+    print(viz.kernel_source(aot.kernel_of("decode_split"), start="m_i = tl.full"))
+    """, "subslide", name="body-kernel-src"),
+    code("""
+    print(viz.kernel_source(kernel_decode.chunk_bounds))
+    """, "subslide", name="bounds-kernel-src"),
     code("""
     # NBVAL_CHECK_OUTPUT
     import torch
@@ -250,7 +259,7 @@ CELLS = [
     programs, over K and V expanded to 32 heads (as the suite runs it: it was measured before chapter 3's
     kernel took grouped K/V): 4× the bytes the split kernel reads once, so the gap grows to 11.2×. (H100 numbers from
     the shipped `read-flush/decode.json`.)
-    """, "fragment", name="bench-notes"),
+    """, "subslide", name="bench-notes"),
     md("""
     **How the L2 is flushed changes the answer.** `triton.testing.do_bench` empties the L2 before
     each call by *writing* 256 MB, so every line the kernel brings in first writes a dirty line back:
@@ -299,7 +308,7 @@ CELLS = [
     32 layers, and a step takes what the GPU needs, 0.36–0.42 ms. A graph replays *the same
     addresses*, so the new token's q is copied into the captured input, and the output is read from
     the captured output tensor.
-    """, "fragment", name="host-notes"),
+    """, "subslide", name="host-notes"),
     code("""
     # NBVAL_IGNORE_OUTPUT
     from flashcourse.bench.timers import host_us
@@ -337,7 +346,9 @@ CELLS = [
       $B \\cdot L$ = 64k (batch 256 at 256 keys down to batch 1 at 64k), and 106.6 µs at batch 1 and
       128k. FlashAttention v2.0.9 takes 2300.6 µs at batch 1 and 64k (36× slower) and 4592.2 µs at
       128k (43×); the blog's words are "up to 50×".
+    """, "slide", name="paper-vs-measured"),
 
+    md("""
     **We measure** (H100, fp16, 32 query heads, $d$ = 128, batch 1, read flush; the shipped
     `flashcourse/bench/results/h100/read-flush/decode.json`), attention alone:
 
@@ -347,7 +358,9 @@ CELLS = [
     | 8 (GQA) | 128k | 186.1 µs (2.89 TB/s) | 2083.0 µs | 11.2× |
     | 32 (MHA) | 1k | 13.8 µs | 23.5 µs | 1.7× |
     | 32 (MHA) | 128k | 689.1 µs (3.12 TB/s) | 2042.8 µs | 3.0× |
+    """, "subslide", name="paper-vs-measured-table"),
 
+    md("""
     **Why the numbers differ.**
 
     * *What is timed.* The 8× is tokens/s of a whole model: the weights are read every step
@@ -366,7 +379,7 @@ CELLS = [
       still 1.5× behind `flash_decode` (H100, `lab/gpu_attention_gqa.py decode`, in `lab/results/h100/attention_gqa_splits.json`).
     * *Batch 1 in the blog's table.* Only its last two rows are at batch 1; above them the batch
       halves as $L$ doubles, so every row holds 64k keys in all.
-    """, "slide", name="paper-vs-measured"),
+    """, "subslide", name="paper-vs-measured-why"),
 
     md("""
     ## What we learned

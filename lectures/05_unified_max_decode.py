@@ -30,7 +30,9 @@ CELLS = [
     as every $e^{x - \\varphi}$ and their sums stay representable. With $\\varphi$ fixed, chunk $s$
     computes $N_s = \\sum_{j \\in s} e^{x_j - \\varphi} v_j$ and $\\ell_s = \\sum_{j \\in s} e^{x_j - \\varphi}$,
     and the result is $o = \\sum_s N_s / \\sum_s \\ell_s$: no per-chunk maximum, no rescale.
+    """, "slide", name="why"),
 
+    md("""
     When is it not fine? One rule for the whole course (the reference, the kernel and the statistics
     below all use `flashcourse.reference.decode.needs_fallback`): a chunk falls back exactly when its
     **largest** score leaves the window,
@@ -43,7 +45,7 @@ CELLS = [
     single score far below the maximum is harmless. (FlashDecoding++ states the check for *every*
     score; that version is stricter for no gain.) `safe_bounds` derives $a$ and $b$ from the format,
     the number of keys and the largest $|v|$:
-    """, "slide", name="why"),
+    """, "subslide", name="why-window"),
     code("""
     # NBVAL_CHECK_OUTPUT
     import numpy as np
@@ -57,7 +59,7 @@ CELLS = [
         print(f"{name:36s} safe max(x) - phi in [{a:7.2f}, {b:6.2f}]")
     print("the default of the reference and of the kernel:", DEFAULT_BOUNDS == kernel_decode.DEFAULT_BOUNDS
           == safe_bounds(np.float32, 2**31, 65504.0, flush_to_zero=True))
-    """, "fragment", name="bounds"),
+    """, "subslide", name="bounds"),
     md("""
     **Two windows.** The first line is the kernel's, `DEFAULT_BOUNDS` ≈ [−49.2, 56.2]. The kernel
     holds $p = e^{x - \\varphi}$ in fp32's range (rounded to TF32, below) and adds it up in fp32:
@@ -68,7 +70,7 @@ CELLS = [
     the window of a kernel that hands $p$ to the tensor cores in fp16, as FA2 does with its $P$ —
     five times narrower (20.8 against 105.4). FlashDecoding++ too names float32 as the format of
     the exponentials; it does not say which $a$ and $b$ its kernel uses.
-    """, "fragment", name="windows"),
+    """, "subslide", name="windows"),
 
     md("""
     ## Exact, with the fallback
@@ -116,14 +118,15 @@ CELLS = [
     scaling = B * H_q * L                                           # q . k / sqrt(d): one per score
     print(f"{'rescale multiplications':24s}{fd['mul'] - scaling:15,d}{um['mul'] - scaling:13,d}"
           f"{um_fb['mul'] - scaling:18,d}")
-    print("counted = formulas.decode_nonmatmul_flops:", um_fb == {kind: n for kind, n in formulas.decode_nonmatmul_flops(
-        "unified_max", B, H_q, H_kv, L, d, num_splits=4, fallback=st["fallback"], by_kind=True).items() if n})
+    closed = formulas.decode_nonmatmul_flops("unified_max", B, H_q, H_kv, L, d, num_splits=4, fallback=st["fallback"],
+                                             by_kind=True)
+    print("counted = formulas.decode_nonmatmul_flops:", um_fb == {kind: n for kind, n in closed.items() if n})
     """, "subslide", name="flops"),
     md("""
     The unified max keeps a running maximum too (the `max` row), but only to check the rule at the
     end of each chunk: it never multiplies by it. Its rescales are those of the fallen-back head's
     recomputation.
-    """, "fragment", name="flops-notes"),
+    """, "subslide", name="flops-notes"),
 
     md("""
     ## Choosing φ from real attention scores
@@ -145,15 +148,16 @@ CELLS = [
     chunk): it must lie in $[\\varphi + a, \\varphi + b]$. Here are MiniLM's row maxima with the
     kernel's window, `DEFAULT_BOUNDS`, around two candidate $\\varphi$ (top), and with fp16's,
     `scores.FP16_BOUNDS`, around three (bottom):
-    """, "subslide", name="rowmax-md"),
+    """, "fragment", name="rowmax-md"),
     code("""
-    fig, (top, bottom) = viz.new_figure(2, 1, figsize=(9, 6.4))
+    fig, (top, bottom) = viz.new_figure(2, 1, figsize=(12, 4.3), sharex=True)
     viz.row_max_plot(stats, phis=[0.0, 18.0], bounds=DEFAULT_BOUNDS, ax=top,
                      title="the kernel's window: DEFAULT_BOUNDS (p in fp32's range)")
     viz.row_max_plot(stats, phis=[0.0, 4.0, 12.0], bounds=scores.FP16_BOUNDS, ax=bottom,
                      title="fp16's window: scores.FP16_BOUNDS (one fp16 term)")
+    top.set_xlabel("")
     fig
-    """, "fragment", name="rowmax"),
+    """, "subslide", name="rowmax"),
     md("""
     ## Too small, too large
 
@@ -168,7 +172,8 @@ CELLS = [
     # NBVAL_CHECK_OUTPUT
     choice = scores.choose_phi(stats, DEFAULT_BOUNDS, target_fallback=0.0)      # the kernel's window
     print(f"kernel's window [{DEFAULT_BOUNDS[0]:.2f}, {DEFAULT_BOUNDS[1]:.2f}]: chosen phi = {choice.phi:.2f}, "
-          f"fallback {choice.fallback_rate:.2%}; every phi in {choice.window} gives 0%")
+          f"fallback {choice.fallback_rate:.2%};")
+    print(f"  every phi in {choice.window} gives 0%")
     lowest = min(scores.fallback_rate(stats, phi, scores.FP16_BOUNDS) for phi in np.arange(-5.0, 20.0, 0.05))
     fp16 = scores.choose_phi(stats, scores.FP16_BOUNDS, target_fallback=0.02)
     print(f"fp16's window [{scores.FP16_BOUNDS[0]:.2f}, {scores.FP16_BOUNDS[1]:.2f}]: no phi sends fewer than "
@@ -176,11 +181,11 @@ CELLS = [
     print(f"  with a 2% target, phi = {fp16.phi:.2f} ({fp16.fallback_rate:.2%}), the middle of {fp16.window}")
     """, "subslide", name="curve"),
     code("""
-    fig, (top, bottom) = viz.new_figure(2, 1, figsize=(8, 6.4))
-    viz.fallback_curve(stats, bounds=DEFAULT_BOUNDS, chosen=choice.phi, ax=top)
-    viz.fallback_curve(stats, bounds=scores.FP16_BOUNDS, chosen=fp16.phi, ax=bottom)
-    fig
-    """, "fragment", name="curve-plot"),
+    viz.fallback_curve(stats, bounds=DEFAULT_BOUNDS, chosen=choice.phi)
+    """, "subslide", name="curve-plot"),
+    code("""
+    viz.fallback_curve(stats, bounds=scores.FP16_BOUNDS, chosen=fp16.phi)
+    """, "subslide", name="curve-plot-fp16"),
 
     md("""
     ## The kernel, and what it buys
@@ -207,15 +212,17 @@ CELLS = [
 
     Not printed: the last program of a KV head (counted in `COUNT`) divides `ACC` by `LSUM`, merges
     the recomputed chunks by log-sum-exp and writes `O`.
-    """, name="kernel-src-md"),
+    """, "subslide", name="kernel-src-md"),
     code("""
     from flashcourse import viz
-    from flashcourse.kernels import aot
     print(viz.kernel_source(kernel_decode.chunk_async))
+    """, "subslide", name="kernel-src"),
+    code("""
+    from flashcourse.kernels import aot
     print("    # ... in _unified_max_decode:")
     print(viz.kernel_source(aot.kernel_of("unified_max_decode"), start="acc, l_i, m_i = chunk_async(",
                             stop="# One counter"))
-    """, "subslide", name="kernel-src"),
+    """, "subslide", name="fallback-kernel-src"),
     code("""
     # NBVAL_CHECK_OUTPUT
     import torch
@@ -246,7 +253,8 @@ CELLS = [
             continue
         u = h100.get(impl="kernels.unified_max_decode", workload=r.workload)
         f = h100.get(impl="kernels.unified_max_decode (fallback 1/8)", workload=r.workload)
-        print(f"{p['H_kv']:4d} {p['L']:7d} {1e3 * r.ms:11.1f}us {1e3 * u.ms:7.1f}us {r.ms / u.ms:6.2f} {1e3 * f.ms:11.1f}us")
+        print(f"{p['H_kv']:4d} {p['L']:7d} {1e3 * r.ms:11.1f}us {1e3 * u.ms:7.1f}us {r.ms / u.ms:6.2f}"
+              f" {1e3 * f.ms:11.1f}us")
     """, "fragment", name="bench"),
     md("""
     The same runs as bandwidth, the KV cache's bytes over the time, beside PyTorch's SDPA, against
@@ -258,13 +266,13 @@ CELLS = [
              "kernels.unified_max_decode (fallback 1/8)": "unified_max_decode, fallback on 1 KV head in 8",
              "kernels.flash_decode": "flash_decode (chapter 4)", "sdpa (flash)": "SDPA, flash backend",
              "sdpa (cudnn)": "SDPA, cuDNN backend"}
-    fig, axes = viz.new_figure(2, 1, figsize=(9, 6.4), sharey=True)
+    fig, axes = viz.new_figure(2, 1, figsize=(12, 3.7), sharey=True, sharex=True)
     for ax, H_kv in zip(axes, (32, 8)):
         viz.bench_bars(h100, impls, groups="L", where={"B": 1, "H_kv": H_kv}, ceiling=ceiling, ax=ax,
                        title=f"B = 1, H_kv = {H_kv} ({'MHA' if H_kv == 32 else 'GQA'})")
     viz.figure_legend(fig)
     fig
-    """, "fragment", name="bench-bars"),
+    """, "-", name="bench-bars"),
     md("""
     What the H100 shows. Both kernels are one launch (chapter 4's combines in its last program per
     head); with one $\\varphi$ the chunks add their sums atomically, nothing is rescaled in the loop,
@@ -274,7 +282,7 @@ CELLS = [
     copy ceiling and tie, within 3%. At batch 8 and 32 one or two splits per head fill the GPU and it
     runs at 0.91–1.03× Flash-Decoding's speed. A fallback on one KV head in eight costs 1.4–1.8× at
     batch 1, because the whole launch waits for the recomputed chunks.
-    """, "fragment", name="bench-notes"),
+    """, "subslide", name="bench-notes"),
     md("""
     **Why the $PV$ product is TF32.** With a unified $\\varphi$, $p = e^{x - \\varphi}$ is not bounded
     by 1: inside the window it may reach $e^{56}$, far above fp16's 65504, so $p$ cannot go to the
@@ -289,7 +297,7 @@ CELLS = [
     $P$; since $\\ell$ adds the same rounded $p$, the weights still sum to one. In the course's earlier
     H100 run with the three-pass product (the shipped `decode.json` before commit 4b831de) the
     unified kernel took 10–14% longer than `flash_decode` at 64k and 128k keys; now they tie.
-    """, "fragment", name="tf32"),
+    """, "subslide", name="tf32"),
 
     md("""
     ## Paper says / we measure: FlashDecoding++
@@ -310,7 +318,9 @@ CELLS = [
       a heuristic dataflow): decoding up to 4.86× faster than Hugging Face on NVIDIA GPUs, and on
       average 1.37× faster than FlashDecoding on the A100 (1.21× averaged over both NVIDIA GPUs;
       FlashDecoding runs only the Llama2 models), at batch 1 to 8.
+    """, "slide", name="paper-vs-measured"),
 
+    md("""
     **We measure** (H100, fp16, 32 query heads, $d$ = 128, read flush; the shipped
     `flashcourse/bench/results/h100/read-flush/decode.json`; MiniLM from the cells above):
 
@@ -324,7 +334,9 @@ CELLS = [
     * A fallback on one KV head in eight: 1.4–1.8× the unified kernel's time, at batch 1.
     * MiniLM-L6: in the kernel's window a whole stretch of $\\varphi$, about 60 wide, sends no row
       back; in fp16's window the best $\\varphi$ still sends 1.3%.
+    """, "subslide", name="paper-vs-measured-ours"),
 
+    md("""
     **Why the numbers differ.**
 
     * *What is compared.* The 2.02× sets FlashDecoding++'s whole attention kernel against
@@ -334,7 +346,7 @@ CELLS = [
       work of chapter 6, against whole engines; we time attention alone.
     * *The hardware.* The paper's numbers are from an A100 and an RTX 3090 (and AMD GPUs); ours from
       an H100.
-    """, "slide", name="paper-vs-measured"),
+    """, "subslide", name="paper-vs-measured-why"),
 
     md("""
     ## What we learned

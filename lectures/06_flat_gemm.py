@@ -140,13 +140,13 @@ CELLS = [
                          title="H100, 132 SMs: hollow points leave SMs idle; ★ is choose_block_n's pick")
     """, "subslide", name="tradeoff-h100"),
     code("""
-    fig, axes = viz.new_figure(2, 1, figsize=(8.0, 7.0))
-    for ax, (gpu, sms) in zip(axes, [("T4", 40), ("A100", 108)]):
-        viz.block_n_tradeoff(Ns=(1024, 4096, 11008, 65536), M=8, K=4096, num_sms=sms, ax=ax,
-                             block_ns=(16, 32, 64, 128, 256),
-                             title=f"{gpu}, {sms} SMs")
-    fig
-    """, "subslide", name="tradeoff-t4-a100"),
+    viz.block_n_tradeoff(Ns=(1024, 4096, 11008, 65536), M=8, K=4096, num_sms=40, block_ns=(16, 32, 64, 128, 256),
+                         title="T4, 40 SMs")
+    """, "subslide", name="tradeoff-t4"),
+    code("""
+    viz.block_n_tradeoff(Ns=(1024, 4096, 11008, 65536), M=8, K=4096, num_sms=108, block_ns=(16, 32, 64, 128, 256),
+                         title="A100, 108 SMs")
+    """, "subslide", name="tradeoff-a100"),
 
     md("""
     ## Double buffering
@@ -169,8 +169,8 @@ CELLS = [
             loads[ev.step].append(f"{ev.tensor}[{ev.tile[0][0]}:{ev.tile[0][1]}, {ev.tile[1][0]}:{ev.tile[1][1]}]"
                                   f" -> {ev.slot}")
     for s, label in enumerate(double.step_labels):
-        print(f"{label:52s} {'  '.join(loads[s])}")
-    """, "fragment", name="double-log"),
+        print(f"{label:50s} {'  '.join(loads[s])}".rstrip())
+    """, "subslide", name="double-log"),
     code("""
     # NBVAL_CHECK_OUTPUT
     M, K, N, B_N, B_K = 8, 256, 128, 128, 64
@@ -279,8 +279,10 @@ CELLS = [
     code("""
     # NBVAL_IGNORE_OUTPUT
     from flashcourse.kernels import linear, linear_plan
+    print(f"{'M':>3s} {'K':>6s} {'N':>6s}  {'kernel':12s}  why (thresholds measured on an H100)")
     for M, N, K in [(1, 4096, 4096), (4, 11008, 4096), (8, 4096, 11008), (16, 12288, 4096), (64, 4096, 4096)]:
-        print(linear_plan(M, N, K))
+        plan = linear_plan(M, N, K)
+        print(f"{M:3d} {K:6d} {N:6d}  {plan.kernel:12s}  {plan.reason.split(' (')[0]}")
     """, "fragment", name="linear-plan"),
     code("""
     # NBVAL_IGNORE_OUTPUT
@@ -289,7 +291,7 @@ CELLS = [
     y, plan = linear(x, layer.weight.detach(), explain=True)
     ref = x.double() @ layer.weight.detach().double().T
     print(tuple(y.shape), plan.kernel, "| max |y - float64| =", f"{(y.double() - ref).abs().max().item():.2g}")
-    """, "fragment", name="linear-run"),
+    """, "subslide", name="linear-run"),
 
     md("""
     ## How fast? (H100, measured)
@@ -307,38 +309,27 @@ CELLS = [
     # NBVAL_IGNORE_OUTPUT
     # cuBLAS x @ W, fp16, H100 80GB HBM3, torch 2.11 / Triton 3.6, median of do_bench-style timing:
     # (M, K, N): (TB/s with do_bench's write flush, TB/s with a read-only flush) -- lab/gpu_l2_flush.py
+    from flashcourse import bench
     CUBLAS_H100 = {(1, 4096, 4096): (1.61, 1.97), (8, 4096, 4096): (1.64, 2.02), (64, 4096, 4096): (1.62, 2.00),
                    (1, 4096, 11008): (2.01, 2.51), (8, 4096, 11008): (2.02, 2.54), (64, 4096, 11008): (2.08, 2.57),
                    (1, 11008, 4096): (1.98, 2.43), (8, 11008, 4096): (1.97, 2.41), (64, 11008, 4096): (1.93, 2.33)}
     print("   M      K      N   write flush   read flush   (TB/s; copy ceiling ~3.0)")
     for (M, K, N), (write, read) in CUBLAS_H100.items():
         print(f"{M:4d} {K:6d} {N:6d} {write:11.2f} {read:12.2f}")
-    """, "fragment", name="cublas-facts"),
+    """, "subslide", name="cublas-facts"),
     code("""
     # NBVAL_IGNORE_OUTPUT
-    from flashcourse import bench
-    if "gemm" in bench.shipped_suites():
-        try:
-            h100, how = bench.shipped("gemm", flush="read"), "read-only flush"
-        except FileNotFoundError:
-            h100, how = bench.shipped("gemm"), "do_bench's write flush"
-        impls = {"kernels.linear": "linear", "kernels.flat_gemm": "flat_gemm", "kernels.gemv": "gemv",
-                 "torch.matmul (cuBLAS)": "cuBLAS", "torch.matmul padded to 64 rows": "cuBLAS, pad 64",
-                 "W read once (the floor)": "W read once"}
-        print(f"H100, {how}, TB/s:")
-        print(f"{'K x N':>12s} {'M':>3s} " + " ".join(f"{label:>14s}" for label in impls.values()))
-        for r in h100.select(impl="torch.matmul (cuBLAS)"):
-            p = r.params
-            if p["M"] not in (1, 4, 8, 16):
-                continue
-            rates = []
-            for impl in impls:
-                rec = [t for t in h100.select(impl=impl) if t.workload == r.workload]
-                rates.append(f"{rec[0].TBps:14.2f}" if rec and rec[0].ok else f"{'-':>14s}")
-            print(f"{p['K']:5d} x {p['N']:5d} {p['M']:3d} " + " ".join(rates))
-    else:
-        print("The H100 measurements of the course's kernels (the `gemm` suite) are not shipped yet:\\n"
-              "on a GPU, `flashcourse bench gemm` measures them on yours.")
+    h100 = bench.shipped("gemm", flush="read")
+    impls = {"kernels.linear": "linear", "kernels.flat_gemm": "flat_gemm", "kernels.gemv": "gemv",
+             "torch.matmul (cuBLAS)": "cuBLAS", "torch.matmul padded to 64 rows": "pad to 64",
+             "W read once (the floor)": "W once"}
+    print("H100, read-only flush, TB/s")
+    print(f"{'K x N':>13s} {'M':>3s}" + "".join(f"{label:>10s}" for label in impls.values()))
+    for r in h100.select(impl="torch.matmul (cuBLAS)"):
+        if r.params["M"] in (1, 4, 8, 16):
+            recs = [h100.select(impl, r.workload) for impl in impls]
+            print(f"{r.params['K']:5d} x {r.params['N']:5d} {r.params['M']:3d}"
+                  + "".join(f"{rec[0].TBps:10.2f}" if rec and rec[0].ok else f"{'-':>10s}" for rec in recs))
     """, "subslide", name="bench"),
     md("""
     What the table says. On the three large shapes `flat_gemm` streams W at 2.56–2.65 TB/s, 85–87%
@@ -348,7 +339,24 @@ CELLS = [
     really runs: four Llama-2-7B decoder layers' five projections replayed as one CUDA graph took
     143–148 µs a layer against cuBLAS's 149–153 µs (1.03–1.05×, `lab/gpu_gemm.py --layer`).
     `gemv` (no tensor cores) never wins here, so `linear` always picks `flat_gemm` up to M = 16.
-    """, "fragment", name="bench-notes"),
+    """, "subslide", name="bench-notes"),
+    md("""
+    The table as bars, one group per shape: the black bar over each group is the floor (the shape's
+    bytes at `read_once(W)`'s time: no kernel can rise above it), the dotted line the copy ceiling.
+    """, "fragment", name="bench-bars-md"),
+    code("""
+    from flashcourse.bench.gemm import FLOOR
+    read = bench.shipped("gemm", flush="read")
+    ceiling = bench.shipped("roofline").ceilings()["TBps"]
+    impls = {"kernels.flat_gemm": "flat_gemm", "kernels.gemv": "gemv", "torch.matmul (cuBLAS)": "cuBLAS",
+             "torch.matmul padded to 64 rows": "cuBLAS, M padded to 64"}
+    fig, axes = viz.new_figure(2, 2, figsize=(14, 4.3), sharey=True, sharex=True)
+    for ax, (K, N) in zip(axes.flat, [(4096, 4096), (4096, 11008), (11008, 4096), (4096, 12288)]):
+        viz.bench_bars(read, impls, groups="M", where={"K": K, "N": N, "M": (1, 2, 4, 8, 16)}, ceiling=ceiling,
+                       floor=FLOOR, floor_label="the floor: W read once", ax=ax, title=f"K × N = {K} × {N}")
+    viz.figure_legend(fig)
+    fig
+    """, "subslide", name="bench-bars"),
     md("""
     ### The floor: how much faster could any kernel be?
 
@@ -369,23 +377,6 @@ CELLS = [
     keeps the hint: 7–12% faster after a write flush, 2–9% slower after a read flush —
     `lab/gpu_gemm_prefetch.py`.)
     """, "subslide", name="floor-notes"),
-    md("""
-    The table as bars, one group per shape: the black bar over each group is the floor (the shape's
-    bytes at `read_once(W)`'s time: no kernel can rise above it), the dotted line the copy ceiling.
-    """, "subslide", name="bench-bars-md"),
-    code("""
-    from flashcourse.bench.gemm import FLOOR
-    read = bench.shipped("gemm", flush="read")
-    ceiling = bench.shipped("roofline").ceilings()["TBps"]
-    impls = {"kernels.flat_gemm": "flat_gemm", "kernels.gemv": "gemv", "torch.matmul (cuBLAS)": "cuBLAS",
-             "torch.matmul padded to 64 rows": "cuBLAS, M padded to 64"}
-    fig, axes = viz.new_figure(2, 2, figsize=(11, 6.4), sharey=True)
-    for ax, (K, N) in zip(axes.flat, [(4096, 4096), (4096, 11008), (11008, 4096), (4096, 12288)]):
-        viz.bench_bars(read, impls, groups="M", where={"K": K, "N": N, "M": (1, 2, 4, 8, 16)}, ceiling=ceiling,
-                       floor=FLOOR, floor_label="the floor: W read once", ax=ax, title=f"K × N = {K} × {N}")
-    viz.figure_legend(fig)
-    fig
-    """, "fragment", name="bench-bars"),
     md("""
     ### Paper says / we measure: flat GEMM
 
@@ -422,7 +413,7 @@ CELLS = [
                       ("the floor over cuBLAS, M = 1-16", speedups("W read once (the floor)")),
                       ("cuBLAS padded to 64 rows over cuBLAS", speedups("torch.matmul padded to 64 rows"))]:
         print(f"{label:37s} {min(xs):.2f} to {max(xs):.2f}, mean {sum(xs) / len(xs):.3f} ({len(xs)} cases)")
-    """, "fragment", name="paper-vs-measured-numbers"),
+    """, "subslide", name="paper-vs-measured-numbers"),
     md("""
     On your own GPU (a Colab T4, L4, A100...), the same comparison for the MLP's up projection, timed
     with the read-only flush. Without a GPU there is nothing to time: the interpreter runs the kernels

@@ -306,7 +306,7 @@ def test_lanes_are_drawn_side_by_side_in_time():
         assert (grid[:64] == S.READ).all() and (grid[64:] == S.UNTOUCHED).all()
     texts = [t.get_text() for t in parts["tensors"].texts]
     assert [t for t in texts if t.startswith("split")] == ["split 0", "split 1", "split 2", "split 3"]
-    assert parts["sram"].get_title() == "SRAM per lane (thread block)"
+    assert parts["sram"].get_title().replace("\n", " ") == "SRAM per lane (thread block)"     # on two lines
     assert len(S.draw_frame(fa1_like(), 1).frame_axes["pieces"]["K"]) == 1
 
 
@@ -639,3 +639,61 @@ def test_invariant_check_fires_on_a_broken_log():
     mem.peak_sram -= 100
     with pytest.raises(AssertionError):
         check_log_invariants(mem)
+
+
+# -- on a slide ------------------------------------------------------------------------------------------
+#: The most a stepper cell's outputs may take on a 1280 x 720 slide, in pixels: the widget's controls
+#: (about 40 px), its frame and the key frames under it, below a code cell of up to five lines (about
+#: 130 px) -- RISE makes a slide taller than 684 px a scroll box.
+SLIDE_OUTPUTS_PX = 684 - 130 - 40
+
+
+def shown_px(out) -> tuple[int, int]:
+    """(width, height) in pixels a notebook shows a display bundle or a figure at (1x, PNG metadata)."""
+    if isinstance(out, tuple):                                              # (data, metadata) of widget_bundle
+        meta = out[1]["image/png"]
+        return meta["width"], meta["height"]
+    _, meta = out._repr_png_()
+    return meta["width"], meta["height"]
+
+
+@pytest.mark.parametrize("log", ["fa1", "standard", "decode"])
+def test_the_widget_and_its_key_frames_fit_a_slide(log):
+    """show_stepper in a live kernel: the widget's frame and the compact strip of key frames under it (one
+    row, no second legend) fit one 1280 x 720 slide together, and are no wider than it. (Before, the strip
+    alone was 599-901 px tall: frames of full size two a row.)"""
+    pytest.importorskip("ipywidgets")
+    from flashcourse.viz.attention import count_attention
+    mem = {"fa1": lambda: count_attention("fa1", N=128, d=16, sram_bytes=4096),       # chapter 2's steppers
+           "standard": lambda: count_attention("standard", N=32, d=16),
+           "decode": lambda: decode_log()}[log]()                                   # chapter 4's
+    widget = S.widget_bundle(S.stepper(mem))
+    strip = S.stepper_strip(mem, legend=False, compact=True)
+    (ww, wh), (sw, sh) = shown_px(widget), shown_px(strip)
+    assert wh + sh <= SLIDE_OUTPUTS_PX, f"widget {wh} px + key frames {sh} px"
+    assert max(ww, sw) <= 1150 and len(strip.frames) >= 3
+    assert all(set(parts) == {"tensors", "images", "pieces"} for parts in strip.frames)   # tensors alone
+    full = S.stepper_strip(mem)                                             # alone (GitHub, nbval): full frames
+    assert {"traffic", "sram"} <= set(full.frames[0]) and shown_px(full)[0] <= 1150
+    assert S.frame_size(S.timeline(mem), legend=True)[1] * S.DPI <= 324         # the widget's frame: 4.5 in
+
+
+def test_the_slide_check_sees_the_old_strip():
+    """Full frames at the widget's size, two a row (the strip before): too tall under the widget."""
+    from flashcourse.viz.attention import count_attention
+    mem = count_attention("fa1", N=128, d=16, sram_bytes=4096)
+    old = S.stepper_strip(mem, panel_in=3.0, width=10.0)
+    assert shown_px(old)[1] + shown_px(S.widget_bundle(S.stepper(mem)))[1] > SLIDE_OUTPUTS_PX
+
+
+def test_show_stepper_in_a_live_kernel_shows_compact_key_frames(monkeypatch):
+    import IPython.display
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda obj, **kw: shown.append(obj))
+    in_a_live_kernel(monkeypatch)
+    S.show_stepper(fa1_like())
+    strip = shown[-1]
+    if HAS_WIDGETS:
+        assert set(strip.frames[0]) == {"tensors", "images", "pieces"} and not strip.legends
+    else:
+        assert "traffic" in strip.frames[0] and strip.legends

@@ -1,6 +1,8 @@
 """The course's figures draw the numbers they are given: heights, lines and points are checked."""
 from __future__ import annotations
 
+import struct
+
 import matplotlib.colors
 import numpy as np
 import pytest
@@ -406,3 +408,69 @@ def test_dram_plot_sets_counted_against_measured_bytes():
     read, write = fig.axes
     assert sorted(p.get_width() for p in read.patches) == [1.0, 2.0, 2.0, 8.0]
     assert sorted(p.get_width() for p in write.patches) == [0.5, 1.0, 1.0, 1.0]
+
+
+# -- legible on a slide ----------------------------------------------------------------------------------
+def _more_figures():
+    from flashcourse.bench import measured, shipped
+    from flashcourse.viz import stepper as S
+    from flashcourse.viz.attention import count_attention
+    fa1 = count_attention("fa1", N=128, d=16, sram_bytes=4096)
+    return {
+        "double_buffer_timeline": lambda: viz.double_buffer_timeline(3, 2, tiles=4),
+        "host_time_plot": lambda: viz.host_time_plot(measured("decode_host")),
+        "dram_plot": lambda: viz.dram_plot(measured("ncu_dram")),
+        "warps_plot": lambda: viz.warps_plot(shipped("attention_warps")),
+        "tiles_plot": lambda: viz.tiles_plot(shipped("attention_tiles", gpu="h200")),
+        "stepper frame": lambda: S.draw_frame(fa1, 3),
+        "stepper strip": lambda: S.stepper_strip(fa1),
+        "stepper key frames": lambda: S.stepper_strip(fa1, compact=True, legend=False),
+        "new_figure": lambda: _lecture_figure(),
+    }
+
+
+def _lecture_figure():
+    """A figure as a lecture draws one: viz.new_figure, then its own labels and legend."""
+    fig, ax = viz.new_figure()
+    ax.plot([1, 2], [3, 4], label="a line")
+    ax.set_xlabel("x"), ax.set_title("title")
+    viz.legend_outside(ax)
+    return fig
+
+
+def small_text(fig) -> list[tuple[str, float]]:
+    """The visible texts of ``fig`` smaller than the course's :data:`flashcourse.viz.MIN_PT`, and its
+    titles smaller than 12 pt (after a draw, so that the tick labels exist)."""
+    from matplotlib.text import Text
+    from flashcourse.viz import MIN_PT
+    fig.draw_without_rendering()
+    titles = {id(t) for ax in fig.axes for t in (ax.title, ax._left_title, ax._right_title)}
+    titles |= {id(f._suptitle) for f in [fig, *fig.subfigs] if getattr(f, "_suptitle", None) is not None}
+    return [(t.get_text(), t.get_fontsize()) for t in fig.findobj(Text)
+            if t.get_visible() and t.get_text().strip() and t.get_fontsize() < (12 if id(t) in titles else MIN_PT)]
+
+
+@pytest.mark.parametrize("name", sorted(_figures()) + sorted(_more_figures()))
+def test_every_figure_reads_on_a_slide(name):
+    """Text at least 11 pt (titles 12), figures at most 4.5 in tall at 72 dpi (324 px): a figure and a line
+    above it fit a 1280 x 720 slide, and its labels read on a projector (they were 7-10 pt)."""
+    from flashcourse.viz import MAX_HEIGHT_IN
+    fig = {**_figures(), **_more_figures()}[name]()
+    assert small_text(fig) == []
+    png = fig._repr_png_()
+    width, height = png[1].values() if isinstance(png, tuple) else struct.unpack(">II", png[16:24])
+    assert height <= MAX_HEIGHT_IN * viz.DPI and width <= 16 * viz.DPI, (width, height)     # as a notebook shows it
+    assert fig.dpi == viz.DPI
+
+
+def test_the_slide_check_sees_small_text_and_small_titles():
+    fig, ax = viz.new_figure()
+    ax.annotate("7 pt", (0.5, 0.5), fontsize=7)
+    ax.set_title("9 pt", fontsize=9)
+    assert small_text(fig) == [("9 pt", 9.0), ("7 pt", 7.0)] or sorted(small_text(fig)) == [("7 pt", 7.0), ("9 pt", 9.0)]
+    import matplotlib
+    with matplotlib.rc_context({"xtick.labelsize": 8}):                   # ticks drawn outside the course's style
+        from matplotlib.figure import Figure
+        plain = Figure(dpi=72)
+        plain.add_subplot().plot([0, 1])
+        assert small_text(plain)

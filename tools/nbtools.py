@@ -26,6 +26,30 @@ import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
 SLIDE_TYPES = {"slide", "subslide", "fragment", "notes", "skip", "-"}
+
+#: Type sizes on a slide, in CSS pixels of the 1280 x 720 slide (JupyterLab's own, 13 px code beside
+#: 36 px prose, is unreadable code on a projector and three sentences a slide): prose, headings, tables
+#: in markdown, code, printed output. A printed line of 100 characters fits the slide's width. A figure
+#: and a printed output keep 4 px above and below (reveal.js gives each 20 px).
+SLIDE_CSS = """
+.reveal { --jp-code-font-size: 17px; --jp-code-line-height: 1.3; }
+.reveal .cm-scroller { line-height: 1.3; }
+.reveal .jp-RenderedMarkdown, .reveal .jp-RenderedMarkdown :is(p, li, blockquote) { font-size: 24px; line-height: 1.35; }
+.reveal .jp-RenderedMarkdown h1 { font-size: 40px; }
+.reveal .jp-RenderedMarkdown h2 { font-size: 34px; }
+.reveal .jp-RenderedMarkdown h3 { font-size: 28px; }
+.reveal .jp-RenderedMarkdown :is(td, th) { font-size: 20px; }
+.reveal .jp-OutputArea-output pre { font-size: 16px; line-height: 1.25; margin: 4px 0; }
+.reveal .jp-OutputArea-output img { margin: 4px 0; }
+"""
+
+#: How every notebook shows as slides (jupyterlab-rise reads the notebook's ``rise`` metadata): laid out
+#: at 1280 x 720 and scaled to whatever screen shows it (``minScale`` lets a smaller window shrink it),
+#: with no margin, so that at 1280 x 720 nothing is scaled; a slide taller than the screen scrolls
+#: (``scroll``), though every slide is meant to fit (``tests/test_browser.py`` measures them); the type
+#: sizes of :data:`SLIDE_CSS` (RISE inserts ``overlay`` as it is into the slideshow's page).
+RISE = {"width": 1280, "height": 720, "margin": 0, "minScale": 0.2, "scroll": True, "enable_chalkboard": False,
+        "overlay": "<style>" + " ".join(SLIDE_CSS.split()) + "</style>"}
 NBVAL_MARK = re.compile(r"# NBVAL_(CHECK_OUTPUT|IGNORE_OUTPUT|SKIP|RAISES_EXCEPTION)")
 
 
@@ -223,7 +247,7 @@ def notebook(source: Path):
     nb.metadata.update({
         "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
         "language_info": {"name": "python"},
-        "rise": {"scroll": True, "enable_chalkboard": False},
+        "rise": dict(RISE),
     })
     nb.metadata["flashcourse"] = {"chapter": chap.label if chap.part else chap.number, "generated_from": Path(source).resolve().relative_to(ROOT).as_posix()}
     stem = re.sub(r"[^a-z0-9]+", "-", Path(path).stem.lower())

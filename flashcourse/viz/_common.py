@@ -3,6 +3,11 @@
 Figures are made with :class:`matplotlib.figure.Figure` directly, not with ``pyplot``: a notebook
 shows a returned Figure once (pyplot would show it a second time), and nothing stays open.
 
+Every figure is drawn in one style, :data:`STYLE` (:func:`style`, :func:`styled`), made for a slide
+(RISE at 1280 x 720, where a figure is shown at :data:`DPI`, a point to a pixel): tick labels, legends
+and annotations at least :data:`MIN_PT` points, titles :data:`TITLE_PT`, and at most
+:data:`MAX_HEIGHT_IN` inches tall, so that a figure and the line above it fit one slide.
+
 Two conventions hold for every figure: a legend sits outside the axes (:func:`legend_outside`,
 or :func:`figure_legend` for one legend shared by several panels), never on the data; and sizes
 are binary: bytes in B, KiB, MiB, GiB at multiples of a power of two (:func:`bytes_axis`), and
@@ -11,14 +16,64 @@ sizes such as N or a column count on a log-2 axis labelled 512, 1k, 16k with 1k 
 """
 from __future__ import annotations
 
+import functools
 import math
 
+import matplotlib as mpl
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, Locator, LogLocator
 
 #: Dots per inch of the course's figures: small, so that executed notebooks stay light.
 DPI = 72
+
+#: The smallest text of a figure (tick labels, legends, annotations) and its titles, in points: at
+#: :data:`DPI` a point is a pixel on a 1280 x 720 slide, and these still read on a projector.
+MIN_PT, LABEL_PT, TITLE_PT = 11, 12, 13
+
+#: The tallest a figure may be as a notebook shows it, in inches at :data:`DPI` (324 px): with a
+#: heading or a line of code above it, it fits a 1280 x 720 slide. (The PNG's tight bounding box adds
+#: 0.1 in of padding a side: a figure drawn to its edges is made at most 0.3 in less.)
+MAX_HEIGHT_IN = 4.5
+
+#: The course's figure style, one place for every figure (matplotlib rc parameters).
+STYLE = {
+    "font.size": LABEL_PT, "axes.titlesize": TITLE_PT, "figure.titlesize": TITLE_PT,
+    "axes.labelsize": LABEL_PT, "xtick.labelsize": MIN_PT, "ytick.labelsize": MIN_PT,
+    "legend.fontsize": MIN_PT, "legend.title_fontsize": MIN_PT, "lines.linewidth": 1.8, "lines.markersize": 6,
+}
+
+
+def style():
+    """A context in which matplotlib draws in the course's :data:`STYLE`: for a figure a lecture draws
+    itself (titles, labels, legends and text take their sizes when they are made).
+
+    Example:
+        >>> with style():
+        ...     fig, ax = new_figure()
+        ...     title = ax.set_title("in the course's style")
+        >>> title.get_fontsize() == TITLE_PT
+        True
+    """
+    return mpl.rc_context(STYLE)
+
+
+def styled(draw):
+    """Decorate a function that draws a figure: it runs in :func:`style`.
+
+    Example:
+        >>> @styled
+        ... def plot():
+        ...     fig, ax = new_figure()
+        ...     return ax.set_xlabel("N").get_fontsize()
+        >>> plot() == LABEL_PT
+        True
+    """
+    @functools.wraps(draw)
+    def drawn(*args, **kwargs):
+        with style():
+            return draw(*args, **kwargs)
+    return drawn
 
 #: The course's colours, in order.
 PALETTE = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C",
@@ -27,8 +82,8 @@ PALETTE = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#D
 #: Colours for the two directions of traffic, used by every traffic plot.
 READ_COLOR, WRITE_COLOR = PALETTE[:2]
 
-#: How every legend looks: small, unframed, left-aligned (where it goes is for each function to say).
-_LEGEND_STYLE = dict(frameon=False, fontsize=7, title_fontsize=7, alignment="left")
+#: How every legend looks: unframed, left-aligned (where it goes is for each function to say).
+_LEGEND_STYLE = dict(frameon=False, fontsize=MIN_PT, title_fontsize=MIN_PT, alignment="left")
 
 
 class CourseFigure(Figure):
@@ -42,6 +97,11 @@ class CourseFigure(Figure):
 
     #: Pixels of the PNG per displayed pixel: 2 renders at twice the size, shown at 1x (sharp on HiDPI).
     png_scale = 1
+
+    def draw(self, renderer):
+        """Draw in the course's :data:`STYLE` (tick labels are made when the figure is drawn)."""
+        with style():
+            return super().draw(renderer)
 
     def _repr_png_(self):
         """The PNG, or with ``png_scale`` > 1 ``(png, {"width", "height"})``: its size shown, in 1x pixels."""
@@ -73,10 +133,18 @@ def compact_png(png: bytes) -> bytes:
     return out.getvalue()
 
 
-def new_figure(nrows: int = 1, ncols: int = 1, figsize=(6.4, 3.6), **subplots_kw):
-    """A :class:`CourseFigure` (at :data:`DPI`) and its axes, like ``plt.subplots`` without pyplot."""
-    fig = CourseFigure(figsize=figsize, dpi=DPI, layout="constrained")
-    axes = fig.subplots(nrows, ncols, **subplots_kw)
+def new_figure(nrows: int = 1, ncols: int = 1, figsize=(8.0, 3.6), **subplots_kw):
+    """A :class:`CourseFigure` (at :data:`DPI`) and its axes in the course's :data:`STYLE`, like
+    ``plt.subplots`` without pyplot.
+
+    Example:
+        >>> fig, ax = new_figure()
+        >>> ax.xaxis.label.get_fontsize() == LABEL_PT, bool(fig.get_figheight() <= MAX_HEIGHT_IN)
+        (True, True)
+    """
+    with style():
+        fig = CourseFigure(figsize=figsize, dpi=DPI, layout="constrained")
+        axes = fig.subplots(nrows, ncols, **subplots_kw)
     return fig, axes
 
 
@@ -194,8 +262,8 @@ def legend_outside(ax, handles=None, labels=None, *, x: float = 1.02, title: str
         True
     """
     args = () if handles is None else (handles, labels)
-    style = dict(loc="upper left", bbox_to_anchor=(x, 1.0), borderaxespad=0.0, **_LEGEND_STYLE)
-    return ax.legend(*args, title=title, **{**style, **kw})
+    look = dict(loc="upper left", bbox_to_anchor=(x, 1.0), borderaxespad=0.0, **_LEGEND_STYLE)
+    return ax.legend(*args, title=title, **{**look, **kw})
 
 
 def figure_legend(fig, ax=None, *, title: str | None = None, **kw):
@@ -225,8 +293,8 @@ def figure_legend(fig, ax=None, *, title: str | None = None, **kw):
             if title is None and a.get_legend().get_title().get_text():
                 title = a.get_legend().get_title().get_text()
             a.get_legend().remove()
-    style = dict(loc="outside right upper", **_LEGEND_STYLE)
-    return fig.legend(handles, labels, title=title, **{**style, **kw})
+    look = dict(loc="outside right upper", **_LEGEND_STYLE)
+    return fig.legend(handles, labels, title=title, **{**look, **kw})
 
 
 def short_gpu(name: str | None) -> str:

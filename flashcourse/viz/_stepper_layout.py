@@ -25,7 +25,7 @@ import numpy as np
 from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch, Rectangle
 
-from ._common import READ_COLOR, WRITE_COLOR
+from ._common import LABEL_PT, MIN_PT, READ_COLOR, WRITE_COLOR
 from ._stepper_log import LANE, UNTOUCHED, Timeline
 
 #: The names and colours of the six states of an element (:data:`~flashcourse.viz._stepper_log.UNTOUCHED` ...).
@@ -51,14 +51,22 @@ class Piece:
     h: float
 
 
-#: Inches: the HBM and SRAM panels' width, the widest frame, the tallest tensor panel, the room
-#: above and below the tensors (names, shapes).
-RIGHT_IN, MAX_IN, PANEL_IN, ROOM_IN = 1.9, 9.0, 3.0, 0.22
+#: Inches: the HBM and SRAM panels' width, the widest frame, the tallest tensor panel (the widget's
+#: frame), the room above and below the tensors (names, shapes).
+RIGHT_IN, MAX_IN, PANEL_IN, ROOM_IN = 2.2, 9.0, 2.4, 0.26
+#: Inches a frame keeps besides its panels (the HBM panel's tick labels, margins).
+PAD_IN = 0.8
+#: The tallest tensor panel of a strip's frame (:func:`flashcourse.viz.stepper.stepper_strip`): one
+#: row of frames under the widget's, both on one 1280 x 720 slide.
+STRIP_PANEL_IN = 1.3
+#: Inches beside a compact frame's tensors (no HBM and SRAM panels).
+COMPACT_IN = 0.3
 #: The legend's six entries fit one row from this width (inches) on, else two rows of three (which
 #: need the least width a frame with its legend gets).
-LEGEND_ROW_IN, LEGEND_MIN_IN = 8.8, 5.4
-#: Font sizes (points; the figure's DPI is 72, so about as many pixels): names, shapes, captions, titles.
-NAME_PT, SHAPE_PT, TEXT_PT, TITLE_PT = 10, 8.5, 9, 10
+LEGEND_ROW_IN, LEGEND_MIN_IN = 10.8, 6.6
+#: Font sizes (points; the figure's DPI is 72, so about as many pixels), the course's figure style
+#: (:data:`flashcourse.viz._common.STYLE`): names, shapes, captions, titles.
+NAME_PT, SHAPE_PT, TEXT_PT, TITLE_PT = LABEL_PT, MIN_PT, MIN_PT, LABEL_PT
 
 
 def text_in(text: str, points: float) -> float:
@@ -81,13 +89,13 @@ def shape_text(shape) -> str:
     return f"{shape[0]}×{shape[1]}" if shape[1] > 1 else ""
 
 
-def layout(tl: Timeline, per_in: float | None = None):
+def layout(tl: Timeline, per_in: float | None = None, shapes: bool = True):
     """Where each tensor (or each lane's rows of it) is drawn, one element the same size everywhere.
 
     Returns ``(pieces, width, height, lane_labels)`` in element units. A side shorter than 3% of the
     tallest tensor (a vector's one column, decoding's one query row) is drawn that long, so that it
     still shows. With ``per_in`` (element units per inch) the gaps between tensors leave room for
-    their names and shapes.
+    their names and shapes (names only, without ``shapes``).
 
     Example:
         >>> import numpy as np
@@ -109,8 +117,9 @@ def layout(tl: Timeline, per_in: float | None = None):
         return max(float(n), thin)
 
     widths = [size(tl.shapes[t][1]) for t in tl.tensors]
-    labels_in = [max(text_in(t, NAME_PT), text_in(shape_text(tl.shapes[t]), SHAPE_PT)) for t in tl.tensors]
-    gaps = [gap if per_in is None else max(gap, ((la + lb) / 2 + 0.14) * per_in - (wa + wb) / 2)
+    labels_in = [max(text_in(t, NAME_PT), text_in(shape_text(tl.shapes[t]), SHAPE_PT) if shapes else 0.0)
+                 for t in tl.tensors]
+    gaps = [gap if per_in is None else max(gap, ((la + lb) / 2 + 0.2) * per_in - (wa + wb) / 2)
             for la, lb, wa, wb in zip(labels_in, labels_in[1:], widths, widths[1:])] + [0.0]
     lane_h = [size(h) for h in lane_raw]
     lane_y = np.concatenate([[0.0], np.cumsum(np.add(lane_h, 1.5 * gap))])[:n_lanes]
@@ -125,23 +134,40 @@ def layout(tl: Timeline, per_in: float | None = None):
     return pieces, x, max(p.y + p.h for p in pieces), labels
 
 
-def geometry(tl: Timeline) -> dict:
-    """The tensor panel: its layout and its size in inches, the height at most ``PANEL_IN`` and the
-    frame at most ``MAX_IN`` wide (computed once per log; the module's example calls it)."""
-    if getattr(tl, "geometry", None) is None:
-        per_in = None
+def geometry(tl: Timeline, panel_in: float = PANEL_IN, max_in: float = MAX_IN, compact: bool = False) -> dict:
+    """The tensor panel: its layout and its size in inches, the height at most ``panel_in`` and the
+    frame at most ``max_in`` wide (computed once per log and size; the module's example calls it).
+    A ``compact`` frame is the tensor panel alone, names without shapes (a strip's key frame).
+
+    Example:
+        >>> import numpy as np
+        >>> from flashcourse.memory import Memory
+        >>> from flashcourse.reference import standard_attention
+        >>> from flashcourse.viz._stepper_log import timeline
+        >>> mem = Memory(); _ = standard_attention(*np.ones((3, 8, 4)), memory=mem)
+        >>> round(geometry(timeline(mem))["ph"], 2), round(geometry(timeline(mem), panel_in=1.0)["ph"], 2)
+        (1.4, 1.0)
+        >>> round(geometry(timeline(mem), max_in=5.0)["ph"], 2)      # six tensors and their names in a 5 in frame
+        0.22
+    """
+    cache = tl.__dict__.setdefault("geometries", {})
+    if (panel_in, max_in, compact) not in cache:
+        per_in, right = None, COMPACT_IN if compact else RIGHT_IN + PAD_IN
         for _ in range(4):                              # the gaps depend on the scale, and the scale on them
-            pieces, width, height, labels = layout(tl, per_in)
+            pieces, width, height, labels = layout(tl, per_in, shapes=not compact)
             left = max((text_in(text, TEXT_PT) + 0.12 for _, text in labels), default=0.0)
-            ph = min(PANEL_IN, (MAX_IN - RIGHT_IN - 0.45 - left) * height / width)
+            ph = min(panel_in, (max_in - right - left) * height / width)
             per_in = height / ph
-        tl.geometry = dict(pieces=pieces, width=width, height=height, labels=labels, pw=ph * width / height,
-                           ph=ph, left=left, per_in=per_in)
-    return tl.geometry
+        cache[panel_in, max_in, compact] = dict(pieces=pieces, width=width, height=height, labels=labels,
+                                                pw=ph * width / height, ph=ph, left=left, per_in=per_in,
+                                                compact=compact)
+    return cache[panel_in, max_in, compact]
 
 
-def frame_size(tl: Timeline, legend: bool):
-    """A frame's figure size in inches (the tensor panel, its names and shapes, the title, the legend).
+def frame_size(tl: Timeline, legend: bool, panel_in: float = PANEL_IN, max_in: float = MAX_IN, compact: bool = False):
+    """A frame's figure size in inches (the tensor panel, its names and shapes, the title, the legend);
+    ``panel_in`` and ``max_in`` bound the tensor panel's height and the frame's width, and a
+    ``compact`` frame is the tensor panel alone (:func:`geometry`).
 
     Example:
         >>> import numpy as np
@@ -153,11 +179,14 @@ def frame_size(tl: Timeline, legend: bool):
         >>> width <= MAX_IN, height < 5
         (True, True)
     """
-    g = geometry(tl)
-    width = g["pw"] + g["left"] + RIGHT_IN + 0.45
+    g = geometry(tl, panel_in, max_in, compact)
+    width = g["pw"] + g["left"] + (COMPACT_IN if compact else RIGHT_IN + PAD_IN)
+    if compact:
+        width = max(width, text_in("step 10/100: " + "x" * 12, TITLE_PT))     # room for the title
     if legend:
         width = max(width, LEGEND_MIN_IN + longer_in(tl.mem.levels[1]))
-    return width, g["ph"] + 2 * ROOM_IN + 0.5 + (legend_height(width, tl.mem.levels[1]) if legend else 0.0)
+    title = 0.75 if compact else 0.5                    # a compact frame's title may take two lines
+    return width, g["ph"] + 2 * ROOM_IN + title + (legend_height(width, tl.mem.levels[1]) if legend else 0.0)
 
 
 def pool(grid: np.ndarray) -> np.ndarray:
@@ -205,7 +234,7 @@ def longer_in(on_chip: str) -> float:
 
     Example:
         >>> longer_in("SRAM"), round(longer_in("registers"), 3)
-        (0.0, 0.375)
+        (0.0, 0.458)
     """
     return text_in("x" * max(0, len(on_chip) - len("SRAM")), TEXT_PT)
 
@@ -214,7 +243,7 @@ def legend_height(width: float, on_chip: str = "SRAM") -> float:
     """The legend's height in inches under a figure ``width`` inches wide: one row of six, or two of three.
 
     Example:
-        >>> legend_height(10.0), legend_height(6.0)
+        >>> legend_height(11.0), legend_height(6.0)
         (0.35, 0.6)
     """
     return 0.35 if width >= LEGEND_ROW_IN + longer_in(on_chip) else 0.6
@@ -252,9 +281,10 @@ def draw_legend(fig, width: float, on_chip: str = "SRAM"):
                fontsize=TEXT_PT, frameon=False, handlelength=1.2, columnspacing=1.0)
 
 
-def tensor_panel(ax, tl: Timeline) -> tuple[dict, dict]:
-    """Outlines, block edges, names and shapes of every tensor on ``ax``; returns its images and pieces,
-    by tensor (one each, or one per lane).
+def tensor_panel(ax, tl: Timeline, g: dict | None = None) -> tuple[dict, dict]:
+    """Outlines, block edges, names and shapes of every tensor on ``ax``, laid out by ``g`` (a
+    :func:`geometry`, by default the widget's); returns its images and pieces, by tensor (one each, or
+    one per lane).
 
     Example:
         >>> import numpy as np
@@ -267,8 +297,8 @@ def tensor_panel(ax, tl: Timeline) -> tuple[dict, dict]:
         >>> list(images) == list(pieces) == ['Q', 'K', 'V', 'S', 'P', 'O']
         True
     """
-    g = geometry(tl)
-    per_in = g["per_in"]
+    g = geometry(tl) if g is None else g
+    per_in, shapes = g["per_in"], not g.get("compact")
     ax.set_xlim(-g["left"] * per_in, g["width"] + 0.02 * per_in)
     ax.set_ylim(g["height"] + ROOM_IN * per_in, -ROOM_IN * per_in)
     ax.set_axis_off()
@@ -293,8 +323,9 @@ def tensor_panel(ax, tl: Timeline) -> tuple[dict, dict]:
         top, bottom = ps[0], ps[-1]
         ax.annotate(t, (top.x + top.w / 2, top.y), xytext=(0, 2), textcoords="offset points",
                     ha="center", va="bottom", fontsize=NAME_PT)
-        ax.annotate(shape_text(tl.shapes[t]), (bottom.x + bottom.w / 2, bottom.y + bottom.h), xytext=(0, -2),
-                    textcoords="offset points", ha="center", va="top", fontsize=SHAPE_PT)
+        if shapes:
+            ax.annotate(shape_text(tl.shapes[t]), (bottom.x + bottom.w / 2, bottom.y + bottom.h), xytext=(0, -2),
+                        textcoords="offset points", ha="center", va="top", fontsize=SHAPE_PT)
     for y, text in g["labels"]:
         ax.annotate(text, (0, y), xytext=(-5, 0), textcoords="offset points", ha="right", va="center",
                     fontsize=TEXT_PT)

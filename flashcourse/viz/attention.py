@@ -24,7 +24,8 @@ import numpy as np
 from .. import formulas
 from ..memory import Memory
 from ..reference.attention import fa1_attention, fa2_attention, standard_attention
-from ._common import bytes_axis, figure_of, human_bytes, legend_outside, new_figure, size_axis
+from ._common import (MAX_HEIGHT_IN, MIN_PT, bytes_axis, figure_legend, figure_of, human_bytes, legend_outside, new_figure,
+                      size_axis, styled)
 
 __all__ = ["ALGORITHMS", "LABELS", "SRAM_SIZES", "FA1_CONSTANT", "count_attention", "formula_bytes", "fa1_theta",
            "flash_traffic", "traffic_breakdown", "warps_plot", "tiles_plot"]
@@ -128,6 +129,7 @@ def _total(mem: Memory) -> int:
     return mem.bytes_read() + mem.bytes_written()
 
 
+@styled
 def flash_traffic(Ns=(128, 256, 512, 1024), d: int = 64, sram_sizes=SRAM_SIZES, *, dtype_bytes: int = 2,
                   algorithms=ALGORITHMS, counters=None, formulas_=None, asymptote: bool = True,
                   N_max: int | None = None, title: str | None = None):
@@ -153,7 +155,7 @@ def flash_traffic(Ns=(128, 256, 512, 1024), d: int = 64, sram_sizes=SRAM_SIZES, 
     N_max = max(Ns[-1], N_max or 0)
     counters = dict(counters or {})
     formulas_ = dict(formulas_ or {})
-    fig, axes = new_figure(1, len(sram_sizes), figsize=(4.4 * len(sram_sizes), 3.8), sharey=True, squeeze=False)
+    fig, axes = new_figure(1, len(sram_sizes), figsize=(3.9 * len(sram_sizes) + 4.4, 3.6), sharey=True, squeeze=False)
     grid = np.unique(np.r_[np.geomspace(Ns[0], N_max, 80).round(), Ns, N_max].astype(int))   # the Ns included
     fig.counted = {}
     standard_counts = {}
@@ -180,13 +182,14 @@ def flash_traffic(Ns=(128, 256, 512, 1024), d: int = 64, sram_sizes=SRAM_SIZES, 
         ax.set_yscale("log", base=2)
         bytes_axis(ax.yaxis)
         ax.set_xlabel("sequence length N")
-        ax.set_title(f"SRAM M = {human_bytes(M)} ({M // dtype_bytes} elements)", fontsize=10)
+        ax.set_title(f"SRAM M = {human_bytes(M)} ({M // dtype_bytes} elements)")
     axes[0][0].set_ylabel("HBM traffic")
-    fig.legend(loc="outside lower center", ncols=len(algorithms) + 1, fontsize=7, frameon=False)
-    fig.suptitle(title or f"HBM traffic of one head, d = {d}, {dtype_bytes}-byte elements", fontsize=10)
+    figure_legend(fig, axes[0][0], loc="outside right center")     # below the suptitle
+    fig.suptitle(title or f"HBM traffic of one head, d = {d}, {dtype_bytes}-byte elements")
     return fig
 
 
+@styled
 def traffic_breakdown(mems: dict, unit: str = "bytes", ax=None, title: str | None = None):
     """One stacked bar per run (e.g. ``{"standard": mem, "FA1": mem1, "FA2": mem2}``): its traffic by
     tensor, reads solid, writes hatched.
@@ -205,7 +208,7 @@ def traffic_breakdown(mems: dict, unit: str = "bytes", ax=None, title: str | Non
     keys = list(dict.fromkeys(k for t in totals.values() for k in t))
     tensors = list(dict.fromkeys(t for t, _ in keys))
     keys = [(t, d) for t in tensors for d in ("read", "write") if (t, d) in keys]
-    fig, ax = figure_of(ax, figsize=(2.2 + 1.1 * len(mems), 3.4))
+    fig, ax = figure_of(ax, figsize=(3.6 + 1.2 * len(mems), 3.6))
     x = np.arange(len(mems))
     bottom = np.zeros(len(mems))
     palette = iter(["#64B5CD", "#A1887F", "#B0BEC5", "#FFB74D"])
@@ -218,7 +221,7 @@ def traffic_breakdown(mems: dict, unit: str = "bytes", ax=None, title: str | Non
         bottom += h
     for xi, top in zip(x, bottom):
         ax.annotate(human_bytes(top) if unit == "bytes" else f"{int(top):,}", (xi, top), ha="center",
-                    va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points")
+                    va="bottom", fontsize=MIN_PT, xytext=(0, 2), textcoords="offset points")
     from matplotlib.patches import Patch
     handles, labels = ax.get_legend_handles_labels()
     handles += [Patch(facecolor="white", edgecolor="0.3", hatch="///")]
@@ -232,11 +235,12 @@ def traffic_breakdown(mems: dict, unit: str = "bytes", ax=None, title: str | Non
     else:
         ax.set_ylabel(f"{level} accesses (elements)")
     ax.set_ylim(0, max(bottom.max(initial=0) * 1.12, 1))
-    ax.set_title(title or f"{level} traffic by tensor (reads solid, writes hatched)", fontsize=10)
+    ax.set_title(title or f"{level} traffic by tensor\n(reads solid, writes hatched)")
     fig.keys = keys
     return fig
 
 
+@styled
 def warps_plot(result, *, marked: tuple[str, int] | None = None):
     """TFLOP/s against warps per program: one panel per (d, N), one colour per tile, dashed when causal.
 
@@ -258,8 +262,8 @@ def warps_plot(result, *, marked: tuple[str, int] | None = None):
     from ._common import PALETTE, figure_legend, short_gpu
     params = [r.params for r in result.records]
     ds, Ns = sorted({p["d"] for p in params}), sorted({p["N"] for p in params})
-    fig, axes = new_figure(len(ds), len(Ns), figsize=(2.9 * len(Ns) + 1.6, 2.5 * len(ds)), sharex=True,
-                           squeeze=False)
+    fig, axes = new_figure(len(ds), len(Ns), figsize=(3.2 * len(Ns) + 3.4, min(MAX_HEIGHT_IN - 0.3, 0.5 + 2.0 * len(ds))),
+                           sharex=True, squeeze=False)
     impls = result.impls()
     fig.panels = []
     for (row, d), (col, N) in ((a, b) for a in enumerate(ds) for b in enumerate(Ns)):
@@ -283,7 +287,7 @@ def warps_plot(result, *, marked: tuple[str, int] | None = None):
         ax.set_xscale("log", base=2)
         ax.set_xticks([1, 2, 4, 8, 16], ["1", "2", "4", "8", "16"])
         ax.set_ylim(bottom=0)
-        ax.set_title(f"d = {d}, N = {N // 1024}k" if N >= 1024 else f"d = {d}, N = {N}", fontsize=9)
+        ax.set_title(f"d = {d}, N = {N // 1024}k" if N >= 1024 else f"d = {d}, N = {N}")
         if row == len(ds) - 1:
             ax.set_xlabel("warps per program")
         if col == 0:
@@ -292,8 +296,9 @@ def warps_plot(result, *, marked: tuple[str, int] | None = None):
     return fig
 
 
+@styled
 def tiles_plot(result, *, marked: dict | None = None, keeps=None):
-    """TFLOP/s of every config of the tiles sweep: one panel per d, configs ``B_r x B_c, warps`` along x,
+    """TFLOP/s of every config of the tiles sweep: one panel per d, side by side, configs ``B_r x B_c, warps`` along x,
     one colour per number of stages.
 
     ``result`` is a :class:`~flashcourse.bench.Result` whose records carry ``BLOCK_M``, ``BLOCK_N``,
@@ -315,10 +320,10 @@ def tiles_plot(result, *, marked: dict | None = None, keeps=None):
     cfg = lambda r: tuple(r.extra[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"))   # noqa: E731
     ds = sorted({r.params["d"] for r in result.records})
     stages = sorted({cfg(r)[3] for r in result.records})
-    fig, axes = new_figure(len(ds), 1, figsize=(10, 2.9 * len(ds)), squeeze=False)
+    fig, axes = new_figure(1, len(ds), figsize=(5.4 * len(ds) + 2.2, MAX_HEIGHT_IN - 0.3), squeeze=False)
     fig.panels, fig.configs = [], {}
     for row, d in enumerate(ds):
-        ax = axes[row, 0]
+        ax = axes[0, row]
         recs = [r for r in result.records if r.params["d"] == d and r.ok]
         configs = sorted({cfg(r)[:3] for r in recs})
         x = {c: i for i, c in enumerate(configs)}
@@ -341,13 +346,13 @@ def tiles_plot(result, *, marked: dict | None = None, keeps=None):
                         label="your config" if row == 0 else None)
             else:
                 ax.text(0.99, 0.03, f"{tuple(mark)} was not measured", transform=ax.transAxes, ha="right",
-                        fontsize=8)
-        ax.set_xticks(range(len(configs)), [f"{b}x{c} w{w}" for b, c, w in configs], rotation=60, fontsize=7,
-                      ha="right")
+                        fontsize=MIN_PT)
+        ax.set_xticks(range(len(configs)), [f"{b}x{c} w{w}" for b, c, w in configs], rotation=90)
         ax.set_xlim(-0.6, len(configs) - 0.4)
         ax.set_ylim(bottom=0)
-        ax.set_ylabel("TFLOP/s")
+        if row == 0:
+            ax.set_ylabel("TFLOP/s")
         N = recs[0].params["N"] if recs else 0
-        ax.set_title(f"d = {d}, N = {N}: B_r x B_c, warps", fontsize=9)
+        ax.set_title(f"d = {d}, N = {N}: B_r x B_c, warps")
     figure_legend(fig, axes[0, 0], title=short_gpu(result.gpu))
     return fig

@@ -17,14 +17,13 @@ import dataclasses
 
 import numpy as np
 
-from ._common import (PALETTE, binary_size, bytes_axis, figure_of, legend_outside, new_figure, short_gpu,
+from ._common import (MIN_PT, PALETTE, binary_size, bytes_axis, figure_of, legend_outside, new_figure, short_gpu, styled,
                       size_axis)
 
 __all__ = ["bench_plot", "bench_bars", "memory_plot", "METRICS"]
 
 #: What each metric is called on an axis.
-METRICS = {"TBps": "TB/s (10¹² bytes per second)", "TFLOPs": "TFLOP/s", "ms": "time (ms)",
-           "GBps": "GB/s (10⁹ bytes per second)"}
+METRICS = {"TBps": "TB/s (10¹² B/s)", "TFLOPs": "TFLOP/s", "ms": "time (ms)", "GBps": "GB/s (10⁹ B/s)"}
 
 
 #: Axis labels of the workload parameters the suites use.
@@ -61,6 +60,7 @@ def _sources(result, mine):
     return None, [(result, f" ({gpus[0]})"), (mine, f" ({gpus[1]})")]
 
 
+@styled
 def bench_plot(result, mine=None, *, x: str = "cols", metric: str = "TBps", op: str | None = None,
                where: dict | None = None,
                ceiling: float | None = None, ceiling_label: str = "copy ceiling", ax=None,
@@ -112,6 +112,7 @@ def _group_label(params: dict, keys) -> str:
     return ", ".join(f"{k} = {binary_size(params[k]) if k in _SIZES else params[k]}" for k in keys)
 
 
+@styled
 def bench_bars(result, impls, *, groups, where: dict | None = None, metric: str = "TBps",
                ceiling: float | None = None, ceiling_label: str = "copy ceiling", floor: str | None = None,
                floor_label: str | None = None, ax=None, title: str | None = None):
@@ -158,11 +159,11 @@ def bench_bars(result, impls, *, groups, where: dict | None = None, metric: str 
                   label=floor_label or f"{floor}: the same work at its time")
     if ceiling is not None:
         ax.axhline(ceiling, color="black", lw=0.8, ls=":", label=f"{ceiling_label}: {ceiling:.3g}")
-    ax.set_xticks(x, [_group_label(dict(zip(groups, s)), groups) for s in shapes], fontsize=8)
+    ax.set_xticks(x, [_group_label(dict(zip(groups, s)), groups) for s in shapes])
     ax.set_ylabel(METRICS.get(metric, metric))
     ax.set_ylim(0, np.nanmax([b.get_height() for b in ax.patches] + [ceiling or 0] + list(getattr(fig, "floor", [])))
                 * 1.1)
-    ax.set_title(title or f"{result.suite}: {METRICS.get(metric, metric).split(' (')[0]} by shape", fontsize=10)
+    ax.set_title(title or f"{result.suite}: {METRICS.get(metric, metric).split(' (')[0]} by shape")
     handles, names = ax.get_legend_handles_labels()
     order = sorted(range(len(names)), key=lambda i: names[i] not in labels.values())    # the bars first
     legend_outside(ax, [handles[i] for i in order], [names[i] for i in order], title=short_gpu(result.gpu))
@@ -189,13 +190,14 @@ def _at_floor_time(by_shape, shape, floor, impls, metric):
     return np.nan if value is None else value
 
 
+@styled
 def memory_plot(result, mine=None, *, title: str | None = None):
     """The memory suite in two panels: copy bandwidth against buffer size, and matmul TFLOP/s.
 
     The right panel has one bar per dtype and run (``result`` first, ``mine`` beside it, hatched),
     named in a legend only when there are two. Returns the Figure.
     """
-    fig, (left, right) = new_figure(1, 2, figsize=(10.0, 3.4), gridspec_kw={"width_ratios": [3, 2]})
+    fig, (left, right) = new_figure(1, 2, figsize=(12.0, 3.6), gridspec_kw={"width_ratios": [3, 2]})
     bench_plot(result, mine, x="buffer_bytes", metric="TBps", op="copy", ax=left,
                title="copy bandwidth (read + write)")
     runs = [result] + ([mine] if mine is not None else [])
@@ -214,7 +216,7 @@ def memory_plot(result, mine=None, *, title: str | None = None):
         for b, h in zip(bars, heights):
             if h:
                 right.annotate(f"{h:.0f}", (b.get_x() + b.get_width() / 2, h), ha="center", va="bottom",
-                               fontsize=8, xytext=(0, 1), textcoords="offset points")
+                               fontsize=MIN_PT, xytext=(0, 1), textcoords="offset points")
     ns = sorted({r.params.get("N") for res in runs for r in res.records if r.params.get("op") == "matmul"})
     right.set_xticks(np.arange(len(dtypes)), dtypes)
     right.set_ylabel("TFLOP/s")

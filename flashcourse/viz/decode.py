@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..reference import decode_scores as S
-from ._common import figure_legend, figure_of, legend_outside, new_figure, short_gpu
+from ._common import MIN_PT, figure_legend, figure_of, legend_outside, new_figure, short_gpu, styled
 
 __all__ = ["score_histograms", "row_max_plot", "fallback_curve", "host_time_plot"]
 
@@ -33,6 +33,7 @@ def _step(ax, hist, label, color, density=True, **kw):
     return ax.stairs(y, edges, label=label, color=color, **kw)
 
 
+@styled
 def score_histograms(stats=None, synthetic=S.SYNTHETIC_KINDS, n: int = 2000, seed: int = 0):
     """Left: the distribution of MiniLM-L6's scores, one line per layer. Right: synthetic ones.
 
@@ -44,10 +45,10 @@ def score_histograms(stats=None, synthetic=S.SYNTHETIC_KINDS, n: int = 2000, see
         (2, 4)
     """
     stats = _stats(stats)
-    fig, (ax_real, ax_syn) = new_figure(1, 2, figsize=(12, 3.6), sharex=True, sharey=True)
+    fig, (ax_real, ax_syn) = new_figure(1, 2, figsize=(14, 3.6), sharex=True, sharey=True)
     for layer, s in enumerate(stats["layers"]):
         _step(ax_real, s["hist"], f"layer {layer}  (max {s['max']:.1f})", _COLORS[layer % len(_COLORS)])
-    ax_real.set_title("MiniLM-L6: scores x = q·k/√d, per layer")
+    ax_real.set_title("MiniLM-L6: scores x = q·k/√d")
     for i, kind in enumerate(synthetic):
         x = S.synthetic_scores(kind, n=n, seed=seed)
         _step(ax_syn, S.summarize(x)["hist"], kind, _COLORS[i % len(_COLORS)], ls=("-", "-", "--", "-")[i % 4])
@@ -60,6 +61,7 @@ def score_histograms(stats=None, synthetic=S.SYNTHETIC_KINDS, n: int = 2000, see
     return fig
 
 
+@styled
 def row_max_plot(stats=None, phis=None, bounds=S.DEFAULT_BOUNDS, layer: int | None = None, ax=None,
                  title: str | None = None, rule: str = "max"):
     """The distribution of each row's max score, with candidate φ and φ's safe window.
@@ -82,7 +84,7 @@ def row_max_plot(stats=None, phis=None, bounds=S.DEFAULT_BOUNDS, layer: int | No
     a, b = bounds
     if phis is None:
         phis = [_best_phi(group, bounds, rule=rule)]
-    fig, ax = figure_of(ax, figsize=(8.8, 3.6))
+    fig, ax = figure_of(ax, figsize=(10.5, 3.6))
     _step(ax, group["row_max"]["hist"], "row max", "#333333", density=False)
     if rule == "any":
         _step(ax, group["row_min"]["hist"], "row min", "#999999", density=False, ls=":")
@@ -112,6 +114,7 @@ def _best_phi(stats, bounds, target=0.01, rule="max"):
         return S.choose_phi(stats, bounds, target_fallback=best * 1.05 + 1e-9, rule=rule).phi
 
 
+@styled
 def fallback_curve(stats=None, bounds=S.DEFAULT_BOUNDS, chosen: float | None = None, per_layer: bool = True,
                    phi_range=None, ax=None, title: str | None = None, rule: str = "max"):
     """The fraction of rows needing the fallback as φ moves: too small overflows, too large underflows.
@@ -143,7 +146,7 @@ def fallback_curve(stats=None, bounds=S.DEFAULT_BOUNDS, chosen: float | None = N
     grid = np.linspace(phi_range[0], phi_range[1], 241)
     if chosen is None:
         chosen = _best_phi(group if isinstance(group, dict) else S.summarize(group), bounds, rule=rule)
-    fig, ax = figure_of(ax, figsize=(8, 3.6))
+    fig, ax = figure_of(ax, figsize=(10, 3.6))
 
     def curve(side, src=group):
         y = np.array([S.fallback_rate(src, p, bounds, side=side, rule=rule) for p in grid])
@@ -172,6 +175,7 @@ _HOST_IMPLS = {"flash_decode (B,H,d)": "flash_decode", "unified_max_decode (B,H,
                "sdpa": "SDPA"}
 
 
+@styled
 def host_time_plot(data: dict, H_kv: int = 8):
     """The host's time against the GPU's: per call (left) and for a 32-layer step (right).
 
@@ -189,7 +193,7 @@ def host_time_plot(data: dict, H_kv: int = 8):
     """
     rows = [r for r in data["rows"] if r.get("H_kv") == H_kv and "host_us" in r and "error" not in r]
     Ls = sorted({r["L"] for r in rows})
-    fig, (left, right) = new_figure(1, 2, figsize=(9.0, 3.4), width_ratios=(3, 2))
+    fig, (left, right) = new_figure(1, 2, figsize=(13.0, 3.8), width_ratios=(3, 2))
     fig.host = {}
     width = 0.8 / len(_HOST_IMPLS)
     for k, (impl, label) in enumerate(_HOST_IMPLS.items()):
@@ -201,7 +205,7 @@ def host_time_plot(data: dict, H_kv: int = 8):
         fig.host.update({(label, L): got[L]["host_us"] for L in got})
     left.set_xticks(np.arange(len(Ls)), [f"L = {L // 1024}k" for L in Ls])
     left.set_ylabel("µs per call")
-    left.set_title(f"one call (B = 1, {rows[0]['H_q']} / {H_kv} heads)" if rows else "one call", fontsize=9)
+    left.set_title(f"one call (B = 1, {rows[0]['H_q']} / {H_kv} heads)" if rows else "one call")
     steps = [r for r in data.get("steps", []) if r["H_kv"] == H_kv]
     L = min((r["L"] for r in steps), default=None)
     steps = [r for r in steps if r["L"] == L]
@@ -215,11 +219,11 @@ def host_time_plot(data: dict, H_kv: int = 8):
                 right.scatter(i + (j - 0.5) * 0.4, r["gpu_us"], marker="_", s=150, color="black", zorder=3)
                 if how == "graph":
                     right.annotate(f"{r['host_us']:.0f} µs", (i + 0.2, r["host_us"]), xytext=(0, 3),
-                                   textcoords="offset points", ha="center", fontsize=7)
+                                   textcoords="offset points", ha="center", fontsize=MIN_PT)
     right.set_xticks(range(len(impls)), [f"{_HOST_IMPLS.get(i + ' (B,H,d)', 'SDPA' if i == 'sdpa' else i)}\ncalls | graph"
-                                         for i in impls], fontsize=7)
+                                         for i in impls])
     right.set_ylabel("µs per step")
     if steps:
-        right.set_title(f"{steps[0]['layers']} layers, L = {L // 1024}k: host (bars), GPU (ticks)", fontsize=9)
+        right.set_title(f"{steps[0]['layers']} layers, L = {L // 1024}k:\nhost (bars), GPU (ticks)")
     figure_legend(fig, left, title=short_gpu(data["provenance"].get("gpu")))
     return fig

@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import formulas
 from ..reference.gemm import H100_SMS, choose_block_n, pipeline
-from ._common import PALETTE, READ_COLOR, binary_size, figure_of, legend_outside
+from ._common import MIN_PT, PALETTE, READ_COLOR, binary_size, figure_of, legend_outside, styled
 
 __all__ = ["block_n_tradeoff", "double_buffer_timeline", "padding_waste"]
 
@@ -25,6 +25,7 @@ _PAD_COLORS = {8: PALETTE[2], 64: PALETTE[3]}
 _N_COLORS = [PALETTE[k] for k in (0, 1, 4, 5, 6)]
 
 
+@styled
 def block_n_tradeoff(Ns=(1024, 4096, 16384, 65536), M: int = 8, K: int = 4096,
                      block_ns=(8, 16, 32, 64, 128, 256, 512), num_sms: int = H100_SMS, ax=None,
                      title: str | None = None):
@@ -41,7 +42,7 @@ def block_n_tradeoff(Ns=(1024, 4096, 16384, 65536), M: int = 8, K: int = 4096,
         >>> fig.choice, fig.axes[0].lines[0].get_ydata().round(1).tolist()[:3]
         ({4096: 32}, [8.0, 10.7, 12.8])
     """
-    fig, ax = figure_of(ax, figsize=(8.0, 3.8))
+    fig, ax = figure_of(ax, figsize=(12.0, 4.0))
     b = np.asarray(block_ns)
     ax.plot(b, formulas.flat_gemm_ratio(M, K, max(Ns), b), color="black", lw=2, marker="o", ms=4,
             label=f"ratio 2MK / (K + MK/B_N + M), M = {M}, K = {K}")
@@ -68,18 +69,19 @@ def block_n_tradeoff(Ns=(1024, 4096, 16384, 65536), M: int = 8, K: int = 4096,
     par.yaxis.set_major_formatter(binary_size)
     par.set_ylabel("programs (parallelism)")
     par.annotate("memory-bound ↑", (b[-1], num_sms), xytext=(0, 3), textcoords="offset points",
-                 ha="right", va="bottom", fontsize=7, color="0.3")
+                 ha="right", va="bottom", fontsize=MIN_PT, color="0.3")
     par.annotate("parallelism-bound ↓", (b[-1], num_sms), xytext=(0, -3), textcoords="offset points",
-                 ha="right", va="top", fontsize=7, color="0.3")
+                 ha="right", va="top", fontsize=MIN_PT, color="0.3")
     handles = ax.get_legend_handles_labels()[0] + par.get_legend_handles_labels()[0]
     labels = ax.get_legend_handles_labels()[1] + par.get_legend_handles_labels()[1]
     legend_outside(ax, handles, labels, x=1.15)
     ax.set_title(title or "Flat GEMM: a larger B_N raises the ratio but launches fewer programs "
-                 "(★ choose_block_n)", fontsize=9)
+                 "(★ choose_block_n)")
     fig.parallelism_ax = par
     return fig
 
 
+@styled
 def padding_waste(Ms=range(1, 17), pads=(8, 64), ax=None, title: str | None = None):
     """Useful and wasted FLOPs of a flat GEMM for each M, with M padded to each of ``pads``.
 
@@ -94,7 +96,7 @@ def padding_waste(Ms=range(1, 17), pads=(8, 64), ax=None, title: str | None = No
         ([0.5, 0.75], [0.0625, 0.1875])
     """
     Ms = [int(m) for m in Ms]
-    fig, ax = figure_of(ax, figsize=(8.0, 3.4))
+    fig, ax = figure_of(ax, figsize=(10.5, 3.6))
     x = np.arange(len(Ms))
     width = 0.8 / len(pads)
     fig.useful_fraction = {}
@@ -112,10 +114,11 @@ def padding_waste(Ms=range(1, 17), pads=(8, 64), ax=None, title: str | None = No
     ax.set_xlabel("M (tokens decoded together)")
     ax.set_ylabel("FLOPs / 2KN (rows multiplied)")
     legend_outside(ax)
-    ax.set_title(title or "Padding M to 64 wastes most of the work; padding to 8 much less", fontsize=10)
+    ax.set_title(title or "Padding M to 64 wastes most of the work; padding to 8 much less")
     return fig
 
 
+@styled
 def double_buffer_timeline(load=3.0, compute=2.0, tiles: int | None = 4, ax=None, title: str | None = None):
     """The load and compute lanes of one program over ``tiles`` K-tiles, single then double buffered.
 
@@ -129,7 +132,7 @@ def double_buffer_timeline(load=3.0, compute=2.0, tiles: int | None = 4, ax=None
         >>> fig.schedules["single"].total, fig.schedules["double"].total
         (20.0, 14.0)
     """
-    fig, ax = figure_of(ax, figsize=(6.4, 2.6))
+    fig, ax = figure_of(ax, figsize=(9.0, 3.0))
     fig.schedules = {"single": pipeline(load, compute, tiles),
                      "double": pipeline(load, compute, tiles, double_buffer=True)}
     rows = []
@@ -140,14 +143,13 @@ def double_buffer_timeline(load=3.0, compute=2.0, tiles: int | None = 4, ax=None
             ax.broken_barh([(a, b - a) for a, b in spans], (y - 0.35, 0.7), facecolors=color,
                            edgecolors="white", lw=1)
             for k, (a, b) in enumerate(spans):
-                ax.text((a + b) / 2, y, f"k={k}", ha="center", va="center", fontsize=7, color="white")
+                ax.text((a + b) / 2, y, f"k={k}", ha="center", va="center", fontsize=MIN_PT, color="white")
         ax.plot([s.total] * 2, [len(rows) - 2.45, len(rows) - 0.55], color="black", lw=1.5)
         ax.annotate(f"{s.total:g}", (s.total, len(rows) - 1.5), xytext=(4, 0), textcoords="offset points",
-                    va="center", fontsize=8)
+                    va="center", fontsize=MIN_PT)
     ax.set_yticks(range(len(rows)), rows)
     ax.invert_yaxis()
     ax.set_xlim(0, fig.schedules["single"].total * 1.08)
     ax.set_xlabel("time")
-    ax.set_title(title or "Double buffering: the load of tile k+1 overlaps the multiply of tile k",
-                 fontsize=10)
+    ax.set_title(title or "Double buffering: the load of tile k+1 overlaps the multiply of tile k")
     return fig

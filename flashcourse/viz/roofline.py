@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import formulas
 from ..memory import Memory
-from ._common import figure_of, legend_outside
+from ._common import MIN_PT, figure_of, legend_outside, styled
 
 __all__ = ["Op", "attainable", "ridge", "matmul_op", "softmax_op", "attention_ops", "step_traffic",
            "ceilings_of", "roofline_plot"]
@@ -137,6 +137,7 @@ def ceilings_of(result) -> tuple[float, dict[str, float]]:
     return c["TBps"] * 1e12, peaks
 
 
+@styled
 def roofline_plot(ops=(), *, bandwidth: float | None = None, peaks: dict | None = None, result=None,
              ax=None, title: str | None = None, xlim=(0.1, 1e4)):
     """Draw the roofline: one roof per peak, and a point per :class:`Op` at its intensity.
@@ -157,7 +158,7 @@ def roofline_plot(ops=(), *, bandwidth: float | None = None, peaks: dict | None 
         peaks = peaks or measured
     if bandwidth is None or not peaks:
         raise ValueError("roofline_plot: give bandwidth= and peaks=, or result= (e.g. flashcourse.bench.shipped('roofline'))")
-    fig, ax = figure_of(ax, figsize=(8.4, 4.0))
+    fig, ax = figure_of(ax, figsize=(11.0, 4.2))
     x = np.geomspace(xlim[0], xlim[1], 400)
     fig.ridges = {}
     colors = ["black", "0.45", "0.65"]
@@ -170,10 +171,10 @@ def roofline_plot(ops=(), *, bandwidth: float | None = None, peaks: dict | None 
     ax.axvline(r0, color="0.6", ls=":", lw=0.8)
     y_low = min(bandwidth * xlim[0], first_peak) / 2
     ax.annotate(f"ridge: {r0:.0f} FLOP/B", (r0, y_low), xytext=(3, 4), textcoords="offset points",
-                fontsize=8, color="0.3", rotation=90, va="bottom")
+                fontsize=MIN_PT, color="0.3", rotation=90, va="bottom")
     slope_at = xlim[0] * 3
     ax.annotate(f"HBM: {bandwidth / 1e12:.2f} TB/s", (slope_at, slope_at * bandwidth),
-                xytext=(8, -14), textcoords="offset points", fontsize=8, color="0.3")  # under the slope
+                xytext=(8, -16), textcoords="offset points", fontsize=MIN_PT, color="0.3")  # under the slope
     markers = "osD^vP*Xh"
     for k, op in enumerate(ops):
         roof = attainable(op.intensity, bandwidth, first_peak)

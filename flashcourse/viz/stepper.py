@@ -37,13 +37,14 @@ from __future__ import annotations
 import base64
 import io
 import os
+import textwrap
 
 import numpy as np
 
 from ..memory import Memory
-from ._common import DPI, READ_COLOR, WRITE_COLOR, CourseFigure, compact_png, human_bytes
-from ._stepper_layout import (RIGHT_IN, STATE_COLORS, STATE_NAMES, TEXT_PT, TITLE_PT, draw_legend, frame_size, geometry,
-                              lane_kind, legend_height, pool, tensor_panel)
+from ._common import DPI, MAX_HEIGHT_IN, READ_COLOR, WRITE_COLOR, CourseFigure, compact_png, human_bytes
+from ._stepper_layout import (MAX_IN, PANEL_IN, RIGHT_IN, STATE_COLORS, STATE_NAMES, STRIP_PANEL_IN, TEXT_PT, TITLE_PT,
+                              draw_legend, frame_size, geometry, lane_kind, legend_height, pool, tensor_panel, text_in)
 from ._stepper_log import (DONE, READ, READ_WRITTEN, RESIDENT, UNTOUCHED, WRITTEN, Frame, FrameState, SlotEvent,
                            Timeline, frame_state, frame_steps, stepper_frames, timeline)
 
@@ -56,12 +57,15 @@ __all__ = ["SlotEvent", "UNTOUCHED", "DONE", "RESIDENT", "READ", "WRITTEN", "REA
 PNG_SCALE = 2
 
 
-def new_frame_figure(mem: Memory, *, head=None, fig=None, legend: bool = True):
+def new_frame_figure(mem: Memory, *, head=None, fig=None, legend: bool = True, panel_in: float = PANEL_IN,
+                     max_in: float = MAX_IN, compact: bool = False):
     """A figure (or subfigure ``fig``) laid out for one frame; returns ``(figure, parts)``.
 
     ``parts`` maps ``"tensors"``, ``"traffic"`` and ``"sram"`` to their Axes, ``"images"`` to each
     tensor's images (one, or one per lane) and ``"pieces"`` to where they are; pass it to
-    :func:`draw_frame`. The figure's size follows the tensors' shapes (all at one scale).
+    :func:`draw_frame`. The figure's size follows the tensors' shapes (all at one scale), the tensors
+    at most ``panel_in`` inches tall and the frame at most ``max_in`` wide. A ``compact`` frame is the
+    tensors alone, named without their shapes (no ``"traffic"`` and ``"sram"`` axes).
 
     Example:
         >>> import numpy as np
@@ -72,14 +76,19 @@ def new_frame_figure(mem: Memory, *, head=None, fig=None, legend: bool = True):
         (['tensors', 'traffic', 'sram', 'images', 'pieces'], ['Q', 'K', 'V', 'S', 'P', 'O'])
     """
     tl = timeline(mem, head)
-    figsize, g = frame_size(tl, legend), geometry(tl)
+    figsize, g = frame_size(tl, legend, panel_in, max_in, compact), geometry(tl, panel_in, max_in, compact)
+    figsize = tuple(round(x * DPI) / DPI for x in figsize)      # whole pixels: the widget shows it at 1x
     if fig is None:
         fig = CourseFigure(figsize=figsize, dpi=DPI, layout="constrained")
         fig.png_scale = PNG_SCALE
-    gs = fig.add_gridspec(2, 2, width_ratios=[g["pw"] + g["left"], RIGHT_IN])
-    parts = {"tensors": fig.add_subplot(gs[:, 0]), "traffic": fig.add_subplot(gs[0, 1]),
-             "sram": fig.add_subplot(gs[1, 1])}
-    parts["images"], parts["pieces"] = tensor_panel(parts["tensors"], tl)
+    if compact:
+        parts = {"tensors": fig.add_subplot()}
+        fig.title_chars = int(figsize[0] / text_in("x", TITLE_PT))
+    else:
+        gs = fig.add_gridspec(2, 2, width_ratios=[g["pw"] + g["left"], RIGHT_IN])
+        parts = {"tensors": fig.add_subplot(gs[:, 0]), "traffic": fig.add_subplot(gs[0, 1]),
+                 "sram": fig.add_subplot(gs[1, 1])}
+    parts["images"], parts["pieces"] = tensor_panel(parts["tensors"], tl, g)
     if legend:
         draw_legend(fig, figsize[0], tl.mem.levels[1])
     return fig, parts
@@ -94,7 +103,7 @@ def _draw_traffic(ax, st: FrameState, total, level: str = "HBM"):
     ax.set_yticks([1, 0], ["read", "written"], fontsize=TEXT_PT)
     ax.set_xlim(0, max(total, 1) * 1.02)
     ax.set_xticks([])
-    ax.set_title(f"{level} traffic so far" if len(level) <= 4 else f"{level} traffic\nso far", fontsize=TEXT_PT)
+    ax.set_title(f"{level} traffic so far" if len(level) <= 4 else f"{level} traffic\nso far", fontsize=TITLE_PT)
 
 
 def _draw_sram(ax, st: FrameState, top, level: str = "SRAM", lane: str | None = None):
@@ -121,8 +130,8 @@ def _draw_sram(ax, st: FrameState, top, level: str = "SRAM", lane: str | None = 
         right = x > top / 2                               # the caption on the line's roomier side
         ax.annotate(caption, (x, y), xytext=(-3 if right else 3, 0), textcoords="offset points", color=color,
                     ha="right" if right else "left", va="center", fontsize=TEXT_PT)
-    ax.set_title(f"{level}, all warps" if lane == "warp" else f"{level} per lane (thread block)" if st.lanes > 1
-                 else f"{level} this step", fontsize=TEXT_PT)
+    ax.set_title(f"{level}, all warps" if lane == "warp" else f"{level} per lane\n(thread block)" if st.lanes > 1
+                 else f"{level} this step", fontsize=TITLE_PT)
 
 
 def draw_frame(mem: Memory, frame, parts=None, *, head=None):
@@ -146,15 +155,19 @@ def draw_frame(mem: Memory, frame, parts=None, *, head=None):
     frame = tl.frames[frame] if not isinstance(frame, Frame) else frame
     if parts is None:
         fig, parts = new_frame_figure(mem, head=head)
-    fig = parts["traffic"].figure
+    fig = parts["tensors"].figure
     st = tl.state(frame)
     for t, images in parts["images"].items():
         for im, p in zip(images, parts["pieces"][t]):
             im.set_data(pool(st.grids[t][p.rows[0]:p.rows[1]]))
-    _draw_traffic(parts["traffic"], st, max(tl.unit_bytes.sum(axis=0)), mem.levels[0])
-    _draw_sram(parts["sram"], st, max(st.sram_limit or 0, st.peak_sram, tl.peak, 1) * 1.1, mem.levels[1], lane_kind(tl))
+    if "traffic" in parts:                            # not in a compact frame
+        _draw_traffic(parts["traffic"], st, max(tl.unit_bytes.sum(axis=0)), mem.levels[0])
+        _draw_sram(parts["sram"], st, max(st.sram_limit or 0, st.peak_sram, tl.peak, 1) * 1.1, mem.levels[1],
+                   lane_kind(tl))
     title = (f"step {tl.frames.index(frame) + 1}/{len(tl.frames)}: {st.label}" if frame in tl.frames
              else st.label)
+    if getattr(fig, "title_chars", None):               # a compact frame: the title in its width, two lines at most
+        title = textwrap.fill(title, fig.title_chars, max_lines=2, placeholder=" …")
     if getattr(fig, "_stepper_title", None) is None:
         fig._stepper_title = fig.suptitle(title, fontsize=TITLE_PT)
     else:
@@ -175,13 +188,18 @@ def _default_frames(tl: Timeline, n: int) -> list[int]:
     return np.unique(np.linspace(0, len(frames) - 1, min(n, len(frames))).round().astype(int)).tolist()
 
 
-def stepper_strip(mem: Memory, steps=None, *, head=None, frames: int = 4, width: float = 10.0):
-    """A static strip of frames, for slides, GitHub and nbval (side by side where ``width`` allows).
+def stepper_strip(mem: Memory, steps=None, *, head=None, frames: int = 4, width: float = 15.0,
+                  panel_in: float = STRIP_PANEL_IN, legend: bool = True, compact: bool = False):
+    """A static strip of frames, for slides, GitHub and nbval, at most ``width`` inches wide.
 
     ``steps`` are positions in :func:`stepper_frames` (default: ``frames`` of them: the first frames
     of the inner loop, from the frame before the first that keeps a tile in SRAM, and the last;
-    evenly spread when no tile is kept). Returns a :class:`~flashcourse.viz._common.CourseFigure`,
-    shown as a PNG at twice its size with its 1x width; ``fig.frames`` holds each frame's parts.
+    evenly spread when no tile is kept). The frames are side by side where ``width`` allows, their
+    tensors at most ``panel_in`` inches tall. ``compact`` frames are the tensors alone (named, without
+    shapes, HBM and SRAM panels), all in one row: the key frames under the widget, both on one slide.
+    ``legend=False`` leaves the colours' legend out (the widget's frame above has it). Returns a
+    :class:`~flashcourse.viz._common.CourseFigure`, shown as a PNG at twice its size with its 1x width;
+    ``fig.frames`` holds each frame's parts.
 
     Example:
         >>> import numpy as np
@@ -193,19 +211,26 @@ def stepper_strip(mem: Memory, steps=None, *, head=None, frames: int = 4, width:
     """
     tl = timeline(mem, head)
     picked = _default_frames(tl, frames) if steps is None else [int(s) for s in steps]
-    fw, fh = frame_size(tl, legend=False)
-    ncols = max(1, min(len(picked), int(width // fw)))
+    ncols = len(picked)                   # compact: one row; else as many as keep the tensors 60% of panel_in tall
+    while not compact and ncols > 1 and geometry(tl, panel_in, min(MAX_IN, width / ncols))["ph"] < 0.6 * panel_in:
+        ncols -= 1
     nrows = -(-len(picked) // ncols)
-    fig = CourseFigure(figsize=(fw * ncols, fh * nrows + legend_height(fw * ncols, mem.levels[1])), dpi=DPI,
-                       layout="constrained")
+    room = (MAX_HEIGHT_IN - 0.6 * legend) / nrows - (frame_size(tl, False, panel_in, MAX_IN, compact)[1]
+                                                      - geometry(tl, panel_in, MAX_IN, compact)["ph"])
+    size = dict(panel_in=max(0.5, min(panel_in, room)), max_in=min(MAX_IN, width / ncols), compact=compact)
+    fw, fh = frame_size(tl, False, **size)                # rows of frames at most MAX_HEIGHT_IN tall in all
+    strip_w = fw * ncols
+    fig = CourseFigure(figsize=(strip_w, fh * nrows + (legend_height(strip_w, mem.levels[1]) if legend else 0.0)),
+                       dpi=DPI, layout="constrained")
     fig.png_scale = PNG_SCALE
-    subs = np.asarray(fig.subfigures(nrows, ncols), dtype=object).ravel()
+    subs = np.atleast_1d(np.asarray(fig.subfigures(nrows, ncols), dtype=object)).ravel()
     fig.frames = []
     for sub, k in zip(subs, picked):
-        _, parts = new_frame_figure(mem, head=head, fig=sub, legend=False)
+        _, parts = new_frame_figure(mem, head=head, fig=sub, legend=False, **size)
         draw_frame(mem, k, parts, head=head)
         fig.frames.append(parts)
-    draw_legend(fig, fw * ncols, mem.levels[1])
+    if legend:
+        draw_legend(fig, strip_w, mem.levels[1])
     return fig
 
 
@@ -347,8 +372,9 @@ def show_stepper(mem: Memory, *, head=None, steps=None, frames: int = 4, animati
 
     When :func:`live_widgets` (a live kernel with ipywidgets), it displays the widget :func:`stepper`
     with its first frame as a PNG beside it (:func:`widget_bundle`: what a notebook opened without
-    a kernel, or untrusted, shows), then a :func:`stepper_strip` of ``frames`` key frames under it;
-    otherwise only the strip. The strip is what GitHub, slides and nbval see of the loop (they cannot
+    a kernel, or untrusted, shows), then a compact :func:`stepper_strip` of ``frames`` key frames under
+    it, in one row without a second legend: both fit one 1280 x 720 slide under a short code cell;
+    otherwise only the strip (full frames, with the legend). The strip is what GitHub, slides and nbval see of the loop (they cannot
     run the widget, and one frame does not show tiles staying on chip), so it is always in the
     committed output. ``animation=True`` adds :func:`stepper_animation` (it plays on nbviewer and in
     slides, not on GitHub) of ``animation_frames`` frames. ``strip=False`` leaves the strip out when the
@@ -372,6 +398,6 @@ def show_stepper(mem: Memory, *, head=None, steps=None, frames: int = 4, animati
         data, metadata = widget_bundle(ui)
         display(data, raw=True, metadata=metadata)
     if strip or not live:
-        display(stepper_strip(mem, steps=steps, head=head, frames=frames))
+        display(stepper_strip(mem, steps=steps, head=head, frames=frames, legend=not live, compact=live))
     if animation:
         display(stepper_animation(mem, head=head, steps=steps, frames=animation_frames))

@@ -25,7 +25,8 @@ import numpy as np
 
 from .. import formulas
 from ..memory import Memory
-from ._common import (PALETTE, READ_COLOR, WRITE_COLOR, bytes_axis, figure_of, human_bytes, legend_outside, new_figure,
+from ._common import (MAX_HEIGHT_IN, MIN_PT, PALETTE, READ_COLOR, WRITE_COLOR, bytes_axis, figure_of, human_bytes,
+                      legend_outside, new_figure, styled,
                       size_axis)
 
 __all__ = ["traffic_bars", "cumulative_traffic", "count_standard_attention", "attention_traffic",
@@ -38,6 +39,7 @@ def _tensors(mem: Memory) -> list[str]:
     return list(dict.fromkeys(e.tensor for e in mem.events))
 
 
+@styled
 def traffic_bars(mem: Memory, ax=None, unit: str = "bytes", title: str | None = None):
     """A stacked bar per tensor: what it read (bottom) and wrote (top), from ``mem.totals(unit)``.
 
@@ -55,7 +57,7 @@ def traffic_bars(mem: Memory, ax=None, unit: str = "bytes", title: str | None = 
         bottom += heights
     for xi, top in zip(x, bottom):
         ax.annotate(human_bytes(top) if unit == "bytes" else f"{int(top):,}", (xi, top),
-                    ha="center", va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points")
+                    ha="center", va="bottom", fontsize=MIN_PT, xytext=(0, 2), textcoords="offset points")
     ax.set_xticks(x, names)
     ax.set_xlabel("tensor")
     if unit == "bytes":
@@ -75,6 +77,7 @@ ATTENTION_GROUPS = {"Q read, O and L written (per query head)": ("Q", "O", "L"),
                     "K and V read (per K/V head)": ("K", "V")}
 
 
+@styled
 def traffic_by_group(mems: dict, groups: dict | None = None, ax=None, title: str | None = None):
     """One bar per run, stacked by groups of tensors: the bytes each group moved (read and written).
 
@@ -105,7 +108,7 @@ def traffic_by_group(mems: dict, groups: dict | None = None, ax=None, title: str
         ax.bar(x, heights, bottom=bottom, color=PALETTE[(k + 2) % len(PALETTE)], label=name, width=0.6)
         bottom += heights
     for xi, top in zip(x, bottom):
-        ax.annotate(human_bytes(top), (xi, top), ha="center", va="bottom", fontsize=8, xytext=(0, 2),
+        ax.annotate(human_bytes(top), (xi, top), ha="center", va="bottom", fontsize=MIN_PT, xytext=(0, 2),
                     textcoords="offset points")
     ax.set_xticks(x, labels)
     bytes_axis(ax.yaxis)
@@ -116,6 +119,7 @@ def traffic_by_group(mems: dict, groups: dict | None = None, ax=None, title: str
     return fig
 
 
+@styled
 def cumulative_traffic(mem: Memory, ax=None, title: str | None = None, max_step_labels: int = 12):
     """Bytes read, written, and both, summed transfer after transfer; the algorithm's steps shaded.
 
@@ -142,7 +146,7 @@ def cumulative_traffic(mem: Memory, ax=None, title: str | None = None, max_step_
             if len(starts) <= max_step_labels:
                 label = mem.step_labels[steps[a]].split(": ", 1)[-1]
                 ax.text((a + b) / 2 + 0.5, 0.98, label, transform=ax.get_xaxis_transform(),
-                        ha="center", va="top", fontsize=8)
+                        ha="center", va="top", fontsize=MIN_PT)
     bytes_axis(ax.yaxis)
     ax.set_xlim(0.5, max(n, 1) + 0.5)
     ax.set_ylim(0, max((read + write).max(initial=0) * 1.12, 1))
@@ -168,6 +172,7 @@ def count_standard_attention(N: int, d: int, dtype_bytes: int = 2, seed: int = 0
     return mem
 
 
+@styled
 def attention_traffic(Ns, d: int = 64, dtype_bytes: int = 2, counted: dict | None = None, ax=None,
                       title: str | None = None):
     """Standard attention's HBM bytes against N: counted (points) and ``(4Nd + 4N^2)`` x size (line).
@@ -211,6 +216,7 @@ CAPACITIES = {
 }
 
 
+@styled
 def materialized_memory(Ns, configs: dict | None = None, dtype_bytes: int = 2,
                         capacities: dict | None = None, ax=None, title: str | None = None):
     """HBM needed to hold S and P (``2 B H N^2`` elements) against N, beside memory sizes.
@@ -235,7 +241,7 @@ def materialized_memory(Ns, configs: dict | None = None, dtype_bytes: int = 2,
         ax.axhline(nbytes, color="0.45", lw=0.8, ls=(0, (4, 2 + k)))
         left = k % 2 == 0   # alternate sides so that close capacities do not overlap
         ax.annotate(label, (Ns[0] if left else Ns[-1], nbytes), xytext=(2 if left else -2, 2),
-                    textcoords="offset points", fontsize=7, color="0.3", va="bottom",
+                    textcoords="offset points", fontsize=MIN_PT, color="0.3", va="bottom",
                     ha="left" if left else "right")
     size_axis(ax.xaxis)
     ax.set_yscale("log", base=2)
@@ -247,6 +253,7 @@ def materialized_memory(Ns, configs: dict | None = None, dtype_bytes: int = 2,
     return fig
 
 
+@styled
 def dram_plot(ncu: dict, cases=None):
     """Counted bytes against the DRAM bytes Nsight Compute measured, read (left) and written (right).
 
@@ -263,7 +270,7 @@ def dram_plot(ncu: dict, cases=None):
     """
     cases = list(cases or (c for c, m in ncu["cases"].items()
                            if m.get("summary", {}).get("counted_read", 0) + m.get("summary", {}).get("counted_write", 0)))
-    fig, axes = new_figure(1, 2, figsize=(9.0, 0.3 * len(cases) + 1.4), sharey=True)
+    fig, axes = new_figure(1, 2, figsize=(10.0, min(MAX_HEIGHT_IN - 0.3, 0.32 * len(cases) + 1.5)), sharey=True)
     y = np.arange(len(cases))[::-1]
     for ax, direction, color in ((axes[0], "read", READ_COLOR), (axes[1], "write", WRITE_COLOR)):
         summary = [ncu["cases"][c]["summary"] for c in cases]
@@ -272,8 +279,8 @@ def dram_plot(ncu: dict, cases=None):
             ax.barh(y + dy, np.where(mb > 0, mb, np.nan), 0.38, color=color, alpha=alpha, label=label)
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(lambda v, _pos: f"{v:g} MB")
-        ax.set_title(f"bytes {direction}", fontsize=9)
-        ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.07), ncols=2, frameon=False, fontsize=7)
+        ax.set_title(f"bytes {direction}")
+        ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.07), ncols=2, frameon=False, fontsize=MIN_PT)
     axes[0].set_yticks(y, cases)
     fig.cases = cases
     return fig
