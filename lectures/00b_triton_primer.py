@@ -114,9 +114,12 @@ CELLS = [
     """, "fragment", name="unmasked-store"),
 
     md(r"""
-    No error, on the interpreter or on the GPU (the H100 overwrote the same two neighbours). An
-    unmasked **load** past the end is as silent: it returns whatever bytes follow the tensor. Neither
-    stops you; the course's checks do, by filling outputs with a marker and watching what a kernel reads.
+    No error here, on the interpreter or on the GPU (the H100 overwrote the same two neighbours): the
+    lanes landed in memory the process owns. Past an allocation a GPU stops with an *illegal memory
+    access*, a sticky error that fails every later CUDA call, and the interpreter does not catch it
+    either (here it read $2^{20}$ lanes past a tensor of 5). A masked lane without `other=` is undefined
+    too. On a GPU, `compute-sanitizer python script.py` names the bad access; the course's checks fill
+    outputs with a marker and watch what a kernel reads.
     """, "subslide", name="unmasked-load"),
 
     code("""
@@ -180,6 +183,7 @@ CELLS = [
     """, "subslide", name="row-sums"),
 
     md(r"""
+    Without `other=` a masked lane's value is undefined (the backends happen to give 0; don't rely on it).
     `other=0.0` is right for a sum; for a maximum the masked lanes must load as `-inf` — chapter 1
     comes back to this.
     """, "-", name="other"),
