@@ -188,7 +188,8 @@ def test_a_wheel_install_is_verified_against_its_record(tmp_path):
     assert run().startswith(f"RECORD {site / 'flashcourse'}")
     checks = site / "flashcourse" / "checks" / "online.py"
     checks.write_text(checks.read_text() + "\n# edited\n")
-    assert "TAMPERED" in run() and "changed: checks/online.py" in run()
+    edited = run()
+    assert "TAMPERED" in edited and "changed: checks/online.py" in edited, edited
     checks.write_text((ROOT / "flashcourse" / "checks" / "online.py").read_text())
     (site / "flashcourse" / "checks" / "extra.py").write_text("x = 1\n")
     assert "added: checks/extra.py" in run()

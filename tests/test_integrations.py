@@ -64,19 +64,21 @@ def margins(scores) -> float:
 def clear_model(seed: int, kv_heads: int, head_dim: int):
     """The first model and prompt from ``seed`` on whose greedy path (SDPA, float16) every step's top
     logit leads by more than 2 TOL (and 0.02 to spare: generate's cached steps round a little
-    differently); screened with full forward passes, faster than generate here."""
+    differently); screened with full forward passes, faster than generate here, a draw left at its first step
+    without that lead (most draws are: the screening was most of the test's time)."""
     for s in range(seed, seed + 200):
         model, ids = llama(s, kv_heads, head_dim), prompt(s)
-        m16, lead = copy.deepcopy(model).half(), []
+        m16 = copy.deepcopy(model).half()
         m16.set_attn_implementation("sdpa")
         with torch.no_grad():
             x = ids
             for _ in range(NEW):
                 top2 = m16(x).logits[:, -1].float().topk(2, -1)
-                lead.append((top2.values[:, 0] - top2.values[:, 1]).min().item())
+                if (top2.values[:, 0] - top2.values[:, 1]).min().item() <= 2 * TOL + 0.02:
+                    break
                 x = torch.cat([x, top2.indices[:, :1]], 1)
-        if min(lead) > 2 * TOL + 0.02:
-            return model, ids
+            else:
+                return model, ids
     raise AssertionError(f"no model with clear greedy margins in 200 draws from seed {seed}")
 
 

@@ -4,10 +4,16 @@ Each is the unfinished exercise (nothing implemented) plus one trick, added as a
 inside a solution cell (where the verdict's worker runs it): IPython hooks, exception handlers,
 rebinding or patching the checks, NumPy, builtins, the installed package and its JSON files,
 ``sitecustomize``, metadata and cell-id swaps, deleted, moved and duplicated check cells, processes
-that die or kill the grader, kernels in disguise. All are graded in one batch, in a subprocess that
-imports the course from a copy of the package (the tricks that edit the installation edit that copy),
-and after them the untampered unfinished notebook, which must still fail. Every check of every
-tampered notebook must come out *not passed*, and the copy of the package must end unchanged.
+that die or kill the grader, kernels in disguise. They are graded by ``flashcourse grade`` in
+subprocesses that import the course from a copy of the package (the tricks that edit the installation
+edit that copy), and after them the untampered unfinished notebook, which must still fail. Every check
+of every tampered notebook must come out *not passed*, and the copies of the package must end unchanged.
+
+Two tricks only wait out time limits (a solution that never ends: the cell's 15 s, then the verdict's
+set-up 15 + 30 s; a kernel that died: its cell's 15 s, then 5 s to interrupt it): they are graded in a
+batch of their own, with a copy of the package of their own, while the others are graded, so that
+their waits overlap the others' work. The trick that writes the start-up files every Python reads (the
+site directory's, shared by the two batches) is graded after both, alone, then the untampered notebook.
 """
 import json
 import shutil
@@ -250,37 +256,73 @@ TRICKS = {
 }
 
 
+#: Tricks that wait out a time limit (the cell's, then the verdict's set-up), graded beside the others.
+WAITING = ("endless_solution", "os_exit")
+#: Tricks that write files every Python process reads: graded when nothing else is, before the untampered notebook.
+SHARED = ("sitecustomize_and_pth",)
+
+
+def _start_batch(tmp: Path, lane: str, notebooks: dict, pkg: Path, env: dict):
+    """``flashcourse grade`` on ``notebooks`` (student -> notebook), importing the course from ``pkg`` (a copy of
+    the package), its reports and summary in ``tmp/grades-LANE``: the process, started."""
+    assert (pkg / "flashcourse").is_dir(), pkg
+    subs, out = tmp / f"submissions-{lane}", tmp / f"grades-{lane}"
+    for student, nb in notebooks.items():
+        (subs / student).mkdir(parents=True)
+        nbformat.write(nb, subs / student / f"{NAME}.ipynb")
+    code = (f"import sys; sys.path.insert(0, {str(pkg)!r}); from flashcourse.cli import main; "
+            f"sys.exit(main(['grade', {str(subs)!r}, '--out', {str(out)!r}, '--timeout', '15']))")
+    return subprocess.Popen([sys.executable, "-c", code], cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+
+
+def _finish(proc):
+    try:
+        out, err = proc.communicate(timeout=1800)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tampering")
-    pkg = tmp / "pkg"
-    shutil.copytree(ROOT / "flashcourse", pkg / "flashcourse", ignore=shutil.ignore_patterns("__pycache__"))
-    before = {p.relative_to(pkg).as_posix(): p.read_bytes() for p in (pkg / "flashcourse").rglob("*") if p.is_file()}
-    subs = tmp / "submissions"
-    for trick, build in TRICKS.items():
-        (subs / trick).mkdir(parents=True)
-        nbformat.write(build(), subs / trick / f"{NAME}.ipynb")
-    (subs / "zz_untampered").mkdir()
-    nbformat.write(exercise(), subs / "zz_untampered" / f"{NAME}.ipynb")
+    lanes = {"main": [t for t in TRICKS if t not in WAITING + SHARED], "waiting": list(WAITING)}
+    for lane in lanes:
+        shutil.copytree(ROOT / "flashcourse", tmp / f"pkg-{lane}" / "flashcourse",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    before = _package(tmp / "pkg-main")
     site = Path(site_dirs()[0])
     assert not (site / "sitecustomize.py").exists(), "a sitecustomize.py is installed already: not touching it"
-    code = (f"import sys; sys.path.insert(0, {str(pkg)!r}); from flashcourse.cli import main; "
-            f"sys.exit(main(['grade', {str(subs)!r}, '--out', {str(tmp / 'grades')!r}, '--timeout', '15']))")
     env = {**__import__("os").environ, MARK: "1"}
     from flashcourse.grading.integrity import Snapshot
     real = Snapshot.take(ROOT / "flashcourse")   # the checkout itself must never be touched: a safety net
     try:
-        proc = subprocess.run([sys.executable, "-c", code], cwd=tmp, capture_output=True, text=True, env=env,
-                              timeout=1800)
+        started = [_start_batch(tmp, lane, {t: TRICKS[t]() for t in tricks}, tmp / f"pkg-{lane}", env)
+                   for lane, tricks in lanes.items()]
+        procs = [_finish(p) for p in started]
+        assert not (site / "sitecustomize.py").exists()     # nothing of the two batches writes the shared files
+        last = {t: TRICKS[t]() for t in SHARED} | {"zz_untampered": exercise()}
+        procs.append(_finish(_start_batch(tmp, "last", last, tmp / "pkg-main", env)))
     finally:
         for name in ("sitecustomize.py", "zz_flashcourse_tamper.pth"):
             (site / name).unlink(missing_ok=True)
         touched = real.restore()
     assert touched == [], f"the corpus edited the checkout itself (put back): {touched}"
-    after = {p.relative_to(pkg).as_posix(): p.read_bytes() for p in (pkg / "flashcourse").rglob("*")
-             if p.is_file() and "__pycache__" not in p.parts}
-    rows = json.loads((tmp / "grades" / "summary.json").read_text(encoding="utf-8"))
-    return proc, rows, before, after, tmp / "grades"
+    after = [_package(tmp / f"pkg-{lane}") for lane in lanes]
+    rows, out = [], tmp / "grades"
+    for lane, proc in zip((*lanes, "last"), procs):
+        summary = tmp / f"grades-{lane}" / "summary.json"
+        assert summary.exists(), f"the {lane} batch wrote no summary:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+        rows += json.loads(summary.read_text(encoding="utf-8"))
+        shutil.copytree(tmp / f"grades-{lane}", out, ignore=shutil.ignore_patterns("summary.*"), dirs_exist_ok=True)
+    return procs, rows, before, after, out
+
+
+def _package(pkg: Path) -> dict:
+    return {p.relative_to(pkg).as_posix(): p.read_bytes() for p in (pkg / "flashcourse").rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts}
 
 
 def test_the_corpus_has_at_least_twenty_tricks():
@@ -290,7 +332,7 @@ def test_the_corpus_has_at_least_twenty_tricks():
 @pytest.mark.slow
 @pytest.mark.parametrize("trick", sorted(TRICKS) + ["zz_untampered"])
 def test_no_trick_passes_a_check(graded, trick):
-    proc, rows, *_ , out = graded
+    procs, rows, *_ , out = graded
     mine = [r for r in rows if r["student"] == trick]
     report = (out / trick / f"{NAME}.txt").read_text(encoding="utf-8")
     assert [r["check"] for r in mine[:3]] == CHECKS, report
@@ -300,8 +342,8 @@ def test_no_trick_passes_a_check(graded, trick):
 
 @pytest.mark.slow
 def test_the_package_ends_as_it_began_and_edits_are_reported(graded):
-    proc, rows, before, after, out = graded
-    assert after == before
+    procs, rows, before, after, out = graded
+    assert len(after) == 2 and all(copy == before for copy in after)      # each batch's copy of the package
     for trick in ("edit_installed_checks", "edit_checks_json"):
         report = (out / trick / f"{NAME}.txt").read_text(encoding="utf-8")
         assert "NOT GRADED" in report and "(restored)" in report, report
@@ -309,10 +351,11 @@ def test_the_package_ends_as_it_began_and_edits_are_reported(graded):
 
 @pytest.mark.slow
 def test_the_unfinished_notebook_still_reads_not_implemented_after_the_tricks(graded):
-    proc, rows, *_ = graded
+    procs, rows, *_ = graded
     mine = [r for r in rows if r["student"] == "zz_untampered"]
     assert [(r["check"], r["status"]) for r in mine[:3]] == [(n, "not implemented") for n in CHECKS]
-    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    for proc in procs:          # 1: every notebook of each batch graded, and none passed (2: one was not graded)
+        assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
 @pytest.mark.slow
