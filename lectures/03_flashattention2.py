@@ -302,9 +302,8 @@ CELLS = [
     md("""
     ## What runs on an H100
 
-    Compiled for an H100 (sm_90) on a CPU, as `kernels.aot` does, the launch `fa2_config` picks
-    there has in its PTX (`tests/test_kernels_attention.py::test_fa2_on_an_h100_uses_wgmma_but_not_tma`;
-    Triton 3.6.0, the version of the H100 measurements, and 3.9.0 agree):
+    Compiled for sm_90 on a CPU (`tests/test_kernels_attention.py::test_fa2_on_an_h100_uses_wgmma_but_not_tma`;
+    Triton 3.6.0 and 3.9.0 agree), the PTX of `fa2_config`'s launch has:
 
     * **Hopper's tensor-core instruction**, `wgmma.mma_async` (a warpgroup of 4 warps, 64 rows at
       a time), not the A100's `mma.sync`.
@@ -318,23 +317,12 @@ CELLS = [
     md("""
     ## Who splits the tile between warps? Triton
 
-    Our kernel never names a warp: `num_warps` is a launch option, and the compiler lays each tile
-    out over the warps. Compiled for sm_90 ($d$ = 128), the warps of each dot along its rows ×
-    columns, and the instruction:
-
-    | warps | instruction | 64 × 64 tile: $S = Q_i K_j^\\top$, $O \\mathrel{+}= \\tilde P V_j$ | 128 × 64 tile: $S$, $O$ |
-    | --- | --- | --- | --- |
-    | 1 | `mma.sync` | 1×1, 1×1 | 1×1, 1×1 |
-    | 2 | `mma.sync` | **1×2, 1×2** | 2×1, 2×1 |
-    | 4 | `wgmma` | 4×1, 4×1 | 4×1, 4×1 |
-    | 8 | `wgmma` | 8×1, 4×2 | 8×1, 8×1 (the shipped config) |
-    | 16 | `wgmma` | 16×1, 4×4 | 16×1, 8×2 |
-
-    From 4 warps on, Triton issues Hopper's `wgmma` by warpgroups and puts every warp of $S$ along
-    the rows of $Q_i$: split-Q, chosen by the compiler. The one split-K layout is in bold, the only
-    config whose PTX reads shared memory with `ld.shared`
-    ([lab notes](https://github.com/flashcourse/flashcourse/blob/main/lab/attention.md#what-triton-makes-of-the-warps);
-    `tests/test_attention_warps.py` holds the table).
+    Our kernel never names a warp: `num_warps` is a launch option, and the compiler lays each tile out
+    over the warps. Compiled for sm_90, from 4 warps on Triton issues `wgmma` by warpgroups and puts every
+    warp of $S$ along the rows of $Q_i$: split-Q, chosen by the compiler. The table of layouts for 1-16
+    warps is in the
+    [lab notes](https://github.com/flashcourse/flashcourse/blob/main/lab/attention.md#what-triton-makes-of-the-warps)
+    (`tests/test_attention_warps.py` holds it).
     """, "slide", name="warps-triton-md"),
     md("""
     ## How many warps? (H100)
@@ -580,13 +568,8 @@ CELLS = [
     Grouped-query attention (GQA) keeps $H$ query heads but only $H_{kv}$ heads of $K$ and $V$: a group
     of $g = H / H_{kv}$ query heads shares one, query head $h$ reading K/V head $\\lfloor h / g \\rfloor$.
     Multi-query attention (MQA) is $H_{kv} = 1$. $K$ and $V$ shrink $g$-fold, and with them the KV
-    cache that decoding reads (chapter 4). Llama 2 70B (its paper, §A.2.1), Llama 3 8B (32 query and
-    8 K/V heads) and Mistral 7B (its abstract) use it.
-
-    Seed 001 (§21.6.2) lists MQA and GQA support among FlashAttention-2's improvements. In the
-    `flash-attn` library the program of query head $h$ loads K/V head $\\lfloor h / g \\rfloor$
-    (`flash_fwd_kernel.h`): nothing is copied, but each K/V head is loaded by the $g$ programs of its
-    group.
+    cache that decoding reads (chapter 4). Llama 2 70B (its paper, §A.2.1) and Llama 3 8B (32 query and
+    8 K/V heads) use it; seed 001 (§21.6.2) lists it among FlashAttention-2's improvements.
     """, "slide", name="gqa-md"),
     md("""
     ## Pack the group into one tile
@@ -704,21 +687,12 @@ CELLS = [
     md("""
     ## What FlashAttention-3 adds
 
-    Shah, Bikshandi, Zhang, Thakkar, Ramani, Dao (2024): FA2's algorithm, rebuilt for Hopper's
-    asynchrony, which is everything our PTX lacks.
-
-    * **`wgmma` and TMA, asynchronous**: the TMA copies whole tiles in hardware, and a `wgmma` runs
-      while the warps that issued it go on working.
-    * **Warp specialisation**: producer warps only issue TMA loads; consumer warpgroups multiply and
-      do the softmax, with the producers' registers handed to them.
-    * **Softmax overlapped with the matmuls**: two warpgroups take turns ("ping-pong"), and inside
-      one warpgroup the next block's $QK^\\top$ runs during this block's softmax. The H100 has 989
-      TFLOP/s of fp16 matmul but only 3.9 TFLOP/s for exponentials (FA3 paper).
-    * **FP8**, with block quantisation and *incoherent processing* (outliers spread by a random
-      orthogonal matrix).
-
-    The paper (H100 SXM5): 1.5–2.0× faster than FA2, up to 740 TFLOP/s in fp16 (75% of the peak),
-    close to 1.2 PFLOP/s in FP8. Our best is 471 TFLOP/s; cuDNN here reaches 574.
+    Shah et al. (2024): FA2's algorithm, rebuilt for Hopper's asynchrony, everything our PTX lacks:
+    tiles copied by the TMA while `wgmma` runs; producer warps that only load and consumer warpgroups
+    that compute (warp specialisation); and the softmax of one block overlapped with the next block's
+    matmuls ("ping-pong"), since the H100 has 989 TFLOP/s of fp16 matmul but 3.9 TFLOP/s for exponentials.
+    The paper: 1.5–2.0× faster than FA2, up to 740 TFLOP/s in fp16. Our best is 471 TFLOP/s; cuDNN here
+    reaches 574.
     """, "slide", name="fa3"),
 
     md("""
