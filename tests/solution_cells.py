@@ -137,3 +137,20 @@ def grade_untouched_and_completed(tmp_path_factory, name: str) -> dict:
         jobs = {state: pool.submit(grade, folder / f"{name}.ipynb")
                 for state, folder in {"untouched": ROOT / "exercises", "completed": tmp}.items()}
         return {state: job.result() for state, job in jobs.items()}
+
+
+def given_and_library_lines(notebook: str, name: str, kernel) -> tuple[list[str], list[str]]:
+    """The lines of the solutions notebook's ``@triton.jit def name`` that the student is given (the solution
+    regions left out), and the library ``kernel``'s lines as a lecture prints them (its exercise regions left
+    out): equal when the kernel a lecture prints is the kernel its exercise asks for."""
+    from flashcourse import viz
+    nb = json.loads((ROOT / "solutions" / f"{notebook}.ipynb").read_text(encoding="utf-8"))
+    cell = next("".join(c["source"]) for c in nb["cells"] if f"def {name}(" in "".join(c["source"]))
+    given, inside = [], False
+    for line in cell[cell.index("@triton.jit"):cell.index("\n\n\ndef ")].splitlines():
+        if "### BEGIN SOLUTION" in line or "### END SOLUTION" in line:
+            inside = "BEGIN" in line
+        elif not inside:
+            given.append(line.rstrip())
+    library = [line.rstrip() for line in viz.kernel_source(kernel).splitlines() if not line.strip().startswith("...")]
+    return given, library

@@ -120,20 +120,10 @@ def test_the_exercise_asks_for_the_taught_kernel():
     """Exercise 3's fa2_kernel is the library's chapter 3 kernel: what the student is given (the solution cell but
     its solution regions) is the library kernel but its exercise regions, line for line; and the exercise's
     check passes the library kernel, hidden cases and all."""
-    import json
-    from pathlib import Path
-    from flashcourse import checks, viz
+    from flashcourse import checks
     from flashcourse.kernels.attention import fa2_kernel
-    root = Path(__file__).resolve().parents[1]
-    cells = json.loads((root / "solutions/03_flashattention2.ipynb").read_text())["cells"]
-    cell = next("".join(c["source"]) for c in cells if "def fa2_kernel(" in "".join(c["source"]))
-    given, inside = [], False
-    for line in cell[cell.index("@triton.jit"):cell.index("\n\n\ndef ")].splitlines():
-        if "### BEGIN SOLUTION" in line or "### END SOLUTION" in line:
-            inside = "BEGIN" in line
-        elif not inside:
-            given.append(line.rstrip())
-    library = [line.rstrip() for line in viz.kernel_source(fa2_kernel).splitlines() if not line.strip().startswith("...")]
+    from solution_cells import given_and_library_lines
+    given, library = given_and_library_lines("03_flashattention2", "fa2_kernel", fa2_kernel)
     assert given == library
     checks.fa2_kernel(fa2_kernel)
 

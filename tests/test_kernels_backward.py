@@ -359,22 +359,12 @@ def test_the_exercise_asks_for_the_taught_dkdv_kernel():
     """Exercise 7's dkdv_kernel is the library's chapter 7 kernel: what the student is given (the solution cell but
     its solution region) is the library kernel but its exercise region, line for line; and the exercise's check
     passes the library kernel, hidden cases and all."""
-    import json
-    from pathlib import Path
-    from flashcourse import checks, viz
+    from flashcourse import checks
     from flashcourse.kernels import aot
-    root = Path(__file__).resolve().parents[1]
-    cells = json.loads((root / "solutions/07_backward.ipynb").read_text())["cells"]
-    cell = next("".join(c["source"]) for c in cells if "def dkdv_kernel(" in "".join(c["source"]))
-    given, inside = [], False
-    for line in cell[cell.index("@triton.jit"):cell.index("\n\n\ndef ")].splitlines():
-        if "### BEGIN SOLUTION" in line or "### END SOLUTION" in line:
-            inside = "BEGIN" in line
-        elif not inside:
-            given.append(line.rstrip())
+    from solution_cells import given_and_library_lines
     kernel = aot.kernel_of("bwd_dkdv_taught")
     assert kernel is TAUGHT.dkdv_kernel
-    library = [line.rstrip() for line in viz.kernel_source(kernel).splitlines() if not line.strip().startswith("...")]
+    given, library = given_and_library_lines("07_backward", "dkdv_kernel", kernel)
     assert given == library
     checks.dkdv_kernel(kernel)
 
