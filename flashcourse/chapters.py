@@ -146,12 +146,13 @@ CHAPTERS: tuple[Chapter, ...] = (
             layers=("formulas", "reference", "kernels", "checks", "bench"),
             kernels=("fa2_backward", "fa2_backward_taught", "fa1_backward", "flash_attention"),
             checks=("fa2_backward_step", "dkdv_kernel"), bench="backward",
-            extra_modules=("kernels.backward_taught", "kernels.backward_fa1", "kernels.backward_autograd")),
+            extra_modules=("kernels.backward_taught", "kernels.backward_configs", "kernels.backward_fa1",
+                           "kernels.backward_autograd")),
     Chapter(8, "sparse", "Block-sparse FlashAttention: skip the empty blocks", "08_block_sparse",
             layers=("formulas", "reference", "kernels", "checks", "bench"),
             kernels=("block_sparse_attention", "block_sparse_backward", "create_block_mask"),
             checks=("block_lists", "sparse_kernel"),
-            bench="sparse", extra_modules=("formulas.sparse_masks",)),
+            bench="sparse", extra_modules=("formulas.sparse_masks", "kernels.sparse_configs")),
 )
 
 

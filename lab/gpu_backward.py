@@ -51,7 +51,8 @@ def main(argv=None) -> int:
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
     from flashcourse.kernels import fa2_forward
-    from flashcourse.kernels.backward import backward_config, fa2_backward
+    from flashcourse.kernels.backward import fa2_backward
+    from flashcourse.kernels.backward_configs import backward_config
 
     rows = []
     t0 = time.perf_counter()

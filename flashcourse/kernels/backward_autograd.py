@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 
 from .attention_fast import fa2_forward
-from .backward import HEAD_DIMS, fa2_backward
+from .backward import fa2_backward
+from .backward_configs import HEAD_DIMS
 from .validate import expect_qkv, expect_sm_scale
 
 __all__ = ["flash_attention"]

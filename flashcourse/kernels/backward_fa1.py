@@ -23,7 +23,7 @@ import triton.language as tl
 from ..formulas.counting import LOG2E
 from . import aot
 from .attention import quiet
-from .backward import HEAD_DIMS, backward_config, kernel_signature
+from .backward_configs import HEAD_DIMS, backward_config, kernel_signature
 from .validate import expect_qkv, expect_saved, expect_sm_scale
 
 __all__ = ["fa1_backward"]

@@ -36,7 +36,8 @@ import triton.language as tl
 from ..formulas.counting import LOG2E
 from . import aot
 from .attention import quiet
-from .backward import HEAD_DIMS, backward_config, dkdv_update, dq_update, expect_tiles, kernel_signature
+from .backward import dkdv_update, dq_update
+from .backward_configs import HEAD_DIMS, backward_config, expect_tiles, kernel_signature
 from .validate import expect_qkv, expect_saved, expect_sm_scale
 
 __all__ = ["fa2_backward_taught"]
@@ -119,7 +120,7 @@ def fa2_backward_taught(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: to
     address a (batch x head) by one stride, Q and dO by the same strides, K and V too: tensors whose batch and head
     do not merge, or whose pair does not share strides, are copied first. Gradients come in q's dtype, contiguous.
     ``config`` runs tiles ``{"dkdv": (BLOCK_M, BLOCK_N, num_warps, num_stages), "dq": (...)}`` instead of
-    :func:`~flashcourse.kernels.backward.backward_config`'s. Same result as ``fa2_backward``, which adds the fast path.
+    :func:`~flashcourse.kernels.backward_configs.backward_config`'s. Same result as ``fa2_backward``, which adds the fast path.
 
     Example:
         >>> import torch

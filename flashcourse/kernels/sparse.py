@@ -34,13 +34,10 @@ from . import aot
 from .attention import online_softmax_update, quiet
 from .attention_gqa import packed_rows, sum_parts
 from .backward import backward_stats, dkdv_update, row_stats
+from .sparse_configs import HEAD_DIMS, TILE_SIZES, kernel_signature, sparse_block_size, sparse_config
 from .validate import expect_qkv, expect_saved, expect_sm_scale
 
-__all__ = ["block_sparse_attention", "block_sparse_backward", "create_block_mask", "sparse_block_size", "sparse_config"]
-
-HEAD_DIMS = (16, 32, 64, 128)
-TILE_SIZES = (16, 32, 64, 128)
-
+__all__ = ["block_sparse_attention", "block_sparse_backward", "create_block_mask"]
 
 @triton.jit
 def seen_bits(TILES, tile, tile_rows, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -226,40 +223,6 @@ def _sparse_bwd_dq(Q, K, V, DO, LSE2, Delta, DQ, KV_FULL_NUM, KV_FULL_IDX, KV_PA
         dQ_i += tl.dot(ds.to(K_j.dtype), K_j)
     tl.store(DQ + b * stride_dqb + heads[:, None] * stride_dqh + rows[:, None] * stride_dqm + dims[None, :],
              (dQ_i * sm_scale).to(DQ.dtype.element_ty), mask=in_q[:, None])
-
-
-def sparse_block_size(cc="current") -> tuple[int, int]:
-    """The block size ``(B_r, B_c)`` :func:`create_block_mask` uses by default: the kernels' tiles.
-
-    FlashAttention-2's forward tiles (:func:`flashcourse.kernels.fa2_config`) from sm_80 on, 128 x 64; on a
-    T4 (sm_75, 64 KB of shared memory) 32 x 32, small enough for the backward's kernels at d = 128; 64 x 64 in
-    the interpreter.
-
-    Example:
-        >>> sparse_block_size((9, 0)), sparse_block_size((7, 5))
-        ((128, 64), (32, 32))
-    """
-    if cc == "current":
-        cc = backend.compute_capability()
-    return (64, 64) if cc is None else (128, 64) if cc >= (8, 0) else (32, 32)
-
-
-def sparse_config(d: int, block_size: tuple[int, int], cc="current") -> tuple[int, int]:
-    """``(num_warps, num_stages)`` of the kernel for head dim ``d`` and tiles ``block_size`` on ``cc``.
-
-    As FlashAttention-2's forward: 8 warps over a 128-row tile on sm_90 (4 at d <= 64 on sm_80 and
-    sm_89), 4 warps below; 3 stages of K, V in flight (2 on sm_89's 99 KB, 1 on a T4).
-
-    Example:
-        >>> sparse_config(128, (128, 64), (9, 0)), sparse_config(64, (64, 64), (7, 5))
-        ((8, 3), (4, 1))
-    """
-    if cc == "current":
-        cc = backend.compute_capability()
-    if cc is None or cc < (8, 0):
-        return 4, 1
-    warps = 8 if block_size[0] >= 128 and (cc >= (9, 0) or d > 64) else 4
-    return warps, (2 if cc == (8, 9) else 3)
 
 
 def create_block_mask(mask: Mask, N_q: int, N_k: int, block_size: tuple[int, int] | None = None,
@@ -494,15 +457,7 @@ def _aot_configs(kernel):
     return configs
 
 
-def _signature(names):
-    return {n: ("constexpr" if n in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "STORE_LSE", "SUB_M", "GROUP", "SPLITS")
-                else "*i32" if n.endswith(("_NUM", "_IDX", "_TILE")) or n == "ORDER"
-                else "*u8" if n == "TILES" else "*fp32" if n in ("LSE", "LSE2", "Delta")
-                else "fp32" if n in ("qk_scale", "sm_scale")
-                else "i32" if n in ("N_q", "N_k", "T_c", "T_r") or n.startswith("stride") else "*fp16") for n in names}
-
-
 for _name, _kernel in (("sparse_fwd", _sparse_fwd), ("sparse_bwd_dkdv", _sparse_bwd_dkdv), ("sparse_bwd_dq", _sparse_bwd_dq)):
-    aot.register(_name, _kernel, signature=_signature(_kernel.arg_names), configs=_aot_configs(_name))
+    aot.register(_name, _kernel, signature=kernel_signature(_kernel.arg_names), configs=_aot_configs(_name))
 
 __test__ = {"seen_bits": seen_bits.fn}   # its docstring's example (doctest does not look inside a jit function)
