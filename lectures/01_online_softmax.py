@@ -197,18 +197,21 @@ CELLS = [
     * a wider row cannot stay on chip, so the kernel streams it in blocks with the merge rule
       (pass 1) and reads it again to write $y$ (pass 2) — the online softmax, **2 reads**, not 3.
 
-    `safe_softmax_3pass` is the textbook 3-pass kernel, for comparison.
+    Printed next: the online kernel as exercise 3 asks for it (`kernels.softmax_taught`), the exercise's part
+    left out. `kernels.softmax`'s adds 64-bit row offsets and runs pass 2 from the last block back (the blocks
+    pass 1 read last are the likeliest to be still in L2). `safe_softmax_3pass` is the textbook 3-pass kernel.
     """, "slide", name="kernel-md"),
     code("""
     import torch
     from flashcourse import backend, bench, viz
-    from flashcourse.kernels import aot, softmax, safe_softmax_3pass
-    print(viz.kernel_source(aot.kernel_of("softmax_online")))
+    from flashcourse.kernels import aot, softmax, safe_softmax_3pass, softmax_taught
+    print(viz.kernel_source(aot.kernel_of("softmax_taught")))
     """, "subslide", name="kernel-src"),
 
     md("""
     Check it against float64 on a batch of rows, including a huge logit and a row with $-\\infty$
-    entries, on the one-pass path and on the online path (forced with a small `block_size`).
+    entries, on the one-pass path, on the online path (forced with a small `block_size`) and with the
+    kernel printed above.
     In fp16 the output is rounded to 11 significant bits, so a relative error near
     $2^{-11} \\approx 5 \\cdot 10^{-4}$ is as good as it gets.
     """, "subslide", name="kernel-check-md"),
@@ -220,6 +223,7 @@ CELLS = [
     x[0, 7] = 1e4                      # one huge logit
     x[1, ::3] = float("-inf")          # masked positions
     for name, fn in [("one pass", softmax), ("online (block 256)", lambda t: softmax(t, block_size=256)),
+                     ("taught (block 256)", lambda t: softmax_taught(t, block_size=256)),
                      ("safe 3-pass", safe_softmax_3pass)]:
         for dtype in (torch.float32, torch.float16):
             x_in = x.to(dtype)                                # the reference sees the same rounded input
@@ -310,11 +314,11 @@ CELLS = [
       FlashAttention does to each tile of $S$ in chapter 2.
 
     **Exercises:** `exercises/01_online_softmax.ipynb` — the online update in NumPy, the merge rule, and the
-    body of a Triton online-softmax kernel.
+    two passes of the Triton online-softmax kernel printed above.
     """, "slide", name="summary"),
     md("""
     Instructor notes: about 45 minutes. Ask before the online slide: "can we find the max and the
     sum in one pass?" — most students say no. The trace table is worth doing on the board. On a GPU
-    the benchmark cell times four kernels at nine widths, from 1k to 256k columns.
+    the benchmark cell times five kernels at nine widths, from 1k to 256k columns.
     """, "notes", name="notes"),
 ]

@@ -17,7 +17,7 @@ CELLS = [
 
     1. the update of the running maximum and normaliser, one element at a time, in NumPy;
     2. the merge rule that combines the statistics of two blocks of a row;
-    3. the body of a Triton kernel that computes a row softmax block by block.
+    3. the bodies of the two loops of a Triton kernel that computes a row softmax block by block.
 
     Under each exercise a **check cell** runs your code on a few cases you can see and on hidden
     random ones (ragged sizes, huge logits, `-inf` entries). It prints one line ending in ✓ when
@@ -154,18 +154,16 @@ CELLS = [
       with the merge rule of exercise 2;
     * **pass 2** reads it again and writes each block of `y`.
 
-    What it must get right: the last block of a row is usually partial, and the lanes past `n_cols`
-    must neither add to `l` nor be written (think about what a masked load should return there for
-    a maximum and for a sum of exponentials); a block that is entirely `-inf` must leave `l` at 0,
-    not `nan`, as in exercise 2.
+    The row pointers, `m` and `l`, the two loops and each block's columns `cols` are given: write the
+    body of each loop. What it must get right: the last block of a row is usually partial, and the
+    lanes past `n_cols` must neither add to `l` nor be written (think about what a masked load should
+    return there for a maximum and for a sum of exponentials); a block that is entirely `-inf` must
+    leave `l` at 0, not `nan`, as in exercise 2.
 
-    Two passes, no more: `x` is read twice (pass 1 keeps `m` and `l` together), which is the point
-    of the online softmax; a third pass (one for the maximum, one for the sum, one to write) is the
-    safe softmax of the lecture. Under Triton's interpreter the check counts the loads and refuses a
-    kernel that reads an element of `x` a third time.
-
-    The row pointers are set up for you; write the rest of the body. Work in float32 (convert after
-    the load). A row that is entirely `-inf` may come out as `nan`, as `torch.softmax` does.
+    `x` is read twice, once in each loop: that is the point of the online softmax (the safe softmax
+    reads it three times). Under Triton's interpreter the check counts the loads and refuses a kernel
+    that reads an element of `x` a third time. Work in float32 (convert after the load). A row that
+    is entirely `-inf` may come out as `nan`, as `torch.softmax` does.
     """, "slide", name="kernel-intro"),
 
     code("""
@@ -174,21 +172,23 @@ CELLS = [
         row = tl.program_id(0)
         x_row = x_ptr + row * stride_x       # start of this program's row of x
         y_row = y_ptr + row * stride_y       # and of y
-        ### BEGIN SOLUTION
-        m = tl.full((), float("-inf"), tl.float32)
-        l = tl.full((), 0.0, tl.float32)
+        m = tl.full((), float("-inf"), tl.float32)               # the running maximum of the row
+        l = tl.full((), 0.0, tl.float32)                         # and its sum of e^(x - m) so far
         for start in range(0, n_cols, BLOCK):                    # pass 1: m and l
             cols = start + tl.arange(0, BLOCK)
+            ### BEGIN SOLUTION
             x = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
             m_new = tl.maximum(m, tl.max(x, axis=0))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)   # only -inf so far: keep l = 0
             l = l * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe), axis=0)
             m = m_new
+            ### END SOLUTION
         for start in range(0, n_cols, BLOCK):                    # pass 2: y = e^(x - m) / l
             cols = start + tl.arange(0, BLOCK)
+            ### BEGIN SOLUTION
             x = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
             tl.store(y_row + cols, tl.exp(x - m) / l, mask=cols < n_cols)
-        ### END SOLUTION
+            ### END SOLUTION
 
 
     def softmax_rows(x, BLOCK=32):

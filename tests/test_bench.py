@@ -292,9 +292,9 @@ def test_softmax_suite_sizes_and_bytes():
 def test_softmax_suite_accounting_and_baseline(monkeypatch):
     # Small sizes on the CPU; the course kernels may or may not exist yet: both are fine.
     r = bench.run("online", timer=FakeTimer(ms=1.0), progress=False, device=DEV,
-                  cols=(64, 96), bytes_per_call=64 * 96 * 2)
+                  cols=(64, 96), bytes_per_call=8 * 96 * 2)          # a few rows: the interpreter runs one at a time
     for cols in (64, 96):
-        rows = math.ceil(64 * 96 * 2 / (cols * 2))
+        rows = math.ceil(8 * 96 * 2 / (cols * 2))
         t = r.get("torch.softmax", cols=cols)
         assert t.kind == "baseline" and t.ok and t.params["rows"] == rows
         assert t.bytes == 2 * rows * cols * 2 and t.flops == 5 * rows * cols
@@ -305,7 +305,8 @@ def test_softmax_suite_accounting_and_baseline(monkeypatch):
         assert safe.extra["algorithm_bytes"] == (acc["read"] + acc["write"]) * 2
         assert safe.kind == "course" and (safe.ok or safe.skipped)
         assert r.get("kernels.softmax", cols=cols).error is None
-        for rec in r.select(impl="kernels.softmax (online, two passes)", cols=cols):
+        for rec in r.select(impl="kernels.softmax (online, two passes)", cols=cols) + r.select(
+                impl="kernels.softmax_taught", cols=cols):
             online = formulas.softmax_accesses("online", rows, cols)
             block = {64: 32, 96: 64}[cols]                   # half the row's power of two
             assert rec.extra == {"passes": "online", "algorithm_bytes": 3 * rows * cols * 2, "block": block}
@@ -326,18 +327,23 @@ def test_softmax_suite_finds_the_kernels_two_pass_path(monkeypatch):
     def spy3(x, *, block_size=None):
         calls3.append((x.shape[-1], block_size))
         return real3(x, block_size=block_size)
-    real, real3 = online.softmax, online.safe_softmax_3pass
+    def spy_taught(x, *, block_size=None):
+        calls_taught.append((x.shape[-1], block_size))
+        return real_taught(x, block_size=block_size)
+    real, real3, real_taught, calls_taught = online.softmax, online.safe_softmax_3pass, online.softmax_taught, []
     monkeypatch.setattr(online, "softmax", spy)
     monkeypatch.setattr(online, "safe_softmax_3pass", spy3)
+    monkeypatch.setattr(online, "softmax_taught", spy_taught)
     monkeypatch.setattr(online, "KERNELS", [(n, spy if f is real else f, a, b) for n, f, a, b in online.KERNELS])
-    r = bench.run("online", timer=FakeTimer(), progress=False, device=DEV, cols=(64, 40000), bytes_per_call=40000)
-    assert r.impls() == ["kernels.softmax", "kernels.softmax (online, two passes)",
+    r = bench.run("online", timer=FakeTimer(), progress=False, device=DEV, cols=(64, 40000), bytes_per_call=1024)
+    # chapter 1's taught kernel (the lecture prints it) right after the fast path
+    assert r.impls() == ["kernels.softmax", "kernels.softmax_taught", "kernels.softmax (online, two passes)",
                          "kernels.safe_softmax_3pass", "torch.softmax"]
     assert all(rec.ok for rec in r.records), [rec.error for rec in r.records]
-    # its own pick: no block; forced online and 3-pass: half the row's power of two, capped at
-    # STREAM_BLOCK (64 -> 32; 40000 -> 65536 / 2, capped at 16384), the same block for both
+    # its own pick: no block; forced online, taught and 3-pass: half the row's power of two, capped at
+    # STREAM_BLOCK (64 -> 32; 40000 -> 65536 / 2, capped at 16384), the same block for all three
     assert set(calls) == {(64, None), (64, 32), (40000, None), (40000, 16384)}
-    assert set(calls3) == {(64, 32), (40000, 16384)}
+    assert set(calls3) == set(calls_taught) == {(64, 32), (40000, 16384)}
     assert r.get("kernels.softmax", cols=64).extra["passes"] == "one-pass"
     assert r.get("kernels.softmax", cols=40000).extra["passes"] == "online"
     for cols, own in ((64, 64), (40000, 16384)):

@@ -73,7 +73,7 @@ def test_the_walkthrough_precedes_the_source_and_names_only_what_the_kernel_has(
 
 #: Each exercise check whose code the course's own kernels contain, with those kernels (aot names, or
 #: "module.function"): each must mark that code as the exercise's, so that viz.kernel_source leaves it out.
-COUNTERPARTS = {"softmax_kernel": ["softmax_online"], "fa1_step": ["fa1_fwd"], "fa2_kernel": ["fa2_taught", "fa2_fwd", "attention.online_softmax_update"],
+COUNTERPARTS = {"softmax_kernel": ["softmax_taught", "softmax_online", "online.online_merge"], "fa1_step": ["fa1_fwd"], "fa2_kernel": ["fa2_taught", "fa2_fwd", "attention.online_softmax_update"],
                 "split_kv_kernel": ["decode_split"], "lse_combine": ["decode.combine_splits"],
                 "dkdv_kernel": ["bwd_dkdv_taught", "bwd_dq_taught", "backward.dkdv_update"],
                 "unified_max_partials": ["decode.chunk_async", "unified_max_decode"], "flat_gemm_kernel": ["flat_gemm"]}

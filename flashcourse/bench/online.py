@@ -5,8 +5,10 @@ is charged, so that TB/s compare with the copy ceiling; ``extra`` holds the byte
 itself moves (:func:`flashcourse.formulas.softmax_accesses`) and the block width of the streaming
 kernels. FLOPs are :func:`flashcourse.formulas.softmax_flops`.
 
-The online two-pass kernel and the 3-pass kernel are timed with the **same** block
-(:func:`stream_block`), so that they differ only in their number of passes; and the widths go up to
+The online two-pass kernel, chapter 1's taught kernel (``kernels.softmax_taught``, timed right after
+``kernels.softmax``: the same two passes without the fast path's additions) and the 3-pass kernel are timed
+with the **same** block (:func:`stream_block`), so that they differ only in their number of passes (and
+the taught kernel in what the fast path adds); and the widths go up to
 vocabulary-sized rows (256k columns), where a row no longer stays in the L2 cache between passes
 and the third pass has to come from HBM.
 
@@ -22,7 +24,7 @@ from __future__ import annotations
 import math
 
 from .. import formulas
-from ..kernels import STREAM_BLOCK, safe_softmax_3pass, softmax, softmax_config
+from ..kernels import STREAM_BLOCK, safe_softmax_3pass, softmax, softmax_config, softmax_taught
 from .harness import Case, Workload, suite
 from .inputs import MiB, device_or_default, randn, torch_dtype
 
@@ -56,6 +58,11 @@ def _two_pass(x):
     return softmax(x, block_size=stream_block(x.shape[-1]))
 
 
+def _taught(x):
+    """``kernels.softmax_taught`` (chapter 1's kernel as the lecture prints it) with :func:`stream_block`'s block."""
+    return softmax_taught(x, block_size=stream_block(x.shape[-1]))
+
+
 def _three_pass(x):
     """``kernels.safe_softmax_3pass`` with the same block as :func:`_two_pass`."""
     return safe_softmax_3pass(x, block_size=stream_block(x.shape[-1]))
@@ -70,12 +77,13 @@ def _own_block(cols, dtype):
 #: ``formulas.SOFTMAX_PASSES``, ``"one-pass"``, or a function of (cols, dtype) giving one,
 #: block width: a function of (cols, dtype)).
 KERNELS = [("kernels.softmax", softmax, _passes, _own_block),
+           ("kernels.softmax_taught", _taught, "online", lambda c, _: stream_block(c)),
            ("kernels.softmax (online, two passes)", _two_pass, "online", lambda c, _: stream_block(c)),
            ("kernels.safe_softmax_3pass", _three_pass, "safe", lambda c, _: stream_block(c))]
 
 
 @suite("online", help="chapter 1: fp16 row softmax over 1k-256k columns, >= 256 MiB per call: the "
-                      "course's kernels (online and 3-pass with equal blocks) beside torch.softmax")
+                      "course's kernels (online, taught and 3-pass with equal blocks) beside torch.softmax")
 def online(quick: bool = False, cols=COLS,
            bytes_per_call: int = 256 * MiB, dtype: str = "float16", device=None,
            seed: int = 0) -> list[Workload]:

@@ -11,6 +11,10 @@ of its input, computes in fp32 whatever the input dtype, and writes the input's 
   ``m = max(m_a, m_b)``, ``l = l_a e^(m_a - m) + l_b e^(m_b - m)``;
   pass 2 reads the row again and writes ``e^(x - m) / l``. Two reads instead of three.
 * :func:`safe_softmax_3pass` -- the textbook safe softmax: a max pass, a sum pass, a write pass.
+* :func:`softmax_taught` -- :data:`softmax_kernel`, the online kernel as chapter 1's lecture prints it
+  and its exercise asks for: one program per row, two passes. The online kernel above is the same
+  with what the fast path adds: 64-bit row offsets, and its second pass last block first (the blocks
+  pass 1 read last are the likeliest to be still in L2). Both merge a block with :func:`online_merge`.
 
 The kernels use the names of :mod:`flashcourse.reference.online`: ``m`` the (running) max, ``l``
 the normaliser (Algorithms 2 and 3 call it ``d``; :func:`~flashcourse.reference.online.merge` and
@@ -38,7 +42,7 @@ from ..formulas import counting
 from . import aot
 from .validate import expect_float_tensor
 
-__all__ = ["softmax", "safe_softmax_3pass", "softmax_config", "MAX_FUSED", "STREAM_BLOCK"]
+__all__ = ["softmax", "safe_softmax_3pass", "softmax_taught", "softmax_config", "MAX_FUSED", "STREAM_BLOCK"]
 
 LOG2E = tl.constexpr(counting.LOG2E)  # e^t = 2^(t log2 e); a constexpr, for the kernels to read
 
@@ -67,6 +71,29 @@ def _softmax_one_pass(X, Y, n_rows, n_cols, stride_x, stride_y,
 
 
 @triton.jit
+def online_merge(m, l, x):
+    """Fold one block ``x`` (BLOCK,) fp32 of a row into its running maximum ``m`` and normaliser ``l``
+    (fp32 scalars): ``m_new = max(m, max x)``, ``l = l e^(m - m_new) + sum e^(x - m_new)``, the merge rule
+    with the block's own statistics taken against ``m_new``. Returns ``(m_new, l)``. Every online softmax
+    kernel of chapter 1 calls it.
+
+    Example:
+        >>> import inspect
+        >>> list(inspect.signature(online_merge.fn).parameters)      # the running pair, then the block
+        ['m', 'l', 'x']
+    """
+    # exercise: chapter 1's softmax_kernel writes this (the merge of a block into m and l)
+    m_new = tl.maximum(m, tl.max(x, axis=0))
+    # l = l e^(m - m_new) + sum e^(x - m_new): the old sum rescaled, this block's added.
+    # While every x so far is -inf, m_new = -inf and (-inf) - (-inf) would be nan: shift by 0.
+    m_shift = tl.where(m_new == -float("inf"), 0.0, m_new)
+    alpha = tl.exp2((m - m_shift) * LOG2E)                    # e^(m - m_new)
+    l = l * alpha + tl.sum(tl.exp2((x - m_shift) * LOG2E), axis=0)
+    # end of exercise
+    return m_new, l
+
+
+@triton.jit
 def _softmax_online(X, Y, n_cols, stride_x, stride_y, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     x_row = X + row * stride_x
@@ -81,13 +108,7 @@ def _softmax_online(X, Y, n_cols, stride_x, stride_y, BLOCK: tl.constexpr):
         mask = start + cols < n_cols
         x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
         # exercise: chapter 1's softmax_kernel writes this (the merge of a block into m and l)
-        m_new = tl.maximum(m, tl.max(x, axis=0))
-        # l = l e^(m - m_new) + sum e^(x - m_new): the old sum rescaled, this block's added.
-        # While every x so far is -inf, m_new = -inf and (-inf) - (-inf) would be nan: shift by 0.
-        m_shift = tl.where(m_new == -float("inf"), 0.0, m_new)
-        alpha = tl.exp2((m - m_shift) * LOG2E)                # e^(m - m_new)
-        l = l * alpha + tl.sum(tl.exp2((x - m_shift) * LOG2E), axis=0)
-        m = m_new
+        m, l = online_merge(m, l, x)
         # end of exercise
 
     # pass 2: read the row again and write e^(x - m) / l. Last block first: the blocks pass 1
@@ -101,6 +122,27 @@ def _softmax_online(X, Y, n_cols, stride_x, stride_y, BLOCK: tl.constexpr):
         y = tl.exp2((x - m) * LOG2E) / l
         # end of exercise
         tl.store(y_row + start + cols, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def softmax_kernel(x_ptr, y_ptr, n_cols, stride_x, stride_y, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    x_row = x_ptr + row * stride_x       # start of this program's row of x
+    y_row = y_ptr + row * stride_y       # and of y
+    m = tl.full((), float("-inf"), tl.float32)               # the running maximum of the row
+    l = tl.full((), 0.0, tl.float32)                         # and its sum of e^(x - m) so far
+    for start in range(0, n_cols, BLOCK):                    # pass 1: m and l
+        cols = start + tl.arange(0, BLOCK)
+        # exercise: chapter 1's softmax_kernel writes this (the block's load, merged into m and l)
+        x = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+        m, l = online_merge(m, l, x)
+        # end of exercise
+    for start in range(0, n_cols, BLOCK):                    # pass 2: y = e^(x - m) / l
+        cols = start + tl.arange(0, BLOCK)
+        # exercise: chapter 1's softmax_kernel writes this (the block's load again, and its store)
+        x = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+        tl.store(y_row + cols, tl.exp2((x - m) * LOG2E) / l, mask=cols < n_cols)
+        # end of exercise
 
 
 @triton.jit
@@ -135,7 +177,7 @@ def _softmax_3pass(X, Y, n_cols, stride_x, stride_y, BLOCK: tl.constexpr):
 # ahead-of-time check (aot.py) on every target GPU.
 
 _KERNELS = {"softmax_one_pass": _softmax_one_pass, "softmax_online": _softmax_online,
-            "softmax_3pass": _softmax_3pass}
+            "softmax_3pass": _softmax_3pass, "softmax_taught": softmax_kernel}
 _PTR = {torch.float16: "*fp16", torch.float32: "*fp32", torch.bfloat16: "*bf16"}
 _MIN_BLOCK = 32        # a warp's width: narrower rows are masked, not given kernels of their own
 
@@ -287,21 +329,66 @@ def safe_softmax_3pass(x: torch.Tensor, *, block_size: int | None = None) -> tor
     return _run(x, launch)
 
 
+def _taught_launch(n_cols: int, dtype, cc, block_size: int | None = None) -> aot.Launch:
+    # the streaming kernels' launch, with a block no wider than the row needs
+    block = block_size or min(max(triton.next_power_of_2(n_cols), _MIN_BLOCK), STREAM_BLOCK)
+    return _stream_launch("softmax_taught", block, dtype, cc)
+
+
+def softmax_taught(x: torch.Tensor, *, block_size: int | None = None) -> torch.Tensor:
+    """Softmax over the last dimension of ``x`` with :data:`softmax_kernel`, chapter 1's kernel as its lecture
+    prints it: one program per row, two passes (m and l block by block, then e^(x - m) / l).
+
+    Same inputs and result as :func:`softmax` (whose online path is this kernel with what the fast path
+    adds), every row read twice. ``block_size`` (a power of two) is the block width; by default the row's
+    next power of two, at most :data:`STREAM_BLOCK`. The kernel's offsets are 32-bit: the rows must span
+    fewer than 2**31 elements.
+
+    Example:
+        >>> import torch
+        >>> from flashcourse.backend import DEVICE
+        >>> x = torch.randn(4, 3, 1000, device=DEVICE)
+        >>> torch.allclose(softmax_taught(x, block_size=256), torch.softmax(x, -1), atol=1e-6)
+        True
+        >>> softmax_taught(torch.zeros(1, 2 ** 16, device=DEVICE).expand(2 ** 15, 2 ** 16))
+        Traceback (most recent call last):
+            ...
+        ValueError: softmax_taught: x is (32768, 65536), whose rows span 2147483648 elements; the kernel's offsets are 32-bit, so fewer than 2**31 (kernels.softmax has no such limit)
+    """
+    expect_float_tensor("softmax_taught", "x", x, what="softmax runs over the last one")
+    _expect_block_size("softmax_taught", block_size)
+    n_cols = x.shape[-1]
+    launch = _taught_launch(n_cols, x.dtype, backend.compute_capability(), block_size)
+    if x.numel() == 0:
+        return _run(x, launch)
+    x2 = _rows(x) if x.numel() < 2 ** 31 else None
+    span = x.numel() if x2 is None else x2.shape[0] * max(x2.stride(0), n_cols)   # the last row's end, at most
+    if span >= 2 ** 31:
+        raise ValueError(f"softmax_taught: x is {tuple(x.shape)}, whose rows span {span} elements; the kernel's "
+                         "offsets are 32-bit, so fewer than 2**31 (kernels.softmax has no such limit)")
+    return _run(x2, launch).view(x.shape)
+
+
 # --------------------------------------------------------------------------------------------------
 # Ahead-of-time check: every config softmax_config can pick, on every target.
 
 def _aot_configs(kernel: str):
     widths = {"softmax_one_pass": [2 ** k for k in range(5, 16)],  # 32 .. 32768 columns
-              "softmax_online": [2 * MAX_FUSED], "softmax_3pass": [2 ** k for k in range(5, 15)]}[kernel]
+              "softmax_online": [2 * MAX_FUSED], "softmax_3pass": [2 ** k for k in range(5, 15)],
+              "softmax_taught": [2 * MAX_FUSED]}[kernel]   # the taught kernel: its widest block, as the online's
+    ptrs = ("x_ptr", "y_ptr") if kernel == "softmax_taught" else ("X", "Y")
 
     def configs(cc):
         dtypes = [torch.float16, torch.float32] + ([torch.bfloat16] if cc >= (8, 0) else [])
         for dtype in dtypes:
             for n in widths:
-                launch = softmax_config(n, dtype, cc, three_pass=kernel == "softmax_3pass")
+                if kernel == "softmax_taught":
+                    launch = _taught_launch(n, dtype, cc)
+                else:
+                    launch = softmax_config(n, dtype, cc, three_pass=kernel == "softmax_3pass")
                 assert launch.kernel == kernel, (launch, kernel)
                 yield aot.Launch(launch.constexprs, launch.num_warps, launch.num_stages,
-                                 {"X": _PTR[dtype], "Y": _PTR[dtype]}, kernel, note=f"n_cols={n}")
+                                 {p: _PTR[dtype] for p in ptrs}, kernel, note=f"n_cols={n}")
     return configs
 
 
@@ -312,5 +399,9 @@ _SIGNATURES = {
                        "stride_y": "i32", "BLOCK": "constexpr"},
 }
 _SIGNATURES["softmax_3pass"] = _SIGNATURES["softmax_online"]
+_SIGNATURES["softmax_taught"] = {"x_ptr": "*fp16", "y_ptr": "*fp16", "n_cols": "i32", "stride_x": "i32",
+                                 "stride_y": "i32", "BLOCK": "constexpr"}
 for _name, _kernel in _KERNELS.items():
     aot.register(_name, _kernel, signature=_SIGNATURES[_name], configs=_aot_configs(_name))
+
+__test__ = {"online_merge": online_merge.fn}   # doctest does not look inside a jit function
