@@ -16,6 +16,7 @@ their waits overlap the others' work. The trick that writes the start-up files e
 site directory's, shared by the two batches) is graded after both, alone, then the untampered notebook.
 """
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -133,8 +134,8 @@ def kernel_in_disguise(nb):
 
 def escaping_kernel(nb):
     c = next(c for c in nb.cells if c.get("id") == "01-online-softmax-softmax-kernel")
-    c.source = c.source.replace("    # YOUR CODE HERE\n    pass",
-                                "    tl.store(y_ptr, x_row.__class__.__name__)\n    tl.static_print(getattr)")
+    c.source = re.sub(r"# YOUR CODE HERE\n(\s+)pass", r"tl.store(y_ptr, x_row.__class__.__name__)\n\1tl.static_print(getattr)",
+                      c.source, count=1)                        # in the kernel's first `# YOUR CODE HERE`
 
 
 def sitecustomize_payload() -> str:
