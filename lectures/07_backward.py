@@ -30,10 +30,9 @@ CELLS = [
     The softmax couples a row: $\partial P_{il}/\partial S_{ij} = P_{il}(\delta_{lj} - P_{ij})$, so
     $dS_{ij} = P_{ij}\big(dP_{ij} - \sum_l P_{il}\, dP_{il}\big)$. The sum over the whole row looks like it
     needs all of $P$ and $dP$, but $\sum_l P_{il}\, dP_{il} = \sum_l P_{il}\,(dO_i \cdot V_l) = dO_i \cdot O_i$:
+    $N$ numbers, computed once before the loops from two tensors the forward already wrote,
 
     $$D_i = \mathrm{rowsum}(dO \circ O)_i, \qquad dS = P \circ (dP - D).$$
-
-    $D$ is $N$ numbers, computed once before the loops from two tensors the forward already wrote.
     """, "slide", name="derivation"),
 
     code("""
@@ -41,9 +40,7 @@ CELLS = [
     import numpy as np
     import torch
     from flashcourse.reference.backward import attention_backward_float64
-
-    rng = np.random.default_rng(0)
-    q, k, v, do = rng.normal(size=(4, 6, 8))
+    q, k, v, do = np.random.default_rng(0).normal(size=(4, 6, 8))
     t = [torch.tensor(a, requires_grad=True) for a in (q, k, v)]
     torch.nn.functional.scaled_dot_product_attention(*t).backward(torch.tensor(do))
     [bool(np.allclose(g, x.grad.numpy())) for g, x in zip(attention_backward_float64(q, k, v, do), t)]
@@ -69,7 +66,7 @@ CELLS = [
         ax.loglog(Ns, [4 * saved_elements(N, 64) for N in Ns], "o-", label="L (FlashAttention), fp32")
         ax.set_xlabel("N"); ax.set_ylabel("bytes a head keeps"); ax.legend(); ax.grid(alpha=0.3)
         plt.show()
-    """, "fragment", name="memory-plot"),
+    """, "subslide", name="memory-plot"),
 
     md(r"""
     ## What the recomputation buys, counted
@@ -82,7 +79,8 @@ CELLS = [
     from flashcourse.formulas.backward import (backward_flops, fa1_backward_traffic, fa2_backward_traffic,
                                                standard_backward_traffic)
     d, B_r, B_c = 64, 128, 64
-    print(f"{'N':>6s} {'standard':>14s} {'FA1 (Alg. 4)':>14s} {'FA2 (Alg. 2)':>14s} {'std/FA2':>8s} {'extra FLOPs':>15s}")
+    print(f"{'N':>6s} {'standard':>14s} {'FA1 (Alg. 4)':>14s} {'FA2 (Alg. 2)':>14s}"
+          f" {'std/FA2':>8s} {'extra FLOPs':>15s}")
     for N in (1024, 4096, 16384):
         std = sum(standard_backward_traffic(N, d).values())
         fa1, fa2 = (sum(f(N, d, B_r, B_c).values()) for f in (fa1_backward_traffic, fa2_backward_traffic))
@@ -144,7 +142,7 @@ CELLS = [
     mem = Memory()
     fa2_backward(q, k, v, o, do, L, block_sizes=(32, 32), causal=True, memory=mem)
     show_stepper(mem, strip=False)
-    """, "fragment", name="stepper"),
+    """, "subslide", name="stepper"),
 
     md("""
     Two frames of it: $K_0, V_0$ (green: loaded earlier) while $Q_1$ passes, then $K_1, V_1$ with $Q_2$,
@@ -219,7 +217,7 @@ CELLS = [
             std = sum(standard_backward_traffic(N, d).values()) / 1e6
             alg2 = sum(fa2_backward_traffic(N, d, B_r, B_c).values()) / 1e6
             print(f"d = {d:3d}, N = {N:5d}   {std:9.1f} {alg2:7.1f} {two_kernels(N, d, B_c, B_r) / 1e6:12.1f}")
-    """, "fragment", name="cost-table"),
+    """, "subslide", name="cost-table"),
 
     md("""
     ## Measured: the backward alone
@@ -227,6 +225,15 @@ CELLS = [
     One H100 run of `flashcourse bench backward` (`bench.shipped("backward")`): fp16, 16k tokens, hidden 2048,
     TFLOP/s at 2.5x the forward's FLOPs for all; SDPA's backends flash (FA2's CUTLASS code), cuDNN, mem-eff.
     """, "slide", name="measured"),
+    md("""
+    Ours runs at 1.16-1.78x SDPA flash's speed at every shape and 2.7-3.6x SDPA mem-eff's; SDPA cuDNN,
+    whose kernels are closed (chapter 3), is ahead at $d$ = 128 and $N \\ge$ 4k, by 1.24-1.36x.
+    """, "fragment", name="measured-text"),
+    md("""
+    Compiled for sm_90, both our kernels use Hopper's `wgmma` and no `mma.sync`, while FlashAttention-2's
+    backward takes the same Ampere `mma.sync` atom as its forward (`Flash_bwd_kernel_traits` in its
+    `kernel_traits.h`).
+    """, "fragment", name="measured-wgmma"),
 
     code("""
     # NBVAL_CHECK_OUTPUT
@@ -235,19 +242,16 @@ CELLS = [
     result = bench.shipped("backward")
     rows = table(result)
     print(result.gpu, "| torch", result.provenance["torch"], "| triton", result.provenance["triton"])
-    print(f"{'backward alone':17s} | {'course, TFLOP/s':^17s} | {'SDPA, TFLOP/s':^19s} | {'peak MiB':>11s}")
+    print(f"{'backward alone':17s} | {'course, TFLOP/s':^17s} | {'SDPA, TFLOP/s':^19s}"
+          f" | {'peak MiB':>11s}")
     print("  d      N causal | ours atomic   FA1 | flash cuDNN mem-eff | ours atomic")
+    ours, atomic = "kernels.fa2_backward", "kernels.fa2_backward (dQ atomics)"
     for r in rows:
-        print(f"{r['d']:3d} {r['N']:6d} {'yes' if r['causal'] else 'no':>6s} | {r['kernels.fa2_backward']:4.0f} "
-              f"{r['kernels.fa2_backward (dQ atomics)']:6.0f} {r['kernels.fa1_backward']:5.0f} | "
-              f"{r['sdpa (flash) backward']:5.0f} {r['sdpa (cudnn) backward']:5.0f} {r['sdpa (efficient) backward']:7.0f} | "
-              f"{r['kernels.fa2_backward peak MiB']:4.0f} {r['kernels.fa2_backward (dQ atomics) peak MiB']:6.0f}")
-    """, "fragment", name="measured-table"),
-
-    md("""
-    Ours runs at 1.16-1.78x SDPA flash's speed at every shape and 2.7-3.6x SDPA mem-eff's; SDPA cuDNN,
-    whose kernels are closed (chapter 3), is ahead at $d$ = 128 and $N \\ge$ 4k, by 1.24-1.36x.
-    """, "fragment", name="measured-text"),
+        print(f"{r['d']:3d} {r['N']:6d} {'yes' if r['causal'] else 'no':>6s} | {r[ours]:4.0f} "
+              f"{r[atomic]:6.0f} {r['kernels.fa1_backward']:5.0f} | {r['sdpa (flash) backward']:5.0f} "
+              f"{r['sdpa (cudnn) backward']:5.0f} {r['sdpa (efficient) backward']:7.0f} | "
+              f"{r[ours + ' peak MiB']:4.0f} {r[atomic + ' peak MiB']:6.0f}")
+    """, "subslide", name="measured-table"),
 
     code("""
     # NBVAL_IGNORE_OUTPUT
@@ -265,12 +269,6 @@ CELLS = [
         fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", bbox_to_anchor=(0.5, 0.98), ncol=4)
         plt.show()
     """, "subslide", name="measured-plot"),
-
-    md("""
-    Compiled for sm_90, both our kernels use Hopper's `wgmma` and no `mma.sync`, while FlashAttention-2's
-    backward takes the same Ampere `mma.sync` atom as its forward (`Flash_bwd_kernel_traits` in its
-    `kernel_traits.h`).
-    """, "fragment", name="measured-wgmma"),
 
     md("""
     ### The kernels you read, beside `fa2_backward`
@@ -307,12 +305,12 @@ CELLS = [
     # NBVAL_CHECK_OUTPUT
     print(f"{'forward + backward':17s} | {'step TFLOP/s':^16s} | {'step peak MiB':>17s}")
     print("  d      N causal | ours  FA1  flash | ours flash  naive")
+    ours, flash = "kernels.flash_attention fwd+bwd", "sdpa (flash) fwd+bwd"
     for r in rows:
         naive = r.get("naive (torch) fwd+bwd peak MiB")
-        print(f"{r['d']:3d} {r['N']:6d} {'yes' if r['causal'] else 'no':>6s} | {r['kernels.flash_attention fwd+bwd']:4.0f} "
-              f"{r['kernels.fa1 fwd+bwd']:4.0f} {r['sdpa (flash) fwd+bwd']:6.0f} | "
-              f"{r['kernels.flash_attention fwd+bwd peak MiB']:4.0f} {r['sdpa (flash) fwd+bwd peak MiB']:5.0f} "
-              f"{'-' if naive is None else f'{naive:.0f}':>6s}")
+        print(f"{r['d']:3d} {r['N']:6d} {'yes' if r['causal'] else 'no':>6s} | {r[ours]:4.0f} "
+              f"{r['kernels.fa1 fwd+bwd']:4.0f} {r[flash]:6.0f} | {r[ours + ' peak MiB']:4.0f} "
+              f"{r[flash + ' peak MiB']:5.0f} {'-' if naive is None else f'{naive:.0f}':>6s}")
     """, "subslide", name="step-table"),
 
     md("""
@@ -370,7 +368,7 @@ CELLS = [
         axes[0].set_ylabel("loss minus SDPA flash's")
         fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", bbox_to_anchor=(0.5, 0.98), ncol=2)
         plt.show()
-    """, "fragment", name="training-plot"),
+    """, "subslide", name="training-plot"),
 
     code("""
     # NBVAL_CHECK_OUTPUT
@@ -394,7 +392,7 @@ CELLS = [
     apart at context 256). A step on ours takes 1.09-1.16x SDPA flash's, and we have not profiled where the
     difference goes; at this size the kernels' speed decides little of a step: SDPA mem-eff, whose backward
     runs at 0.36-0.58x SDPA flash's speed in the suite, takes 0.86-1.10x its step time here.
-    """, "fragment", name="training-text"),
+    """, "subslide", name="training-text"),
 
     md("""
     ## What we learned
