@@ -362,12 +362,7 @@ def _too_tall(slides: dict) -> list[str]:
             + [f"{k}: {s['wide']} code, output or figure wider than the slide" for k, s in slides.items() if s["wide"]])
 
 
-#: Fitted by the estimates of tests/test_lectures.py, not yet in the browser (issue 30: 11 of chapter 3's 48 slides
-#: were still taller than the screen after its figures took the course's style).
-NOT_YET_IN_THE_BROWSER = {"03_flashattention2"}
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=() if Path(n).stem in FITTED - NOT_YET_IN_THE_BROWSER
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if Path(n).stem in FITTED
                                                 else pytest.mark.xfail(reason="not yet fitted to a slide (tests/"
                                                                        "test_lectures.py FITTED)", strict=False))
                                   for n in LECTURES])
