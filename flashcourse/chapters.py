@@ -27,7 +27,7 @@ Example:
     >>> modules("kernels")[:4]
     ['online', 'attention', 'decode', 'gemm']
     >>> [m for m in layer_modules("kernels") if m.startswith(("decode", "gemm"))]    # each stem, then its extras
-    ['decode', 'decode_configs', 'decode_unified', 'gemm', 'gemm_linear', 'gemm_floor', 'gemm_configs']
+    ['decode', 'decode_configs', 'decode_unified', 'gemm', 'gemm_linear', 'gemm_floor', 'gemm_configs', 'gemm_taught']
 """
 from __future__ import annotations
 
@@ -140,9 +140,9 @@ CHAPTERS: tuple[Chapter, ...] = (
                            "checks.decode_phi", "checks.decode_partials"),
             former_names=("05_unified_max",)),
     Chapter(6, "gemm", "Flat GEMM: the linear layers of a decoding step", "06_flat_gemm",
-            layers=_ALL, kernels=("flat_gemm", "gemv", "linear", "read_once"),
+            layers=_ALL, kernels=("flat_gemm", "flat_gemm_taught", "gemv", "linear", "read_once"),
             checks=("choose_block_n", "flat_gemm_kernel"), bench="gemm",
-            extra_modules=("kernels.gemm_linear", "kernels.gemm_floor", "kernels.gemm_configs")),
+            extra_modules=("kernels.gemm_linear", "kernels.gemm_floor", "kernels.gemm_configs", "kernels.gemm_taught")),
     Chapter(7, "backward", "The backward pass: recompute P, don't store it", "07_backward",
             layers=("formulas", "reference", "kernels", "checks", "bench"),
             kernels=("fa2_backward", "fa2_backward_taught", "fa1_backward", "flash_attention"),
@@ -210,7 +210,7 @@ def layer_modules(layer: str) -> list[str]:
 
     Example:
         >>> [m for m in layer_modules("kernels") if m.startswith("gemm")]
-        ['gemm', 'gemm_linear', 'gemm_floor', 'gemm_configs']
+        ['gemm', 'gemm_linear', 'gemm_floor', 'gemm_configs', 'gemm_taught']
         >>> [m for m in layer_modules("reference") if m.startswith("decode")]     # chapter 4's stem, then 5's
         ['decode', 'decode_unified']
     """

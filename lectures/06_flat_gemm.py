@@ -213,7 +213,8 @@ CELLS = [
 
     `flashcourse.kernels.flat_gemm` is the tiled loop above with `tl.dot` (the M rows padded to 16 in
     registers: `tl.dot` needs every side to be at least 16) and `num_stages` as its double buffering;
-    `gemv` does without tensor cores (multiply, add, sum over K at the end) for $M \\le 8$. Both read W
+    `gemv` does without tensor cores (multiply, add, sum over K at the end) for $M \\le 8$;
+    `flat_gemm_taught` runs the kernel the exercise asks for, printed below. All read W
     through its strides: `w_layout="kn"` for a $(K, N)$ weight as in `x @ w`, `"nk"` for an `nn.Linear`
     weight, stored $(N, K)$ — no copy either way. Against float64, on shapes where neither K nor N is a
     multiple of a tile:
@@ -222,7 +223,7 @@ CELLS = [
     # NBVAL_CHECK_OUTPUT
     import torch
     from flashcourse import backend
-    from flashcourse.kernels import flat_gemm as flat_gemm_kernel, gemv
+    from flashcourse.kernels import flat_gemm as flat_gemm_kernel, flat_gemm_taught, gemv
 
     torch.manual_seed(0)
     shapes = backend.problem_size(gpu=[(1, 4096, 11008), (5, 4000, 3000), (16, 11008, 4096)],
@@ -235,7 +236,7 @@ CELLS = [
         ref = x64 @ w64
         # fp32 accumulation of K exact products, then one fp16 rounding: twice that bound
         bound = 2 * (K * 2**-24 * (np.abs(x64) @ np.abs(w64)) + 2**-11 * np.abs(ref)) + 2**-24
-        runs = {"flat_gemm": flat_gemm_kernel} | ({"gemv": gemv} if M <= 8 else {})
+        runs = {"flat_gemm": flat_gemm_kernel, "taught": flat_gemm_taught} | ({"gemv": gemv} if M <= 8 else {})
         for name, fn in runs.items():
             ok = [bool((np.abs(fn(x, w, w_layout=lay).cpu().double().numpy() - ref) <= bound).all())
                   for lay, w in (("kn", w_kn), ("nk", w_nk))]
@@ -244,27 +245,27 @@ CELLS = [
     md("""
     ### Inside `flat_gemm`
 
-    Printed below: `_flat_gemm_kernel`, with the body of its K loop left out (`...`): the exercise.
+    Printed below: `flat_gemm_kernel`, the kernel the exercise asks for, with the body of its K loop left
+    out (`...`): the exercise.
 
     * **Padding.** The tile has `BLOCK_M` = 16 rows (`DOT_MIN`: `tl.dot` takes no fewer), not 8 as in
-      the paper. Rows past M are loaded as zeros (`mask=in_m[:, None], other=0.0`): they are made
-      on chip, never read from HBM, and `write_tile` stores only the rows below M.
-    * **$B_N$.** `program_tile` gives program `pid_n` the columns `pid_n * BLOCK_N + arange(BLOCK_N)`
-      of y, and split `pid_k` its share `[lo, hi)` of K.
-    * **The K loop** walks this split's share of K in steps of `BLOCK_K`, moving both tile pointers.
-      Its body (in the course's kernel `load_tiles`, then a `tl.dot` into the float32 `acc`) loads
-      a tile of x and a tile of W, masked only where K or N is ragged (`EVEN_K`, `EVEN_N`): you write
-      it in the exercise.
+      the paper. Rows past M are loaded as zeros (masked by `rows < M`): they are made on chip, never
+      read from HBM, and the store writes only the rows below M.
+    * **$B_N$.** Program `pid_n` computes the columns `pid_n * BLOCK_N + arange(BLOCK_N)` of y.
+    * **The K loop** walks K in steps of `BLOCK_K`. Its body loads a tile of x and a tile of W, masked
+      where K or N ends, and adds their `tl.dot` to the float32 `acc`: you write it in the exercise.
     * **Double buffering** is not written out: the loop holds one tile of each. Launched with
       `num_stages` ≥ 2, Triton's software pipeliner loads the next tiles while `tl.dot` multiplies
       these.
-    * `write_tile` casts `acc` and stores y, or, with split-K, stores a partial that the last split
-      of the column tile adds up.
+
+    `flat_gemm` runs the same loop with what the fast path adds: K split between programs when the
+    column tiles leave SMs idle (`write_tile` adds up the partials), masks only where K or N is ragged
+    (`EVEN_K`, `EVEN_N`), and W's loads marked `evict_first` (below: the floor).
     """, "subslide", name="kernel-src-md"),
     code("""
     from flashcourse import viz
     from flashcourse.kernels import aot
-    print(viz.kernel_source(aot.kernel_of("flat_gemm")))
+    print(viz.kernel_source(aot.kernel_of("flat_gemm_taught")))
     """, "subslide", name="kernel-src"),
 
     md("""

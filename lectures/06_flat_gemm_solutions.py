@@ -204,9 +204,10 @@ CELLS = [
     check("flat_gemm_kernel"),
 
     done("""
-    The lecture's kernel (`flashcourse.kernels.flat_gemm`) goes further: it splits K between
-    programs when N / B_N leaves SMs idle, pipelines the loads (`num_stages`: the paper's double
-    buffering), and `flashcourse.kernels.linear` picks it, a GEMV or cuBLAS by the shape.
+    Your kernel is the course's `flashcourse.kernels.flat_gemm_taught`, the one the lecture prints.
+    `flashcourse.kernels.flat_gemm` goes further: it splits K between programs when N / B_N leaves SMs
+    idle and masks only the ragged edges; both pipeline the loads (`num_stages`: the paper's double
+    buffering), and `flashcourse.kernels.linear` picks the flat GEMM, a GEMV or cuBLAS by the shape.
     """),
     *questions([
         ('A decoding step multiplies $M$ = 1–8 token rows by a weight matrix. Why is that GEMM '

@@ -23,7 +23,8 @@ import torch
 from flashcourse.checks.cases import assert_within_error_rule
 
 from flashcourse import backend  # decides the backend before anything imports triton
-from flashcourse.kernels import aot, flat_gemm, gemm_config, gemv, linear, linear_plan, read_once, read_once_run
+from flashcourse.kernels import (aot, flat_gemm, flat_gemm_taught, gemm_config, gemv, linear, linear_plan, read_once,
+                                 read_once_run)
 
 from flashcourse.kernels import gemm as G  # noqa: E402
 from flashcourse.kernels import gemm_linear as GL  # noqa: E402
@@ -72,9 +73,11 @@ def case_id(c):
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_flat_gemm_against_float64(device, case, gen):
+    """The fast path and chapter 6's taught kernel (K not split) on the same inputs."""
     M, K, N, layout, S = case
     x, w, w_kn = inputs(M, K, N, gen, device, layout)
     assert_gemm_close(flat_gemm(x, w, w_layout=layout, split_k=S), x, w_kn, case_id(case))
+    assert_gemm_close(flat_gemm_taught(x, w, w_layout=layout), x, w_kn, f"taught {case_id(case)}")
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
@@ -110,8 +113,10 @@ def test_weights_are_read_through_their_strides(device, gen):
         assert not w.is_contiguous()
         for fn in (flat_gemm, gemv):
             assert_gemm_close(fn(x, w, w_layout=layout, split_k=2), x, want, f"{fn.__name__}: {what}")
+        assert_gemm_close(flat_gemm_taught(x, w, w_layout=layout), x, want, f"flat_gemm_taught: {what}")
     xs = torch.randn((K, M), generator=gen).half().to(device).T                     # x with stride (1, M)
     assert_gemm_close(flat_gemm(xs, w_kn), xs, w_kn, "x transposed")
+    assert_gemm_close(flat_gemm_taught(xs, w_kn), xs, w_kn, "taught, x transposed")
     assert_gemm_close(linear(xs, w_kn, w_layout="kn"), xs, w_kn, "linear, x transposed")
 
 
@@ -138,11 +143,48 @@ def test_tiles_stages_and_warps_of_your_own(device, gen):
     assert_gemm_close(gemv(x[:1], w, w_layout="nk", block_n=8, block_k=4), x[:1], w_kn, "gemv tiny tiles")
 
 
+def test_the_exercise_asks_for_the_taught_kernel(monkeypatch):
+    """Exercise 6.2's flat_gemm_kernel is the library's chapter 6 kernel: what the student is given (the solution
+    cell but its solution region) is the library kernel but its exercise region, line for line; and the
+    exercise's check passes the library kernel, hidden cases and all (its compile for sm_80 and sm_90 left to
+    tests/test_aot.py, which compiles flat_gemm_taught for every target)."""
+    from flashcourse import checks
+    from flashcourse.checks import gemm as gemm_checks
+    from flashcourse.checks.compiled import compile_after
+    from flashcourse.kernels.gemm_taught import flat_gemm_kernel
+    from solution_cells import given_and_library_lines
+    given, library = given_and_library_lines("06_flat_gemm", "flat_gemm_kernel", flat_gemm_kernel)
+    assert given == library
+    monkeypatch.setattr(gemm_checks, "compile_after", lambda name, kernel: compile_after(name, kernel, compile=False))
+    checks.flat_gemm_kernel(flat_gemm_kernel)
+
+
+def test_the_taught_kernel_takes_a_config_of_its_own_and_refuses_a_split(device, gen):
+    x, w, w_kn = inputs(5, 100, 70, gen, device, "nk")
+    cfg = G.GemmConfig("flat_gemm", 16, 16, 64, 1, 2, 2)
+    assert_gemm_close(flat_gemm_taught(x, w, w_layout="nk", config=cfg), x, w_kn, str(cfg))
+    with pytest.raises(ValueError, match=r"^flat_gemm_taught: config is flat_gemm: B_M=16 B_N=16 B_K=64 split_k=2 .*"
+                                         r"the taught kernel does not split K"):
+        flat_gemm_taught(x, w, w_layout="nk", config=G.GemmConfig("flat_gemm", 16, 16, 64, 2, 2, 2))
+    with pytest.raises(ValueError, match=r"^flat_gemm_taught: config is gemv: .*expected a GemmConfig of the flat GEMM"):
+        flat_gemm_taught(x, w, w_layout="nk", config=gemm_config(5, 70, 100, kernel="gemv"))
+    with pytest.raises(ValueError, match=r"^flat_gemm_taught: x is \(17, 100\); expected \(M, K\) with M from 1 to 16"):
+        flat_gemm_taught(torch.zeros(17, 100, dtype=torch.float16, device=device), w, w_layout="nk")
+    with pytest.raises(ValueError, match=r"^flat_gemm_taught: x is \(1, 5, 100\); expected \(M, K\)"):
+        flat_gemm_taught(x[None], w, w_layout="nk")
+    with pytest.raises(ValueError, match=r"^flat_gemm_taught: x is \(5, 100\) but w is \(70, 100\), read as \(K, N\)"):
+        flat_gemm_taught(x, w)
+
+
 def test_zero_columns_and_zero_depth(device):
     dev = backend.DEVICE
     x = torch.ones((2, 8), dtype=torch.float16, device=dev)
     assert flat_gemm(x, torch.ones((8, 0), dtype=torch.float16, device=dev)).shape == (2, 0)
     y = flat_gemm(torch.ones((2, 0), dtype=torch.float16, device=dev), torch.ones((0, 5), dtype=torch.float16, device=dev))
+    assert y.shape == (2, 5) and not y.any()
+    assert flat_gemm_taught(x, torch.ones((8, 0), dtype=torch.float16, device=dev)).shape == (2, 0)
+    y = flat_gemm_taught(torch.ones((2, 0), dtype=torch.float16, device=dev),
+                         torch.ones((0, 5), dtype=torch.float16, device=dev))
     assert y.shape == (2, 5) and not y.any()
 
 
@@ -431,7 +473,8 @@ def test_gemm_suite_cases_on_small_shapes():
                 assert c.bytes == (40 * 24 + M * 40 + M * 24) * 2 and c.flops == 2 * M * 40 * 24
             if c.skip is None:
                 assert c.check(c.fn()) is None, (M, c.impl)
-        assert (cases["kernels.flat_gemm"].skip is None) == (M <= 16)
+        assert (cases["kernels.flat_gemm"].skip is None) == (cases["kernels.flat_gemm_taught"].skip is None) == (M <= 16)
+        assert IMPLS[:2] == ["kernels.flat_gemm", "kernels.flat_gemm_taught"]       # the taught kernel after the fast path
         assert cases["kernels.linear"].extra["picked"] == linear_plan(M, 24, 40).kernel
         assert cases["torch.matmul padded to 64 rows"].extra["useful_fraction"] == M / 64
 

@@ -17,7 +17,7 @@ import nbtools  # noqa: E402
 
 #: lecture -> the kernel modules its walkthrough (the cell ``kernel-src-md``) reads
 WALKTHROUGHS = {"02_flashattention1": "attention", "04_flash_decode": "decode",
-                "05_unified_max_decode": "decode decode_unified", "06_flat_gemm": "gemm"}
+                "05_unified_max_decode": "decode decode_unified", "06_flat_gemm": "gemm gemm_taught"}
 LECTURES = sorted(p.stem for p in (ROOT / "lectures").glob("0[0-9]_*.py") if not p.stem.endswith("_solutions"))
 #: what the cells before a source cell have imported by then
 PRELUDE = "import inspect\nfrom flashcourse import viz\nfrom flashcourse.kernels import decode as kernel_decode\n"
@@ -76,7 +76,7 @@ def test_the_walkthrough_precedes_the_source_and_names_only_what_the_kernel_has(
 COUNTERPARTS = {"softmax_kernel": ["softmax_taught", "softmax_online", "online.online_merge"], "fa1_step": ["fa1_fwd"], "fa2_kernel": ["fa2_taught", "fa2_fwd", "attention.online_softmax_update"],
                 "split_kv_kernel": ["decode_split"], "lse_combine": ["decode.combine_splits"],
                 "dkdv_kernel": ["bwd_dkdv_taught", "bwd_dq_taught", "backward.dkdv_update"],
-                "unified_max_partials": ["decode.chunk_async", "unified_max_decode"], "flat_gemm_kernel": ["flat_gemm"]}
+                "unified_max_partials": ["decode.chunk_async", "unified_max_decode"], "flat_gemm_kernel": ["flat_gemm_taught", "flat_gemm"]}
 #: What a lecture may still print with inspect.getsource: functions no exercise asks for.
 GETSOURCE_ALLOWED = {"01_online_softmax": ["naive_softmax"]}
 

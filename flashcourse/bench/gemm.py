@@ -5,8 +5,9 @@ Suite ``gemm``: float16, Llama-2-7B's weights (K, N) in {(4096, 4096) the attent
 {1, 2, 4, 8, 16} (decoding batches) and 32, 64 (for context), timing
 
 * ``kernels.flat_gemm``: FlashDecoding++'s flat GEMM (M padded to 16 inside the kernel), W as
-  (K, N); ``kernels.flat_gemm (nn.Linear layout)``: the same with W as (N, K), nn.Linear's
-  ``weight``, read through its strides;
+  (K, N); ``kernels.flat_gemm_taught``: chapter 6's kernel as the lecture prints it, right after it (the
+  same tiles, warps and stages, K not split); ``kernels.flat_gemm (nn.Linear layout)``: the fast path
+  with W as (N, K), nn.Linear's ``weight``, read through its strides;
 * ``kernels.gemv``: the kernel without tensor cores, M <= 8;
 * ``kernels.linear`` and ``kernels.linear (nn.Linear layout)``: the heuristic dataflow -- gemv,
   flat_gemm or torch.matmul by the thresholds shipped in ``flashcourse/data`` (``extra`` records
@@ -33,6 +34,8 @@ Example:
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .. import backend
 from .harness import Case, Workload, suite
 
@@ -41,15 +44,16 @@ __all__ = ["FLOOR", "IMPLS", "LLAMA2_7B", "floor_check", "gemm", "table"]
 #: Llama-2-7B's linear layers as (K, N): x (M, K) @ W (K, N).
 LLAMA2_7B = ((4096, 4096), (4096, 11008), (11008, 4096), (4096, 12288))
 #: The implementations the suite times, in order.
-IMPLS = ["kernels.flat_gemm", "kernels.flat_gemm (nn.Linear layout)", "kernels.gemv", "kernels.linear",
+IMPLS = ["kernels.flat_gemm", "kernels.flat_gemm_taught", "kernels.flat_gemm (nn.Linear layout)", "kernels.gemv",
+         "kernels.linear",
          "kernels.linear (nn.Linear layout)", "torch.matmul (cuBLAS)", "F.linear (cuBLAS, nn.Linear layout)",
          "torch.matmul padded to 64 rows", "W read once (the floor)"]
 FLOOR = "W read once (the floor)"
 PAD = 64
 
 
-@suite("gemm", help="chapter 6: fp16 x @ W for decoding, Llama-2-7B weights, M 1-64: flat_gemm, gemv, "
-                    "linear, cuBLAS, cuBLAS padded to 64 rows")
+@suite("gemm", help="chapter 6: fp16 x @ W for decoding, Llama-2-7B weights, M 1-64: flat_gemm and the "
+                    "taught kernel, gemv, linear, cuBLAS, cuBLAS padded to 64 rows")
 def gemm(quick: bool = False, shapes=LLAMA2_7B, Ms=(1, 2, 4, 8, 16, 32, 64), device=None,
          seed: int = 0) -> list[Workload]:
     """One workload per (K, N, M). ``quick`` keeps the first two shapes and M <= 16."""
@@ -92,6 +96,7 @@ def _cases(M, K, N, device, seed):
     plan = G.linear_plan(M, N, K, torch.float16)
     fns = {
         "kernels.flat_gemm": lambda: G.flat_gemm(x, w_kn),
+        "kernels.flat_gemm_taught": lambda: G.flat_gemm_taught(x, w_kn),
         "kernels.flat_gemm (nn.Linear layout)": lambda: G.flat_gemm(x, w_nk, w_layout="nk"),
         "kernels.gemv": lambda: G.gemv(x, w_kn),
         "kernels.linear": lambda: G.linear(x, w_kn, w_layout="kn"),
@@ -102,11 +107,12 @@ def _cases(M, K, N, device, seed):
         FLOOR: lambda: G.read_once(w_kn),
     }
     skips, extra = {}, {}
-    for impl in ("kernels.flat_gemm", "kernels.flat_gemm (nn.Linear layout)"):
+    for impl in ("kernels.flat_gemm", "kernels.flat_gemm_taught", "kernels.flat_gemm (nn.Linear layout)"):
         if M > G.FLAT_MAX_M:
             skips[impl] = f"flat_gemm takes 1 to {G.FLAT_MAX_M} rows"
         else:
-            extra[impl] = {"config": str(G.gemm_config(M, N, K, kernel="flat_gemm"))}
+            cfg = G.gemm_config(M, N, K, kernel="flat_gemm")
+            extra[impl] = {"config": str(replace(cfg, split_k=1) if impl.endswith("taught") else cfg)}
     if M > G.GEMV_MAX_M:
         skips["kernels.gemv"] = f"gemv takes 1 to {G.GEMV_MAX_M} rows"
     else:

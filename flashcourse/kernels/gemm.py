@@ -263,7 +263,8 @@ def checked_operands(fn: str, x: torch.Tensor, w: torch.Tensor, w_layout: str = 
         expect_tensor(fn, "w", w)
         if x.dim() < 1:
             raise ValueError(f"{fn}: x is 0-dimensional (a scalar); expected (..., K)")
-        hit = _remember(key, _expect_operands(fn, x.reshape(-1, x.shape[-1]), w, w_layout, _shape(x)))
+        rows = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])          # (M, K), also when K = 0
+        hit = _remember(key, _expect_operands(fn, rows, w, w_layout, _shape(x)))
     return hit
 
 
