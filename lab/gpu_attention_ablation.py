@@ -17,6 +17,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))              # lab/, for its neighbours
+from flashcourse import backend  # noqa: E402,F401  (decides the backend before triton is imported)
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -25,7 +27,7 @@ from flashcourse.bench.harness import provenance  # noqa: E402
 from flashcourse.formulas.counting import LOG2E  # noqa: E402
 from flashcourse.kernels import fa2_config, fa2_forward, fa2_taught  # noqa: E402
 from flashcourse.kernels.attention_fast import fa2_inner  # noqa: E402
-from gpu_common import bench_ms  # noqa: E402  (the script's own folder)
+from gpu_common import bench_ms  # noqa: E402
 
 
 @triton.jit
