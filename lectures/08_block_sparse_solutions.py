@@ -95,9 +95,9 @@ CELLS = [
     ## 2. The kernel's loops
 
     One program per (query block $i$, head $h$): `program_id(0)` is $i$, `program_id(1)` is $h$. $Q$, $K$,
-    $V$ and $O$ are `(H, N, d)` fp16 tensors with rows `stride_qm` (`stride_kn`, `stride_om`) apart; $V$ has
-    $K$'s strides. The block lists come from a `BlockMask` (`create_block_mask`), as int32 arrays of
-    `T_c` columns per query block:
+    $V$ and $O$ are `(H, N, d)` fp16 tensors with rows `stride_qm` (`stride_kn`) apart; $O$ has $Q$'s
+    strides and $V$ has $K$'s. The block lists come from a `BlockMask` (`create_block_mask`), as int32
+    arrays of $T_c$ = `cdiv(N_k, BLOCK_N)` places per query block (the kernel computes `T_c`):
 
     * `FULL_NUM[i]` full key blocks, their indices in `FULL_IDX[i * T_c + t]` for `t < FULL_NUM[i]`;
     * `PART_NUM[i]` partial ones in `PART_IDX[i * T_c + t]`, each with its tile number in
@@ -113,19 +113,21 @@ CELLS = [
 
     code("""
     @triton.jit
-    def sparse_kernel(Q, K, V, O, FULL_NUM, FULL_IDX, PART_NUM, PART_IDX, PART_TILE, TILES, qk_scale, N_q, N_k, T_c,
-                      stride_qh, stride_qm, stride_kh, stride_kn, stride_oh, stride_om,
+    def sparse_kernel(Q, K, V, O, FULL_NUM, FULL_IDX, PART_NUM, PART_IDX, PART_TILE, TILES, qk_scale,
+                      N_q, N_k, stride_qh, stride_qm, stride_kh, stride_kn,
                       HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
         i, h = tl.program_id(0), tl.program_id(1)               # query block i of head h
+        T_c = tl.cdiv(N_k, BLOCK_N)                             # list places per query block
         rows = i * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = tl.arange(0, BLOCK_N)
         dims = tl.arange(0, HEAD_DIM)
-        Q_i = tl.load(Q + h * stride_qh + rows[:, None] * stride_qm + dims[None, :], mask=rows[:, None] < N_q, other=0.0)
+        Q_i = tl.load(Q + h * stride_qh + rows[:, None] * stride_qm + dims[None, :],
+                      mask=rows[:, None] < N_q, other=0.0)      # (BLOCK_M, HEAD_DIM), on chip
         m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-        BYTES: tl.constexpr = BLOCK_N // 8
         ### BEGIN SOLUTION
+        BYTES: tl.constexpr = BLOCK_N // 8
         for t in range(0, tl.load(FULL_NUM + i)):                # full blocks: no mask
             keys = tl.load(FULL_IDX + i * T_c + t) * BLOCK_N + cols
             K_j = tl.load(K + h * stride_kh + keys[:, None] * stride_kn + dims[None, :])
@@ -156,8 +158,8 @@ CELLS = [
             m_i = m_new
         ### END SOLUTION
         O_i = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]     # a row that saw no key: 0
-        tl.store(O + h * stride_oh + rows[:, None] * stride_om + dims[None, :], O_i.to(tl.float16),
-                 mask=rows[:, None] < N_q)
+        tl.store(O + h * stride_qh + rows[:, None] * stride_qm + dims[None, :],   # O has Q's strides
+                 O_i.to(O.dtype.element_ty), mask=rows[:, None] < N_q)
 
 
     def sparse_attention(q, k, v, bm):
@@ -168,8 +170,8 @@ CELLS = [
         tiles = bm.tiles if bm.tiles.numel() else torch.zeros(1, dtype=torch.uint8, device=q.device)
         sparse_kernel[(bm.shape[0], H)](q, k, v, o, bm.kv_full_num, bm.kv_full_idx, bm.kv_part_num, bm.kv_part_idx,
                                         bm.kv_part_tile, tiles, 1.4426950408889634 / math.sqrt(d), N_q, k.shape[1],
-                                        bm.shape[1], q.stride(0), q.stride(1), k.stride(0), k.stride(1), o.stride(0),
-                                        o.stride(1), HEAD_DIM=d, BLOCK_M=B_r, BLOCK_N=B_c)
+                                        q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+                                        HEAD_DIM=d, BLOCK_M=B_r, BLOCK_N=B_c)
         return o
     """, tags=("solution",), name="sparse-kernel"),
 
@@ -190,10 +192,12 @@ CELLS = [
     check("sparse_kernel"),
 
     done("""
-    The course's kernel (`flashcourse.kernels.block_sparse_attention`) is yours with two refinements: the query
-    blocks with the most key blocks run first, and each loop reads the index of its next block one step
-    ahead, so that the loads of $K_j, V_j$ do not wait for it. Chapter 8's lecture measures it against
-    FlexAttention.
+    Your kernel is the course's `sparse_kernel` (`flashcourse.kernels.block_sparse_taught` launches it), which
+    calls chapter 3's one update, `online_softmax_update`, for each block. The fast path,
+    `flashcourse.kernels.block_sparse_attention`, adds two refinements: the query blocks with the most key
+    blocks run first, and each loop reads the index of its next block one step ahead, so that the loads of
+    $K_j, V_j$ do not wait for it (and it packs grouped-query heads and keeps the log-sum-exp for the
+    backward). Chapter 8's lecture measures it against FlexAttention.
     """),
     *questions([
         ('A sliding window of 1024 keys at N = 16k keeps 6.1% of the (query, key) pairs, causal attention 50%: '

@@ -461,6 +461,25 @@ def test_backward_suite_times_the_taught_kernels_beside_the_fast_path():
     assert "max |dk - sdpa's|" in taught.check((dq, dk * 1.5, dv))
 
 
+def test_sparse_suite_times_the_taught_kernel_beside_the_fast_path():
+    """Chapter 8's suite times block_sparse_taught (the kernel the exercise asks for) right after
+    block_sparse_attention, on the same block mask and at the same FLOPs, and checks its output (here, with no
+    FlexAttention, against block_sparse_attention's)."""
+    from flashcourse.bench.sparse import IMPLS
+    assert IMPLS[:2] == ["kernels.block_sparse_attention", "kernels.block_sparse_taught"] and len(IMPLS) == len(set(IMPLS))
+    (w,) = bench.get_suite("sparse").workloads(device=DEV, Ns=(130,), masks=("sliding_window(70)",), tokens=130,
+                                               heads=1, d=16)
+    cases = w.setup()
+    assert [c.impl for c in cases] == IMPLS
+    case = {c.impl: c for c in cases}
+    fast, taught = case["kernels.block_sparse_attention"], case["kernels.block_sparse_taught"]
+    assert taught.flops == fast.flops and taught.kind == "course" and taught.skip is None
+    assert taught.extra["blocks"]["full"] > 0 and taught.extra["blocks"]["partial"] > 0
+    o = taught.fn()
+    assert taught.check(o) is None
+    assert "max |o - block_sparse_attention's|" in taught.check(o + 0.5)
+
+
 # -- no GPU: plain refusal ------------------------------------------------------------------------
 needs_cpu = pytest.mark.skipif(backend.DEVICE == "cuda", reason="checks the refusal on a CPU-only machine")
 

@@ -1,7 +1,7 @@
-"""Chapter 8's kernel: block_sparse_attention against float64 attention with the same mask, by the
-FlashAttention error rule (at most twice PyTorch's own fp16 error, + 1e-3), on every mask of the chapter,
-ragged N, N_q != N_k, rows that see no key; create_block_mask (built with torch, on the GPU) against the
-NumPy block mask; and the errors a student meets."""
+"""Chapter 8's kernels: block_sparse_attention (the fast path) and block_sparse_taught (the kernel the exercise asks
+for) against float64 attention with the same mask, by the FlashAttention error rule (at most twice PyTorch's own
+fp16 error, + 1e-3), on every mask of the chapter, ragged N, N_q != N_k, rows that see no key; create_block_mask
+(built with torch, on the GPU) against the NumPy block mask; and the errors a student meets."""
 from __future__ import annotations
 
 import numpy as np
@@ -16,6 +16,7 @@ from flashcourse.formulas.sparse import (Mask, block_mask, causal, documents, lo
                                          sliding_window, strided)
 from flashcourse.kernels import fa2_forward  # noqa: E402
 from flashcourse.kernels.sparse import block_sparse_attention, create_block_mask, sparse_block_size  # noqa: E402
+from flashcourse.kernels.sparse_taught import block_sparse_taught  # noqa: E402
 from flashcourse.kernels.validate import supports_bf16  # noqa: E402
 from flashcourse.reference import attention_float64  # noqa: E402
 
@@ -53,8 +54,15 @@ GPU_SHAPES = [(2, 3, n, n, d) for d in (16, 32, 64, 128) for n in (1, 17, 256, 1
              [(2, 2, 113, 1000, 64), (2, 2, 1000, 113, 128)]
 
 
-@pytest.mark.parametrize("shape", GPU_SHAPES if GPU else CPU_SHAPES, ids=lambda s: "B{}H{}-{}x{}-d{}".format(*s))
-def test_every_mask_against_float64(device, shape, seed):
+#: The fast path on every shape; chapter 8's kernel as its exercise asks for it on the GPU's, two on the CPU.
+KERNEL_SHAPES = [("block_sparse_attention", s) for s in (GPU_SHAPES if GPU else CPU_SHAPES)] + \
+                [("block_sparse_taught", s) for s in (GPU_SHAPES if GPU else [(1, 2, 52, 52, 16), CPU_SHAPES[3]])]
+KERNELS = {"block_sparse_attention": block_sparse_attention, "block_sparse_taught": block_sparse_taught}
+
+
+@pytest.mark.parametrize("kernel, shape", KERNEL_SHAPES, ids=lambda x: x if isinstance(x, str) else
+                         "B{}H{}-{}x{}-d{}".format(*x))
+def test_every_mask_against_float64(device, kernel, shape, seed):
     rng = np.random.default_rng(seed)
     B, H, n_q, n_k, d = shape
     g = torch.Generator().manual_seed(seed)
@@ -62,7 +70,46 @@ def test_every_mask_against_float64(device, shape, seed):
     block = sparse_block_size() if GPU else (16, 16)
     for mask in the_masks(n_q, n_k, rng):
         bm = create_block_mask(mask, n_q, n_k, block_size=block)
-        assert_close(block_sparse_attention(q, k, v, bm), q, k, v, mask, f" {shape}")
+        assert_close(KERNELS[kernel](q, k, v, bm), q, k, v, mask, f" {kernel} {shape}")
+
+
+def test_the_taught_kernel_on_views_large_logits_and_a_custom_scale(device, gen):
+    """q, k, v as views of one qkv projection (Q's rows with gaps: copied so that O can share its strides; K and V
+    share theirs: no copy), a batch whose heads do not merge (copied), logits of 10 sigma, sm_scale = 0.3; and the
+    refusals."""
+    qkv = torch.randn((1, 60, 3, 2, 32), generator=gen).half().to(device) * 3
+    q, k, v = (qkv[:, :, n].transpose(1, 2) for n in range(3))               # (1, 2, 60, 32), rows 192 apart
+    mask = documents([25, 35])
+    bm = create_block_mask(mask, 60, 60, block_size=(16, 16))
+    assert_close(block_sparse_taught(q, k, v, bm), q, k, v, mask, " views of qkv")
+    q2, k2, v2 = (torch.randn((2, 2, 60, 32), generator=gen).half().to(device).transpose(0, 1) for _ in range(3))
+    o = block_sparse_taught(q2, k2, v2, bm, 0.3)
+    dense = mask.dense(60, 60)
+    ref = attention_float64(*(t.cpu().double().numpy() for t in (q2, k2, v2)), sm_scale=0.3, mask=dense)
+    assert error_rule(o, ref, torch_attention(q2, k2, v2, dense, 0.3)).ok
+    huge = torch.zeros(16, dtype=torch.float16, device=device).expand(1, 2, 2 ** 26, 16)   # 2**31 elements, no memory
+    with pytest.raises(ValueError, match=r"block_sparse_taught: q is \(1, 2, 67108864, 16\) and k \(1, 2, 16, 16\); "
+                                         r"the kernel's offsets are 32-bit"):
+        block_sparse_taught(huge, huge[:, :, :16], huge[:, :, :16], bm)
+    with pytest.raises(ValueError, match="block_sparse_taught: block_mask was built for N_q = 60"):
+        block_sparse_taught(q[:, :, :32], k, v, bm)
+
+
+def test_the_exercise_asks_for_the_taught_kernel(seed):
+    """Exercise 8's sparse_kernel is the library's chapter 8 kernel: what the student is given (the solution cell but
+    its solution region) is the library kernel but its exercise region, line for line, at most 20 arguments and
+    lines of at most 100 characters (the lecture prints it); and the exercise's check passes the library kernel,
+    hidden cases and all."""
+    from flashcourse import checks, viz
+    from flashcourse.kernels import aot
+    from flashcourse.kernels.sparse_taught import sparse_kernel
+    from solution_cells import given_and_library_lines
+    assert aot.kernel_of("sparse_taught") is sparse_kernel
+    given, library = given_and_library_lines("08_block_sparse", "sparse_kernel", sparse_kernel)
+    assert given == library
+    assert len(sparse_kernel.arg_names) <= 20
+    assert max(map(len, viz.kernel_source(sparse_kernel).splitlines())) <= 100
+    checks.sparse_kernel(sparse_kernel, seed=seed)
 
 
 def test_create_block_mask_equals_the_numpy_block_mask(device, seed):

@@ -6,7 +6,8 @@ of documents of 256-2048 tokens, causal within each, lengths drawn from a fixed 
 256 and 4096 keys (time against s). Timed:
 
 * ``kernels.block_sparse_attention``: the forward on a block mask built beforehand
-  (:func:`flashcourse.kernels.create_block_mask`, the kernel's own tiles: 128 x 64 on sm_80+);
+  (:func:`flashcourse.kernels.create_block_mask`, the kernel's own tiles: 128 x 64 on sm_80+), then
+  ``kernels.block_sparse_taught`` (chapter 8's kernel as its exercise asks for it) on the same block mask;
 * ``flex_attention``: ``torch.compile(flex_attention)`` on ``torch.nn.attention.flex_attention.create_block_mask``'s
   block mask of the same mask function (its default 128 x 128 blocks), as the baselines measured it;
 * ``kernels.create_block_mask`` and ``flex create_block_mask``: building each block mask (time only);
@@ -17,7 +18,8 @@ of documents of 256-2048 tokens, causal within each, lengths drawn from a fixed 
 
 FLOPs: ``4 d`` per (query, key) pair the mask keeps, per head (``BlockMask.visible``): the useful work, the
 same for everyone. ``extra["density"]``: the fraction of the course's blocks that are not empty.
-``kernels.block_sparse_attention`` is checked against FlexAttention's output before it is timed.
+Both course forwards are checked against FlexAttention's output before they are timed (where FlexAttention cannot
+run, the taught kernel against ``block_sparse_attention``'s).
 
 Example:
     >>> from flashcourse.bench import get_suite
@@ -35,7 +37,8 @@ from .harness import Case, Workload, suite
 __all__ = ["sparse", "IMPLS", "MASKS", "WINDOWS", "document_lengths"]
 
 #: The implementations the suite times, in order.
-IMPLS = ["kernels.block_sparse_attention", "flex_attention", "kernels.create_block_mask", "flex create_block_mask",
+IMPLS = ["kernels.block_sparse_attention", "kernels.block_sparse_taught", "flex_attention", "kernels.create_block_mask",
+         "flex create_block_mask",
          "kernels.fa2_forward (dense causal)", "sdpa (flash) dense causal", "kernels.block_sparse_attention fwd+bwd",
          "flex_attention fwd+bwd"]
 #: The masks, by label; and the windows also timed at the longest N, for time against s.
@@ -89,6 +92,7 @@ def _cases(B, H, N, d, name, device, seed):
 
     from ..kernels import fa2_forward
     from ..kernels.sparse import block_sparse_attention, create_block_mask
+    from ..kernels.sparse_taught import block_sparse_taught
 
     if device == "cuda":
         warm_up(torch)
@@ -99,15 +103,13 @@ def _cases(B, H, N, d, name, device, seed):
     flops = 4 * d * bm.visible * B * H
     extra = {"density": bm.density, "block_size": list(bm.block_size), "blocks": bm.counts()}
     flex = _flex(torch, mask, N, q, k, v, device)
-    reference = None if isinstance(flex, str) else flex[0]()
-
-    def check(o):
-        if reference is None:
-            return None
-        err = (o.float() - reference.float()).abs().max().item()
-        return None if err <= 2e-2 else f"max |o - flex_attention's| = {err:.3g}"
+    check = _close_to(None if isinstance(flex, str) else flex[0](), "flex_attention's")
+    taught_check = check if not isinstance(flex, str) else \
+        _close_to(block_sparse_attention(q, k, v, bm), "block_sparse_attention's")
     cases = [Case("kernels.block_sparse_attention", fn=lambda: block_sparse_attention(q, k, v, bm), flops=flops,
-                  check=check, extra=extra, inputs=(q, k, v))]
+                  check=check, extra=extra, inputs=(q, k, v)),
+             Case("kernels.block_sparse_taught", fn=lambda: block_sparse_taught(q, k, v, bm), flops=flops,
+                  check=taught_check, extra=extra, inputs=(q, k, v))]
     if isinstance(flex, str):
         cases += [Case("flex_attention", skip=flex, kind="baseline")]
     else:
@@ -139,6 +141,16 @@ def _cases(B, H, N, d, name, device, seed):
         cases.append(Case("flex_attention fwd+bwd", fn=lambda: flex[3](*flex_leaves).backward(do), flops=int(3.5 * flops),
                           kind="baseline"))
     return cases
+
+
+def _close_to(reference, whose: str):
+    """A check that an output is within 2e-2 of ``reference`` (None: no check), naming ``whose`` output it is."""
+    def check(o):
+        if reference is None:
+            return None
+        err = (o.float() - reference.float()).abs().max().item()
+        return None if err <= 2e-2 else f"max |o - {whose}| = {err:.3g}"
+    return check
 
 
 def _flex(torch, mask, N, q, k, v, device):

@@ -7,11 +7,12 @@ neither list. Compared with :func:`flashcourse.formulas.sparse.block_mask` on sl
 multiple of the block, packed documents (blocks partial on one side only), rows that see no key, ragged N.
 
 :func:`sparse_kernel` checks the Triton kernel ``kernel(Q, K, V, O, FULL_NUM, FULL_IDX, PART_NUM, PART_IDX,
-PART_TILE, TILES, qk_scale, N_q, N_k, T_c, stride_qh, stride_qm, stride_kh, stride_kn, stride_oh, stride_om,
-HEAD_DIM, BLOCK_M, BLOCK_N)``, one program per (query block, head), which walks its query block's lists of
-full and partial key blocks (a :class:`~flashcourse.formulas.sparse.BlockMask`'s ``kv_*`` arrays; V has K's
-strides), masking a partial block with its bit tile. Launched on fp16 inputs with NaN past the ends,
-compared with float64 attention under the same mask.
+PART_TILE, TILES, qk_scale, N_q, N_k, stride_qh, stride_qm, stride_kh, stride_kn, HEAD_DIM, BLOCK_M, BLOCK_N)``
+(chapter 8's :data:`flashcourse.kernels.sparse_taught.sparse_kernel`), one program per (query block, head),
+which walks its query block's lists of full and partial key blocks (a
+:class:`~flashcourse.formulas.sparse.BlockMask`'s ``kv_*`` arrays, T_c = cdiv(N_k, BLOCK_N) places per query
+block; O has Q's strides, V has K's), masking a partial block with its bit tile. Launched on fp16 inputs with
+NaN past the ends, compared with float64 attention under the same mask.
 
 Both name the known mistake a wrong answer matches: partial blocks treated as full, partial blocks
 skipped, a block judged by its corners (a skipped block that was not empty), block edges off by one, a
@@ -268,13 +269,12 @@ def sparse_kernel(kernel, seed: int | None = None) -> None:
                 t[:, :x.shape[1], :d] = torch.from_numpy(x.astype(np.float16))
                 return t.to(dev)[:, :x.shape[1], :d]
             Q, K, V = buffer(q, BM), buffer(k, BN), buffer(v, BN)
-            O = torch.full((H, N_q + BM, d + pad), float("nan"), dtype=torch.float16).to(dev)[:, :N_q, :d]
+            O = torch.full((H, N_q + BM, d + pad), float("nan"), dtype=torch.float16).to(dev)[:, :N_q, :d]  # Q's strides
             tiles = bm.tiles if bm.tiles.numel() else torch.zeros(1, dtype=torch.uint8, device=dev)
             scale = 1 / math.sqrt(d)
             launch(name, kernel, (bm.shape[0], H),
                    (Q, K, V, O, bm.kv_full_num, bm.kv_full_idx, bm.kv_part_num, bm.kv_part_idx, bm.kv_part_tile, tiles,
-                    scale * 1.4426950408889634, N_q, N_k, bm.shape[1], Q.stride(0), Q.stride(1), K.stride(0),
-                    K.stride(1), O.stride(0), O.stride(1)),
+                    scale * 1.4426950408889634, N_q, N_k, Q.stride(0), Q.stride(1), K.stride(0), K.stride(1)),
                    dict(HEAD_DIM=d, BLOCK_M=BM, BLOCK_N=BN), case)
             got = O.float().cpu().double().numpy()
             if i == 0 and (np.isnan(got).all() or not got.any()):

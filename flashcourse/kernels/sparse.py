@@ -81,6 +81,7 @@ def _sparse_fwd(Q, K, V, O, LSE, KV_FULL_NUM, KV_FULL_IDX, KV_PART_NUM, KV_PART_
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
 
     # Each loop reads the next block's index one step ahead, so that its K_j, V_j loads need not wait for it.
+    # exercise: chapter 8's sparse_kernel writes this (the loops over the two lists)
     n_full = tl.load(KV_FULL_NUM + i)
     start_n = tl.load(KV_FULL_IDX + i * T_c).to(tl.int64) * BLOCK_N
     for t in range(0, n_full):                                    # full blocks: every row sees every key
@@ -102,6 +103,7 @@ def _sparse_fwd(Q, K, V, O, LSE, KV_FULL_NUM, KV_FULL_IDX, KV_PART_NUM, KV_PART_
         acc, l_i, m_i = online_softmax_update(acc, l_i, m_i, qk, V_j, qk_scale, True)
         start_n = tl.load(KV_PART_IDX + i * T_c + t + 1, mask=t + 1 < n_part, other=0).to(tl.int64) * BLOCK_N
         tile = tl.load(KV_PART_TILE + i * T_c + t + 1, mask=t + 1 < n_part, other=0).to(tl.int64)
+    # end of exercise
 
     O_i = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]                           # a row that saw no key: 0
     tl.store(O + b * stride_ob + heads[:, None] * stride_oh + rows[:, None] * stride_om + dims[None, :],
@@ -283,7 +285,23 @@ def create_block_mask(mask: Mask, N_q: int, N_k: int, block_size: tuple[int, int
     return bm
 
 
-def _on_device(fn: str, bm, q: torch.Tensor, k: torch.Tensor) -> dict:
+def block_mask_arrays(fn: str, bm, q: torch.Tensor, k: torch.Tensor) -> dict:
+    """The lists and bit tiles of block mask ``bm`` on ``q``'s device, by name (``kv_full_num``, ...,
+    ``tiles``; one zero byte for a mask with no partial block), after checking ``bm`` against ``q`` (N_q) and
+    ``k`` (N_k) and the kernels' tiles; errors name the entry point ``fn``.
+
+    Example:
+        >>> from flashcourse.backend import DEVICE
+        >>> from flashcourse.formulas.sparse import causal
+        >>> q = torch.zeros((1, 1, 32, 16), dtype=torch.float16, device=DEVICE)
+        >>> a = block_mask_arrays("demo", create_block_mask(causal(), 32, 32, (16, 16)), q, q)
+        >>> a["kv_full_num"].tolist(), a["tiles"].shape
+        ([0, 1], torch.Size([2, 16, 2]))
+        >>> block_mask_arrays("demo", create_block_mask(causal(), 16, 16, (16, 16)), q, q)
+        Traceback (most recent call last):
+            ...
+        ValueError: demo: block_mask was built for N_q = 16, N_k = 16; q has N_q = 32 and k N_k = 32: build it with create_block_mask(mask, 32, 32)
+    """
     if not isinstance(bm, BlockMask):
         raise TypeError(f"{fn}: block_mask must be a BlockMask (create_block_mask(mask, N_q, N_k)), "
                         f"got {type(bm).__name__}")
@@ -331,7 +349,7 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bl
     fn = "block_sparse_attention"
     q, k, v = expect_qkv(fn, q, k, v, head_dims=HEAD_DIMS, grouped=True)
     sm_scale = expect_sm_scale(fn, sm_scale, q.shape[-1])
-    arrays = _on_device(fn, block_mask, q, k)
+    arrays = block_mask_arrays(fn, block_mask, q, k)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         o, lse = BlockSparseAttention.apply(q, k, v, block_mask, sm_scale)
         return (o, lse.detach()) if return_lse else o
@@ -380,7 +398,7 @@ def block_sparse_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: 
     fn = "block_sparse_backward"
     q, k, v = expect_qkv(fn, q, k, v, head_dims=HEAD_DIMS, grouped=True)
     sm_scale = expect_sm_scale(fn, sm_scale, q.shape[-1])
-    arrays = _on_device(fn, block_mask, q, k)
+    arrays = block_mask_arrays(fn, block_mask, q, k)
     do = do.to(q.dtype) if isinstance(do, torch.Tensor) else do
     o, do, lse = expect_saved(fn, q, o, do, {"lse": lse}, "block_sparse_attention(..., return_lse=True)")
     B, H, N_q, d = q.shape
@@ -422,7 +440,8 @@ class BlockSparseAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, block_mask, sm_scale):
-        o, lse = _forward(q, k, v, block_mask, _on_device("block_sparse_attention", block_mask, q, k), sm_scale, True)
+        arrays = block_mask_arrays("block_sparse_attention", block_mask, q, k)
+        o, lse = _forward(q, k, v, block_mask, arrays, sm_scale, True)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.block_mask, ctx.sm_scale = block_mask, sm_scale
         ctx.mark_non_differentiable(lse)
