@@ -126,11 +126,12 @@ CELLS = [
         o = block_sparse_attention(q, k, v, bm, memory=mem)
         tiles = mem.totals("bytes").get(("mask", "read"), 0)
         elements = sum(n for key, n in mem.totals("elements").items() if key[0] != "mask")
-        closed = block_sparse_closed_form(256, 16, 32, bm.density, bm.counts()["partial"] / bm.kinds.size)
+        p = bm.counts()["partial"] / bm.kinds.size
+        closed = [round(x) for x in block_sparse_closed_form(256, 16, 32, bm.density, p)]
         right = np.allclose(o, attention_float64(q, k, v, mask=sliding_window(w).dense(256, 256)))
         rows.append((w, bm.density, elements))
-        print(f"window {w:3d}, s = {bm.density:.3f}: elements {elements:6,d} (closed form: {elements == round(closed[0])}), "
-              f"tile bytes {tiles:5,d} ({tiles == round(closed[1])}), right: {right}")
+        print(f"window {w:3d}, s = {bm.density:.3f}: elements {elements:6,d} (closed form: "
+              f"{elements == closed[0]}), tile bytes {tiles:5,d} ({tiles == closed[1]}), right: {right}")
     """, "subslide", name="traffic-count"),
 
     code("""
@@ -146,10 +147,7 @@ CELLS = [
     """, "subslide", name="traffic-plot"),
 
     md("""
-    ## Watch the tiles
-
-    A window of 40 keys over 96 queries in blocks of 16; step through every query block below (in a live
-    notebook). Key block 0 is never loaded for query block 4.
+    ## Watch the tiles: a window of 40 keys, 96 queries, blocks of 16
     """, "slide", name="stepper-md"),
     code("""
     # NBVAL_IGNORE_OUTPUT
@@ -161,12 +159,13 @@ CELLS = [
     q, k, v = np.random.default_rng(1).normal(size=(3, 96, 16))
     mem = Memory()
     block_sparse_attention(q, k, v, block_mask(sliding_window(40), 96, 96, (16, 16)), memory=mem)
-    show_stepper(mem, strip=False)
+    show_stepper(mem, strip=False)                   # a live notebook steps through every tile
     """, "fragment", name="stepper"),
 
     md("""
-    Query block 4 (rows 64-79, windows from key 25 to key 79): its one full key block first, then its
-    partial ones, each with its bit tile (`mask`); two of the three are drawn here.
+    Query block 4 (rows 64-79, windows from key 25 to key 79) never loads key block 0: its one full key
+    block comes first, then its partial ones, each with its bit tile (`mask`); two of the three are drawn
+    here.
     """, "subslide", name="frames-md"),
     code("""
     # NBVAL_IGNORE_OUTPUT
@@ -179,83 +178,134 @@ CELLS = [
     md(r"""
     ## The kernel
 
-    `flashcourse.kernels.block_sparse_attention(q, k, v, block_mask)`: one program per query block (the
-    busiest first); it loops over its full key blocks with no mask and unmasked loads, then over its partial
-    ones, each masked by its bit tile (bit $b$ of byte $c$ of a tile row is key $8c + b$). The block mask is
-    built on the GPU by `create_block_mask(mask, N_q, N_k)`, evaluating the mask function a band of
-    query blocks at a time, with the kernel's own tiles (128 x 64 on an A100 or H100). Each loop reads the
-    index of its *next* block one step ahead, so that the loads of $K_j, V_j$ never wait for it.
+    `kernels.block_sparse_taught(q, k, v, block_mask)` runs `sparse_kernel`, the kernel of your exercise:
+    chapter 3's forward with one program per query block $i$ of one head, whose loop over every key block
+    becomes two loops over $i$'s lists, the full blocks with no mask at all, then the partial ones, each
+    masked by its bit tile (bit $b$ of byte $c$ of a tile row is key $8c + b$). Each block is folded in by
+    chapter 3's one update, `online_softmax_update`. Here it is whole, but for the two loops: they are
+    the exercise.
     """, "slide", name="kernel"),
+
+    code("""
+    from flashcourse import viz
+    from flashcourse.kernels import aot
+    print(viz.kernel_source(aot.kernel_of("sparse_taught")))
+    """, "subslide", name="kernel-src"),
+
+    md(r"""
+    `create_block_mask(mask, N_q, N_k)` builds the block mask on the GPU, a band of query blocks at a
+    time, with the kernel's own tiles (128 x 64 on an A100 or H100). Three documents, blocks of 32:
+    """, "subslide", name="kernel-demo-md"),
 
     code("""
     # NBVAL_CHECK_OUTPUT
     import torch
     from flashcourse.backend import DEVICE
-    from flashcourse.kernels import block_sparse_attention, create_block_mask
+    from flashcourse.kernels import block_sparse_taught, create_block_mask
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 200, 64, generator=g).half().to(DEVICE) for _ in range(3))
     mask = documents([60, 90, 50])
     bm = create_block_mask(mask, 200, 200, block_size=(32, 32))
-    o = block_sparse_attention(q, k, v, bm)
+    o = block_sparse_taught(q, k, v, bm)
     ref = attention_float64(*(t.cpu().double().numpy() for t in (q, k, v)), mask=mask.dense(200, 200))
     print(bm.picture())
-    print("max error against float64:", float(np.abs(o.cpu().double().numpy() - ref).max()) < 2e-3)
-    """, "subslide", name="kernel-demo"),
+    print("max error against float64 < 2e-3:", float(np.abs(o.cpu().double().numpy() - ref).max()) < 2e-3)
+    """, "fragment", name="kernel-demo"),
+
+    md(r"""
+    ## The fast path
+
+    `kernels.block_sparse_attention(q, k, v, block_mask)` is the same algorithm with what the fast path
+    adds: the query blocks with the most key blocks run first, each loop reads the index of its *next*
+    block one step ahead so that the loads of $K_j, V_j$ never wait for it, the query heads that share a
+    K/V head are packed into one tile, and the log-sum-exp is kept for the backward. The chapter's suite
+    times both on the same block masks (`flashcourse bench sparse`); the measurements below are the fast
+    path's.
+    """, "slide", name="fast-path"),
 
     md(r"""
     It trains too: under autograd the backward is chapter 7's two kernels walking the same lists, the dK/dV
     kernel over each key block's query blocks (`q_*`), the dQ kernel over each query block's key blocks
     (`kv_*`), recomputing $P$ from the saved log-sum-exp and masking partial blocks with the same bit tiles:
-    """, "fragment", name="backward-text"),
+    """, "subslide", name="backward-text"),
 
     code("""
     # NBVAL_CHECK_OUTPUT
+    from flashcourse.kernels import block_sparse_attention
     from flashcourse.reference.backward import attention_backward_float64
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     do = torch.randn(1, 2, 200, 64, generator=g).half().to(DEVICE)
     block_sparse_attention(*leaves, bm).backward(do)
-    ref = attention_backward_float64(*(t.cpu().double().numpy() for t in (q, k, v, do)), mask=mask.dense(200, 200))
+    ref = attention_backward_float64(*(t.cpu().double().numpy() for t in (q, k, v, do)),
+                                     mask=mask.dense(200, 200))
     [float(np.abs(t.grad.cpu().double().numpy() - r).max()) < 2e-2 for t, r in zip(leaves, ref)]
     """, "fragment", name="backward-demo"),
 
     md(r"""
     ## Measured against FlexAttention
 
-    The chapter's suite (`flashcourse bench sparse`), side by side in one run on an H100 (torch 2.11,
-    Triton 3.6; `bench.shipped("sparse")`): fp16, 16 heads of $d$ = 128. FlexAttention is
-    `torch.compile(flex_attention)` on its own block mask of the same mask function. The forward:
+    The chapter's suite, one run on an H100 (`bench.shipped("sparse")`): fp16, 16 heads of $d$ = 128.
+    FlexAttention is `torch.compile(flex_attention)` on its own block mask of the same mask function.
     """, "slide", name="measured"),
 
     code("""
-    # NBVAL_CHECK_OUTPUT
+    # Print the shipped results as tables (the cells below call these).
     from flashcourse import bench
     result = bench.shipped("sparse")
     runs = [{r.impl: r for r in result.select(workload=w)} for w in result.workloads()]
-    print(result.gpu, "| torch", result.provenance["torch"], "| triton", result.provenance["triton"])
-    print(f"{'':34s} | {'forward, µs':^21s} | {'dense causal, µs':>22s}")
-    print(f"{'N':>6s} {'mask':>20s} {'s':>6s} | {'ours':>5s} {'flex':>5s} {'flex/ours':>9s} | {'FA2':>10s} {'SDPA flash':>11s}")
-    for t in runs:
-        ours, p = t["kernels.block_sparse_attention"], t["flex_attention"].params
-        fa2 = t["kernels.fa2_forward (dense causal)"].ms
-        print(f"{p['N']:6d} {p['mask']:>20s} {ours.extra['density']:6.3f} | {ours.ms * 1e3:5.0f} "
-              f"{t['flex_attention'].ms * 1e3:5.0f} {t['flex_attention'].ms / ours.ms:9.2f} | "
-              f"{'-' if fa2 is None else f'{fa2 * 1e3:.0f}':>10s} {t['sdpa (flash) dense causal'].ms * 1e3:11.0f}")
+    OURS, FLEX = "kernels.block_sparse_attention", "flex_attention"
+
+
+    def forward_table():
+        print(result.gpu, "| torch", result.provenance["torch"], "| triton", result.provenance["triton"])
+        print(f"{'':34s} | {'forward, µs':^21s} | {'dense causal, µs':>22s}")
+        print(f"{'N':>6s} {'mask':>20s} {'s':>6s} | {'ours':>5s} {'flex':>5s} {'flex/ours':>9s} | "
+              f"{'FA2':>10s} {'SDPA flash':>11s}")
+        for t in runs:
+            ours, flex, p = t[OURS].ms * 1e3, t[FLEX].ms * 1e3, t[FLEX].params
+            fa2 = t["kernels.fa2_forward (dense causal)"].ms
+            fa2 = "-" if fa2 is None else f"{fa2 * 1e3:.0f}"
+            print(f"{p['N']:6d} {p['mask']:>20s} {t[OURS].extra['density']:6.3f} | {ours:5.0f} {flex:5.0f} "
+                  f"{flex / ours:9.2f} | {fa2:>10s} {t['sdpa (flash) dense causal'].ms * 1e3:11.0f}")
+
+
+    def step_table():
+        print(f"{'':27s} | {'training step, µs':^23s} | {'backward':^9s} | {'block mask, µs':>13s}")
+        print(f"{'N':>6s} {'mask':>20s} | {'ours':>6s} {'flex':>6s} {'ours/flex':>9s} | {'ours/flex':>9s} | "
+              f"{'ours':>6s} {'flex':>6s}")
+        for t in runs:
+            ms = {impl: t[impl].ms for impl in t if t[impl].ms is not None}
+            step, flex = ms[OURS + " fwd+bwd"], ms[FLEX + " fwd+bwd"]
+            back = (step - ms[OURS]) / (flex - ms[FLEX])                    # ours / flex
+            print(f"{t[FLEX].params['N']:6d} {t[FLEX].params['mask']:>20s} | {step * 1e3:6.0f} "
+                  f"{flex * 1e3:6.0f} {step / flex:9.2f} | {back:9.2f} | "
+                  f"{ms['kernels.create_block_mask'] * 1e3:6.0f} {ms['flex create_block_mask'] * 1e3:6.0f}")
+
+
+    def time_against_s():
+        long = [t for t in runs if t[FLEX].params["N"] == 16384]
+        s = np.array([t[OURS].extra["density"] for t in long])
+        us = {impl: np.array([t[impl].ms * 1e3 for t in long]) for impl in (OURS, FLEX)}
+        slope, fixed = np.polyfit(s, us[OURS], 1)                           # time = fixed + slope * s
+        with plt.rc_context({"font.size": 12}):
+            fig, ax = plt.subplots(figsize=(7, 2.5))
+            ax.plot(s, us[OURS], "o", label="ours")
+            ax.plot(s, us[FLEX], "s", label="FlexAttention")
+            ax.plot([0, 0.52], [fixed, fixed + 0.52 * slope], "--", c="gray",
+                    label=f"{fixed:.0f} µs + {slope:.0f} µs × s")
+            ax.set(xlabel="s, the fraction of non-empty blocks (N = 16k)", ylabel="forward time (µs)")
+            ax.legend(); ax.grid(alpha=0.3)
+            plt.show()
+    """, "skip", name="measured-helpers"),
+
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    forward_table()
     """, "fragment", name="measured-table"),
 
     code("""
     # NBVAL_IGNORE_OUTPUT
-    long = [t for t in runs if t["flex_attention"].params["N"] == 16384]
-    s = np.array([t["kernels.block_sparse_attention"].extra["density"] for t in long])
-    us = {impl: np.array([t[impl].ms * 1e3 for t in long]) for impl in ("kernels.block_sparse_attention", "flex_attention")}
-    slope, fixed = np.polyfit(s, us["kernels.block_sparse_attention"], 1)     # time = fixed + slope * s
-    with plt.rc_context({"font.size": 12}):
-        fig, ax = plt.subplots(figsize=(7, 2.5))
-        ax.plot(s, us["kernels.block_sparse_attention"], "o", label="ours")
-        ax.plot(s, us["flex_attention"], "s", label="FlexAttention")
-        ax.plot([0, 0.52], [fixed, fixed + 0.52 * slope], "--", c="gray", label=f"{fixed:.0f} µs + {slope:.0f} µs × s")
-        ax.set(xlabel="s, the fraction of non-empty blocks (N = 16k)", ylabel="forward time (µs)")
-        ax.legend(); ax.grid(alpha=0.3)
-        plt.show()
+    time_against_s()
     """, "subslide", name="measured-plot"),
 
     md(r"""
@@ -267,15 +317,7 @@ CELLS = [
 
     code("""
     # NBVAL_CHECK_OUTPUT
-    print(f"{'':27s} | {'training step, µs':^23s} | {'backward':^9s} | {'block mask, µs':>13s}")
-    print(f"{'N':>6s} {'mask':>20s} | {'ours':>6s} {'flex':>6s} {'ours/flex':>9s} | {'ours/flex':>9s} | {'ours':>6s} {'flex':>6s}")
-    for t in runs:
-        ms = {impl: t[impl].ms for impl in t if t[impl].ms is not None}
-        step, flex = ms["kernels.block_sparse_attention fwd+bwd"], ms["flex_attention fwd+bwd"]
-        back = (step - ms["kernels.block_sparse_attention"]) / (flex - ms["flex_attention"])     # ours / flex
-        print(f"{t['flex_attention'].params['N']:6d} {t['flex_attention'].params['mask']:>20s} | {step * 1e3:6.0f} "
-              f"{flex * 1e3:6.0f} {step / flex:9.2f} | {back:9.2f} | {ms['kernels.create_block_mask'] * 1e3:6.0f} "
-              f"{ms['flex create_block_mask'] * 1e3:6.0f}")
+    step_table()
     """, "subslide", name="step-table"),
 
     md(r"""
