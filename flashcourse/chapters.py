@@ -27,7 +27,7 @@ Example:
     >>> modules("kernels")[:4]
     ['online', 'attention', 'decode', 'gemm']
     >>> [m for m in layer_modules("kernels") if m.startswith(("decode", "gemm"))]    # each stem, then its extras
-    ['decode', 'decode_configs', 'decode_unified', 'gemm', 'gemm_linear', 'gemm_floor', 'gemm_configs', 'gemm_taught']
+    ['decode', 'decode_configs', 'decode_taught', 'decode_unified', 'gemm', 'gemm_linear', 'gemm_floor', 'gemm_configs', 'gemm_taught']
 """
 from __future__ import annotations
 
@@ -130,8 +130,9 @@ CHAPTERS: tuple[Chapter, ...] = (
             extra_modules=("reference.attention_warps", "reference.attention_gqa", "kernels.attention_fast", "kernels.attention_gqa",
                            "checks.attention_tiles", "bench.attention_gqa")),
     Chapter(4, "decode", "Flash-Decoding: split the keys, not the queries", "04_flash_decode",
-            layers=_ALL, kernels=("flash_decode",), checks=("lse_combine", "split_kv_kernel", "choose_num_splits"),
-            bench="decode", extra_modules=("kernels.decode_configs", "checks.decode_splits"),
+            layers=_ALL, kernels=("flash_decode", "flash_decode_taught"),
+            checks=("lse_combine", "split_kv_kernel", "choose_num_splits"),
+            bench="decode", extra_modules=("kernels.decode_configs", "kernels.decode_taught", "checks.decode_splits"),
             former_names=("04_flash_decoding",)),
     Chapter(5, "decode", "FlashDecoding++: one shared maximum instead of many", "05_unified_max_decode",
             layers=_ALL, kernels=("unified_max_decode",), checks=("unified_max_partials", "choose_phi", "partials_kernel"),

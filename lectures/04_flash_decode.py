@@ -180,42 +180,45 @@ CELLS = [
     md("""
     ## The kernel
 
-    `flashcourse.kernels.flash_decode`: one program per (split, batch, KV head) serves all the query
-    heads of its group — the group is the M side of a `tl.dot` — and writes $(o_s, \\mathrm{lse}_s)$;
-    the last of a head's programs to finish combines them, in the same launch (the blog's
-    Flash-Decoding uses a second small kernel; a launch costs the host more than the combine costs the
-    GPU, as the end of this chapter measures). The split count comes from the heuristic above.
+    `flashcourse.kernels.flash_decode_taught` is the algorithm above as the exercise writes it, in two
+    kernels, as the blog's Flash-Decoding has them: `split_kv_kernel` runs one program per (split, query
+    head) and writes each chunk's partial $(o_s, \\mathrm{lse}_s)$; `combine_kernel` combines each head's
+    partials with the rule above. `flashcourse.kernels.flash_decode` is the same algorithm with what the
+    fast path adds, after the kernel. Both take the split count from the heuristic above.
     """, "slide", name="kernel-md"),
     md("""
-    The kernel, printed below:
-
-    * `_decode_split`, grid (S, B·H_kv). `_program` gives it its split `s`, its KV head's query
-      heads as the rows of `Q_i`, and, through `chunk_bounds`, its keys `[lo, hi)`: the valid
-      length `n` cut into chunks of whole `BLOCK_N` blocks, unmasked up to `full`; a split past `n`
-      is empty. `m_i`, `l_i`, `acc` start at $-\\infty$, 0, 0 and `chunk_sync`, FA2's inner loop of
-      chapter 3, folds in the chunk's keys: the whole blocks, then the masked rest. What it stores
-      then — the partial $(o_s, \\mathrm{lse}_s)$ into `O_PART` and `LSE_PART`, or with `DIRECT`
-      (S = 1) the output into `O` — is left out (`...`): the exercise's kernel writes it.
-    * Then each program bumps its KV head's counter in `COUNT` (`tl.atomic_add`, after a barrier, with
-      acquire-release order so that the others' partials are visible to it); the one that finds
-      $S - 1$ there is the last, resets the counter and runs `combine_splits`: the combine in Triton,
-      the exercise's first part, so it is not printed.
+    `split_kv_kernel`, printed below, has the grid (S, B·H_q). As chapter 3's kernel does, it sees batch
+    and heads as one dimension: query head `bh` $= b \\cdot H_q + h$ reads row `bh // GROUP` of the caches,
+    its KV head ($H_q / H_{kv}$ query heads share one). Its keys are `[lo, hi)`: split `split` of `CHUNK`
+    keys, cut at its sequence's `kv_len`, empty past it. `m_i`, `l_i` and `acc` start at $-\\infty$, 0, 0.
+    Left out (`...`), the exercise writes them: the loop's body, chapter 3's online softmax for one
+    query row, and the stores of the partial into `O_part` and `LSE_part`, `(B·H_q, S)` side by side for
+    the combine. In the library the body is one call, `split_kv_step`, whose update (`softmax_step`) is
+    the one `flash_decode` calls too.
     """, "subslide", name="kernel-src-md"),
     code("""
-    from flashcourse.kernels import aot, decode as kernel_decode
-    print(viz.kernel_source(aot.kernel_of("decode_split"), stop="m_i = tl.full"))
+    from flashcourse.kernels import aot
+    print(viz.kernel_source(aot.kernel_of("decode_split_taught")))
     """, "subslide", name="kernel-src"),
-    code("""
-    print(viz.kernel_source(aot.kernel_of("decode_split"), start="m_i = tl.full"))
-    """, "subslide", name="body-kernel-src"),
-    code("""
-    print(viz.kernel_source(kernel_decode.chunk_bounds))
-    """, "subslide", name="bounds-kernel-src"),
+    md("""
+    **What `flash_decode` adds.** The same splits, the same update and the same combine, and:
+
+    * one program per (split, KV head) serves all the query heads that share it: they are the rows of a
+      `tl.dot`, padded to 16, so each key is read once instead of $H_q / H_{kv}$ times;
+    * the combine in the same launch: each program adds one to its KV head's counter (`tl.atomic_add`,
+      after a barrier, with acquire-release order so that the others' partials are visible to it), and
+      the one that finds $S - 1$ there combines (`combine_splits`, which `combine_kernel` calls too). One
+      launch, not two: the end of this chapter measures what a launch costs the host;
+    * the chunk's whole blocks loaded without a mask, and with one split the output stored directly;
+    * the host's work done once per shape (a plan), relaunched through Triton's compiled launcher.
+
+    The benchmark suite times `flash_decode_taught` beside it (`flashcourse bench decode`).
+    """, "subslide", name="fast-md"),
     code("""
     # NBVAL_CHECK_OUTPUT
     import torch
     from flashcourse import backend
-    from flashcourse.kernels import flash_decode
+    from flashcourse.kernels import flash_decode, flash_decode_taught
 
     torch.manual_seed(0)
     B, H_q, H_kv, L, d = 2, 8, 2, backend.problem_size(gpu=65536, cpu=600), 64
@@ -224,9 +227,10 @@ CELLS = [
     kv_lens = torch.tensor([L, L // 3 + 1], device=backend.DEVICE)
     ref = decode_attention(q[:, :, None].cpu().double().numpy(), k.cpu().double().numpy(),
                            v.cpu().double().numpy(), kv_lens=kv_lens.cpu().numpy())[:, :, 0]
-    for S in (None, 1, 7):
-        o = flash_decode(q, k, v, kv_lens=kv_lens, num_splits=S).cpu().double().numpy()
-        print(f"num_splits={S!s:4}: max error vs float64 < 2e-3: {bool(np.abs(o - ref).max() < 2e-3)}")
+    for fn in (flash_decode, flash_decode_taught):
+        for S in (None, 1, 7):
+            err = np.abs(fn(q, k, v, kv_lens=kv_lens, num_splits=S).cpu().double().numpy() - ref).max()
+            print(f"{fn.__name__:19s} num_splits={S!s:4}: max error vs float64 < 2e-3: {bool(err < 2e-3)}")
     """, "subslide", name="kernel"),
 
     md("""

@@ -113,11 +113,13 @@ CELLS = [
     md(r"""
     ## 2. The split-KV kernel
 
-    The grid has one program per (split, sequence·query head): `program_id(0)` is the split $s$,
-    `program_id(1)` the pair $(b, h)$. The query `q` is `(B, H_q, d)`, the caches `(B, H_kv, L, d)`, fp16.
-    With grouped-query attention `GROUP = H_q / H_kv` query heads share a KV head: head $h$ reads KV head
-    $h$ `// GROUP`, with no copy of K or V. Sequence $b$ holds `kv_len = kv_lens[b]` keys, so split $s$ owns
-    keys `lo = s·CHUNK` ≤ c < `hi = min(lo + CHUNK, kv_len)` — none when `lo ≥ kv_len`.
+    The grid has one program per (split, query head): `program_id(0)` is the split $s$, `program_id(1)`
+    the query head `bh` $= b \cdot H_q + h$ of sequence $b$. As in chapter 3, the kernel sees batch and
+    heads as one dimension: the query `Q` is `(B·H_q, d)` and the caches `K`, `V` are `(B·H_kv, L, d)`,
+    fp16, rows `stride_qh`, `stride_kh` apart. With grouped-query attention `GROUP = H_q / H_kv` query heads
+    share a KV head: head $h$ of sequence $b$ reads KV head $h$ `// GROUP` of it, row `bh // GROUP` of the
+    caches, with no copy of K or V. Sequence $b$ holds `kv_len = kv_lens[b]` keys, so split $s$ owns keys
+    `lo = s·CHUNK` ≤ c < `hi = min(lo + CHUNK, kv_len)` — none when `lo ≥ kv_len`.
 
     The program keeps the running maximum `m_i`, normaliser `l_i` (scalars) and the accumulator `acc`
     (`HEAD_DIM`,) in fp32, in base 2 as in chapter 3 (`qk_scale = sm_scale · log2 e`). One query means no
@@ -131,28 +133,26 @@ CELLS = [
       of the next block may lie hundreds above or below this block's;
     * at the end, store the split's partial: `o_s`, the accumulator normalised (0 for an empty split,
       which runs no iteration), at `O_ptrs`, and its log-sum-exp at `LSE_ptr` — in natural log, as
-      exercise 1's combine expects (`-inf` for an empty split).
+      exercise 1's combine expects (`-inf` for an empty split). The partials are `(B·H_q, S, d)` and
+      `(B·H_q, S)`: a head's S partials side by side, as the combine reads them.
     """, "slide", name="kernel-intro"),
 
     code("""
     @triton.jit
     def split_kv_kernel(Q, K, V, O_part, LSE_part, kv_lens, sm_scale,
-                        stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                        stride_os, stride_ob, stride_oh, stride_ls, stride_lb,
+                        stride_qh, stride_kh, stride_kn, stride_vh, stride_vn,
                         H_q, GROUP, CHUNK, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
         split = tl.program_id(0)                                 # which chunk of the KV cache
-        bh = tl.program_id(1)                                    # which (sequence, query head)
-        b = bh // H_q
-        h = bh % H_q
-        h_kv = h // GROUP                                        # GQA: GROUP query heads share a KV head
-        kv_len = tl.load(kv_lens + b)
+        bh = tl.program_id(1)                                    # which query head: b * H_q + h
+        kv_len = tl.load(kv_lens + bh // H_q)                    # sequence b's valid keys
         lo = split * CHUNK
         hi = tl.minimum(lo + CHUNK, kv_len)                      # this split's keys: lo <= c < hi
         offs_n = tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, HEAD_DIM)
-        q = tl.load(Q + b * stride_qb + h * stride_qh + offs_d).to(tl.float32)   # (HEAD_DIM,)
-        K_ptrs = K + b * stride_kb + h_kv * stride_kh + offs_d[None, :]         # add cols[:, None] * stride_kn
-        V_ptrs = V + b * stride_vb + h_kv * stride_vh + offs_d[None, :]
+        q = tl.load(Q + bh * stride_qh + offs_d).to(tl.float32)  # (HEAD_DIM,)
+        kv = (bh // GROUP).to(tl.int64)                          # GQA: b * H_kv + h // GROUP (int64)
+        K_ptrs = K + kv * stride_kh + offs_d[None, :]            # add cols[:, None] * stride_kn
+        V_ptrs = V + kv * stride_vh + offs_d[None, :]
         qk_scale = sm_scale * 1.4426950408889634                 # log2(e): e^x = 2^(x log2 e)
         m_i = float("-inf")
         l_i = 0.0
@@ -171,8 +171,8 @@ CELLS = [
             acc = acc * alpha + tl.sum(p[:, None] * V_j, 0)
             m_i = m_new
             ### END SOLUTION
-        O_ptrs = O_part + split * stride_os + b * stride_ob + h * stride_oh + offs_d
-        LSE_ptr = LSE_part + split * stride_ls + b * stride_lb + h
+        O_ptrs = O_part + (bh * tl.num_programs(0) + split) * HEAD_DIM + offs_d   # (B H_q, S, d)
+        LSE_ptr = LSE_part + bh * tl.num_programs(0) + split                        # (B H_q, S)
         ### BEGIN SOLUTION
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)                  # an empty split: o_s = 0, lse_s = -inf
         tl.store(O_ptrs, acc / l_safe)
@@ -182,20 +182,18 @@ CELLS = [
 
     def flash_decode(q, k_cache, v_cache, kv_lens, num_splits, BLOCK_N=16):
         \"\"\"Decode attention with split_kv_kernel and the log-sum-exp combine: q (B, H_q, d), caches
-        (B, H_kv, L, d) fp16, kv_lens (B,) int32; returns o (B, H_q, d).\"\"\"
+        (B, H_kv, L, d) fp16, each contiguous, kv_lens (B,) int32; returns o (B, H_q, d).\"\"\"
         B, H_q, d = q.shape
         H_kv, L = k_cache.shape[1], k_cache.shape[2]
         CHUNK = triton.cdiv(triton.cdiv(L, num_splits), BLOCK_N) * BLOCK_N
-        o_part = torch.empty((num_splits, B, H_q, d), dtype=torch.float32, device=q.device)
-        lse_part = torch.empty((num_splits, B, H_q), dtype=torch.float32, device=q.device)
+        o_part = torch.empty((B, H_q, num_splits, d), dtype=torch.float32, device=q.device)
+        lse_part = torch.empty((B, H_q, num_splits), dtype=torch.float32, device=q.device)
         split_kv_kernel[(num_splits, B * H_q)](
-            q, k_cache, v_cache, o_part, lse_part, kv_lens, 1 / math.sqrt(d),
-            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-            o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
+            q, k_cache, v_cache, o_part, lse_part, kv_lens, 1 / math.sqrt(d), q.stride(1),
+            k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
             H_q, H_q // H_kv, CHUNK, HEAD_DIM=d, BLOCK_N=BLOCK_N)
-        lse = torch.logsumexp(lse_part, dim=0)                   # the combine, as in exercise 1
-        return (torch.exp(lse_part - lse)[..., None] * o_part).sum(dim=0).to(q.dtype)
+        lse = torch.logsumexp(lse_part, dim=-1, keepdim=True)    # the combine, as in exercise 1
+        return (torch.exp(lse_part - lse)[..., None] * o_part).sum(dim=-2).to(q.dtype)
     """, tags=("solution",), name="split-kv-kernel"),
 
     md("""
@@ -284,7 +282,8 @@ CELLS = [
     """, "fragment", name="splits-measure"),
 
     done("""
-    The lecture's kernel goes further: it groups the query heads of one KV head into one program so
+    Your kernel is the library's `kernels.flash_decode_taught`, the one the lecture prints. The fast path,
+    `kernels.flash_decode`, goes further: it groups the query heads of one KV head into one program so
     that each key is read once, and its last program per KV head combines the partials in the same
     launch.
     """),

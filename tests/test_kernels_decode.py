@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from flashcourse import backend  # first: it decides the backend before triton is imported
 
-from flashcourse.kernels import aot, decode_config, flash_decode, unified_max_decode  # noqa: E402
+from flashcourse.kernels import aot, decode_config, flash_decode, flash_decode_taught, unified_max_decode  # noqa: E402
 from flashcourse.checks.cases import assert_within_error_rule  # noqa: E402
 
 from flashcourse.kernels import decode as DEC  # noqa: E402
@@ -100,12 +100,26 @@ def case_id(c):
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_flash_decode_against_float64(device, case, gen):
+    _against_float64(flash_decode, case, device, gen)
+
+
+#: chapter 4's taught kernels (one program per query head: slower under the interpreter): GQA with ragged
+#: lengths, MQA at d = 128 with a chunk not a multiple of the block, more splits than keys
+TAUGHT_CPU_CASES = [(2, 6, 3, 129, 64, 2), (1, 4, 1, 40, 128, 5), (1, 2, 2, 1, 64, 4)]
+
+
+@pytest.mark.parametrize("case", GPU_CASES if GPU else TAUGHT_CPU_CASES, ids=case_id)
+def test_flash_decode_taught_against_float64(device, case, gen):
+    _against_float64(flash_decode_taught, case, device, gen)
+
+
+def _against_float64(fn, case, device, gen):
     B, H_q, H_kv, L, d, S = case
     q, k, v = inputs(B, H_q, H_kv, L, d, gen, device)
-    assert_decode_close(flash_decode(q, k, v, num_splits=S), q, k, v, what=case_id(case))
+    assert_decode_close(fn(q, k, v, num_splits=S), q, k, v, what=case_id(case))
     lens = torch.randint(1, L + 1, (B,), generator=gen)
     lens[0] = 1                                               # one valid key: its v exactly
-    o = flash_decode(q, k, v, kv_lens=lens.to(device), num_splits=S)
+    o = fn(q, k, v, kv_lens=lens.to(device), num_splits=S)
     assert_decode_close(o, q, k, v, kv_lens=lens, what=case_id(case) + f" kv_lens={lens.tolist()}")
     torch.testing.assert_close(o[0], v[0, :, :1].repeat_interleave(H_q // H_kv, 0)[:, 0], atol=0, rtol=0)
 
@@ -212,9 +226,10 @@ def test_a_decoding_loop_reuses_the_plan_for_new_tensors(device, gen, monkeypatc
     another shape, layout or alignment, or a tensor that must be copied, takes the full path."""
     call = {"flash_decode": lambda q, k, v, phi: flash_decode(q, k, v),
             "unified_max_decode": lambda q, k, v, phi: unified_max_decode(q, k, v, phi)}[fn]
+    from flashcourse.kernels import decode_configs
     configs = []
-    real = DEC.decode_config
-    monkeypatch.setattr(DEC, "decode_config", lambda *a, **kw: configs.append(a) or real(*a, **kw))
+    real = decode_configs.decode_config
+    monkeypatch.setattr(decode_configs, "decode_config", lambda *a, **kw: configs.append(a) or real(*a, **kw))
     H_q, H_kv, L, d = 8, 2, 133 + gen.initial_seed() % 50, 64
     for step in range(3):                      # one new token per step, new data each time
         q, k, v = inputs(2, H_q, H_kv, L, d, gen, device, q_scale=(1.0, 40.0, 1.0)[step])
@@ -310,9 +325,10 @@ def test_unified_max_repeated_calls_leave_the_workspace_clean(device, gen):
 # ---------------------------------------------------------------------------------------------
 # Errors a student may meet
 
-@pytest.mark.parametrize("name", ["flash_decode", "unified_max_decode"])
+@pytest.mark.parametrize("name", ["flash_decode", "flash_decode_taught", "unified_max_decode"])
 def test_errors_speak_to_the_student(name):
-    fn = flash_decode if name == "flash_decode" else (lambda *a, **kw: unified_max_decode(*a[:3], 0.0, *a[3:], **kw))
+    fn = {"flash_decode": flash_decode, "flash_decode_taught": flash_decode_taught,
+          "unified_max_decode": lambda *a, **kw: unified_max_decode(*a[:3], 0.0, *a[3:], **kw)}[name]
     dev = backend.DEVICE
     z = lambda *s, dtype=torch.float16, device=dev: torch.zeros(*s, dtype=dtype, device=device)  # noqa: E731
     q, kv = z(2, 8, 64), z(2, 2, 50, 64)
@@ -425,13 +441,22 @@ def test_decode_suite_shapes():
 
 def test_decode_suite_cases_on_small_shapes(gen):
     from flashcourse.bench import get_suite
+    from flashcourse.bench.decode import IMPLS
+    assert IMPLS[:2] == ["kernels.flash_decode", "kernels.flash_decode_taught"] and len(IMPLS) == len(set(IMPLS))
     (w,) = get_suite("decode").workloads(Bs=(1,), Ls=(96,), H_kvs=(8,), H_q=16, d=64)
     cases = {c.impl: c for c in w.setup()}
+    assert list(cases) == IMPLS
     kv = 2 * 1 * 8 * 96 * 64 * 2
-    for name in ("kernels.flash_decode", "kernels.unified_max_decode", "kernels.unified_max_decode (fallback 1/8)"):
+    for name in ("kernels.flash_decode", "kernels.flash_decode_taught", "kernels.unified_max_decode",
+                 "kernels.unified_max_decode (fallback 1/8)"):
         c = cases[name]
-        assert c.bytes == kv + 2 * 16 * 64 * 2 and c.kind == "course"
+        assert c.bytes == kv + 2 * 16 * 64 * 2 and c.kind == "course" and c.skip is None
+        assert c.flops == cases["kernels.flash_decode"].flops
         assert c.check(c.fn()) is None, name
+    for name in ("kernels.flash_decode_taught",):
+        taught = cases[name]
+        assert "max |o - sdpa|" in taught.check(taught.fn() * 1.5)
+        assert taught.extra["num_splits"] == DEC.num_splits(1, 16, 96)
     assert cases["kernels.unified_max_decode"].extra["fallback_heads"] == 0
     assert cases["kernels.unified_max_decode (fallback 1/8)"].extra["fallback_heads"] == 2   # 1 KV head of 8, G = 2
     assert "K and V expanded" in cases["kernels.fa2_forward (one token)"].extra["kv"]

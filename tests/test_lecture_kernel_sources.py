@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import nbtools  # noqa: E402
 
 #: lecture -> the kernel modules its walkthrough (the cell ``kernel-src-md``) reads
-WALKTHROUGHS = {"02_flashattention1": "attention", "04_flash_decode": "decode",
+WALKTHROUGHS = {"02_flashattention1": "attention", "04_flash_decode": "decode decode_taught",
                 "05_unified_max_decode": "decode decode_unified", "06_flat_gemm": "gemm gemm_taught"}
 LECTURES = sorted(p.stem for p in (ROOT / "lectures").glob("0[0-9]_*.py") if not p.stem.endswith("_solutions"))
 #: what the cells before a source cell have imported by then
@@ -74,7 +74,7 @@ def test_the_walkthrough_precedes_the_source_and_names_only_what_the_kernel_has(
 #: Each exercise check whose code the course's own kernels contain, with those kernels (aot names, or
 #: "module.function"): each must mark that code as the exercise's, so that viz.kernel_source leaves it out.
 COUNTERPARTS = {"softmax_kernel": ["softmax_taught", "softmax_online", "online.online_merge"], "fa1_step": ["fa1_fwd"], "fa2_kernel": ["fa2_taught", "fa2_fwd", "attention.online_softmax_update"],
-                "split_kv_kernel": ["decode_split"], "lse_combine": ["decode.combine_splits"],
+                "split_kv_kernel": ["decode_split_taught", "decode_split"], "lse_combine": ["decode.combine_splits"],
                 "dkdv_kernel": ["bwd_dkdv_taught", "bwd_dq_taught", "backward.dkdv_update"],
                 "unified_max_partials": ["decode.chunk_async", "unified_max_decode"], "flat_gemm_kernel": ["flat_gemm_taught", "flat_gemm"],
                 "sparse_kernel": ["sparse_taught", "sparse_fwd"]}

@@ -141,7 +141,7 @@ def masks(old, new):
                  ("l_i and acc are not rescaled",), id="alpha-from-the-updated-max"),
     pytest.param(masks("< hi", "<= hi"), ("one key too many",), id="mask-<=-hi"),
     pytest.param(masks("< hi", "< hi - 1"), ("shown case 1 of 6", "last key is left out"), id="mask-<-hi-1"),
-    pytest.param((("h_kv = h // GROUP", "h_kv = h % GROUP"),), ("h // GROUP",), id="gqa-h-mod-group"),
+    pytest.param((("kv = (bh // GROUP)", "kv = (bh % GROUP)"),), ("bh // GROUP",), id="gqa-bh-mod-group"),
     pytest.param(((LOOP, LOOP.replace("hi, BLOCK_N", "hi - 1, BLOCK_N")),),
                  ("shown case 5 of 6 (kv_lens at the edges",), id="loop-one-key-short"),
     pytest.param(((LOOP, LOOP.replace("hi, BLOCK_N", "hi - BLOCK_N, BLOCK_N")),), ("shown case 1 of 6",),

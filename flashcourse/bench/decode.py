@@ -5,6 +5,8 @@ head)}, d = 128, batch B in {1, 8, 32}, cache length L in {1k, 4k, 16k, 64k, 128
 B = 32 at 128k with H_kv = 32, holds 64 GiB of cache), timing
 
 * ``kernels.flash_decode``: split-KV, combined by the last program of each head (the split count from its heuristic);
+* ``kernels.flash_decode_taught``: chapter 4's kernels as its lecture prints them (one program per split and
+  query head, then a combine kernel; the heuristic's split count for B H_q programs a split);
 * ``kernels.unified_max_decode``: FlashDecoding++'s shared offset phi = 3 (the scores are
   N(0, 1) here, so no chunk leaves the safe range);
 * ``kernels.unified_max_decode (fallback 1/8)``: the same with the queries of one KV head in eight
@@ -37,7 +39,8 @@ from .harness import Case, Workload, suite
 __all__ = ["decode", "IMPLS", "table", "PHI"]
 
 #: The implementations the suite times, in order.
-IMPLS = ["kernels.flash_decode", "kernels.unified_max_decode", "kernels.unified_max_decode (fallback 1/8)",
+IMPLS = ["kernels.flash_decode", "kernels.flash_decode_taught", "kernels.unified_max_decode",
+         "kernels.unified_max_decode (fallback 1/8)",
          "kernels.fa2_forward (one token)", "sdpa (flash)", "sdpa (cudnn)", "sdpa (efficient)", "sdpa (math)"]
 _SDPA = {"sdpa (flash)": "FLASH_ATTENTION", "sdpa (cudnn)": "CUDNN_ATTENTION",
          "sdpa (efficient)": "EFFICIENT_ATTENTION", "sdpa (math)": "MATH"}
@@ -47,7 +50,8 @@ GiB = 2**30
 
 
 @suite("decode", help="chapters 4-5: fp16 decode attention (one query token), H_q 32, H_kv 32/8, d 128, "
-                      "B 1-32, L 1k-128k: flash_decode, unified_max_decode, FA2 unsplit, SDPA backends")
+                      "B 1-32, L 1k-128k: flash_decode (also as taught), unified_max_decode, FA2 unsplit, "
+                      "SDPA backends")
 def decode(quick: bool = False, Bs=(1, 8, 32), Ls=(1024, 4096, 16384, 65536, 131072), H_kvs=(32, 8),
            H_q: int = 32, d: int = 128, device=None, seed: int = 0) -> list[Workload]:
     """One workload per (H_kv, B, L). ``quick`` keeps B <= 8 and L <= 16k."""
@@ -70,7 +74,7 @@ def _cases(B, H_q, H_kv, L, d, device, seed):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from ..kernels import decode as dec
-    from ..kernels import fa2_forward, unified_max_decode
+    from ..kernels import fa2_forward, flash_decode_taught, unified_max_decode
     from .attention import warm_up
 
     if device == "cuda":
@@ -119,11 +123,13 @@ def _cases(B, H_q, H_kv, L, d, device, seed):
 
     fns, skips, extra = {}, {}, {}
     fns["kernels.flash_decode"] = lambda: dec.flash_decode(q, k, v)
+    fns["kernels.flash_decode_taught"] = lambda: flash_decode_taught(q, k, v)
     fns["kernels.unified_max_decode"] = lambda: unified_max_decode(q, k, v, PHI)
     fns["kernels.unified_max_decode (fallback 1/8)"] = lambda: unified_max_decode(q_hot, k, v, PHI)
     S = dec.num_splits(B, H_kv, L, q.device)
     for impl in ("kernels.flash_decode", "kernels.unified_max_decode", "kernels.unified_max_decode (fallback 1/8)"):
         extra[impl] = {"num_splits": S}
+    extra["kernels.flash_decode_taught"] = {"num_splits": dec.num_splits(B, H_q, L, q.device)}
     try:
         for impl, qq in (("kernels.unified_max_decode", q), ("kernels.unified_max_decode (fallback 1/8)", q_hot)):
             _, st = unified_max_decode(qq, k, v, PHI, return_stats=True)

@@ -287,7 +287,8 @@ _KERNEL_MISTAKES = [
     ("one past", "the mask lets in one key too many (cols <= hi): the key at hi belongs to the next chunk or is "
                  "stale; mask with cols < hi."),
     ("one short", "the chunk's last key is left out: mask with cols < hi, not cols < hi - 1."),
-    ("gqa", "query head h reads KV head h // GROUP (GROUP consecutive query heads share one), not h % GROUP."),
+    ("gqa", "query head bh = b * H_q + h reads row bh // GROUP of the caches (KV head h // GROUP of its sequence: "
+            "GROUP consecutive query heads share one), not bh % GROUP."),
     ("base 2", "lse_s is the natural log: (m_i + log2(l_i)) * ln 2; m_i and log2(l_i) are in log2 units."),
     *((key, "an empty split runs no iteration of the loop: m_i stays -inf and l_i 0, so acc / l_i is 0 / 0; "
             "store o_s = 0 there (divide by 1 where l_i == 0) and lse_s = (m_i + log2(1)) ln 2 = -inf.")
@@ -308,12 +309,13 @@ def emulate_split_kv(q, k, v, kv_lens, chunk: int, num_splits: int, BLOCK_N: int
         True
     """
     B, H_q, d = q.shape
-    G, L = heads_kv(q, k), k.shape[2]
-    heads = np.arange(H_q) % G if mistake == "gqa" else np.arange(H_q) // G
-    if heads.max() >= k.shape[1]:                      # that mistake reads outside the cache here: no emulation
+    G, L, H_kv = heads_kv(q, k), k.shape[2], k.shape[1]
+    rows = np.arange(B * H_q) % G if mistake == "gqa" else np.arange(B * H_q) // G     # the caches' row of each head
+    if rows.max() >= B * H_kv:                         # that mistake reads outside the cache here: no emulation
         return None, None
-    pad = np.full((B, k.shape[1], chunk + 2 * BLOCK_N, d), np.nan)
-    kk, vv = (np.concatenate([x, pad], axis=2)[:, heads].astype(np.float32) for x in (k, v))   # (B, H_q, L+, d)
+    pad = np.full((B, H_kv, chunk + 2 * BLOCK_N, d), np.nan)
+    kk, vv = (np.concatenate([x, pad], axis=2).reshape(B * H_kv, -1, d)[rows].reshape(B, H_q, -1, d)
+              .astype(np.float32) for x in (k, v))                                          # (B, H_q, L+, d)
     q32, lens = np.asarray(q, dtype=np.float32), np.asarray(kv_lens)
     scale = np.float32(1.0 / math.sqrt(d)) * np.float32(LOG2E)
     o_s, lse_s = np.zeros((num_splits, B, H_q, d), np.float32), np.zeros((num_splits, B, H_q), np.float32)
@@ -348,6 +350,22 @@ def emulate_split_kv(q, k, v, kv_lens, chunk: int, num_splits: int, BLOCK_N: int
     return o_s.astype(np.float64), lse_s.astype(np.float64)
 
 
+def by_head(o_s, lse_s):
+    """Partials (S, B, H_q, d) and (S, B, H_q) laid out as the kernel stores them: (B H_q, S, d), (B H_q, S).
+
+    Example:
+        >>> o, lse = by_head(np.zeros((3, 2, 4, 8)), np.arange(24.0).reshape(3, 2, 4))
+        >>> o.shape, lse[5].tolist()                          # head 5 = sequence 1's head 1, its 3 splits
+        ((8, 3, 8), [5.0, 13.0, 21.0])
+        >>> by_head(None, None)
+        (None, None)
+    """
+    if o_s is None:
+        return None, None
+    S, B, H_q = lse_s.shape
+    return (o_s.transpose(1, 2, 0, 3).reshape(B * H_q, S, -1), lse_s.transpose(1, 2, 0).reshape(B * H_q, S))
+
+
 def _kernel_tols(q, k, chunk):
     """(atol for o_s / max|V|, atol for lse_s without its |lse| term), the 2x bounds above."""
     kk = np.repeat(np.abs(k), heads_kv(q, k), axis=1)
@@ -360,15 +378,16 @@ def _kernel_tols(q, k, chunk):
 
 def split_kv_kernel(kernel, seed: int | None = None) -> None:
     """Check the split-KV Triton kernel of Flash-Decoding, ``kernel(Q, K, V, O_part, LSE_part, kv_lens,
-    sm_scale, stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-    stride_os, stride_ob, stride_oh, stride_ls, stride_lb, H_q, GROUP, CHUNK, HEAD_DIM, BLOCK_N)``,
-    one program per (split, batch x query head): it writes split s's partial output (normalised over
-    its chunk) to ``O_part[s, b, h]`` and the chunk's log-sum-exp (natural log) to ``LSE_part[s, b, h]``.
+    sm_scale, stride_qh, stride_kh, stride_kn, stride_vh, stride_vn, H_q, GROUP, CHUNK, HEAD_DIM, BLOCK_N)``,
+    one program per (split s, query head bh = b * H_q + h), batch and heads as one dimension (q (B H_q, d),
+    caches (B H_kv, L, d)): it writes split s's partial output (normalised over its chunk) to
+    ``O_part[bh, s]`` and the chunk's log-sum-exp (natural log) to ``LSE_part[bh, s]`` (contiguous
+    (B H_q, S, d) and (B H_q, S)).
 
     The check launches the kernel itself: q (B, H_q, d) and caches (B, H_kv, L, d) in fp16 with
     padded rows (row stride > d), stale random keys past each ``kv_len`` and NaN rows past L, outputs
-    (fp32) filled with a marker NaN first, so that an element never written is reported (all of them:
-    not implemented yet) and so is a write past the end. 6 shown cases and 10 hidden ones; in every run,
+    (fp32) filled with a marker NaN first and followed by more, so that an element never written is
+    reported (all of them: not implemented yet) and so is a write past the end. 6 shown cases and 10 hidden ones; in every run,
     logits that jump up and drop by hundreds between the blocks of a chunk (no running maximum, or a
     forgotten rescale, gives inf, nan or O(1) errors), kv_lens one key before and after the edges of
     chunks and blocks, empty splits, GQA, MQA and MHA, chunks not a multiple of BLOCK_N. Each partial is
@@ -423,20 +442,20 @@ def _check_split_case(name: str, kernel, case: _DecodeCase, first: bool, pad: in
         return buf
 
     kb, vb = cache(k), cache(v)
-    ob = poisoned((S + 1, B, H_q, d + pad))
-    lb = poisoned((S + 1, B, H_q + pad))
+    n_o, n_l = B * H_q * S * d, B * H_q * S            # O_part (B H_q, S, d) and LSE_part (B H_q, S), then a pad
+    ob, lb = poisoned((n_o + d + pad,)), poisoned((n_l + 1 + pad,))
     dev = backend.DEVICE
     qb, kb, vb, ob, lb = (t.to(dev) for t in (qb, kb, vb, ob, lb))
     lens = torch.tensor(np.asarray(kv_lens), dtype=torch.int32).to(dev)
-    q_t, k_t, v_t, o_t, l_t = qb[..., :d], kb[:, :, :L, :d], vb[:, :, :L, :d], ob[:S, ..., :d], lb[:S, :, :H_q]
-    strides = (*q_t.stride()[:2], *k_t.stride()[:3], *v_t.stride()[:3], *o_t.stride()[:3], *l_t.stride()[:2])
+    q_t, k_t, v_t = qb[..., :d], kb[:, :, :L, :d], vb[:, :, :L, :d]   # batch and heads merge: one stride each
+    strides = (q_t.stride(1), k_t.stride(1), k_t.stride(2), v_t.stride(1), v_t.stride(2))
     with InterpreterLoads() as loads:
-        launch(name, kernel, (S, B * H_q), (q_t, k_t, v_t, o_t, l_t, lens, scale, *strides, H_q, H_q // H_kv, chunk),
+        launch(name, kernel, (S, B * H_q), (q_t, k_t, v_t, ob, lb, lens, scale, *strides, H_q, H_q // H_kv, chunk),
                dict(HEAD_DIM=d, BLOCK_N=BLOCK_N), case)
     o_bits = ob.cpu().view(torch.int32).numpy()
     l_bits = lb.cpu().view(torch.int32).numpy()
-    o_un = o_bits[:S, ..., :d] == POISON_F32
-    l_un = l_bits[:S, :, :H_q] == POISON_F32
+    o_un = (o_bits[:n_o] == POISON_F32).reshape(B * H_q, S, d)
+    l_un = (l_bits[:n_l] == POISON_F32).reshape(B * H_q, S)
     if o_un.all() and l_un.all():
         if first:
             raise NotImplementedError(f"{name} wrote nothing to O_part or LSE_part: not implemented yet? Write the "
@@ -445,32 +464,28 @@ def _check_split_case(name: str, kernel, case: _DecodeCase, first: bool, pad: in
         raise AssertionError(f"{name} wrote nothing to O_part or LSE_part on {case.describe()}")
     for what, un in (("O_part", o_un), ("LSE_part", l_un)):
         if un.any():
-            idx = [int(t) for t in np.argwhere(un)[0]]
-            raise AssertionError(f"{name} never wrote {what}[{', '.join(map(str, idx))}] on {case.describe()}\n"
-                                 f"  hint: every program (split s, head b*H_q + h) stores its partial, even "
-                                 f"when its chunk is empty (o_s = 0, lse_s = -inf).")
-    o_out = np.ones(o_bits.shape, dtype=bool)
-    o_out[:S, ..., :d] = False
-    l_out = np.ones(l_bits.shape, dtype=bool)
-    l_out[:S, :, :H_q] = False
-    for what, bits, outside in (("O_part", o_bits, o_out), ("LSE_part", l_bits, l_out)):
-        stray = outside & (bits != POISON_F32)
+            bh, s_ = (int(t) for t in np.argwhere(un)[0][:2])
+            raise AssertionError(f"{name} never wrote {what}[{bh}, {s_}] (split {s_} of sequence {bh // H_q}, "
+                                 f"head {bh % H_q}) on {case.describe()}\n  hint: every program (split s, head "
+                                 f"bh = b * H_q + h) stores its partial, even when its chunk is empty "
+                                 f"(o_s = 0, lse_s = -inf).")
+    for what, bits, n in (("O_part", o_bits, n_o), ("LSE_part", l_bits, n_l)):
+        stray = bits[n:] != POISON_F32
         if stray.any():
-            idx = [int(t) for t in np.argwhere(stray)[0]]
-            raise AssertionError(f"{name} wrote past the end of {what} ({what}[{', '.join(map(str, idx))}]) on "
-                                 f"{case.describe()}\n  hint: store HEAD_DIM values at O_part + split * stride_os + "
-                                 f"b * stride_ob + h * stride_oh, and one value at LSE_part + split * stride_ls + "
-                                 f"b * stride_lb + h.")
-    o_got = ob.cpu().numpy().astype(np.float64)[:S, ..., :d]
-    l_got = lb.cpu().numpy().astype(np.float64)[:S, :, :H_q]
-    o_s, lse_s = partials64(q, k, v, kv_lens, scale, chunk, S)
+            raise AssertionError(f"{name} wrote past the end of {what} (element {n + int(np.argmax(stray))}, "
+                                 f"{what} has {n}) on {case.describe()}\n  hint: store HEAD_DIM values at O_ptrs "
+                                 f"and one value at LSE_ptr, as given.")
+    o_got = ob.cpu().numpy().astype(np.float64)[:n_o].reshape(B * H_q, S, d)
+    l_got = lb.cpu().numpy().astype(np.float64)[:n_l].reshape(B * H_q, S)
+    o_s, lse_s = by_head(*partials64(q, k, v, kv_lens, scale, chunk, S))
     o_tol, lse_tol = _kernel_tols(q, k, chunk)
     # lse first: its error explains the output's; rtol 4 u32 covers the |lse_s| term of the bound
     pairs = [("LSE_part", l_got, lse_s, 4 * U32, lse_tol), ("O_part", o_got, o_s, 0.0, o_tol * max(1.0, float(np.abs(v).max())))]
     replay = f"check.split_kv_kernel(split_kv_kernel, seed={seed}) draws this hidden case again." if case.hidden else ""
 
     def hint_of(i):
-        mistakes = ((h, emulate_split_kv(q, k, v, kv_lens, chunk, S, BLOCK_N, key)[::-1]) for key, h in _KERNEL_MISTAKES)
+        mistakes = ((h, by_head(*emulate_split_kv(q, k, v, kv_lens, chunk, S, BLOCK_N, key))[::-1])
+                    for key, h in _KERNEL_MISTAKES)
         return join_lines(diagnose(mistakes, *zip(*[(p[1], p[2], p[3:]) for p in pairs]), i) or _KERNEL_HINT, replay)
     compare_all(name, pairs, case, hint_of)
     if loads.active:                                   # under the interpreter: each key of a chunk read once

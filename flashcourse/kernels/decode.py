@@ -20,8 +20,10 @@ there is nothing to combine: the split kernel writes o itself.
 
 Chapter 5's :func:`~flashcourse.kernels.decode_unified.unified_max_decode` runs the same grid with
 one shared maximum; it starts its programs as this kernel does (:data:`split_program`), loops over a
-chunk with :func:`chunk_async` (and, for a chunk out of range, with :func:`chunk_sync`), and checks its
-inputs here (:func:`prepare_call`). Both kernels' launch configs and split count:
+chunk with :func:`chunk_async` (and, for a chunk out of range, with :func:`chunk_sync`). The math of a
+block of keys lives here once, in :func:`softmax_step`, which chapter 4's taught kernel calls too
+(:mod:`flashcourse.kernels.decode_taught`). Both
+kernels' launch configs, split count and input checks (``prepare_call``):
 :mod:`flashcourse.kernels.decode_configs`.
 
 All exponentials are base 2 with ``sm_scale * log2 e`` folded into the scores (as in FA2).
@@ -40,25 +42,21 @@ Example:
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
-from .. import backend
 from . import aot
 from .attention import quiet
 from ..formulas.counting import LOG2E
 from ..formulas.decode import DEFAULT_BOUNDS, num_splits_for  # noqa: F401  (num_splits_for: lab/gpu_decode.py names it)
-from .decode_configs import combine_block, decode_config, num_splits
+# (DECODE_HEAD_DIMS, num_splits, kv_strides, partials_scratch: named here by unified_max_decode, tests, lab scripts)
+from .decode_configs import (DECODE_HEAD_DIMS, combine_block, decode_config, kv_strides, num_splits,  # noqa: F401
+                             partials_scratch, prepare_call)
 from .launch import Plans, kept, relaunch, shape_key
-from .validate import expect_decode, expect_num_splits, expect_sm_scale
 
 __all__ = ["flash_decode", "DECODE_HEAD_DIMS", "DEFAULT_BOUNDS"]
 
-#: Head dims the decode kernels are compiled for.
-DECODE_HEAD_DIMS = (64, 128)
 #: The safe range of x - phi (natural-log units, x = sm_scale q.k) of unified_max_decode: the
 #: course's one rule and bounds, :data:`flashcourse.formulas.decode.DEFAULT_BOUNDS` (float32 sums
 #: of up to 2^31 keys with |v| <= 65504, and a GPU that flushes subnormal e^(x - phi) to zero).
@@ -117,6 +115,27 @@ def _load_kv(K_ptrs, V_ptrs, start, stride_kn, stride_vn, cols, n_end, MASKED: t
 
 
 @triton.jit
+def softmax_step(m_i, l_i, qk, AXIS: tl.constexpr):
+    """Line 9 of FA2's Algorithm 1 for one block of scores ``qk`` (log2 units, -inf where a key is hidden), the
+    key axis ``AXIS`` (1 for a group's rows (B_G, B_c), 0 for one query's (B_c,)): the running max ``m_i``, its
+    ``alpha = 2^(m_old - m_new)``, ``p = 2^(qk - m_new)`` and ``l_i = alpha l_i + rowsum(p)``. Returns
+    ``(m_i, l_i, p, alpha)``; the caller rescales its accumulator by alpha (line 10). A row that has seen no
+    key yet keeps m = -inf and is shifted by 0. Every split-KV kernel of chapters 4 and 5 calls it.
+
+    Example:
+        >>> import inspect
+        >>> list(inspect.signature(softmax_step.fn).parameters)
+        ['m_i', 'l_i', 'qk', 'AXIS']
+    """
+    m_new = tl.maximum(m_i, tl.max(qk, AXIS))
+    m_shift = tl.where(m_new == -float("inf"), 0.0, m_new)
+    p = tl.math.exp2(qk - tl.expand_dims(m_shift, AXIS))
+    alpha = tl.math.exp2(m_i - m_shift)
+    l_i = l_i * alpha + tl.sum(p, AXIS)
+    return m_new, l_i, p, alpha
+
+
+@triton.jit
 def chunk_sync(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, lo, hi, n_end,
                 qk_scale, MASKED: tl.constexpr, BLOCK_N: tl.constexpr, USE_DOT: tl.constexpr):
     """Keys [lo, hi) of one chunk: FA2's inner loop, lines 6-11 of Algorithm 1 (FA2 paper), as
@@ -126,13 +145,8 @@ def chunk_sync(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, l
         qk = _scores(Q_i, K_j, qk_scale, USE_DOT)                                   # line 8 (B_G, B_c)
         if MASKED:
             qk = tl.where(in_k[None, :], qk, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))                                      # line 9
-        m_shift = tl.where(m_new == -float("inf"), 0.0, m_new)
-        p = tl.math.exp2(qk - m_shift[:, None])
-        alpha = tl.math.exp2(m_i - m_shift)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i, l_i, p, alpha = softmax_step(m_i, l_i, qk, 1)                          # line 9
         acc = _pv(acc * alpha[:, None], p, V_j, USE_DOT, False)                    # line 10
-        m_i = m_new
     return acc, l_i, m_i
 
 
@@ -243,11 +257,13 @@ def _decode_split(Q, K, V, KV_LENS, O, O_PART, LSE_PART, COUNT, qk_scale, L, H_k
 
 @triton.jit
 def combine_splits(O_PART, LSE_PART, O, rows, in_g, S, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr,
-                   BLOCK_S: tl.constexpr):
+                   BLOCK_S: tl.constexpr, NATURAL_LOG: tl.constexpr = False):
     """Flash-Decoding's combine (kernel 2 of reference.decode.flash_decoding, as
     reference.decode.combine_partials, in log2 units) for the query rows ``rows`` of one program:
     ``m = max_s lse_s``, ``w_s = 2^(lse_s - m)``, ``o = sum_s w_s o_s / sum_s w_s``. The partials are
     read BLOCK_S splits at a time for all the rows at once: a few loads in flight, not one per split.
+    Partial ``s`` of row ``r`` is at ``r * S + s``. ``NATURAL_LOG``: the lse_s are natural logs (chapter 4's
+    taught kernel stores them so), ``w_s = e^(lse_s - m)``.
 
     Example:
         >>> import inspect
@@ -268,8 +284,11 @@ def combine_splits(O_PART, LSE_PART, O, rows, in_g, S, HEAD_DIM: tl.constexpr, B
     acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
     for s0 in range(0, S, BLOCK_S):
         in_s = in_g[:, None] & (s0 + splits[None, :] < S)
-        w = tl.math.exp2(tl.load(LSE_PART + rows[:, None] * S + s0 + splits[None, :], mask=in_s,
-                                 other=-float("inf"), cache_modifier=".cg") - m[:, None])  # (B_G, B_S)
+        w = tl.load(LSE_PART + rows[:, None] * S + s0 + splits[None, :], mask=in_s, other=-float("inf"),
+                    cache_modifier=".cg") - m[:, None]                                # (B_G, B_S)
+        if NATURAL_LOG:
+            w = w * 1.4426950408889634                                                # e^x = 2^(x log2 e)
+        w = tl.math.exp2(w)
         o_s = tl.load(O_PART + ((rows[:, None] * S + s0 + splits[None, :]) * HEAD_DIM)[:, :, None]
                       + dims[None, None, :], mask=in_s[:, :, None], other=0.0, cache_modifier=".cg")  # (B_G, B_S, d)
         acc += tl.sum(w[:, :, None] * o_s, 1)
@@ -280,101 +299,7 @@ def combine_splits(O_PART, LSE_PART, O, rows, in_g, S, HEAD_DIM: tl.constexpr, B
 
 
 # --------------------------------------------------------------------------------------------------
-# Checked inputs (both chapters' entry points), and flash_decode
-
-def _common_case(q, k, v) -> bool:
-    """The inputs of a decoding loop, recognised in a few attribute reads: (B, H_q, d) fp16 (or bf16 on
-    a GPU) q and contiguous-in-d caches on the kernels' device. Anything else takes the full checks.
-    (A decode step takes microseconds of GPU time: the host must not spend longer checking.)"""
-    if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
-        return False
-    if q.dim() != 3 or k.dim() != 4 or k.shape != v.shape:
-        return False
-    dt = q.dtype
-    if k.dtype != dt or v.dtype != dt or not (dt == torch.float16 or (dt == torch.bfloat16 and _BF16_OK)):
-        return False
-    dev = q.device
-    if dev.type != backend.DEVICE or k.device != dev or v.device != dev:
-        return False
-    B, H_q, d = q.shape
-    B_k, H_kv, L, d_k = k.shape
-    return (B_k == B and d_k == d and d in DECODE_HEAD_DIMS and L >= 1 and H_kv >= 1 and H_q % H_kv == 0
-            and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1)
-
-
-_BF16_OK = not backend.INTERPRET and backend.DEVICE == "cuda" and (backend.compute_capability() or (0, 0)) >= (8, 0)
-
-
-def prepare_call(fn: str, kernel: str, q, k_cache, v_cache, kv_lens, num_splits_, sm_scale, launch):
-    """What both split-KV entry points do before a launch: check the inputs (a decoding loop's common
-    case in a few attribute reads, anything else in full), and settle the scale, the split count and
-    the launch config of ``kernel`` (``"decode_split"`` or ``"unified_max_decode"``).
-
-    Returns ``(q3, k, v, lens, sm_scale, S, launch)``: q as (B, H_q, d) (a view of ``q``), the caches,
-    the valid lengths (None: all L), and the settled arguments. Errors name ``fn``.
-
-    Example:
-        >>> import torch
-        >>> from flashcourse.backend import DEVICE
-        >>> q, k = torch.zeros(1, 8, 1, 64, device=DEVICE).half(), torch.zeros(1, 2, 100, 64, device=DEVICE).half()
-        >>> q3, _, _, lens, scale, S, launch = prepare_call("flash_decode", "decode_split", q, k, k,
-        ...                                                 None, 3, None, None)
-        >>> tuple(q3.shape), lens, scale, S, launch.constexprs["BLOCK_G"]          # G = 4 heads, padded to 16
-        ((1, 8, 64), None, 0.125, 3, 16)
-    """
-    if kv_lens is None and _common_case(q, k_cache, v_cache):
-        q3, k, v, lens = q, k_cache, v_cache, None
-    else:
-        q3, k, v, lens = expect_decode(fn, q, k_cache, v_cache, kv_lens, head_dims=DECODE_HEAD_DIMS)
-    if sm_scale is None:
-        sm_scale = _DEFAULT_SCALE[q3.shape[-1]]
-    else:
-        sm_scale = expect_sm_scale(fn, sm_scale, q3.shape[-1])
-    if num_splits_ is None:
-        S = num_splits(q3.shape[0], k.shape[1], k.shape[2], q3.device)
-    else:
-        S = expect_num_splits(fn, num_splits_)
-    d, G = q3.shape[-1], q3.shape[1] // k.shape[1]
-    launch = decode_config(d, G, q3.dtype, kernel=kernel) if launch is None else _expect_launch(fn, launch, d, G)
-    return q3, k, v, lens, sm_scale, S, launch
-
-
-_DEFAULT_SCALE = {d: 1.0 / math.sqrt(d) for d in DECODE_HEAD_DIMS}
-
-
-def _expect_launch(fn, launch, d, G=1):
-    """``launch`` if it is an aot.Launch for head dim d that serves G query heads (BLOCK_G >= G)."""
-    c = launch.constexprs if isinstance(launch, aot.Launch) else {}
-    if c.get("HEAD_DIM") != d or c.get("BLOCK_G", G) < G:
-        raise ValueError(f"{fn}: launch is {launch!r}; expected an aot.Launch with HEAD_DIM = {d} (q's head dim)"
-                         f" and, for a split kernel, BLOCK_G >= {G} (the query heads of a KV head)")
-    return launch
-
-
-def kv_strides(q3, k, v) -> tuple:
-    """The eight strides both split-KV kernels take, ``stride_qb`` ... ``stride_vn`` (d has stride 1).
-
-    Example:
-        >>> import torch
-        >>> kv_strides(torch.zeros(2, 8, 64), torch.zeros(2, 2, 10, 64), torch.zeros(2, 2, 10, 64))
-        (512, 64, 1280, 640, 64, 1280, 640, 64)
-    """
-    return (q3.stride(0), q3.stride(1), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2))
-
-
-def partials_scratch(device, n_partials: int, d: int):
-    """The float32 partial outputs (``n_partials`` x d) and their lse, kept between calls: every call
-    writes each partial before it reads it.
-
-    Example:
-        >>> from flashcourse.backend import DEVICE
-        >>> o_part, lse_part = partials_scratch(DEVICE, 6, 64)
-        >>> o_part.numel() >= 6 * 64, lse_part.numel() >= 6
-        (True, True)
-    """
-    return kept("decode partials", device, (n_partials * d, torch.float32, False), (n_partials, torch.float32, False))
-
+# flash_decode (its inputs are checked by decode_configs.prepare_call, as unified_max_decode's are)
 
 def _launch_flash(q, q3, k, v, lens, sm_scale, S, launch: aot.Launch):
     """Run the split kernel (which also combines, in its last program per head) with the given launch
