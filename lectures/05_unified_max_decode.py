@@ -190,35 +190,41 @@ CELLS = [
     md("""
     ## The kernel, and what it buys
 
-    `flashcourse.kernels.unified_max_decode` adds each split's partials into one fp32 workspace with
-    atomics, and the last program to finish a head divides — nothing to rescale, no partials to read
-    back (chapter 4's kernel also combines in its last program, but must read every partial). A chunk whose largest
-    score leaves the window (the same rule, the same `DEFAULT_BOUNDS`) is recomputed Flash-Decoding
-    style in the same program. A program serves a
-    whole group of query heads (GQA), so one wild score sends its whole group back.
+    `flashcourse.kernels.unified_max_decode_taught` is the algorithm as the exercise writes it:
+    `partials_kernel` runs one program per (chunk, query head) and adds its chunk's sums against $\\varphi$
+    into the head's `ACC`, `LSUM` with atomics, raising `FLAGS` for a chunk out of the window (the same rule,
+    the same `DEFAULT_BOUNDS`); then `finish_kernel`, exercise 1's driver, divides, or recomputes a flagged
+    head Flash-Decoding style. Nothing to rescale, no partials to read back: the sums simply add.
+    `flashcourse.kernels.unified_max_decode` is the same algorithm with what the fast path adds, after the kernel.
     """, "slide", name="kernel-md"),
     md("""
-    Printed below: `chunk_async`, the loop over a chunk's key blocks, then what
-    `_unified_max_decode` does after it — with the lines the exercise writes (in NumPy) left out, `...`.
-
-    * The fixed $\\varphi$: `p` $= 2^{qk - \\varphi_2}$ (`phi2` $= \\varphi \\log_2 e$, as the scores are
-      in base 2), no running max; `l_i` and `acc` just add `p` and `p` $V_j$: nothing is rescaled.
-      `m_i` only records the chunk's largest score. (`_round_tf32`: see *Why the $PV$ product is
-      TF32* below.)
-    * The fallback: `out` is the rule, `m_i` above $\\varphi + b$ (`hi2`) or below $\\varphi + a$ (`lo2`)
-      and not $-\\infty$. A chunk with a row out is read again by `chunk_sync`, Flash-Decoding's
-      loop, into `O_PART`, `LSE_PART`; any other chunk adds its sums into `ACC`, `LSUM` with
-      `tl.atomic_add`.
-
-    Not printed: the last program of a KV head (counted in `COUNT`) divides `ACC` by `LSUM`, merges
-    the recomputed chunks by log-sum-exp and writes `O`.
+    `partials_kernel`, printed below, is chapter 4's split-KV kernel with the unified maximum: grid
+    (chunks, B·H_q), query head `h` $= b \\cdot H_q +$ its head reading row `h // GROUP` of the caches, keys
+    `[c·CHUNK, hi)` in blocks of `BLOCK_N`, each block's logits `x` $= $ `sm_scale` $\\cdot\\, q \\cdot k$
+    ($-\\infty$ past `hi`). `acc`, `l` and `m` start at 0, 0 and $-\\infty$. Left out (`...`), the exercise
+    writes them: the values, $e^{x - \\varphi}$ added into `acc` and `l` with no running max (`m` only
+    records the largest logit), and at the end the `tl.atomic_add` into `ACC` and `LSUM` and the flag in
+    `FLAGS`. In the library these are `async_step` and `out_of_window`, which `unified_max_decode` calls too.
     """, "subslide", name="kernel-src-md"),
     code("""
     from flashcourse import viz
-    print(viz.kernel_source(kernel_decode.chunk_async))
-    """, "subslide", name="kernel-src"),
-    code("""
     from flashcourse.kernels import aot
+    print(viz.kernel_source(aot.kernel_of("unified_partials_taught")))
+    """, "subslide", name="kernel-src"),
+    md("""
+    **What `unified_max_decode` adds.** The same $\\varphi$, the same step and the same rule, and:
+
+    * one program per (chunk, KV head) serves all the query heads that share it, as chapter 4's fast
+      kernel does: they are the rows of a `tl.dot`, which $p$ enters in TF32 (see *Why the $PV$ product is
+      TF32* below), so each key is read once;
+    * no second kernel: a chunk out of the window is recomputed right there by the same program (only
+      that chunk, Flash-Decoding's loop, `chunk_sync`), and the last program of each KV head (a counter,
+      as in chapter 4) divides and merges any recomputed chunk by log-sum-exp. One launch, not two.
+
+    The fallback part of `_unified_max_decode`, after its loop over the chunk (the exercise's lines left
+    out): a chunk with a row out is read again into `O_PART`, `LSE_PART`; any other adds into `ACC`, `LSUM`.
+    """, "subslide", name="fast-md"),
+    code("""
     print("    # ... in _unified_max_decode:")
     print(viz.kernel_source(aot.kernel_of("unified_max_decode"), start="acc, l_i, m_i = chunk_async(",
                             stop="# One counter"))
@@ -227,14 +233,17 @@ CELLS = [
     # NBVAL_CHECK_OUTPUT
     import torch
     from flashcourse import backend
-    from flashcourse.kernels import unified_max_decode, flash_decode
+    from flashcourse.kernels import unified_max_decode, unified_max_decode_taught, flash_decode
     torch.manual_seed(0)
     qt = torch.randn(1, 8, 64, device=backend.DEVICE, dtype=torch.float16)
     kt, vt = (torch.randn(1, 2, 512, 64, device=backend.DEVICE, dtype=torch.float16) for _ in range(2))
     kt[0, 1, 100] = qt[0, 5] * 40
     o, st = unified_max_decode(qt, kt, vt, phi=0.0, return_stats=True)
-    print("agrees with flash_decode:", torch.allclose(o.float(), flash_decode(qt, kt, vt).float(), atol=2e-3))
+    ref = flash_decode(qt, kt, vt).float()
+    print("agrees with flash_decode:", torch.allclose(o.float(), ref, atol=2e-3))
     print("heads recomputed:", int(st["fallback_heads"]), "of", int(st["heads"]))
+    o = unified_max_decode_taught(qt, kt, vt, phi=0.0)
+    print("unified_max_decode_taught agrees with flash_decode:", torch.allclose(o.float(), ref, atol=2e-3))
     """, "subslide", name="kernel"),
 
     md("""

@@ -194,12 +194,14 @@ CELLS = [
     `tl.atomic_add(pointer, value, mask=...)` makes each addition indivisible; the order in which the
     chunks arrive no longer matters, since every partial is measured against the same $\varphi$.
 
-    The kernel gets the logits `X` (`(H, L)`, fp32, already scaled) and the values `V` (`(H, L, d)`,
-    fp16, rows `stride_vn` apart). Program `(c, h)` takes keys `[c·CHUNK, min((c+1)·CHUNK, L))` in blocks
-    of `BLOCK_N`. Write the loop body and the end:
+    The kernel is chapter 4's split-KV kernel with the unified maximum. It gets the new token's queries
+    `Q`, `(B·H_q, d)`, and the caches `K`, `V`, `(B·H_kv, L, d)`, fp16: batch and heads as one dimension,
+    so query head `h` $= b \cdot H_q +$ its head reads row `h // GROUP` of the caches. Program `(c, h)` takes
+    keys `[c·CHUNK, min((c+1)·CHUNK, L))` in blocks of `BLOCK_N`, and each block's logits
+    $x = $ `sm_scale` $\cdot\, q \cdot k$ are given ($-\infty$ past the chunk). Write the loop body and the end:
 
-    * accumulate $\sum_i e^{x_i - \varphi} V_i$ and $\sum_i e^{x_i - \varphi}$ for the keys of the chunk
-      only (the buffers hold NaN past `L`, and `CHUNK` need not be a multiple of `BLOCK_N`), in fp32;
+    * load the block's values (the buffers hold NaN past `L`, and `CHUNK` need not be a multiple of
+      `BLOCK_N`) and accumulate $\sum_i e^{x_i - \varphi} V_i$ and $\sum_i e^{x_i - \varphi}$, in fp32;
     * keep the chunk's largest logit, and after the loop add the sums with `tl.atomic_add`;
     * raise `FLAGS[h]` (int32, to any non-zero value) when the chunk's largest $x_i - \varphi$ lies outside
       $[a, b]$ — and never lower a flag another chunk raised.
@@ -207,21 +209,27 @@ CELLS = [
 
     code("""
     @triton.jit
-    def partials_kernel(X, V, ACC, LSUM, FLAGS, L, phi, a, b, stride_xh, stride_vh, stride_vn,
-                        CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    def partials_kernel(Q, K, V, ACC, LSUM, FLAGS, L, sm_scale, phi, a, b,
+                        stride_qh, stride_kh, stride_kn, stride_vh, stride_vn,
+                        GROUP, CHUNK, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
         c = tl.program_id(0)                                    # which chunk
-        h = tl.program_id(1)                                    # which head
-        dims = tl.arange(0, HEAD_DIM)
+        h = tl.program_id(1)                                    # which query head: b * H_q + its head
         hi = tl.minimum((c + 1) * CHUNK, L)                     # the chunk's keys: [c CHUNK, hi)
+        dims = tl.arange(0, HEAD_DIM)
+        q = tl.load(Q + h * stride_qh + dims).to(tl.float32)    # (HEAD_DIM,)
+        kv = (h // GROUP).to(tl.int64)                          # GQA: b * H_kv + head // GROUP (int64)
+        K_ptrs = K + kv * stride_kh + dims[None, :]             # add cols[:, None] * stride_kn
+        V_ptrs = V + kv * stride_vh + dims[None, :]
         acc = tl.zeros([HEAD_DIM], tl.float32)
-        l = tl.full([], 0.0, tl.float32)                          # a scalar, as tl.sum(e, 0) is
+        l = tl.full([], 0.0, tl.float32)                        # a scalar, as tl.sum(e, 0) is
         m = tl.full([], float("-inf"), tl.float32)
         for start in range(c * CHUNK, hi, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
-            ### BEGIN SOLUTION
             keep = cols < hi
-            x = tl.load(X + h * stride_xh + cols, mask=keep, other=float("-inf"))
-            v = tl.load(V + h * stride_vh + cols[:, None] * stride_vn + dims[None, :], mask=keep[:, None], other=0.0)
+            k = tl.load(K_ptrs + cols[:, None] * stride_kn, mask=keep[:, None], other=0.0)
+            x = tl.where(keep, tl.sum(q[None, :] * k, 1) * sm_scale, float("-inf"))   # the logits
+            ### BEGIN SOLUTION
+            v = tl.load(V_ptrs + cols[:, None] * stride_vn, mask=keep[:, None], other=0.0)
             e = tl.exp(x - phi)                                 # 0 for the keys past hi
             acc += tl.sum(e[:, None] * v.to(tl.float32), 0)
             l += tl.sum(e, 0)
@@ -236,30 +244,35 @@ CELLS = [
         ### END SOLUTION
 
 
-    def unified_max_partials_gpu(x, V, phi, a=-60.0, b=60.0, chunk=256, BLOCK_N=64):
-        \"\"\"(ACC (H, d), LSUM (H,), FLAGS (H,)) for logits x (H, L) fp32 and values V (H, L, d) fp16, with partials_kernel.\"\"\"
-        H, L, d = V.shape
-        acc = torch.zeros((H, d), dtype=torch.float32, device=x.device)
-        lsum = torch.zeros((H,), dtype=torch.float32, device=x.device)
-        flags = torch.zeros((H,), dtype=torch.int32, device=x.device)
-        partials_kernel[(triton.cdiv(L, chunk), H)](x, V, acc, lsum, flags, L, phi, a, b, x.stride(0), V.stride(0),
-                                                    V.stride(1), CHUNK=chunk, BLOCK_N=BLOCK_N, HEAD_DIM=d)
+    def unified_max_partials_gpu(q, k_cache, v_cache, phi, a=-60.0, b=60.0, chunk=256, BLOCK_N=64):
+        \"\"\"(ACC (B H_q, d), LSUM (B H_q,), FLAGS (B H_q,)) with partials_kernel, for one query token a head,
+        q (B, H_q, d), and the caches (B, H_kv, L, d), fp16 and contiguous.\"\"\"
+        B, H_q, d = q.shape
+        H_kv, L = k_cache.shape[1], k_cache.shape[2]
+        acc = torch.zeros((B * H_q, d), dtype=torch.float32, device=q.device)
+        lsum = torch.zeros((B * H_q,), dtype=torch.float32, device=q.device)
+        flags = torch.zeros((B * H_q,), dtype=torch.int32, device=q.device)
+        partials_kernel[(triton.cdiv(L, chunk), B * H_q)](
+            q, k_cache, v_cache, acc, lsum, flags, L, d ** -0.5, phi, a, b, q.stride(1), k_cache.stride(1),
+            k_cache.stride(2), v_cache.stride(1), v_cache.stride(2), H_q // H_kv, chunk, HEAD_DIM=d, BLOCK_N=BLOCK_N)
         return acc, lsum, flags
     """, tags=("solution",), name="partials-kernel"),
 
     md("""
-    Three heads of 1000 keys in chunks of 256; head 2 has one key far above $\\varphi + b$. The safe heads'
-    output $\\mathrm{ACC} / \\mathrm{LSUM}$ matches float64 attention, and only head 2 is flagged:
+    One sequence, three heads of 1000 keys in chunks of 256, $\\varphi = 3$; in head 2 one key lines up
+    with the query far better than the rest (its logit is 90, so $x - \\varphi = 87 > b$). The safe
+    heads' output $\\mathrm{ACC} / \\mathrm{LSUM}$ matches float64 attention, and only head 2 is flagged:
     """, "fragment", name="kernel-demo-text"),
 
     code("""
     rng = np.random.default_rng(1)
-    x = rng.normal(size=(3, 1000)).astype(np.float32)
-    x[2, 500] = 90.0                                             # x - phi = 87 > b = 60
-    V = rng.normal(size=(3, 1000, 64)).astype(np.float16)
-    acc, lsum, flags = unified_max_partials_gpu(torch.from_numpy(x).to(DEVICE), torch.from_numpy(V).to(DEVICE), phi=3.0)
-    p = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
-    ref = np.einsum("hn,hnd->hd", p / p.sum(axis=1, keepdims=True), V.astype(np.float64))
+    q = rng.normal(size=(1, 3, 64)).astype(np.float16)
+    k, v = (rng.normal(size=(1, 3, 1000, 64)).astype(np.float16) for _ in range(2))
+    k[0, 2, 500] = 720 * q[0, 2] / (q[0, 2].astype(np.float32) @ q[0, 2])   # its logit q . k / 8 is about 90
+    acc, lsum, flags = unified_max_partials_gpu(*(torch.from_numpy(t).to(DEVICE) for t in (q, k, v)), phi=3.0)
+    s = np.einsum("hnd,hd->hn", k[0].astype(np.float64), q[0].astype(np.float64)) / 8
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    ref = np.einsum("hn,hnd->hd", p / p.sum(axis=1, keepdims=True), v[0].astype(np.float64))
     O = (acc / lsum[:, None]).cpu().numpy()
     flags.cpu().tolist(), bool(np.abs(O[:2] - ref[:2]).max() < 1e-4)
     """, "fragment", name="kernel-demo"),
@@ -267,10 +280,11 @@ CELLS = [
     check("partials_kernel"),
 
     done("""
-    The lecture's kernel does the same on the GPU: each program keeps its chunk's largest logit (one
-    maximum per key, no rescale), compares it with the window once at the end, and recomputes its
-    chunk the synchronised way only when it is out — so the common case pays for no synchronisation
-    at all.
+    Your kernel is the library's, the one the lecture prints: `kernels.unified_max_decode_taught` runs it,
+    then a second kernel that divides `ACC` by `LSUM`, or recomputes a flagged head the synchronised way
+    (exercise 1's driver). The fast path, `kernels.unified_max_decode`, goes further: one program serves
+    all the query heads of a KV head, a flagged chunk is recomputed right there, in the same launch, and
+    the last program of each head divides — so the common case pays for no second launch at all.
     """),
     *questions([
         ("What does one shared offset $\\varphi$ save compared with Flash-Decoding's per-chunk running "

@@ -63,12 +63,39 @@ def test_mutants_are_rejected_on_every_seed(tmp_path, seed, replace, expected):
     rejected(checks.partials_kernel, mutant(tmp_path, *replace), seed, *expected)
 
 
-def test_a_kernel_without_masks_reads_the_nan_past_L(tmp_path, seed):
-    kernel = mutant(tmp_path, ("x = tl.load(X + h * stride_xh + cols, mask=keep, other=float(\"-inf\"))",
-                               "x = tl.load(X + h * stride_xh + cols)"),
-                    ("v = tl.load(V + h * stride_vh + cols[:, None] * stride_vn + dims[None, :], mask=keep[:, None], other=0.0)",
-                     "v = tl.load(V + h * stride_vh + cols[:, None] * stride_vn + dims[None, :])"))
-    rejected(checks.partials_kernel, kernel, seed, "L not a multiple of CHUNK or BLOCK_N")
+def test_a_kernel_without_a_mask_on_the_values_reads_the_nan_past_L(tmp_path, seed):
+    kernel = mutant(tmp_path, ("v = tl.load(V_ptrs + cols[:, None] * stride_vn, mask=keep[:, None], other=0.0)",
+                               "v = tl.load(V_ptrs + cols[:, None] * stride_vn)"))
+    rejected(checks.partials_kernel, kernel, seed, "L not a multiple of CHUNK or BLOCK_N", "load the values with mask=keep")
+
+
+def test_the_exercise_asks_for_the_taught_kernel(capsys):
+    """Exercise 5's partials_kernel is the library's chapter 5 kernel (kernels.decode_unified): what the student is
+    given (the solution cell but its solution regions) is the library kernel but its exercise regions, line for
+    line; and the exercise's check passes the library kernel, hidden cases and all."""
+    from flashcourse.kernels.decode_unified import partials_kernel
+    given, library = cells.given_and_library_lines(NOTEBOOK, "partials_kernel", partials_kernel)
+    assert given == library
+    checks.partials_kernel(partials_kernel)
+    assert capsys.readouterr().out.strip() == "partials_kernel: 13 cases passed (5 shown, 8 hidden) ✓"
+
+
+def test_the_cases_logits_are_the_kernels_exactly(seed):
+    """The keys the check makes give each case's logits exactly (a unit q, x / sm_scale in one fp16 column):
+    the float64 answer is the sums of the very numbers the kernel exponentiates, the edge case's largest
+    x - phi is b itself, and heads of one group share their values and their row of the caches."""
+    from flashcourse.checks.decode_partials import SCALE, as_keys, group_of
+    rng = np.random.default_rng(seed)
+    for kind, params in hidden_cases(rng):
+        H, L, d, chunk, BLOCK_N, phi, a, b, shape = params
+        x0, V0 = make_inputs(rng, *params)
+        G = group_of(H)
+        x, V, q, K, V_kv = as_keys(x0, V0, G, rng)
+        got = np.einsum("hd,hnd->hn", q.astype(np.float32), K[np.arange(H) // G].astype(np.float32)) * np.float32(SCALE)
+        assert (got == x).all() and np.abs(x - x0).max() <= 2.0 ** -6 * max(1.0, float(np.abs(x0).max())), kind
+        assert (V == V_kv[np.arange(H) // G]).all(), kind
+        if shape == "edge":
+            assert x[H - 1].max() - phi == b, kind
 
 
 def test_the_emulated_mistakes_differ_from_the_answer_where_the_cases_expose_them(seed):

@@ -20,7 +20,8 @@ import torch.nn.functional as F
 
 from flashcourse import backend  # first: it decides the backend before triton is imported
 
-from flashcourse.kernels import aot, decode_config, flash_decode, flash_decode_taught, unified_max_decode  # noqa: E402
+from flashcourse.kernels import (aot, decode_config, flash_decode, flash_decode_taught, unified_max_decode,  # noqa: E402
+                                 unified_max_decode_taught)
 from flashcourse.checks.cases import assert_within_error_rule  # noqa: E402
 
 from flashcourse.kernels import decode as DEC  # noqa: E402
@@ -134,6 +135,22 @@ def test_unified_max_decode_against_float64(device, case, gen):
     lens = torch.randint(1, L + 1, (B,), generator=gen)
     o = unified_max_decode(q, k, v, phi=0.0, kv_lens=lens.to(device), num_splits=S)
     assert_decode_close(o, q, k, v, kv_lens=lens, what=case_id(case) + " kv_lens")
+
+
+@pytest.mark.parametrize("case", GPU_CASES if GPU else TAUGHT_CPU_CASES, ids=case_id)
+def test_unified_max_decode_taught_against_float64(device, case, gen):
+    B, H_q, H_kv, L, d, S = case
+    q, k, v = inputs(B, H_q, H_kv, L, d, gen, device)
+    assert_decode_close(unified_max_decode_taught(q, k, v, phi=3.0, num_splits=S), q, k, v, what=case_id(case))
+
+
+def test_unified_max_decode_taught_falls_back(device, gen):
+    """phi = 300: every x - phi is below the window, every head falls back to chapter 4's running max, and the
+    result is right; with a window so wide that nothing falls back, every e^(x - phi) underflows and it is not."""
+    q, k, v = inputs(2, 4, 2, 70 if not GPU else 20000, 64, gen, device)
+    assert_decode_close(unified_max_decode_taught(q, k, v, phi=300.0, num_splits=3), q, k, v, what="phi = 300")
+    with pytest.raises(AssertionError, match="max error|nan"):
+        assert_decode_close(unified_max_decode_taught(q, k, v, phi=300.0, num_splits=3, bounds=(-1e30, 1e30)), q, k, v)
 
 
 def test_one_token_layouts_and_scale(device, gen):
@@ -380,6 +397,10 @@ def test_phi_and_bounds_errors():
         unified_max_decode(q, kv, kv, "big")
     with pytest.raises(ValueError, match=r"bounds is \(1.0, 2.0\); expected a pair \(a, b\) of finite numbers with a < 0 < b"):
         unified_max_decode(q, kv, kv, 0.0, bounds=(1.0, 2.0))
+    with pytest.raises(ValueError, match=r"^unified_max_decode_taught: phi is nan; expected a finite number"):
+        unified_max_decode_taught(q, kv, kv, float("nan"))
+    with pytest.raises(ValueError, match=r"^unified_max_decode_taught: q has 12 heads but the caches have 8"):
+        unified_max_decode_taught(q[:, :1].expand(1, 12, 64), kv.expand(1, 8, 5, 64), kv.expand(1, 8, 5, 64), 0.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -442,18 +463,19 @@ def test_decode_suite_shapes():
 def test_decode_suite_cases_on_small_shapes(gen):
     from flashcourse.bench import get_suite
     from flashcourse.bench.decode import IMPLS
-    assert IMPLS[:2] == ["kernels.flash_decode", "kernels.flash_decode_taught"] and len(IMPLS) == len(set(IMPLS))
+    assert IMPLS[:4] == ["kernels.flash_decode", "kernels.flash_decode_taught", "kernels.unified_max_decode",
+                         "kernels.unified_max_decode_taught"] and len(IMPLS) == len(set(IMPLS))
     (w,) = get_suite("decode").workloads(Bs=(1,), Ls=(96,), H_kvs=(8,), H_q=16, d=64)
     cases = {c.impl: c for c in w.setup()}
     assert list(cases) == IMPLS
     kv = 2 * 1 * 8 * 96 * 64 * 2
     for name in ("kernels.flash_decode", "kernels.flash_decode_taught", "kernels.unified_max_decode",
-                 "kernels.unified_max_decode (fallback 1/8)"):
+                 "kernels.unified_max_decode_taught", "kernels.unified_max_decode (fallback 1/8)"):
         c = cases[name]
         assert c.bytes == kv + 2 * 16 * 64 * 2 and c.kind == "course" and c.skip is None
         assert c.flops == cases["kernels.flash_decode"].flops
         assert c.check(c.fn()) is None, name
-    for name in ("kernels.flash_decode_taught",):
+    for name in ("kernels.flash_decode_taught", "kernels.unified_max_decode_taught"):
         taught = cases[name]
         assert "max |o - sdpa|" in taught.check(taught.fn() * 1.5)
         assert taught.extra["num_splits"] == DEC.num_splits(1, 16, 96)

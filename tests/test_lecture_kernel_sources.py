@@ -76,7 +76,9 @@ def test_the_walkthrough_precedes_the_source_and_names_only_what_the_kernel_has(
 COUNTERPARTS = {"softmax_kernel": ["softmax_taught", "softmax_online", "online.online_merge"], "fa1_step": ["fa1_fwd"], "fa2_kernel": ["fa2_taught", "fa2_fwd", "attention.online_softmax_update"],
                 "split_kv_kernel": ["decode_split_taught", "decode_split"], "lse_combine": ["decode.combine_splits"],
                 "dkdv_kernel": ["bwd_dkdv_taught", "bwd_dq_taught", "backward.dkdv_update"],
-                "unified_max_partials": ["decode.chunk_async", "unified_max_decode"], "flat_gemm_kernel": ["flat_gemm_taught", "flat_gemm"],
+                "unified_max_partials": ["decode.chunk_async", "decode.async_step", "decode.out_of_window",
+                                         "unified_max_decode"],
+                "partials_kernel": ["unified_partials_taught"], "flat_gemm_kernel": ["flat_gemm_taught", "flat_gemm"],
                 "sparse_kernel": ["sparse_taught", "sparse_fwd"]}
 #: What a lecture may still print with inspect.getsource: functions no exercise asks for.
 GETSOURCE_ALLOWED = {"01_online_softmax": ["naive_softmax"]}

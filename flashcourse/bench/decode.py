@@ -9,6 +9,8 @@ B = 32 at 128k with H_kv = 32, holds 64 GiB of cache), timing
   query head, then a combine kernel; the heuristic's split count for B H_q programs a split);
 * ``kernels.unified_max_decode``: FlashDecoding++'s shared offset phi = 3 (the scores are
   N(0, 1) here, so no chunk leaves the safe range);
+* ``kernels.unified_max_decode_taught``: chapter 5's kernels as its lecture prints them (one program per chunk
+  and query head adding into the head's sums, then one that divides), the same phi;
 * ``kernels.unified_max_decode (fallback 1/8)``: the same with the queries of one KV head in eight
   multiplied by 100 -- their scores leave the safe range, so those chunks are recomputed: what the
   fallback costs (``extra`` records how many heads fell back);
@@ -40,7 +42,7 @@ __all__ = ["decode", "IMPLS", "table", "PHI"]
 
 #: The implementations the suite times, in order.
 IMPLS = ["kernels.flash_decode", "kernels.flash_decode_taught", "kernels.unified_max_decode",
-         "kernels.unified_max_decode (fallback 1/8)",
+         "kernels.unified_max_decode_taught", "kernels.unified_max_decode (fallback 1/8)",
          "kernels.fa2_forward (one token)", "sdpa (flash)", "sdpa (cudnn)", "sdpa (efficient)", "sdpa (math)"]
 _SDPA = {"sdpa (flash)": "FLASH_ATTENTION", "sdpa (cudnn)": "CUDNN_ATTENTION",
          "sdpa (efficient)": "EFFICIENT_ATTENTION", "sdpa (math)": "MATH"}
@@ -50,7 +52,7 @@ GiB = 2**30
 
 
 @suite("decode", help="chapters 4-5: fp16 decode attention (one query token), H_q 32, H_kv 32/8, d 128, "
-                      "B 1-32, L 1k-128k: flash_decode (also as taught), unified_max_decode, FA2 unsplit, "
+                      "B 1-32, L 1k-128k: flash_decode, unified_max_decode (each also as taught), FA2 unsplit, "
                       "SDPA backends")
 def decode(quick: bool = False, Bs=(1, 8, 32), Ls=(1024, 4096, 16384, 65536, 131072), H_kvs=(32, 8),
            H_q: int = 32, d: int = 128, device=None, seed: int = 0) -> list[Workload]:
@@ -74,7 +76,7 @@ def _cases(B, H_q, H_kv, L, d, device, seed):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from ..kernels import decode as dec
-    from ..kernels import fa2_forward, flash_decode_taught, unified_max_decode
+    from ..kernels import fa2_forward, flash_decode_taught, unified_max_decode, unified_max_decode_taught
     from .attention import warm_up
 
     if device == "cuda":
@@ -125,11 +127,13 @@ def _cases(B, H_q, H_kv, L, d, device, seed):
     fns["kernels.flash_decode"] = lambda: dec.flash_decode(q, k, v)
     fns["kernels.flash_decode_taught"] = lambda: flash_decode_taught(q, k, v)
     fns["kernels.unified_max_decode"] = lambda: unified_max_decode(q, k, v, PHI)
+    fns["kernels.unified_max_decode_taught"] = lambda: unified_max_decode_taught(q, k, v, PHI)
     fns["kernels.unified_max_decode (fallback 1/8)"] = lambda: unified_max_decode(q_hot, k, v, PHI)
     S = dec.num_splits(B, H_kv, L, q.device)
     for impl in ("kernels.flash_decode", "kernels.unified_max_decode", "kernels.unified_max_decode (fallback 1/8)"):
         extra[impl] = {"num_splits": S}
-    extra["kernels.flash_decode_taught"] = {"num_splits": dec.num_splits(B, H_q, L, q.device)}
+    for impl in ("kernels.flash_decode_taught", "kernels.unified_max_decode_taught"):
+        extra[impl] = {"num_splits": dec.num_splits(B, H_q, L, q.device)}
     try:
         for impl, qq in (("kernels.unified_max_decode", q), ("kernels.unified_max_decode (fallback 1/8)", q_hot)):
             _, st = unified_max_decode(qq, k, v, PHI, return_stats=True)

@@ -1,13 +1,18 @@
 """Chapter 5's kernel check: FlashDecoding++'s partials in Triton, every chunk adding into the same sums.
 
-:func:`partials_kernel` checks ``kernel(X, V, ACC, LSUM, FLAGS, L, phi, a, b, stride_xh, stride_vh,
-stride_vn, CHUNK, BLOCK_N, HEAD_DIM)``, launched on a grid ``(cdiv(L, CHUNK), H)``: program ``(c, h)``
-takes keys ``[c CHUNK, min((c + 1) CHUNK, L))`` of head h, with logits ``X[h]`` (fp32, already scaled)
-and values ``V[h]`` (fp16), and adds ``sum_i e^(x_i - phi) V_i`` into ``ACC[h]`` and ``sum_i e^(x_i - phi)``
-into ``LSUM[h]`` with ``tl.atomic_add`` -- no maximum of its own, no rescaling, whatever order the
-chunks run in -- and raises ``FLAGS[h]`` (int32, to any non-zero value) when its chunk's *largest*
-``x_i - phi`` lies outside ``[a, b]`` (the fallback rule of :func:`unified_max_partials`). ACC, LSUM and
-FLAGS start at zero.
+:func:`partials_kernel` checks ``kernel(Q, K, V, ACC, LSUM, FLAGS, L, sm_scale, phi, a, b, stride_qh, stride_kh,
+stride_kn, stride_vh, stride_vn, GROUP, CHUNK, HEAD_DIM, BLOCK_N)``, chapter 4's split-KV kernel with the unified
+maximum, launched on a grid ``(cdiv(L, CHUNK), H)``: program ``(c, h)`` takes keys ``[c CHUNK, min((c + 1) CHUNK,
+L))`` of query head h (of all the sequences' heads, batch and heads as one dimension: ``Q`` (H, d), ``K``, ``V``
+(H / GROUP, L, d), head h reading row ``h // GROUP``), whose logits ``x = sm_scale q.k`` the kernel is given, and
+adds ``sum_i e^(x_i - phi) V_i`` into ``ACC[h]`` and ``sum_i e^(x_i - phi)`` into ``LSUM[h]`` with
+``tl.atomic_add`` -- no maximum of its own, no rescaling, whatever order the chunks run in -- and raises
+``FLAGS[h]`` (int32, to any non-zero value) when its chunk's *largest* ``x_i - phi`` lies outside ``[a, b]`` (the
+fallback rule of :func:`unified_max_partials`). ACC, LSUM and FLAGS start at zero.
+
+Each case is a set of logits ``x`` (H, L) chosen for what it stresses; the check makes q and the keys give
+exactly those logits (``q[h]`` is the unit vector of column ``h % GROUP``, which holds ``x[h] / sm_scale`` in
+fp16, exactly), so that the answer is the float64 sums of the same numbers.
 
 Example:
     >>> from flashcourse import checks
@@ -231,10 +236,50 @@ def partials_kernel(kernel, seed: int | None = None) -> None:
             x, V = make_inputs(rng if is_hidden else np.random.default_rng(i), *params)
             case = Case(kind, (x, V), number=number, of=of, hidden=is_hidden, seed=seed if is_hidden else None)
             H, L, d, chunk, BLOCK_N, phi, a, b, _ = params
-            case = KernelCase(case, f"{case.where()}: H = {H} heads of L = {L} keys, d = {d}, CHUNK = {chunk}, "
-                                    f"BLOCK_N = {BLOCK_N}, phi = {phi:g}, window [a, b] = [{a:g}, {b:g}]")
+            case = KernelCase(case, f"{case.where()}: H = {H} heads of L = {L} keys, GROUP = {group_of(H)}, d = {d}, "
+                                    f"CHUNK = {chunk}, BLOCK_N = {BLOCK_N}, sm_scale = {SCALE:g}, phi = {phi:g}, "
+                                    f"window [a, b] = [{a:g}, {b:g}]")
             _check_case(name, kernel, case, x, V, params, first=i == 0, seed=seed, pad=int(rng.integers(1, 9)))
     passed(name, n_shown, len(hidden))
+
+
+#: The check's sm_scale: a power of two, so that x / sm_scale, stored in the keys, is the logit exactly.
+SCALE = 0.25
+
+
+def group_of(H: int) -> int:
+    """The query heads a KV head serves in a case of H heads: 2 (grouped-query attention) when H is even.
+
+    Example:
+        >>> group_of(2), group_of(3)
+        (2, 1)
+    """
+    return 2 if H % 2 == 0 else 1
+
+
+def as_keys(x, V, G: int, rng, scale: float = SCALE):
+    """``(x, V, q, K, V_kv)``: logits x (H, L) rounded to what fp16 keys can give exactly, the values V (H, L, d)
+    that heads of one group share (a group's first head's), and q (H, d), K, V_kv (H / G, L, d) in float16 with
+    ``scale * q[h] . K[h // G, i] == x[h, i]`` exactly: ``q[h]`` is the unit vector of column ``h % G``.
+
+    Example:
+        >>> x, V, q, K, Vk = as_keys(np.array([[1.0, -2.5]], dtype=np.float32), np.ones((1, 2, 4), np.float16),
+        ...                          1, np.random.default_rng(0))
+        >>> bool((SCALE * q.astype(np.float32) @ K[0].astype(np.float32).T == x).all())
+        True
+    """
+    H, L = x.shape
+    d = V.shape[2]
+    kx = (np.asarray(x, dtype=np.float64) / scale).astype(np.float16)       # the keys' column that makes x
+    x = (kx.astype(np.float32) * np.float32(scale)).astype(np.float32)
+    first = (np.arange(H) // G) * G
+    V = np.asarray(V)[first]
+    K = rng.normal(size=(H // G, L, d)).astype(np.float16)
+    q = np.zeros((H, d), dtype=np.float16)
+    for h in range(H):
+        K[h // G, :, h % G] = kx[h]
+        q[h, h % G] = 1.0
+    return x, V, q, K, V[::G]
 
 
 def _check_case(name, kernel, case, x, V, params, first: bool, seed: int, pad: int) -> None:
@@ -243,20 +288,27 @@ def _check_case(name, kernel, case, x, V, params, first: bool, seed: int, pad: i
     from .. import backend
 
     H, L, d, chunk, BLOCK_N, phi, a, b, _ = params
-    # x: (H, L) inside (H, L + pad + BLOCK_N); V: (H, L, d) inside (H, L + BLOCK_N, d + pad); NaN past L
-    xb = torch.full((H, L + pad + BLOCK_N), float("nan"), dtype=torch.float32)
-    xb[:, :L] = torch.from_numpy(x)
-    vb = torch.full((H, L + BLOCK_N, d + pad), float("nan"), dtype=torch.float16)
-    vb[:, :L, :d] = torch.from_numpy(V)
+    G = group_of(H)
+    x, V, q, K, V_kv = as_keys(x, V, G, np.random.default_rng(seed + 1))
+    # q: (H, d) inside (H, d + pad); K, V: (H / G, L, d) inside (H / G, L + BLOCK_N, d + pad); NaN past L and d
+    qb = torch.full((H, d + pad), float("nan"), dtype=torch.float16)
+    qb[:, :d] = torch.from_numpy(q)
+
+    def cache(t):
+        buf = torch.full((H // G, L + BLOCK_N, d + pad), float("nan"), dtype=torch.float16)
+        buf[:, :L, :d] = torch.from_numpy(t)
+        return buf
+    kb, vb = cache(K), cache(V_kv)
     acc = torch.zeros((H, d), dtype=torch.float32)
     lsum = torch.zeros((H,), dtype=torch.float32)
     flags = torch.zeros((H,), dtype=torch.int32)
     dev = backend.DEVICE
-    xb, vb, acc, lsum, flags = (t.to(dev) for t in (xb, vb, acc, lsum, flags))
-    v_t = vb[:, :L, :d]
+    qb, kb, vb, acc, lsum, flags = (t.to(dev) for t in (qb, kb, vb, acc, lsum, flags))
+    k_t, v_t = kb[:, :L, :d], vb[:, :L, :d]
     grid = (-(-L // chunk), H)
-    launch(name, kernel, grid, (xb, v_t, acc, lsum, flags, L, float(phi), float(a), float(b), xb.stride(0),
-                                v_t.stride(0), v_t.stride(1)), dict(CHUNK=chunk, BLOCK_N=BLOCK_N, HEAD_DIM=d), case)
+    launch(name, kernel, grid, (qb, k_t, v_t, acc, lsum, flags, L, SCALE, float(phi), float(a), float(b), qb.stride(0),
+                                k_t.stride(0), k_t.stride(1), v_t.stride(0), v_t.stride(1), G, chunk),
+           dict(HEAD_DIM=d, BLOCK_N=BLOCK_N), case)
     acc, lsum, flags = (t.cpu().numpy().astype(np.float64) for t in (acc, lsum, flags))
     if first and not acc.any() and not lsum.any() and not flags.any():
         raise NotImplementedError(f"{name} wrote nothing to ACC, LSUM or FLAGS: not implemented yet? Write the loop "
@@ -294,8 +346,8 @@ def _check_case(name, kernel, case, x, V, params, first: bool, seed: int, pad: i
                 except Exception:  # noqa: BLE001  (pragma: no cover) a diagnosis never hides the failure itself
                     pass
                 if not hint and np.isnan(np.asarray(got, dtype=np.float64)).any():
-                    hint = ("nan: a load read past L (the buffers hold NaN there): mask the keys of the chunk, "
-                            "cols < min((c + 1) CHUNK, L), with other=-inf for x and 0 for V")
+                    hint = ("nan: a load read past L (the buffers hold NaN there, and e^(x - phi) = 0 times NaN is "
+                            "NaN): load the values with mask=keep[:, None], other=0.0, as the keys are")
                 compare(name, what, got, want, case, 0.0, float(tol), join_lines(hint, replay),
                         "the sums are real numbers: a float array")
 

@@ -21,8 +21,8 @@ there is nothing to combine: the split kernel writes o itself.
 Chapter 5's :func:`~flashcourse.kernels.decode_unified.unified_max_decode` runs the same grid with
 one shared maximum; it starts its programs as this kernel does (:data:`split_program`), loops over a
 chunk with :func:`chunk_async` (and, for a chunk out of range, with :func:`chunk_sync`). The math of a
-block of keys lives here once, in :func:`softmax_step`, which chapter 4's taught kernel calls too
-(:mod:`flashcourse.kernels.decode_taught`). Both
+block of keys lives here once, in :func:`softmax_step`, :func:`async_step` and :func:`out_of_window`,
+which the taught kernels of both chapters call too (:mod:`flashcourse.kernels.decode_taught`). Both
 kernels' launch configs, split count and input checks (``prepare_call``):
 :mod:`flashcourse.kernels.decode_configs`.
 
@@ -151,6 +151,49 @@ def chunk_sync(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, l
 
 
 @triton.jit
+def async_step(l_i, m_i, qk, phi, AXIS: tl.constexpr, TF32: tl.constexpr, BASE_E: tl.constexpr = False):
+    """FlashDecoding++'s step for one block of scores ``qk`` (-inf where a key is hidden) against the shared
+    offset ``phi``, both in log2 units (``BASE_E``: natural), the key axis ``AXIS`` as in :func:`softmax_step`:
+    ``p = 2^(qk - phi)`` (``e^(qk - phi)``; rounded to TF32 with ``TF32``, for a TF32 ``p V`` product),
+    ``l_i += rowsum(p)``, no rescale; ``m_i``, the largest score, is only for the fallback rule
+    (:func:`out_of_window`). Returns ``(p, l_i, m_i)``; the caller adds ``p V_j`` to its accumulator.
+    Chapter 5's kernels call it.
+
+    Example:
+        >>> import inspect
+        >>> list(inspect.signature(async_step.fn).parameters)[:4]
+        ['l_i', 'm_i', 'qk', 'phi']
+    """
+    # exercise: chapter 5's unified_max_partials writes this, in NumPy (the partials against phi)
+    m_i = tl.maximum(m_i, tl.max(qk, AXIS))
+    if BASE_E:
+        p = tl.exp(qk - phi)
+    else:
+        p = tl.math.exp2(qk - phi)
+    if TF32:
+        p = _round_tf32(p)
+    l_i += tl.sum(p, AXIS)
+    # end of exercise
+    return p, l_i, m_i
+
+
+@triton.jit
+def out_of_window(m, phi, lo, hi):
+    """The fallback rule (:func:`flashcourse.formulas.decode.needs_fallback`): a chunk whose largest score ``m``
+    lies above ``phi + hi`` (``e^(x - phi)`` may overflow) or below ``phi + lo`` (every term has lost its digits;
+    an empty chunk, ``m = -inf``, is not) is recomputed the synchronised way. Any units, the same for all four.
+
+    Example:
+        >>> import inspect
+        >>> list(inspect.signature(out_of_window.fn).parameters)
+        ['m', 'phi', 'lo', 'hi']
+    """
+    # exercise: chapter 5's unified_max_partials writes this, in NumPy (the overflow flag)
+    return (m > phi + hi) | ((m < phi + lo) & (m > -float("inf")))
+    # end of exercise
+
+
+@triton.jit
 def chunk_async(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, lo, hi, n_end,
                  qk_scale, phi2, MASKED: tl.constexpr, BLOCK_N: tl.constexpr, USE_DOT: tl.constexpr):
     """The same keys with one shared offset phi (log2 units), as reference.decode_unified.unified_update: acc = N_i
@@ -161,9 +204,7 @@ def chunk_async(acc, l_i, m_i, Q_i, K_ptrs, V_ptrs, stride_kn, stride_vn, cols, 
         if MASKED:
             qk = tl.where(in_k[None, :], qk, -float("inf"))
         # exercise: chapter 5's unified_max_partials writes this, in NumPy (the partials against phi)
-        m_i = tl.maximum(m_i, tl.max(qk, 1))
-        p = _round_tf32(tl.math.exp2(qk - phi2))
-        l_i += tl.sum(p, 1)
+        p, l_i, m_i = async_step(l_i, m_i, qk, phi2, 1, True)
         acc = _pv(acc, p, V_j, USE_DOT, True)
         # end of exercise
     return acc, l_i, m_i

@@ -15,8 +15,19 @@ bounds, :data:`flashcourse.formulas.decode.DEFAULT_BOUNDS` and
 :func:`flashcourse.formulas.decode.needs_fallback`.
 
 What this kernel shares with chapter 4's -- a program's start, the loops over a chunk's key blocks,
-the checks of the inputs -- lives in :mod:`flashcourse.kernels.decode`; the launch configs in
-:mod:`flashcourse.kernels.decode_configs`.
+the math of a block of keys -- lives in :mod:`flashcourse.kernels.decode`; the launch configs and the
+checks of the inputs in :mod:`flashcourse.kernels.decode_configs`.
+
+**As chapter 5 teaches it** (:func:`unified_max_decode_taught`): :data:`partials_kernel` is the exercise's
+kernel, its signature and given lines line for line. One program per (chunk ``c``, query head ``h = b * H_q +
+its head``), batch and heads as one dimension as in chapter 4's taught kernel: it adds its chunk's
+``sum e^(x - phi) v`` and ``sum e^(x - phi)`` into ``ACC[h]`` and ``LSUM[h]`` with ``tl.atomic_add``
+(:func:`~flashcourse.kernels.decode.async_step`, the step ``chunk_async`` takes too) and raises ``FLAGS[h]``
+when its largest ``x - phi`` leaves the window (:func:`~flashcourse.kernels.decode.out_of_window`, the rule
+above). Then :data:`finish_kernel`, the exercise's driver: ``O[h] = ACC[h] / LSUM[h]``, or, for a flagged
+head, the head again with chapter 4's running max. ``unified_max_decode`` is the same algorithm with what
+the fast path adds: a KV head's query heads in one program (a TF32 ``tl.dot``), only the flagged chunk
+recomputed, inside the same launch, and the division by the last program of each head.
 
 Example:
     >>> import torch
@@ -38,13 +49,14 @@ from . import aot
 from .attention import quiet
 from ..formulas.counting import LOG2E
 from ..formulas.decode import DEFAULT_BOUNDS
-from .decode import (DECODE_HEAD_DIMS, KV_SIGNATURE, chunk_async, chunk_sync, kv_strides, partials_scratch,
-                     prepare_call, split_program)
-from .decode_configs import decode_config
+from .decode import KV_SIGNATURE, async_step, chunk_async, chunk_sync, out_of_window, split_program
+from .decode_configs import (DECODE_HEAD_DIMS, decode_config, kv_strides, num_splits as default_splits,
+                             partials_scratch, prepare_call)
+from .decode_taught import merged_rows, split_kv_step
 from .launch import Plans, kept, relaunch, shape_key
 from .validate import expect_phi_bounds
 
-__all__ = ["unified_max_decode"]
+__all__ = ["unified_max_decode", "unified_max_decode_taught"]
 
 
 @triton.jit
@@ -70,7 +82,7 @@ def _unified_max_decode(Q, K, V, KV_LENS, O, ACC, LSUM, COUNT, O_PART, LSE_PART,
 
     # the fallback rule (formulas.decode.needs_fallback): the chunk's largest score m_i is outside [phi + a, phi + b]
     # exercise: chapter 5's unified_max_partials writes this, in NumPy (the overflow flag)
-    out = ((m_i > phi2 + hi2) | ((m_i < phi2 + lo2) & (m_i > -float("inf")))) & in_g
+    out = out_of_window(m_i, phi2, lo2, hi2) & in_g
     # end of exercise
     fallback = tl.max(out.to(tl.int32), 0)                                          # 0 or 1
     lse_s = tl.full([BLOCK_G], -float("inf"), tl.float32)
@@ -240,3 +252,134 @@ aot.register("unified_max_decode", _unified_max_decode, configs=_aot_configs, si
     **KV_SIGNATURE, "O": "*fp16", "ACC": "*fp32", "LSUM": "*fp32", "COUNT": "*i32", "O_PART": "*fp32",
     "LSE_PART": "*fp32", "FLAGS": "*i32", "qk_scale": "fp32", "phi2": "fp32", "lo2": "fp32",
     "hi2": "fp32", "L": "i32", "H_kv": "i32", "G": "i32", "S": "i32"})
+
+
+# ==================================================================================================
+# FlashDecoding++ as chapter 5 teaches it: the exercise's kernel, then its driver
+
+@triton.jit
+def partials_kernel(Q, K, V, ACC, LSUM, FLAGS, L, sm_scale, phi, a, b,
+                    stride_qh, stride_kh, stride_kn, stride_vh, stride_vn,
+                    GROUP, CHUNK, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+    c = tl.program_id(0)                                    # which chunk
+    h = tl.program_id(1)                                    # which query head: b * H_q + its head
+    hi = tl.minimum((c + 1) * CHUNK, L)                     # the chunk's keys: [c CHUNK, hi)
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + h * stride_qh + dims).to(tl.float32)    # (HEAD_DIM,)
+    kv = (h // GROUP).to(tl.int64)                          # GQA: b * H_kv + head // GROUP (int64)
+    K_ptrs = K + kv * stride_kh + dims[None, :]             # add cols[:, None] * stride_kn
+    V_ptrs = V + kv * stride_vh + dims[None, :]
+    acc = tl.zeros([HEAD_DIM], tl.float32)
+    l = tl.full([], 0.0, tl.float32)                        # a scalar, as tl.sum(e, 0) is
+    m = tl.full([], float("-inf"), tl.float32)
+    for start in range(c * CHUNK, hi, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        keep = cols < hi
+        k = tl.load(K_ptrs + cols[:, None] * stride_kn, mask=keep[:, None], other=0.0)
+        x = tl.where(keep, tl.sum(q[None, :] * k, 1) * sm_scale, float("-inf"))   # the logits
+        # exercise: chapter 5's partials_kernel writes this (the values, the sums against phi, the max)
+        v = tl.load(V_ptrs + cols[:, None] * stride_vn, mask=keep[:, None], other=0.0)
+        e, l, m = async_step(l, m, x, phi, AXIS=0, TF32=False, BASE_E=True)
+        acc += tl.sum(e[:, None] * v.to(tl.float32), 0)
+        # end of exercise
+    # exercise: chapter 5's partials_kernel writes this (the atomic adds, and the flag)
+    tl.atomic_add(ACC + h * HEAD_DIM + dims, acc)
+    tl.atomic_add(LSUM + h, l)
+    tl.atomic_max(FLAGS + h, out_of_window(m, phi, a, b).to(tl.int32))
+    # end of exercise
+
+
+@triton.jit
+def finish_kernel(Q, K, V, ACC, LSUM, FLAGS, O, L, sm_scale, stride_qh, stride_kh, stride_kn, stride_vh,
+                  stride_vn, GROUP, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+    # Exercise 5's driver, one program per query head h: O[h] = ACC[h] / LSUM[h]; a head one of whose chunks
+    # raised FLAGS[h] is computed again the synchronised way, chapter 4's loop over all its keys.
+    h = tl.program_id(0)
+    dims = tl.arange(0, HEAD_DIM)
+    if tl.load(FLAGS + h) == 0:
+        o = tl.load(ACC + h * HEAD_DIM + dims) / tl.load(LSUM + h)
+    else:
+        q = tl.load(Q + h * stride_qh + dims).to(tl.float32)
+        kv = (h // GROUP).to(tl.int64)
+        K_ptrs = K + kv * stride_kh + dims[None, :]
+        V_ptrs = V + kv * stride_vh + dims[None, :]
+        m_i = float("-inf")
+        l_i = 0.0
+        acc = tl.zeros([HEAD_DIM], tl.float32)
+        for start in range(0, L, BLOCK_N):
+            acc, l_i, m_i = split_kv_step(acc, l_i, m_i, q, K_ptrs, V_ptrs, start + tl.arange(0, BLOCK_N), L,
+                                          stride_kn, stride_vn, sm_scale * 1.4426950408889634)
+        o = acc / l_i
+    tl.store(O + h * HEAD_DIM + dims, o.to(O.dtype.element_ty))
+
+
+def unified_max_decode_taught(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, phi: float,
+                              num_splits: int | None = None, sm_scale: float | None = None, bounds=None, *,
+                              launch: aot.Launch | None = None) -> torch.Tensor:
+    """Decoding attention with chapter 5's kernels as its lecture prints them: :data:`partials_kernel`, one
+    program per (chunk, query head) adding its sums against ``phi`` into the head's, then
+    :data:`finish_kernel`, which divides, or recomputes a flagged head with chapter 4's running max.
+
+    Same inputs and result as :func:`unified_max_decode` (``phi``, ``bounds``: the shared offset and the window
+    of ``x - phi``, natural-log units), every sequence with all L keys of its cache (ragged lengths:
+    ``unified_max_decode``). ``num_splits``: chunks per head (default: the heuristic for B H_q programs a
+    chunk). Caches whose batch and head dimensions do not merge are copied first
+    (:func:`~flashcourse.kernels.decode_taught.merged_rows`). ``launch``: a config with ``HEAD_DIM`` and
+    ``BLOCK_N``. The atomic sums make the last bits of the result depend on the order the chunks finish in.
+
+    Example:
+        >>> import torch
+        >>> from flashcourse.backend import DEVICE
+        >>> from flashcourse.kernels import flash_decode
+        >>> q = torch.randn(1, 4, 64, device=DEVICE).half()
+        >>> k, v = torch.randn(2, 1, 2, 200, 64, device=DEVICE).half()
+        >>> o = unified_max_decode_taught(q, k, v, phi=0.0, num_splits=3)
+        >>> (o.float() - flash_decode(q, k, v).float()).abs().max().item() < 2e-3
+        True
+        >>> q[0, 1] *= 100                                   # head 1's scores in the hundreds: it falls back
+        >>> o = unified_max_decode_taught(q, k, v, phi=0.0, num_splits=3)
+        >>> (o.float() - flash_decode(q, k, v).float()).abs().max().item() < 1e-2
+        True
+    """
+    fn = "unified_max_decode_taught"
+    q3, k, v, _, sm_scale, S, launch = prepare_call(fn, "unified_partials_taught", q, k_cache, v_cache, None,
+                                                    num_splits, sm_scale, launch)
+    phi, (a, b) = expect_phi_bounds(fn, phi, bounds, DEFAULT_BOUNDS)
+    B, H_q, d = q3.shape
+    H_kv, L = k.shape[1], k.shape[2]
+    rows = B * H_q
+    if num_splits is None:
+        S = default_splits(B, H_q, L, q3.device)
+    q2, k2, v2 = merged_rows(q3, k, v)
+    BLOCK_N = launch.constexprs["BLOCK_N"]
+    CHUNK = triton.cdiv(triton.cdiv(L, S), BLOCK_N) * BLOCK_N
+    work = torch.zeros(rows * (d + 2), dtype=torch.float32, device=q3.device)      # ACC, LSUM, FLAGS: one memset
+    acc, lsum, flags = work[:rows * d], work[rows * d:rows * (d + 1)], work[rows * (d + 1):].view(torch.int32)
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    strides = (q2.stride(0), k2.stride(0), k2.stride(1), v2.stride(0), v2.stride(1))
+    with quiet():
+        partials_kernel[(triton.cdiv(L, CHUNK), rows)](q2, k2, v2, acc, lsum, flags, L, sm_scale, phi, a, b,
+                                                       *strides, H_q // H_kv, CHUNK, HEAD_DIM=d, BLOCK_N=BLOCK_N,
+                                                       **launch.options())
+        finish_kernel[(rows,)](q2, k2, v2, acc, lsum, flags, o, L, sm_scale, *strides, H_q // H_kv, HEAD_DIM=d,
+                               BLOCK_N=BLOCK_N, **launch.options())
+    return o
+
+
+def _taught_configs(kernel):
+    def configs(cc):
+        for d in DECODE_HEAD_DIMS:      # one per head dim: the tiles unified_max_decode_taught launches
+            launch = decode_config(d, 1, torch.float16, cc, kernel=kernel)
+            yield aot.Launch({"HEAD_DIM": d, "BLOCK_N": launch.constexprs["BLOCK_N"]}, launch.num_warps,
+                             launch.num_stages, {"Q": "*fp16", "K": "*fp16", "V": "*fp16"}, kernel, f"d={d}")
+    return configs
+
+
+_TAUGHT_SIGNATURE = {"Q": "*fp16", "K": "*fp16", "V": "*fp16", "ACC": "*fp32", "LSUM": "*fp32", "FLAGS": "*i32"}
+_STRIDES = {f"stride_{n}": "i32" for n in ("qh", "kh", "kn", "vh", "vn")}
+aot.register("unified_partials_taught", partials_kernel, configs=_taught_configs("unified_partials_taught"), signature={
+    **_TAUGHT_SIGNATURE, "L": "i32", "sm_scale": "fp32", "phi": "fp32", "a": "fp32", "b": "fp32", **_STRIDES,
+    "GROUP": "i32", "CHUNK": "i32", "HEAD_DIM": "constexpr", "BLOCK_N": "constexpr"})
+aot.register("unified_finish_taught", finish_kernel, configs=_taught_configs("unified_finish_taught"), signature={
+    **_TAUGHT_SIGNATURE, "O": "*fp16", "L": "i32", "sm_scale": "fp32", **_STRIDES, "GROUP": "i32",
+    "HEAD_DIM": "constexpr", "BLOCK_N": "constexpr"})
