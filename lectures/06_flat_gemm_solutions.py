@@ -213,7 +213,7 @@ CELLS = [
         ('A decoding step multiplies $M$ = 1–8 token rows by a weight matrix. Why is that GEMM '
          'bandwidth-bound on any GPU?',
          'It does $2 M K N$ FLOPs on about $2 K N$ bytes of weights, read once: about $M$ FLOPs per '
-         "byte. The H100's ridge point is about 220 FLOP/B (702 TFLOP/s of fp16 GEMM over 3.02 TB/s of"
+         "byte. The H100's ridge point is about 220 FLOP/B (664 TFLOP/s of fp16 GEMM over 3.02 TB/s of"
          ' copy, chapter 0), so at $M \\le 8$ the time is the time to read $W$.'),
         ('GEMM libraries tile $M$ by 64 or 128 rows. What does a tile of 128 rows cost when $M$ = 8, '
          "and what do FlashDecoding++ and this course's kernel pad to instead?",
