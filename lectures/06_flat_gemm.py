@@ -267,6 +267,27 @@ CELLS = [
     from flashcourse.kernels import aot
     print(viz.kernel_source(aot.kernel_of("flat_gemm_taught")))
     """, "subslide", name="kernel-src"),
+    md("""
+    Measured side by side on one H200 (`bench.shipped("gemm", gpu="h200")`, do_bench's write flush; the
+    H100 files have no taught rows), the printed kernel keeps `flat_gemm`'s speed (1.00–1.04× its time)
+    wherever `flat_gemm` does not split K. On 11008 × 4096 it takes 1.28–1.29×: W's 4096 columns make
+    only 64 tiles of 64 for 132 SMs, which `flat_gemm` doubles to 128 programs by splitting K in two.
+    """, "subslide", name="taught-md"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    from flashcourse import bench
+    from flashcourse.bench.gemm import table as gemm_table
+    from flashcourse.kernels.gemm import gemm_config
+    ratios = {}
+    for r in gemm_table(bench.shipped("gemm", gpu="h200")):
+        if r.get("kernels.flat_gemm us"):                   # M = 1 to 16
+            ratios.setdefault((r["K"], r["N"]), []).append(r["kernels.flat_gemm_taught us"]
+                                                           / r["kernels.flat_gemm us"])
+    print("H200:      K x N  flat_gemm's split_k  taught / flat_gemm, M = 1 to 16")
+    for (K, N), ratio in sorted(ratios.items()):
+        split_k = gemm_config(8, N, K, cc=(9, 0)).split_k
+        print(f"{K:11d} x {N:5d} {split_k:20d}  {min(ratio):.2f}-{max(ratio):.2f}x")
+    """, "fragment", name="taught"),
 
     md("""
     ## Which kernel for which shape?
