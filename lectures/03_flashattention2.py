@@ -241,10 +241,11 @@ CELLS = [
     """, "subslide", name="warps-stepper-k"),
     code("""
     # NBVAL_IGNORE_OUTPUT
-    from flashcourse.reference import split_q
-    mem = warp_memory()
-    split_q(q[:32], k, v, warps=4, B_c=32, memory=mem)     # the same 32 rows and 64 keys
-    show_stepper(mem, steps=[0, 1])                        # both key blocks: reads, and nothing else
+    import numpy as np
+    from flashcourse import reference as ref, viz
+    q, k, v = np.random.default_rng(1).normal(size=(3, 64, 16))     # the same 32 rows and 64 keys
+    ref.split_q(q[:32], k, v, warps=4, B_c=32, memory=(mem := ref.warp_memory()))
+    viz.show_stepper(mem, steps=[0, 1])                   # both key blocks: reads, and nothing else
     """, "subslide", name="warps-stepper-q"),
 
     md("""
