@@ -214,6 +214,20 @@ CELLS = [
 
     The benchmark suite times `flash_decode_taught` beside it (`flashcourse bench decode`).
     """, "subslide", name="fast-md"),
+    md("""
+    **The printed kernel beside `flash_decode`**, measured side by side on an H200
+    (`bench.shipped("decode", gpu="h200", flush="read")`; the H100 files have no taught rows): it takes
+    1.11–2.31× its time with 32 KV heads and 1.63–7.86× with 8, most at batch 1 with long contexts. Its
+    loads feed no `tl.dot`, so Triton does not pipeline them, and with 8 KV heads it reads each key 4
+    times; the grouped `tl.dot` reads it once with its loads pipelined, which counts most where few
+    programs (batch 1) are left to hide the latency.
+    """, "subslide", name="taught-vs-fast-md"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    from flashcourse import bench
+    from flashcourse.bench.decode import taught_table
+    print(taught_table(bench.shipped("decode", gpu="h200", flush="read")))
+    """, "-", name="taught-vs-fast"),
     code("""
     # NBVAL_CHECK_OUTPUT
     import torch

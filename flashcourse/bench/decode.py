@@ -38,7 +38,7 @@ from __future__ import annotations
 from .. import backend
 from .harness import Case, Workload, suite
 
-__all__ = ["decode", "IMPLS", "table", "PHI"]
+__all__ = ["decode", "IMPLS", "table", "taught_table", "PHI"]
 
 #: The implementations the suite times, in order.
 IMPLS = ["kernels.flash_decode", "kernels.flash_decode_taught", "kernels.unified_max_decode",
@@ -187,3 +187,32 @@ def table(result) -> list[dict]:
         True
     """
     return result.rows("H_kv", "B", "L")
+
+
+def taught_table(result, fast: str = "kernels.flash_decode") -> str:
+    """Time of ``fast``'s taught kernel (``fast + "_taught"``) over ``fast``'s, per L (rows) and H_kv, B
+    (columns) of a ``decode`` result: what chapters 4 and 5 print beside the fast path.
+
+    Example (measured on an H200; the H100 files have no taught rows):
+        >>> from flashcourse.bench import shipped
+        >>> print(taught_table(shipped("decode", gpu="h200", flush="read")).splitlines()[3])
+           1024 |   1.41x   1.54x   1.26x  |   1.63x   3.15x   3.54x
+        >>> taught_table(shipped("decode", gpu="h200"), fast="sdpa")
+        Traceback (most recent call last):
+        ...
+        ValueError: taught_table: fast must name a kernel timed beside its taught one (kernels.flash_decode, kernels.unified_max_decode), got 'sdpa'
+    """
+    ms = {(r.impl, r.params["H_kv"], r.params["B"], r.params["L"]): r.ms for r in result.records if r.ms}
+    impls = sorted({k[0] for k in ms})
+    if fast + "_taught" not in impls or fast not in impls:
+        have = ", ".join(i[:-len("_taught")] for i in impls if i.endswith("_taught"))
+        raise ValueError(f"taught_table: fast must name a kernel timed beside its taught one ({have}), got {fast!r}")
+    H_kvs, Bs, Ls = (sorted({k[i] for k in ms if k[0] == fast}, reverse=i == 1) for i in (1, 2, 3))
+    heads = [f"{'MHA' if H_kv == result.records[0].params['H_q'] else 'GQA'} (H_kv = {H_kv})" for H_kv in H_kvs]
+    lines = [f"{fast.split('.')[-1]}_taught / {fast.split('.')[-1]} time, {result.provenance['gpu']}",
+             ("        |" + "|".join(f"{h:^{8 * len(Bs) + 2}s}" for h in heads)).rstrip(),
+             "      L |" + "  |".join("".join(f"{f'B = {B}':>8s}" for B in Bs) for _ in H_kvs)]
+    ratio = {k[1:]: ms[k] / ms[(fast,) + k[1:]] for k in ms if k[0] == fast + "_taught"}
+    for L in Ls:
+        lines.append(f"{L:7d} |" + "  |".join("".join(f"{ratio[(H_kv, B, L)]:7.2f}x" for B in Bs) for H_kv in H_kvs))
+    return "\n".join(lines)
