@@ -229,6 +229,21 @@ CELLS = [
     print(viz.kernel_source(aot.kernel_of("unified_max_decode"), start="acc, l_i, m_i = chunk_async(",
                             stop="# One counter"))
     """, "subslide", name="fallback-kernel-src"),
+    md("""
+    **The printed kernels beside `unified_max_decode`**, measured side by side on an H200
+    (`bench.shipped("decode", gpu="h200", flush="read")`; the H100 files have no taught rows): they take
+    1.11–2.62× its time with 32 KV heads and 1.99–9.00× with 8, most at batch 1 with long contexts. As in
+    chapter 4, `partials_kernel`'s loads feed no `tl.dot`, so Triton does not pipeline them, and with 8 KV
+    heads it reads each key 4 times; the grouped `tl.dot` reads it once with its loads pipelined, which
+    counts most where few programs (batch 1) are left to hide the latency.
+    """, "subslide", name="taught-vs-fast-md"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    from flashcourse import bench
+    from flashcourse.bench.decode import taught_table
+    h200 = bench.shipped("decode", gpu="h200", flush="read")
+    print(taught_table(h200, fast="kernels.unified_max_decode"))
+    """, "-", name="taught-vs-fast"),
     code("""
     # NBVAL_CHECK_OUTPUT
     import torch
