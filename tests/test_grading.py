@@ -24,7 +24,7 @@ import pytest
 
 from flashcourse import grading
 from flashcourse.grading import CheckResult, GradeReport, grade, identify, without_checks
-from flashcourse.grading.notebook_run import KERNEL_START_ERRORS
+from flashcourse.grading.notebook_run import KERNEL_DIED, KERNEL_START_ERRORS
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "01_online_softmax"
@@ -248,6 +248,14 @@ def test_canonical_checks_ship_with_the_package():
     assert {grading.CHECKS_JSON.name, grading.GRADING_JSON.name} <= set(data)
 
 
+def test_every_exercises_set_up_runs():
+    """The set-up the verdict runs before the solution cells raises nothing: exercise 05's ran two lines of its
+    demos (``K[2, 17] = ...``), which raised NameError in every worker and added "(set-up raised NameError ...)"
+    to the students' messages."""
+    for name, given in grading.load_grading().items():
+        exec(compile(given["setup"], f"<{name} set-up>", "exec"), {"__name__": "__main__"})
+
+
 def test_grading_fixes_the_hidden_cases_and_practice_draws_fresh_ones(monkeypatch):
     from flashcourse.checks.cases import GRADED_SEED_ENV, seed_of
     env = grading.grading_env()
@@ -282,8 +290,8 @@ def batch(tmp_path_factory):
             nbformat.write(nb, target)
     (subs / "alice" / ".ipynb_checkpoints").mkdir()
     (subs / "alice" / ".ipynb_checkpoints" / f"{NAME}-checkpoint.ipynb").write_text("{}")
-    # dave's dead kernel is found by nbval's timeout on its cell (then 5 s more to interrupt it): 15 s, as the
-    # tampering corpus grades this exercise; alice's slowest cell, the imports, takes about 2 s on a loaded machine
+    # dave's dead kernel fails its cell at once; 15 s a cell, as the tampering corpus grades this exercise (alice's
+    # slowest cell, the imports, takes about 2 s on a loaded machine)
     proc = subprocess.run([sys.executable, "-m", "flashcourse.cli", "grade", str(subs), "--out", str(tmp / "grades"),
                            "--timeout", "15"], cwd=tmp, capture_output=True, text=True)
     return proc, tmp / "grades"
@@ -308,7 +316,7 @@ def test_a_batch_grades_every_notebook_and_writes_reports_and_a_summary(batch):
     assert [(r["check"], r["status"]) for r in by["carol"]] == [(n, "not graded") for n in CHECKS]
     assert "not a readable notebook" in by["carol"][0]["message"]
     assert [(r["check"], r["status"]) for r in by["dave"][:3]] == [(n, "not implemented") for n in CHECKS]
-    assert by["dave"][3]["check"] == "cell 2" and "the kernel died in this cell" in by["dave"][3]["message"]
+    assert by["dave"][3]["check"] == "cell 2" and KERNEL_DIED in by["dave"][3]["message"]
     assert (out / "alice" / f"{NAME}.txt").read_text(encoding="utf-8").rstrip().endswith("all 3 checks passed ✓")
     assert "(exercise 01_online_softmax, 3 checks)" in (out / "bob" / f"{NAME}.txt").read_text(encoding="utf-8")
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.txt")) == \

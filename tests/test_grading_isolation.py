@@ -163,6 +163,66 @@ def test_a_kernel_is_rebuilt_from_its_text_with_its_jit_helpers_and_constants(tm
         kernel_source.load_kernel([("d", src)], "missing", tmp_path)
 
 
+#: Student text that must never run in the verdict: it would fake every check there (issue 32, class 1).
+PAYLOAD = "import builtins; builtins.flashcourse_payload_ran = True"
+
+
+@pytest.mark.parametrize("cell", [
+    # the rest of a constant's line, after a ;
+    KERNEL + "SCALE = tl.constexpr(2.0); " + PAYLOAD + "\n",
+    # the start of its line, before it
+    PAYLOAD + "; SCALE = tl.constexpr(2.0)\n" + KERNEL,
+    # a line that Python reads as part of a comment, and str.splitlines as a line of its own (U+2028), so that the
+    # cell's text, numbered by lines, gives the kernel's line range to the payload
+    "# about the kernel\u2028" + PAYLOAD + "\n" + KERNEL.lstrip("\n").replace("mask=offs < n)\n", "mask=offs < n)\n    pass\n"),
+    # ... or the constant's line
+    "# a constant\u2028" + PAYLOAD + "\nSCALE = tl.constexpr(2.0)\n" + KERNEL,
+], ids=["after-semicolon", "before-semicolon", "line-separator-kernel", "line-separator-constant"])
+def test_no_student_text_runs_where_a_kernel_is_rebuilt(tmp_path, cell):
+    """Issue 32, class 1: on main each of these ran PAYLOAD in the verdict (which, there, replaced the verdict's
+    run_one and passed every check); a kernel is now written from the syntax tree the grader validated."""
+    import builtins
+    try:
+        kernel = kernel_source.load_kernel([("c", cell)], "k", tmp_path)
+        assert not hasattr(builtins, "flashcourse_payload_ran")
+    finally:
+        vars(builtins).pop("flashcourse_payload_ran", None)
+    assert kernel.fn.__name__ == "k" and "builtins" not in (tmp_path / "graded_k.py").read_text()
+
+
+def test_the_constants_a_kernel_commonly_uses_are_rebuilt(tmp_path):
+    """An honest ``NEG_INF = tl.constexpr(float('-inf'))`` was refused (literal_eval): a constant is any
+    constant expression, computed by the grader, and written back as its value."""
+    consts = textwrap.dedent("""
+        import math
+        NEG_INF = tl.constexpr(float('-inf'))
+        LOG2E = tl.constexpr(1 / math.log(2))
+        BIG = tl.constexpr(-1e30)
+        HALF = tl.constexpr(2 ** 4 // 2)
+        """)
+    src = consts + KERNEL.replace('other=float("-inf")', "other=NEG_INF").replace(
+        "tl.exp(x - tl.max(x, axis=0))", "tl.exp2((x - tl.max(x, axis=0)) * LOG2E) + BIG * 0 + HALF * 0")
+    kernel = kernel_source.load_kernel([("c", src)], "k", tmp_path)
+    text = (tmp_path / "graded_k.py").read_text()
+    assert "NEG_INF = tl.constexpr(float('-inf'))" in text and "HALF = tl.constexpr(8)" in text and "math" not in text
+    import torch
+    from flashcourse import backend
+    x = torch.randn(10, device=backend.DEVICE)
+    y = torch.empty(10, device=backend.DEVICE)
+    kernel[(1,)](x, y, 10, BLOCK=16)
+    assert torch.allclose(y, torch.exp(x - x.max()), rtol=1e-5)
+    for bad, why in [("len(__import__('os').listdir())", "is not a number"), ("10 ** 10 ** 10", "is not a number"),
+                     ("1, 2", "one value")]:
+        with pytest.raises(kernel_source.KernelSourceError, match=f"uses `NEG_INF`, a constant the grader could not rebuild .*{why}"):
+            kernel_source.load_kernel([("c", src.replace("float('-inf'))", f"{bad})"))], "k", tmp_path)
+
+
+def test_a_kernel_in_a_cell_magic_is_found(tmp_path):
+    """``%%time`` over a solution cell: the kernel is in the magic's body (as the worker runs it too)."""
+    kernel = kernel_source.load_kernel([("c", "%%time\n" + KERNEL)], "k", tmp_path)
+    assert kernel.fn.__name__ == "k"
+
+
 # ---------------------------------------------------------------------------------------------
 # the installation
 
