@@ -15,9 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..checks.cases import GRADED_SEED_ENV
 from .contain import run_contained
-from .status import FAILED, GRADED_SEED, NOT_IMPLEMENTED, NOT_RUN, GradingError
+from .status import FAILED, NOT_IMPLEMENTED, NOT_RUN, GradingError
 
 __all__ = ["grading_env", "failure_message", "run_notebook", "kernel_never_started", "KERNEL_DIED"]
 
@@ -96,11 +95,11 @@ def pytest_sessionfinish(session, exitstatus):
 
 def grading_env() -> dict:
     """The environment the graded notebook runs in: this package importable (even from a checkout that
-    is not installed), and the graded seed that fixes the checks' hidden cases.
+    is not installed), and nothing that tells it from a practice run.
 
     Example:
-        >>> grading_env()[GRADED_SEED_ENV] == str(GRADED_SEED)
-        True
+        >>> grading_env()["PYTHONDONTWRITEBYTECODE"]
+        '1'
     """
     env = dict(os.environ)
     from .integrity import site_directories
@@ -109,7 +108,6 @@ def grading_env() -> dict:
         env["PYTHONPATH"] = os.pathsep.join([str(pkg_parent)] + [p for p in [env.get("PYTHONPATH")] if p])
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     env["PYTHONDONTWRITEBYTECODE"] = "1"
-    env[GRADED_SEED_ENV] = str(GRADED_SEED)   # the same hidden cases on every grade: one verdict per notebook
     return env
 
 

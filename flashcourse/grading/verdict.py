@@ -12,8 +12,9 @@ each check of the exercise is given
   plain data both ways.
 
 A check passes when it returns and printed exactly its expected line (the one the solutions
-notebook printed); the graded seed (``FLASHCOURSE_GRADED_SEED``) fixes its hidden cases. The results
-(one per check: name, status, message) go to a JSON file.
+notebook printed); it draws its hidden cases from the job's seed, which the grader drew fresh and
+secret for this grade (the worker never learns it). The job comes over the process's standard input;
+the results (one per check: name, status, message) go to a JSON file.
 
 Example:
     >>> job = {"checks": [{"name": "merge", "argument": "merge", "kernel": False,
@@ -36,18 +37,18 @@ __all__ = ["run_checks", "run_one", "main", "PASSED", "FAILED", "NOT_IMPLEMENTED
 PASSED, FAILED, NOT_IMPLEMENTED = "passed", "failed", "not implemented"
 
 
-def run_one(check, fn, expected: str) -> tuple[str, str]:
-    """(status, message) of ``check(fn)``: passed when it returns having printed ``expected``.
+def run_one(check, fn, expected: str, seed: int | None = None) -> tuple[str, str]:
+    """(status, message) of ``check(fn, seed=seed)``: passed when it returns having printed ``expected``.
 
     Example:
         >>> from flashcourse import checks
-        >>> run_one(checks.merge, lambda *a: 1 / 0, "")[0]
+        >>> run_one(checks.merge, lambda *a: 1 / 0, "", seed=1)[0]
         'failed'
     """
     out = io.StringIO()
     try:
         with contextlib.redirect_stdout(out):
-            check(fn)
+            check(fn, seed=seed)
     except NotImplementedError as e:
         return NOT_IMPLEMENTED, str(e)
     except AssertionError as e:
@@ -77,7 +78,7 @@ def run_checks(job: dict, on_result=None) -> list[dict]:
         except KernelSourceError as e:
             results[chk["name"]] = (FAILED, str(e))
             continue
-        results[chk["name"]] = run_one(getattr(checks, chk["name"]), kernel, chk["expected"])
+        results[chk["name"]] = run_one(getattr(checks, chk["name"]), kernel, chk["expected"], job.get("seed"))
     functions = [c for c in job["checks"] if not c["kernel"]]
     if functions:
         with Worker(job["setup"], cells, path=job.get("worker_path"), timeout=job.get("timeout", 600)) as worker:
@@ -91,7 +92,7 @@ def run_checks(job: dict, on_result=None) -> list[dict]:
                 cell_errors = "; ".join(f"{e['where']} raised {e['ename']}: {e['evalue']}" for e in errors)
                 for chk in functions:
                     status, message = run_one(getattr(checks, chk["name"]), worker.function(chk["argument"]),
-                                              chk["expected"])
+                                              chk["expected"], job.get("seed"))
                     if status == FAILED and cell_errors and "is not defined" in message:
                         message += f"\n  (when the grader ran your solution cells: {cell_errors})"
                     results[chk["name"]] = (status, message)
@@ -114,10 +115,9 @@ class _Results(dict):
         return [{"name": n, "status": s, "message": m} for n, (s, m) in self.items()]
 
 
-def main(job_path: str) -> None:
-    """The verdict process's entry: read the job, run the checks, write the results next to it."""
-    with open(job_path, encoding="utf-8") as f:
-        job = json.load(f)
+def main() -> None:
+    """The verdict process's entry: read the job from standard input, run the checks, write the results."""
+    job = json.loads(sys.stdin.read())
 
     def write(rows):
         with open(job["results"] + ".part", "w", encoding="utf-8") as f:

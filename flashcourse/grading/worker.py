@@ -30,11 +30,13 @@ import contextlib
 import importlib.util
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -279,7 +281,7 @@ class Worker:
         self.setup, self.cells = setup, [tuple(c) for c in cells]
         self.path = path or [str(Path(__file__).resolve().parents[2])] + site_dirs()
         self.timeout, self.env = timeout, env
-        self.proc, self.conn, self.errors = None, None, []
+        self.proc, self.conn, self.errors, self.home = None, None, [], None
 
     def __enter__(self):
         return self
@@ -290,11 +292,13 @@ class Worker:
     def start(self) -> list[dict]:
         """Start the process and run the cells; returns the errors the cells raised (where, ename, evalue)."""
         mine, theirs = socket.socketpair()
-        env = dict(self.env if self.env is not None else os.environ)
+        env = {k: v for k, v in (self.env if self.env is not None else os.environ).items()
+               if not k.startswith("FLASHCOURSE_")}       # nothing of the grader's but what Python needs
         env["PYTHONDONTWRITEBYTECODE"] = "1"
+        self.home = tempfile.mkdtemp()                     # a folder of its own, named like any
         self.proc = subprocess.Popen(
             isolated_command(f"from flashcourse.grading.worker import serve; serve({theirs.fileno()})", self.path),
-            pass_fds=(theirs.fileno(),), env=env, start_new_session=True,
+            pass_fds=(theirs.fileno(),), env=env, start_new_session=True, cwd=self.home,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         theirs.close()
         self.conn = Connection(mine.detach())
@@ -349,4 +353,7 @@ class Worker:
                 pass
             code = self.proc.wait() if code is None else code
             self.proc = None
+        if self.home is not None:
+            shutil.rmtree(self.home, ignore_errors=True)
+            self.home = None
         return code
