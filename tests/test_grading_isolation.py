@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flashcourse.grading import contain, integrity, kernel_source, wire
+from flashcourse.grading import contain, integrity, kernel_source, sandbox, wire
 from flashcourse.grading.worker import Worker, WorkerDied, WorkerTimeout, site_dirs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -302,3 +302,69 @@ def test_no_process_outlives_a_contained_command(tmp_path):
     assert r.returncode == contain.TIMED_OUT
     r = contain.run_contained([sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"], timeout=10)
     assert r.returncode == 128 + 9
+
+
+#: What a process of the student's tries on one of the grader's (PID): read its memory, open its descriptors
+#: (the verdict's result pipe is one), lift the limit on the size of files; and what privileges it holds.
+REACH = textwrap.dedent("""
+    import os, resource, sys
+    pid = int(sys.argv[1])
+    tried = {}
+    for what, path in (("mem", f"/proc/{pid}/mem"), ("fd", f"/proc/{pid}/fd/0")):
+        try:
+            open(path, "rb").close()
+            tried[what] = "opened"
+        except OSError as e:
+            tried[what] = type(e).__name__
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        tried["limit"] = "lifted"
+    except (ValueError, OSError):
+        tried["limit"] = "kept"
+    status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+    tried["caps"] = int(status["CapEff"].strip(), 16)
+    tried["no_new_privs"] = status["NoNewPrivs"].strip()
+    tried["uid"] = os.getuid()
+    print(repr(tried))
+    """)
+
+
+def reach(uid=None, python=sys.executable) -> dict:
+    """REACH, started as the worker is (sandbox.launch), against a non-dumpable process of the grader's."""
+    grader = subprocess.Popen([sys.executable, "-I", "-S", "-c", contain.SANDBOX + "\nundumpable()\nimport time\n"
+                               "print('ready', flush=True)\ntime.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert grader.stdout.readline().strip() == "ready"
+        job = {"uid": uid, "cmd": [python, "-I", "-S", "-c", REACH, str(grader.pid)]}
+        out = subprocess.run([sys.executable, "-I", "-S", "-c", contain.SANDBOX + "\nlaunch()\n", json.dumps(job)],
+                             capture_output=True, text=True, cwd="/")
+        import ast
+        return ast.literal_eval(out.stdout.strip())
+    finally:
+        grader.kill()
+        grader.wait()
+
+
+def test_the_students_code_cannot_reach_the_grader_or_lift_its_limits():
+    """Issue 32, class 4: the worker wrote the verdict's memory through /proc/PID/mem (same user) and could open
+    its descriptors. The grader's processes are non-dumpable, and the student's start behind lock_down: as root
+    without a capability (or as a user of their own), never gaining privileges again."""
+    got = reach()
+    assert got["mem"] == got["fd"] == "PermissionError", got
+    assert got["limit"] == "kept" and got["no_new_privs"] == "1" and got["caps"] == 0, got
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="runs as another user only under root")
+def test_under_root_the_students_code_runs_as_a_user_of_its_own(tmp_path):
+    """Where this Python is readable by others (a container, Colab), the student's code runs as its own user; the
+    system's python3 stands in for it where this one is not (this checkout's own under /root)."""
+    python = next((p for p in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3")
+                   if Path(p).exists() and sandbox.readable_by_others(p)), None)
+    if python is None:
+        pytest.skip("no Python here is readable by another user")
+    uid = sandbox.unprivileged_uid(0, [python])
+    got = reach(uid, python)
+    assert got["uid"] == uid and got["mem"] == got["fd"] == "PermissionError" and got["caps"] == 0, got
+    assert sandbox.unprivileged_uid(0, ["/root/.no-such-place"]) is None
+    assert sandbox.protection(uid, True) == "" and "as root" in sandbox.protection(None, True)

@@ -43,9 +43,11 @@ import ast
 import copy
 import importlib.util
 import json
+import os
 import secrets
 import sys
 import tempfile
+import threading
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -273,29 +275,46 @@ def verdict_job(exercise: str, cells, seed: int, checks_json: Path | str | None 
             "checks": [{"name": c["name"], **graded["arguments"][c["name"]], "expected": _expected(c)} for c in checks]}
 
 
-def run_verdict(snapshot, job: dict, timeout: float) -> list[dict]:
+def run_verdict(snapshot, job: dict, timeout: float) -> tuple[list[dict], list[str]]:
     """Run the checks of ``job`` (:func:`verdict_job`) in a fresh, isolated process importing the course from a
-    copy of the verified ``snapshot`` (:mod:`.verdict`); one ``{"name", "status", "message"}`` per check. A check
-    the process did not finish (a kernel that never returns, a crash) fails, saying so."""
+    copy of the verified ``snapshot`` (:mod:`.verdict`): one ``{"name", "status", "message"}`` per check, and what
+    went wrong with the channel the results came back on (something besides the verdict wrote to it). The job
+    goes in over the verdict's standard input, the results come back over a pipe of its own, every line with a
+    token the job alone carries. A check the process did not finish (a kernel that never returns, a crash)
+    fails, saying so."""
     from .worker import SETUP_SECONDS, isolated_command, site_dirs
-    with tempfile.TemporaryDirectory(prefix="flashcourse-verdict-") as tmp:
+    token, lines = secrets.token_hex(16), []
+    with tempfile.TemporaryDirectory(prefix="flashcourse-verdict-") as tmp, \
+            tempfile.TemporaryDirectory(prefix="flashcourse-worker-") as worker_copy:
         tmp = Path(tmp)
+        os.chmod(worker_copy, 0o755)                # read by the worker, which may run as a user of its own
         (tmp / "scratch").mkdir()
         path = [str(snapshot.write_copy(tmp / "verdict"))] + site_dirs()
-        job = dict(job, scratch=str(tmp / "scratch"), results=str(tmp / "results.json"),
-                   worker_path=[str(snapshot.write_copy(tmp / "worker"))] + site_dirs(), timeout=timeout)
-        cmd = isolated_command("from flashcourse.grading.verdict import main; main()", path)
+        job = dict(job, token=token, scratch=str(tmp / "scratch"), timeout=timeout,
+                   worker_path=[str(snapshot.write_copy(worker_copy))] + site_dirs())
+        read_end, write_end = os.pipe()
+        reader = threading.Thread(target=lambda: lines.extend(open(read_end, encoding="utf-8", errors="replace")))
+        reader.start()
+        cmd = isolated_command(f"from flashcourse.grading.verdict import main; main({write_end})", path)
         limit = timeout * (len(job["checks"]) + 1) + 2 * SETUP_SECONDS
-        proc = run_contained(cmd, timeout=limit, cwd=tmp / "scratch", env=grading_env(), input=json.dumps(job))
-        why = (f"timed out: the checks took longer than {limit:g} s" if proc.returncode == TIMED_OUT
-               else f"the check process ended with exit status {proc.returncode}")
-        err = proc.stderr
-        done = json.loads((tmp / "results.json").read_text()) if (tmp / "results.json").exists() else []
-    last = [line for line in (err or "").strip().splitlines() if line.strip()][-1:]
+        proc = run_contained(cmd, timeout=limit, cwd=tmp / "scratch", env=grading_env(), input=json.dumps(job),
+                             pass_fds=(write_end,))
+        reader.join()
+    why = (f"timed out: the checks took longer than {limit:g} s" if proc.returncode == TIMED_OUT
+           else f"the check process ended with exit status {proc.returncode}")
+    done, problems = [], []
+    for line in lines:
+        try:
+            message = json.loads(line)
+            assert message["token"] == token
+            done = list(message["rows"])
+        except (ValueError, KeyError, TypeError, AssertionError):
+            problems.append(f"the verdict's results were written to by something else: {line[:80]!r}")
+    last = [line for line in (proc.stderr or "").strip().splitlines() if line.strip()][-1:]
     by_name = {r["name"]: r for r in done}
     return [by_name.get(c["name"]) or {"name": c["name"], "status": FAILED,
                                        "message": f"not finished: {why}" + (f" ({last[0][:300]})" if last else "")}
-            for c in job["checks"]]
+            for c in job["checks"]], problems
 
 
 def _tampering(snapshot, startup) -> list[str]:
@@ -323,6 +342,9 @@ def grade(notebook: Path | str, *, checks_json: Path | str | None = None, exerci
         (False, ['not implemented', 'not implemented', 'not implemented'])
     """
     from .integrity import Snapshot, StartupFiles, TamperedError, verify_dependencies
+    from .sandbox import undumpable, unprivileged_uid
+    from .worker import interpreter_paths
+    undumpable()       # the results come back to this process: no process of the student's may read it
     missing = [m for m in ("pytest", "nbval") if importlib.util.find_spec(m) is None]
     if missing:
         raise GradingError(f"grading runs the notebook under pytest and nbval, and {' and '.join(missing)} "
@@ -348,8 +370,9 @@ def grade(notebook: Path | str, *, checks_json: Path | str | None = None, exerci
     results, output = run_notebook(runnable, name, timeout)
     tampered = _tampering(snapshot, startup)
     cells, notes = solution_sources(nb, graded["solution_cells"])
-    verdict = run_verdict(snapshot, verdict_job(name, cells, seed, checks_json), timeout)
-    tampered += [t for t in _tampering(snapshot, startup) if t not in tampered]
+    job = dict(verdict_job(name, cells, seed, checks_json), uid=unprivileged_uid(0, interpreter_paths()))
+    verdict, channel = run_verdict(snapshot, job, timeout)
+    tampered += [t for t in _tampering(snapshot, startup) + channel if t not in tampered]
     report = GradeReport(str(notebook), name, [], notes=notes, pytest_output=output, tampered=tampered, seed=seed)
     for c, r in zip(checks, verdict):
         report.checks.append(CheckResult(c["name"], c["id"], r["status"], r["message"]))

@@ -13,8 +13,16 @@ each check of the exercise is given
 
 A check passes when it returns and printed exactly its expected line (the one the solutions
 notebook printed); it draws its hidden cases from the job's seed, which the grader drew fresh and
-secret for this grade (the worker never learns it). The job comes over the process's standard input;
-the results (one per check: name, status, message) go to a JSON file.
+secret for this grade (the worker never learns it).
+
+The job comes over the process's standard input, and the results (one per check: name, status,
+message) go back over a pipe the grader handed to this process alone, each line with the job's token
+(:func:`main`). Nothing of the student's can reach that pipe: the worker does not inherit it, and this
+process, like the grader's, is non-dumpable (:func:`flashcourse.grading.sandbox.undumpable`), so no
+other process of the same user may open its file descriptors or its memory through ``/proc``; the
+worker runs behind :func:`flashcourse.grading.sandbox.lock_down`. (Before issue 32 the results were a
+file the worker could find, replace by a hard link or rewrite through ``mmap``, and the verdict's
+memory could be rewritten through ``/proc/PID/mem``.)
 
 Example:
     >>> job = {"checks": [{"name": "merge", "argument": "merge", "kernel": False,
@@ -81,7 +89,8 @@ def run_checks(job: dict, on_result=None) -> list[dict]:
         results[chk["name"]] = run_one(getattr(checks, chk["name"]), kernel, chk["expected"], job.get("seed"))
     functions = [c for c in job["checks"] if not c["kernel"]]
     if functions:
-        with Worker(job["setup"], cells, path=job.get("worker_path"), timeout=job.get("timeout", 600)) as worker:
+        with Worker(job["setup"], cells, path=job.get("worker_path"), timeout=job.get("timeout", 600),
+                    uid=job.get("uid")) as worker:
             try:
                 errors = worker.start()
             except Exception as e:  # noqa: BLE001 - the cells did not even set up: every check fails with why
@@ -115,13 +124,16 @@ class _Results(dict):
         return [{"name": n, "status": s, "message": m} for n, (s, m) in self.items()]
 
 
-def main() -> None:
-    """The verdict process's entry: read the job from standard input, run the checks, write the results."""
+def main(result_fd: int) -> None:
+    """The verdict process's entry: become non-dumpable, read the job from standard input, run the checks;
+    after each one, write every result so far to ``result_fd`` as one JSON line with the job's token."""
+    from .sandbox import undumpable
+    undumpable()
     job = json.loads(sys.stdin.read())
+    out = os.fdopen(result_fd, "w", encoding="utf-8")
 
     def write(rows):
-        with open(job["results"] + ".part", "w", encoding="utf-8") as f:
-            json.dump(rows, f)
-        os.replace(job["results"] + ".part", job["results"])
+        out.write(json.dumps({"token": job["token"], "rows": rows}) + "\n")
+        out.flush()
     write(run_checks(job, on_result=write))
-    sys.stdout.flush()
+    out.close()

@@ -28,6 +28,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -40,9 +41,10 @@ import tempfile
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from .contain import SANDBOX
 from .wire import decode, encode
 
-__all__ = ["Worker", "WorkerDied", "WorkerTimeout", "site_dirs", "isolated_command", "python_of", "cell_statements",
+__all__ = ["Worker", "WorkerDied", "WorkerTimeout", "site_dirs", "interpreter_paths", "isolated_command", "python_of", "cell_statements",
            "stand_ins", "serve", "seal_course", "COURSE", "RUNNING_MAGICS"]
 
 #: The package a solution may not use.
@@ -80,6 +82,18 @@ def site_dirs() -> list[str]:
     paths = sysconfig.get_paths()
     found += [str(Path(p).resolve()) for p in (paths["purelib"], paths["platlib"])]
     return list(dict.fromkeys(found))
+
+
+def interpreter_paths() -> list[str]:
+    """What a process of the grade's reads to run this Python: the interpreter, the standard library and
+    :func:`site_dirs` (a user the student's code runs as must be able to read them all).
+
+    Example:
+        >>> interpreter_paths()[0] == sys.executable
+        True
+    """
+    paths = sysconfig.get_paths()
+    return list(dict.fromkeys([sys.executable, paths["stdlib"], paths["platstdlib"]] + site_dirs()))
 
 
 def isolated_command(code: str, path: list[str]) -> list[str]:
@@ -277,10 +291,10 @@ class Worker:
     """
 
     def __init__(self, setup: str, cells, path: list[str] | None = None, timeout: float = 600,
-                 env: dict | None = None):
+                 env: dict | None = None, uid: int | None = None):
         self.setup, self.cells = setup, [tuple(c) for c in cells]
         self.path = path or [str(Path(__file__).resolve().parents[2])] + site_dirs()
-        self.timeout, self.env = timeout, env
+        self.timeout, self.env, self.uid = timeout, env, uid
         self.proc, self.conn, self.errors, self.home = None, None, [], None
 
     def __enter__(self):
@@ -296,8 +310,11 @@ class Worker:
                if not k.startswith("FLASHCOURSE_")}       # nothing of the grader's but what Python needs
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         self.home = tempfile.mkdtemp()                     # a folder of its own, named like any
-        self.proc = subprocess.Popen(
-            isolated_command(f"from flashcourse.grading.worker import serve; serve({theirs.fileno()})", self.path),
+        if self.uid is not None:
+            os.chown(self.home, self.uid, self.uid)
+        worker = isolated_command(f"from flashcourse.grading.worker import serve; serve({theirs.fileno()})", self.path)
+        self.proc = subprocess.Popen(       # behind sandbox.lock_down: as its own user, or without any privilege
+            [sys.executable, "-I", "-S", "-c", SANDBOX + "\nlaunch()\n", json.dumps({"uid": self.uid, "cmd": worker})],
             pass_fds=(theirs.fileno(),), env=env, start_new_session=True, cwd=self.home,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         theirs.close()
