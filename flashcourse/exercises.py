@@ -31,6 +31,7 @@ Example:
 from __future__ import annotations
 
 import ast
+import builtins
 import copy
 import json
 import re
@@ -251,6 +252,7 @@ def grading_cells(nb, where: str = "notebook") -> dict:
                     and SOLUTION_TAG in c.get("metadata", {}).get("tags", [])]
     last = solution_idx[-1] if solution_idx else -1
     setup, solution_cells, kernels, arguments = [], [], set(), {}
+    bound = set(dir(builtins))
     for k, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
@@ -263,14 +265,35 @@ def grading_cells(nb, where: str = "notebook") -> dict:
             for check_name, argument in _CHECK_ARGUMENT.findall(cell.source):
                 arguments[check_name] = {"argument": argument}
         elif k < last:
-            keep = [n for n in body if isinstance(n, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef))
-                    or (isinstance(n, ast.Assign) and not any(isinstance(x, ast.Call) for x in ast.walk(n.value)))]
-            setup += [ast.get_source_segment(cell.source, n) for n in keep]
+            for n in body:
+                if _given(n, bound):
+                    setup.append(ast.get_source_segment(cell.source, n))
+                    bound |= _binds(n)
     for check_name, a in arguments.items():
         a["kernel"] = a["argument"] in kernels
         if not any(a["argument"] in c["defines"] for c in solution_cells):
             raise ValueError(f"{where}: check.{check_name} is given {a['argument']}, which no solution cell defines")
     return {"setup": "\n".join(setup), "solution_cells": solution_cells, "arguments": arguments}
+
+
+def _binds(node) -> set:
+    """The names a statement of a cell binds at its top level."""
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return {(a.asname or a.name).split(".")[0] for a in node.names}
+    if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+        return {node.name}
+    return {t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)}
+
+
+def _given(node, bound: set) -> bool:
+    """Whether a statement of a given cell belongs to the exercise's set-up: imports and definitions, and
+    assignments of plain names computed without a call from names already given (``DEVICE = flashcourse.backend.DEVICE``),
+    not the demos' lines (``K[2, 17] = ...``, ``h = stats[...]``, which raise where the demo did not run)."""
+    if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef)):
+        return True
+    return (isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets)
+            and not any(isinstance(x, ast.Call) for x in ast.walk(node.value))
+            and all(x.id in bound for x in ast.walk(node.value) if isinstance(x, ast.Name)))
 
 
 def _outputs(solutions: Path, exercises: Path, checks_json: Path) -> dict[Path, bytes]:

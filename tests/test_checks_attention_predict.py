@@ -1,7 +1,7 @@
 """Chapter 2's predict check (FlashAttention-1's HBM accesses) and its mutant corpus.
 
 Each mutant is a textual mutation of the solutions notebook's ``predict_fa1_accesses`` cell, rejected under
-the graded seed and three fresh ones, with the hint that names the mistake. The truth the check compares
+a fixed seed and three fresh ones, with the hint that names the mistake. The truth the check compares
 with is counted (the course's Algorithm 1 on a counted memory), and shown here to equal the chapter's
 closed form on every case of a run.
 """

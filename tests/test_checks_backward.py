@@ -1,6 +1,6 @@
 """Chapter 7's checks: fa2_backward_step and dkdv_kernel accept the solutions notebook's code and reject the
 mistakes the chapter teaches -- D left out, P not recomputed from the saved log-sum-exp, the transpose on
-the wrong side, dQ written without accumulation, a forgotten scale or mask, fp16 sums -- under the graded
+the wrong side, dQ written without accumulation, a forgotten scale or mask, fp16 sums -- under a fixed
 seed and three fresh ones, each with the hint the check derives from the mistake's own answer.
 
 The mutants are textual mutations of the solutions notebook's cells (tests/solution_cells.py).

@@ -2,7 +2,7 @@
 the chapter teaches (a store where an atomic add is needed, each chunk's own maximum, fp16 sums, a flag on
 one side of the window or on every key, a flag set back to 0, keys past L, a chunk one key too long).
 
-The mutants are textual mutations of the solutions notebook's own cell, each rejected under the graded seed
+The mutants are textual mutations of the solutions notebook's own cell, each rejected under a fixed seed
 and three fresh ones, with the hint the check derives from the mistake's own answer where it has one.
 """
 import numpy as np

@@ -1,6 +1,6 @@
 """Chapter 5's phi check: choose_phi counts the rows a phi sends back, and rejects the known wrong choices.
 
-The mutants are textual mutations of the solutions notebook's own cell, each rejected under the graded seed
+The mutants are textual mutations of the solutions notebook's own cell, each rejected under a fixed seed
 and three fresh ones, with the hint of its mistake where the check diagnoses it.
 """
 import numpy as np

@@ -1,6 +1,6 @@
 """Chapter 4's split-count check: choose_num_splits accepts what the chapter's model defends, rejects the rest.
 
-The mutants are textual mutations of the solutions notebook's own cell, each rejected under the graded
+The mutants are textual mutations of the solutions notebook's own cell, each rejected under a fixed
 seed and three fresh ones, with the rule it breaks (and the hint, where the mistake is a known one).
 """
 import io

@@ -1,6 +1,6 @@
 """The Triton primer's check (chapter 0b): rms_norm_kernel accepts the solution and rejects the known mistakes.
 
-The mutants are textual mutations of the solutions notebook's own kernel cell, each rejected under the graded
+The mutants are textual mutations of the solutions notebook's own kernel cell, each rejected under a fixed
 seed and three fresh ones, with the hint of its mistake where the check diagnoses it. Kernels run under
 Triton's interpreter on a machine without a GPU (rows of at most 1024 columns: seconds a run).
 """

@@ -1,7 +1,7 @@
 """Chapter 8's checks: block_lists and sparse_kernel accept the solutions notebook's code and reject the mistakes
 the chapter teaches -- partial blocks treated as full, a block judged by its corners (a skipped block that was not
 empty), block edges off by one, a ragged block called full, partial blocks skipped, a tile's bits read backwards,
-loads past N_k, rows that see no key -- under the graded seed and three fresh ones, with the hint the check
+loads past N_k, rows that see no key -- under a fixed seed and three fresh ones, with the hint the check
 derives from the mistake's own answer.
 
 The mutants are textual mutations of the solutions notebook's cells (tests/solution_cells.py).

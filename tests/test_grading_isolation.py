@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flashcourse.grading import contain, integrity, kernel_source, wire
+from flashcourse.grading import contain, integrity, kernel_source, sandbox, wire
 from flashcourse.grading.worker import Worker, WorkerDied, WorkerTimeout, site_dirs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -163,6 +163,66 @@ def test_a_kernel_is_rebuilt_from_its_text_with_its_jit_helpers_and_constants(tm
         kernel_source.load_kernel([("d", src)], "missing", tmp_path)
 
 
+#: Student text that must never run in the verdict: it would fake every check there (issue 32, class 1).
+PAYLOAD = "import builtins; builtins.flashcourse_payload_ran = True"
+
+
+@pytest.mark.parametrize("cell", [
+    # the rest of a constant's line, after a ;
+    KERNEL + "SCALE = tl.constexpr(2.0); " + PAYLOAD + "\n",
+    # the start of its line, before it
+    PAYLOAD + "; SCALE = tl.constexpr(2.0)\n" + KERNEL,
+    # a line that Python reads as part of a comment, and str.splitlines as a line of its own (U+2028), so that the
+    # cell's text, numbered by lines, gives the kernel's line range to the payload
+    "# about the kernel\u2028" + PAYLOAD + "\n" + KERNEL.lstrip("\n").replace("mask=offs < n)\n", "mask=offs < n)\n    pass\n"),
+    # ... or the constant's line
+    "# a constant\u2028" + PAYLOAD + "\nSCALE = tl.constexpr(2.0)\n" + KERNEL,
+], ids=["after-semicolon", "before-semicolon", "line-separator-kernel", "line-separator-constant"])
+def test_no_student_text_runs_where_a_kernel_is_rebuilt(tmp_path, cell):
+    """Issue 32, class 1: on main each of these ran PAYLOAD in the verdict (which, there, replaced the verdict's
+    run_one and passed every check); a kernel is now written from the syntax tree the grader validated."""
+    import builtins
+    try:
+        kernel = kernel_source.load_kernel([("c", cell)], "k", tmp_path)
+        assert not hasattr(builtins, "flashcourse_payload_ran")
+    finally:
+        vars(builtins).pop("flashcourse_payload_ran", None)
+    assert kernel.fn.__name__ == "k" and "builtins" not in (tmp_path / "graded_k.py").read_text()
+
+
+def test_the_constants_a_kernel_commonly_uses_are_rebuilt(tmp_path):
+    """An honest ``NEG_INF = tl.constexpr(float('-inf'))`` was refused (literal_eval): a constant is any
+    constant expression, computed by the grader, and written back as its value."""
+    consts = textwrap.dedent("""
+        import math
+        NEG_INF = tl.constexpr(float('-inf'))
+        LOG2E = tl.constexpr(1 / math.log(2))
+        BIG = tl.constexpr(-1e30)
+        HALF = tl.constexpr(2 ** 4 // 2)
+        """)
+    src = consts + KERNEL.replace('other=float("-inf")', "other=NEG_INF").replace(
+        "tl.exp(x - tl.max(x, axis=0))", "tl.exp2((x - tl.max(x, axis=0)) * LOG2E) + BIG * 0 + HALF * 0")
+    kernel = kernel_source.load_kernel([("c", src)], "k", tmp_path)
+    text = (tmp_path / "graded_k.py").read_text()
+    assert "NEG_INF = tl.constexpr(float('-inf'))" in text and "HALF = tl.constexpr(8)" in text and "math" not in text
+    import torch
+    from flashcourse import backend
+    x = torch.randn(10, device=backend.DEVICE)
+    y = torch.empty(10, device=backend.DEVICE)
+    kernel[(1,)](x, y, 10, BLOCK=16)
+    assert torch.allclose(y, torch.exp(x - x.max()), rtol=1e-5)
+    for bad, why in [("len(__import__('os').listdir())", "is not a number"), ("10 ** 10 ** 10", "is not a number"),
+                     ("1, 2", "one value")]:
+        with pytest.raises(kernel_source.KernelSourceError, match=f"uses `NEG_INF`, a constant the grader could not rebuild .*{why}"):
+            kernel_source.load_kernel([("c", src.replace("float('-inf'))", f"{bad})"))], "k", tmp_path)
+
+
+def test_a_kernel_in_a_cell_magic_is_found(tmp_path):
+    """``%%time`` over a solution cell: the kernel is in the magic's body (as the worker runs it too)."""
+    kernel = kernel_source.load_kernel([("c", "%%time\n" + KERNEL)], "k", tmp_path)
+    assert kernel.fn.__name__ == "k"
+
+
 # ---------------------------------------------------------------------------------------------
 # the installation
 
@@ -246,3 +306,69 @@ def test_no_process_outlives_a_contained_command(tmp_path):
     assert r.returncode == contain.TIMED_OUT
     r = contain.run_contained([sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"], timeout=10)
     assert r.returncode == 128 + 9
+
+
+#: What a process of the student's tries on one of the grader's (PID): read its memory, open its descriptors
+#: (the verdict's result pipe is one), lift the limit on the size of files; and what privileges it holds.
+REACH = textwrap.dedent("""
+    import os, resource, sys
+    pid = int(sys.argv[1])
+    tried = {}
+    for what, path in (("mem", f"/proc/{pid}/mem"), ("fd", f"/proc/{pid}/fd/0")):
+        try:
+            open(path, "rb").close()
+            tried[what] = "opened"
+        except OSError as e:
+            tried[what] = type(e).__name__
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        tried["limit"] = "lifted"
+    except (ValueError, OSError):
+        tried["limit"] = "kept"
+    status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+    tried["caps"] = int(status["CapEff"].strip(), 16)
+    tried["no_new_privs"] = status["NoNewPrivs"].strip()
+    tried["uid"] = os.getuid()
+    print(repr(tried))
+    """)
+
+
+def reach(uid=None, python=sys.executable) -> dict:
+    """REACH, started as the worker is (sandbox.launch), against a non-dumpable process of the grader's."""
+    grader = subprocess.Popen([sys.executable, "-I", "-S", "-c", contain.SANDBOX + "\nundumpable()\nimport time\n"
+                               "print('ready', flush=True)\ntime.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert grader.stdout.readline().strip() == "ready"
+        job = {"uid": uid, "cmd": [python, "-I", "-S", "-c", REACH, str(grader.pid)]}
+        out = subprocess.run([sys.executable, "-I", "-S", "-c", contain.SANDBOX + "\nlaunch()\n", json.dumps(job)],
+                             capture_output=True, text=True, cwd="/")
+        import ast
+        return ast.literal_eval(out.stdout.strip())
+    finally:
+        grader.kill()
+        grader.wait()
+
+
+def test_the_students_code_cannot_reach_the_grader_or_lift_its_limits():
+    """Issue 32, class 4: the worker wrote the verdict's memory through /proc/PID/mem (same user) and could open
+    its descriptors. The grader's processes are non-dumpable, and the student's start behind lock_down: as root
+    without a capability (or as a user of their own), never gaining privileges again."""
+    got = reach()
+    assert got["mem"] == got["fd"] == "PermissionError", got
+    assert got["limit"] == "kept" and got["no_new_privs"] == "1" and got["caps"] == 0, got
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="runs as another user only under root")
+def test_under_root_the_students_code_runs_as_a_user_of_its_own(tmp_path):
+    """Where this Python is readable by others (a container, Colab), the student's code runs as its own user; the
+    system's python3 stands in for it where this one is not (this checkout's own under /root)."""
+    python = next((p for p in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3")
+                   if Path(p).exists() and sandbox.readable_by_others(p)), None)
+    if python is None:
+        pytest.skip("no Python here is readable by another user")
+    uid = sandbox.unprivileged_uid(0, [python])
+    got = reach(uid, python)
+    assert got["uid"] == uid and got["mem"] == got["fd"] == "PermissionError" and got["caps"] == 0, got
+    assert sandbox.unprivileged_uid(0, ["/root/.no-such-place"]) is None
+    assert sandbox.protection(uid, True) == "" and "as root" in sandbox.protection(None, True)

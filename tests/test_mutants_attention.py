@@ -2,7 +2,7 @@
 
 Each mutant is a textual mutation of the solutions notebook's own cell (a line changed the way a
 student might get it wrong), beyond those of tests/test_checks_attention.py. It must be rejected under
-the graded seed (``flashcourse.grading.GRADED_SEED``) and under three fresh random seeds (the ``seed``
+a fixed seed (``solution_cells.FIXED_SEED``) and under three fresh random seeds (the ``seed``
 fixture, reported on failure): the case that kills it is in every run, never left to chance. The hint
 must name the mistake: the check computes what each known mistake gives on the failing case
 (``checks/attention_mistakes.py``) and says which one the result is. Correct variants must pass.

@@ -2,8 +2,8 @@
 with the right hint.
 
 Each mutant is a textual mutation of the solutions notebooks' own cell (a line changed the way a student
-might get it wrong), beyond those of tests/test_checks_decode.py. It must be rejected under the graded
-seed (``flashcourse.grading.GRADED_SEED``) and under three fresh random seeds (the ``seed`` fixture,
+might get it wrong), beyond those of tests/test_checks_decode.py. It must be rejected under the fixed
+seed (``solution_cells.FIXED_SEED``) and under three fresh random seeds (the ``seed`` fixture,
 reported on failure): the case that kills it is in every run, never left to chance. Where the check
 diagnoses the mistake, the message must say so. The case generators are tested too: on 200 seeds, the
 adversarial kinds kill the mistakes they exist for (NumPy emulations, no kernel). The kernel runs under

@@ -2,8 +2,8 @@
 the right hint.
 
 Each mutant is a textual mutation of the solutions notebook's own cell (a line changed the way a student
-might get it wrong), beyond those of tests/test_checks_gemm.py. It must be rejected under the graded
-seed (``flashcourse.grading.GRADED_SEED``) and under three fresh random seeds (the ``seed`` fixture,
+might get it wrong), beyond those of tests/test_checks_gemm.py. It must be rejected under the fixed
+seed (``solution_cells.FIXED_SEED``) and under three fresh random seeds (the ``seed`` fixture,
 reported on failure): the case that kills it is in every run. Where the check diagnoses the mistake, the
 message must say so. The case generators are tested too, on 200 seeds. The kernel runs under Triton's
 interpreter on a machine without a GPU.

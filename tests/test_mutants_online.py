@@ -1,8 +1,8 @@
 """Chapter 1's mutant corpus: wrong implementations the checks must reject on every run, with the right hint.
 
 Each mutant is a textual mutation of the solutions notebook's own cell (a line changed the way a
-student might get it wrong). It must be rejected under the graded seed
-(``flashcourse.grading.GRADED_SEED``) and under three fresh random seeds (the ``seed`` fixture, reported
+student might get it wrong). It must be rejected under a fixed seed
+(``solution_cells.FIXED_SEED``) and under three fresh random seeds (the ``seed`` fixture, reported
 on failure): the case that kills it is in every run, never left to chance. Where the check diagnoses
 the mistake, the message must say so. A few correct variants must pass. The kernels run under
 Triton's interpreter on a machine without a GPU (small cases: the whole file takes seconds).

@@ -9,11 +9,16 @@ subprocesses that import the course from a copy of the package (the tricks that 
 edit that copy), and after them the untampered unfinished notebook, which must still fail. Every check
 of every tampered notebook must come out *not passed*, and the copies of the package must end unchanged.
 
-Two tricks only wait out time limits (a solution that never ends: the cell's 15 s, then the verdict's
-set-up 15 + 30 s; a kernel that died: its cell's 15 s, then 5 s to interrupt it): they are graded in a
-batch of their own, with a copy of the package of their own, while the others are graded, so that
-their waits overlap the others' work. The trick that writes the start-up files every Python reads (the
-site directory's, shared by the two batches) is graded after both, alone, then the untampered notebook.
+Beside the tricks, two notebooks of issue 32 that are no tricks on the checks: the exercise solved the
+ways students solve it (a magic and display() before the def, helpers, renamed variables, another
+loop order, a NEG_INF constant), which must pass, and the solved exercise with failing cells of the
+student's marked for nbval to skip or allow, which must not (every cell must run).
+
+One trick only waits out time limits (a solution that never ends: the cell's 15 s, then the verdict's
+set-up 15 + 30 s): it is graded in a batch of its own, with a copy of the package of its own, while the
+others are graded, so that its waits overlap the others' work (a kernel that dies, os._exit, now fails
+its cell at once). The trick that writes the start-up files every Python reads (the site directory's,
+shared by the two batches) is graded after both, alone, then the untampered notebook.
 """
 import json
 import re
@@ -26,7 +31,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from flashcourse.grading.notebook_run import KERNEL_DIED
 from flashcourse.grading.worker import site_dirs
+from solution_cells import completed
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "01_online_softmax"
@@ -160,6 +167,106 @@ if os.environ.get("{MARK}"):
     """
 
 
+def cell_source(nb, cell_id: str, source: str):
+    """``nb`` with cell ``cell_id``'s source replaced by ``source`` (dedented)."""
+    next(c for c in nb.cells if c.get("id") == cell_id).source = textwrap.dedent(source).strip("\n")
+    return nb
+
+
+def honest_variants():
+    """The exercise solved the way students do, differently from the solutions notebook: a magic, a display()
+    and prints before the def, a helper function inside the solution region, renamed variables, a %%time
+    cell, a NEG_INF constant and pass 1 of the kernel walking its blocks from the last to the first. Every
+    check must pass (issue 32: the magic, display() and the constant were rejected before)."""
+    nb = completed(NAME)
+    cell_source(nb, SOLUTION_CELL, """
+        %matplotlib inline
+        display("online softmax, my version")
+        print("defining online_step")
+
+
+        def online_step(m, d, x_j):
+            \"\"\"One step of the online normaliser.\"\"\"
+            def rescaled(total, old_max, new_max):            # a helper of my own
+                return total * np.exp(old_max - new_max)
+
+            biggest = max(m, x_j)
+            if biggest == -np.inf:                            # only -inf so far
+                return biggest, d
+            return biggest, rescaled(d, m, biggest) + np.exp(x_j - biggest)
+
+
+        def online_softmax(x):
+            x = np.asarray(x, dtype=np.float64)
+            m, d = -np.inf, 0.0
+            for x_j in x:
+                m, d = online_step(m, d, x_j)
+            print("online_softmax: m =", m)
+            return np.exp(x - m) / d
+        """)
+    cell_source(nb, "01-online-softmax-merge", """
+        %%time
+        def merge(m_a, l_a, m_b, l_b):
+            big = np.maximum(m_a, m_b)
+            shift = np.where(big == -np.inf, 0.0, big)
+            return big, l_a * np.exp(m_a - shift) + l_b * np.exp(m_b - shift)
+        """)
+    cell_source(nb, "01-online-softmax-softmax-kernel", """
+        NEG_INF = tl.constexpr(float('-inf'))
+
+
+        @triton.jit
+        def softmax_kernel(x_ptr, y_ptr, n_cols, stride_x, stride_y, BLOCK: tl.constexpr):
+            row = tl.program_id(0)
+            x_row = x_ptr + row * stride_x
+            y_row = y_ptr + row * stride_y
+            m_i = tl.full((), NEG_INF, tl.float32)
+            l_i = tl.full((), 0.0, tl.float32)
+            n_blocks = tl.cdiv(n_cols, BLOCK)
+            for b in range(0, n_blocks):                      # pass 1, from the last block to the first
+                cols = (n_blocks - 1 - b) * BLOCK + tl.arange(0, BLOCK)
+                x = tl.load(x_row + cols, mask=cols < n_cols, other=NEG_INF).to(tl.float32)
+                m_new = tl.maximum(m_i, tl.max(x, axis=0))
+                m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)
+                l_i = l_i * tl.exp(m_i - m_safe) + tl.sum(tl.exp(x - m_safe), axis=0)
+                m_i = m_new
+            for start in range(0, n_cols, BLOCK):             # pass 2
+                cols = start + tl.arange(0, BLOCK)
+                x = tl.load(x_row + cols, mask=cols < n_cols, other=NEG_INF).to(tl.float32)
+                tl.store(y_row + cols, tl.exp(x - m_i) / l_i, mask=cols < n_cols)
+
+
+        def softmax_rows(x, BLOCK=32):
+            y = torch.empty_like(x)
+            softmax_kernel[(x.shape[0],)](x, y, x.shape[1], x.stride(0), y.stride(0), BLOCK=BLOCK)
+            return y
+        """)
+    return nb
+
+
+#: A failing cell of the student's, hidden from nbval four ways (issue 32, class 6): (marker line, tags).
+HIDDEN = [("# NBVAL_SKIP", []), ("# NBVAL_RAISES_EXCEPTION", []), ("", ["raises-exception"]), ("", ["nbval-skip"])]
+
+
+def failing_cells_marked_for_nbval():
+    """The solved exercise with four failing cells of the student's, each with an nbval marker or tag that
+    would hide it (on main the grade passed): in a grade every cell must still run."""
+    nb = completed(NAME)
+    at = next(i for i, c in enumerate(nb.cells) if c.get("id") == "01-online-softmax-imports") + 1
+    for k, (marker, tags) in enumerate(HIDDEN):
+        source = "\n".join(filter(None, [marker, f"raise RuntimeError('hidden {k}')"]))
+        nb.cells.insert(at + k, nbformat.v4.new_code_cell(source, metadata={"tags": tags}))
+    return nb
+
+
+#: Notebooks that are no tricks on the checks: the honest variants must pass, the marked cells must fail.
+OTHERS = {"honest_variants": honest_variants, "failing_cells_marked_for_nbval": failing_cells_marked_for_nbval}
+
+
+#: Issue 32, class 1: student text on a kernel constant's line ran in the verdict, which it then rewrote.
+FAKE_VERDICT = "import flashcourse.grading.verdict as v; v.run_one = lambda *a: ('passed', '')"
+
+
 TRICKS = {
     "set_custom_exc": added("""
         def swallow(shell, etype, evalue, tb, tb_offset=None):
@@ -253,12 +360,14 @@ TRICKS = {
             return Anything(), Anything()
         """, cell="01-online-softmax-merge", at_end=True),
     "kernel_in_disguise": edited(kernel_in_disguise),
+    "constant_line_runs_in_the_verdict": in_solution("SCALE = tl.constexpr(1.0); " + FAKE_VERDICT,
+                                                     cell="01-online-softmax-softmax-kernel"),
     "kernel_escaping_triton": edited(escaping_kernel),
 }
 
 
-#: Tricks that wait out a time limit (the cell's, then the verdict's set-up), graded beside the others.
-WAITING = ("endless_solution", "os_exit")
+#: The trick that waits out a time limit (the cell's, then the verdict's set-up), graded beside the others.
+WAITING = ("endless_solution",)
 #: Tricks that write files every Python process reads: graded when nothing else is, before the untampered notebook.
 SHARED = ("sitecustomize_and_pth",)
 
@@ -289,7 +398,7 @@ def _finish(proc):
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tampering")
-    lanes = {"main": [t for t in TRICKS if t not in WAITING + SHARED], "waiting": list(WAITING)}
+    lanes = {"main": [t for t in TRICKS if t not in WAITING + SHARED] + list(OTHERS), "waiting": list(WAITING)}
     for lane in lanes:
         shutil.copytree(ROOT / "flashcourse", tmp / f"pkg-{lane}" / "flashcourse",
                         ignore=shutil.ignore_patterns("__pycache__"))
@@ -300,7 +409,7 @@ def graded(tmp_path_factory):
     from flashcourse.grading.integrity import Snapshot
     real = Snapshot.take(ROOT / "flashcourse")   # the checkout itself must never be touched: a safety net
     try:
-        started = [_start_batch(tmp, lane, {t: TRICKS[t]() for t in tricks}, tmp / f"pkg-{lane}", env)
+        started = [_start_batch(tmp, lane, {t: {**TRICKS, **OTHERS}[t]() for t in tricks}, tmp / f"pkg-{lane}", env)
                    for lane, tricks in lanes.items()]
         procs = [_finish(p) for p in started]
         assert not (site / "sitecustomize.py").exists()     # nothing of the two batches writes the shared files
@@ -367,3 +476,28 @@ def test_what_the_tricks_get_told(graded):
     assert "uses the private attribute" in text["kernel_escaping_triton"] or "__class__" in text["kernel_escaping_triton"]
     assert "not an array of numbers" in text["opaque_result"] or "Anything" in text["opaque_result"]
     assert "did not return within" in text["endless_solution"] or "could not be run" in text["endless_solution"]
+
+
+@pytest.mark.slow
+def test_honest_variants_pass(graded):
+    *_, out = graded
+    report = (out / "honest_variants" / f"{NAME}.txt").read_text(encoding="utf-8")
+    assert report.rstrip().endswith("all 3 checks passed ✓"), report
+
+
+@pytest.mark.slow
+def test_every_cell_of_the_students_runs_whatever_its_nbval_markers(graded):
+    """Issue 32, class 6: on main this notebook passed (its four failing cells were skipped or allowed to fail)."""
+    procs, rows, *_, out = graded
+    mine = [r for r in rows if r["student"] == "failing_cells_marked_for_nbval"]
+    assert [(r["check"], r["passed"]) for r in mine[:3]] == [(n, True) for n in CHECKS]
+    failed = [r for r in mine[3:] if r["status"] == "failed"]
+    assert [f"hidden {k}" in r["message"] for k, r in enumerate(failed)] == [True] * len(HIDDEN), mine
+
+
+@pytest.mark.slow
+def test_a_kernel_that_dies_fails_its_cell_at_once(graded):
+    """os._exit in a cell failed it only when the cell's time limit ran out (600 s by default)."""
+    *_, out = graded
+    report = (out / "os_exit" / f"{NAME}.txt").read_text(encoding="utf-8")
+    assert KERNEL_DIED in report and "timed out" not in report, report

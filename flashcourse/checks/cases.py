@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import secrets
 import warnings
 from dataclasses import dataclass, field
@@ -318,24 +317,16 @@ def passed(name: str, shown: int, hidden: int) -> None:
     print(f"{name}: {shown + hidden} cases passed ({shown} shown, {hidden} hidden) ✓")
 
 
-#: The environment variable through which ``flashcourse grade`` fixes the hidden cases: one notebook
-#: always gets one verdict. Unset (in a student's notebook), every run draws fresh cases.
-GRADED_SEED_ENV = "FLASHCOURSE_GRADED_SEED"
-
-
 def seed_of(seed) -> int:
-    """The seed a check draws its hidden cases from: ``seed`` when the student gave one (to draw a
-    failing hidden case again); else the graded seed when ``flashcourse grade`` runs the check
-    (:data:`GRADED_SEED_ENV`); else a fresh random 32-bit one, so that every practice run tries new cases.
+    """The seed a check draws its hidden cases from: ``seed`` when one was given (the student's, to draw
+    a failing hidden case again; ``flashcourse grade``'s, a fresh secret one per grade that its report
+    records); else a fresh random 32-bit one, so that every practice run tries new cases.
 
     Example:
         >>> seed_of(7), 0 <= seed_of(None) < 2 ** 32
         (7, True)
     """
-    if seed is not None:
-        return int(seed)
-    graded = os.environ.get(GRADED_SEED_ENV)
-    return int(graded) if graded else secrets.randbits(32)
+    return int(seed) if seed is not None else secrets.randbits(32)
 
 
 def require_callable(name: str, fn, example: str) -> None:

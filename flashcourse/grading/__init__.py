@@ -10,9 +10,10 @@ Grading does two things, each in processes of its own:
    student's notebook (:mod:`.verdict`), importing the course from a copy of the package verified
    before any student code ran (:mod:`.integrity`). They are given the student's kernels rebuilt
    from the text of the solution cells (:mod:`.kernel_source`) and the student's functions running
-   in a worker process on the solution cells alone, extracted by cell id (:mod:`.worker`), with
-   the graded seed fixing the hidden cases. No other cell of the notebook, no hook, patch or edit
-   of a check cell reaches them.
+   in a worker process on the solution cells alone, extracted by cell id (:mod:`.worker`). Their
+   hidden cases come from a seed drawn fresh and secret for this grade (``--seed`` draws them again;
+   the report records it). No other cell of the notebook, no hook, patch or edit of a check cell
+   reaches them.
 
 After each step, the package's files are compared with the snapshot (and put back when changed)
 and NumPy's, torch's and Triton's with their ``RECORD``; any change refuses the grade. The report
@@ -42,8 +43,11 @@ import ast
 import copy
 import importlib.util
 import json
+import os
+import secrets
 import sys
 import tempfile
+import threading
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,10 +55,11 @@ from pathlib import Path
 from ..chapters import renamed
 from .contain import TIMED_OUT, run_contained
 from .notebook_run import failure_message, grading_env, kernel_never_started, run_notebook  # noqa: F401
-from .status import FAILED, GRADED_SEED, NOT_IMPLEMENTED, NOT_RUN, PASSED, GradingError  # noqa: F401
+from .status import FAILED, NOT_IMPLEMENTED, NOT_RUN, PASSED, GradingError  # noqa: F401
 
 __all__ = ["CheckResult", "GradeReport", "GradingError", "load_canonical", "load_grading", "identify",
-           "without_checks", "solution_sources", "run_notebook", "kernel_never_started", "run_verdict", "grade"]
+           "without_checks", "solution_sources", "run_notebook", "kernel_never_started", "verdict_job", "run_verdict",
+           "grade"]
 
 CHECKS_JSON = Path(__file__).resolve().parents[1] / "exercise_checks.json"
 GRADING_JSON = CHECKS_JSON.with_name("exercise_grading.json")
@@ -95,6 +100,7 @@ class GradeReport:
     notes: list[str] = field(default_factory=list)
     pytest_output: str = ""
     tampered: list[str] = field(default_factory=list)
+    seed: int | None = None
 
     @property
     def passed(self) -> bool:
@@ -105,6 +111,8 @@ class GradeReport:
         n = len(self.checks)
         checks = f"{n} check" + ("" if n == 1 else "s")
         lines = [f"grading {self.notebook} (exercise {self.exercise}, {checks})"]
+        if self.seed is not None:
+            lines.append(f"  hidden cases drawn from seed {self.seed} (flashcourse grade --seed {self.seed} draws them again)")
         lines += [f"  note: {n}" for n in self.notes]
         if self.tampered:
             lines.append("  NOT GRADED: the notebook changed the installed course or its libraries, so no "
@@ -253,30 +261,60 @@ def solution_sources(nb, solution_cells: list[dict]):
     return found, notes
 
 
-def run_verdict(snapshot, job: dict, timeout: float) -> list[dict]:
-    """Run the checks of ``job`` in a fresh, isolated process importing the course from a copy of the
-    verified ``snapshot`` (:mod:`.verdict`); one ``{"name", "status", "message"}`` per check. A check the
-    process did not finish (a kernel that never returns, a crash) fails, saying so."""
+def verdict_job(exercise: str, cells, seed: int, checks_json: Path | str | None = None) -> dict:
+    """What the verdict is given (:mod:`.verdict`): exercise ``exercise``'s set-up and checks (with the line
+    each prints when it passes), the solution ``cells`` ((id, source) pairs) and the seed of the hidden cases.
+
+    Example:
+        >>> job = verdict_job("01_online_softmax", [("c", "def merge(*a): pass")], seed=7)
+        >>> [c["name"] for c in job["checks"]], job["seed"]
+        (['online_softmax', 'merge', 'softmax_kernel'], 7)
+    """
+    checks, graded = load_canonical(checks_json)[exercise], load_grading(checks_json)[exercise]
+    return {"exercise": exercise, "cells": [list(c) for c in cells], "setup": graded["setup"], "seed": int(seed),
+            "checks": [{"name": c["name"], **graded["arguments"][c["name"]], "expected": _expected(c)} for c in checks]}
+
+
+def run_verdict(snapshot, job: dict, timeout: float) -> tuple[list[dict], list[str]]:
+    """Run the checks of ``job`` (:func:`verdict_job`) in a fresh, isolated process importing the course from a
+    copy of the verified ``snapshot`` (:mod:`.verdict`): one ``{"name", "status", "message"}`` per check, and what
+    went wrong with the channel the results came back on (something besides the verdict wrote to it). The job
+    goes in over the verdict's standard input, the results come back over a pipe of its own, every line with a
+    token the job alone carries. A check the process did not finish (a kernel that never returns, a crash)
+    fails, saying so."""
     from .worker import SETUP_SECONDS, isolated_command, site_dirs
-    with tempfile.TemporaryDirectory(prefix="flashcourse-verdict-") as tmp:
+    token, lines = secrets.token_hex(16), []
+    with tempfile.TemporaryDirectory(prefix="flashcourse-verdict-") as tmp, \
+            tempfile.TemporaryDirectory(prefix="flashcourse-worker-") as worker_copy:
         tmp = Path(tmp)
+        os.chmod(worker_copy, 0o755)                # read by the worker, which may run as a user of its own
         (tmp / "scratch").mkdir()
         path = [str(snapshot.write_copy(tmp / "verdict"))] + site_dirs()
-        job = dict(job, scratch=str(tmp / "scratch"), results=str(tmp / "results.json"),
-                   worker_path=[str(snapshot.write_copy(tmp / "worker"))] + site_dirs(), timeout=timeout)
-        (tmp / "job.json").write_text(json.dumps(job), encoding="utf-8")
-        cmd = isolated_command(f"from flashcourse.grading.verdict import main; main({str(tmp / 'job.json')!r})", path)
+        job = dict(job, token=token, scratch=str(tmp / "scratch"), timeout=timeout,
+                   worker_path=[str(snapshot.write_copy(worker_copy))] + site_dirs())
+        read_end, write_end = os.pipe()
+        reader = threading.Thread(target=lambda: lines.extend(open(read_end, encoding="utf-8", errors="replace")))
+        reader.start()
+        cmd = isolated_command(f"from flashcourse.grading.verdict import main; main({write_end})", path)
         limit = timeout * (len(job["checks"]) + 1) + 2 * SETUP_SECONDS
-        proc = run_contained(cmd, timeout=limit, cwd=tmp / "scratch", env=grading_env())
-        why = (f"timed out: the checks took longer than {limit:g} s" if proc.returncode == TIMED_OUT
-               else f"the check process ended with exit status {proc.returncode}")
-        err = proc.stderr
-        done = json.loads((tmp / "results.json").read_text()) if (tmp / "results.json").exists() else []
-    last = [line for line in (err or "").strip().splitlines() if line.strip()][-1:]
+        proc = run_contained(cmd, timeout=limit, cwd=tmp / "scratch", env=grading_env(), input=json.dumps(job),
+                             pass_fds=(write_end,))
+        reader.join()
+    why = (f"timed out: the checks took longer than {limit:g} s" if proc.returncode == TIMED_OUT
+           else f"the check process ended with exit status {proc.returncode}")
+    done, problems = [], []
+    for line in lines:
+        try:
+            message = json.loads(line)
+            assert message["token"] == token
+            done = list(message["rows"])
+        except (ValueError, KeyError, TypeError, AssertionError):
+            problems.append(f"the verdict's results were written to by something else: {line[:80]!r}")
+    last = [line for line in (proc.stderr or "").strip().splitlines() if line.strip()][-1:]
     by_name = {r["name"]: r for r in done}
     return [by_name.get(c["name"]) or {"name": c["name"], "status": FAILED,
                                        "message": f"not finished: {why}" + (f" ({last[0][:300]})" if last else "")}
-            for c in job["checks"]]
+            for c in job["checks"]], problems
 
 
 def _tampering(snapshot, startup) -> list[str]:
@@ -290,11 +328,13 @@ def _tampering(snapshot, startup) -> list[str]:
 
 
 def grade(notebook: Path | str, *, checks_json: Path | str | None = None, exercise: str | None = None,
-          timeout: int = 600) -> GradeReport:
+          timeout: int = 600, seed: int | None = None) -> GradeReport:
     """Grade an exercise notebook: the notebook must run top to bottom under nbval, and the exercise's
     checks, run in a process of their own on its solution cells, give the verdict.
 
-    ``timeout`` is the limit for one cell, and for one call of the student's code, in seconds.
+    ``timeout`` is the limit for one cell, and for one call of the student's code, in seconds. The hidden
+    cases come from ``seed``, by default a fresh secret one (``report.seed`` records it: the same seed draws
+    the same cases again).
 
     Example:
         >>> report = grade("exercises/01_online_softmax.ipynb")                       # doctest: +SKIP
@@ -302,6 +342,9 @@ def grade(notebook: Path | str, *, checks_json: Path | str | None = None, exerci
         (False, ['not implemented', 'not implemented', 'not implemented'])
     """
     from .integrity import Snapshot, StartupFiles, TamperedError, verify_dependencies
+    from .sandbox import undumpable, unprivileged_uid
+    from .worker import interpreter_paths
+    undumpable()       # the results come back to this process: no process of the student's may read it
     missing = [m for m in ("pytest", "nbval") if importlib.util.find_spec(m) is None]
     if missing:
         raise GradingError(f"grading runs the notebook under pytest and nbval, and {' and '.join(missing)} "
@@ -322,15 +365,15 @@ def grade(notebook: Path | str, *, checks_json: Path | str | None = None, exerci
     canonical = load_canonical(checks_json)
     name = identify(path, canonical, exercise)
     checks, graded = canonical[name], load_grading(checks_json)[name]
+    seed = secrets.randbits(32) if seed is None else int(seed)
     runnable, numbers = without_checks(nb, checks)
     results, output = run_notebook(runnable, name, timeout)
     tampered = _tampering(snapshot, startup)
     cells, notes = solution_sources(nb, graded["solution_cells"])
-    job = {"exercise": name, "cells": [list(c) for c in cells], "setup": graded["setup"],
-           "checks": [{"name": c["name"], **graded["arguments"][c["name"]], "expected": _expected(c)} for c in checks]}
-    verdict = run_verdict(snapshot, job, timeout)
-    tampered += [t for t in _tampering(snapshot, startup) if t not in tampered]
-    report = GradeReport(str(notebook), name, [], notes=notes, pytest_output=output, tampered=tampered)
+    job = dict(verdict_job(name, cells, seed, checks_json), uid=unprivileged_uid(0, interpreter_paths()))
+    verdict, channel = run_verdict(snapshot, job, timeout)
+    tampered += [t for t in _tampering(snapshot, startup) + channel if t not in tampered]
+    report = GradeReport(str(notebook), name, [], notes=notes, pytest_output=output, tampered=tampered, seed=seed)
     for c, r in zip(checks, verdict):
         report.checks.append(CheckResult(c["name"], c["id"], r["status"], r["message"]))
     if results is None:
@@ -363,8 +406,8 @@ def add_arguments(parser) -> None:
         >>> import argparse
         >>> p = argparse.ArgumentParser()
         >>> add_arguments(p)
-        >>> p.parse_args(["exercises/01_online_softmax.ipynb", "--timeout", "60"]).timeout
-        60
+        >>> p.parse_args(["exercises/01_online_softmax.ipynb", "--timeout", "60", "--seed", "7"]).seed
+        7
         >>> p.parse_args(["submissions/", "--out", "grades"]).notebooks
         [PosixPath('submissions')]
     """
@@ -378,6 +421,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--checks-json", type=Path, default=None,
                         help="the canonical check cells (default: the package's exercise_checks.json)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds allowed for one cell (default 600)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="the seed of the hidden cases (default: a fresh secret one per notebook, which its "
+                             "report records: give it to draw the same cases again)")
     parser.add_argument("--verbose", action="store_true", help="also print pytest's own output")
 
 
@@ -399,7 +445,7 @@ def run(args) -> int:
         return run_batch(args)
     try:
         report = grade(args.notebooks[0], checks_json=args.checks_json, exercise=args.exercise,
-                       timeout=args.timeout)
+                       timeout=args.timeout, seed=args.seed)
     except GradingError as e:
         print(f"flashcourse grade: {e}", file=sys.stderr)
         return 2

@@ -74,7 +74,7 @@ def _exercise_names() -> list[str]:
 
 
 #: The columns of the batch summary (``summary.csv``; ``summary.json`` is a list of objects with these keys).
-SUMMARY_COLUMNS = ("student", "exercise", "check", "passed", "status", "message", "notebook")
+SUMMARY_COLUMNS = ("student", "exercise", "check", "passed", "status", "message", "seed", "notebook")
 NOT_GRADED = "not graded"
 
 
@@ -93,10 +93,10 @@ def summary_rows(notebook: Path | str, report: GradeReport | None = None, error:
     """
     base = {"student": student_of(notebook), "notebook": str(notebook)}
     if report is None:
-        return [dict(base, exercise=exercise, check=name, passed=False, status=NOT_GRADED, message=error)
+        return [dict(base, exercise=exercise, check=name, passed=False, status=NOT_GRADED, message=error, seed="")
                 for name in (list(checks) or [""])]
     return [dict(base, exercise=report.exercise, check=c.name, passed=c.status == PASSED, status=c.status,
-                 message=c.message.strip()) for c in report.checks + report.other_failures]
+                 message=c.message.strip(), seed=report.seed) for c in report.checks + report.other_failures]
 
 
 def write_summary(rows: list[dict], out: Path | str) -> tuple[Path, Path]:
@@ -107,7 +107,7 @@ def write_summary(rows: list[dict], out: Path | str) -> tuple[Path, Path]:
         >>> rows = summary_rows("b.ipynb", error="not a readable notebook")
         >>> csv_path, json_path = write_summary(rows, tempfile.mkdtemp())
         >>> csv_path.read_text().splitlines()[0]
-        'student,exercise,check,passed,status,message,notebook'
+        'student,exercise,check,passed,status,message,seed,notebook'
         >>> json.loads(json_path.read_text())[0]["status"]
         'not graded'
     """
@@ -138,13 +138,14 @@ def batch_status(rows: list[dict]) -> int:
 
 def grade_batch(notebooks, out: Path | str = "grades", *, checks_json: Path | str | None = None,
                 exercise: str | None = None, timeout: int = 600, progress: bool | None = None,
-                verbose: bool = False) -> list[dict]:
+                verbose: bool = False, seed: int | None = None) -> list[dict]:
     """Grade every notebook of ``notebooks`` (files, or folders: see :func:`collect`), one after the
     other; write each one's report (``report.format()``) to ``out/STUDENT/EXERCISE.txt`` and the
     summary of all to ``out/summary.csv`` and ``out/summary.json``; return the summary rows.
 
-    A notebook that cannot be graded (not JSON, not an exercise, pytest broke, no kernel started) is a ``not graded``
-    row, and the batch goes on; an endless loop is stopped by the per-cell ``timeout``, and a crashed
+    Each notebook's hidden cases come from a fresh secret seed of its own (its rows and report record it), or
+    all from ``seed``. A notebook that cannot be graded (not JSON, not an exercise, pytest broke, no kernel
+    started) is a ``not graded`` row, and the batch goes on; an endless loop is stopped by the per-cell ``timeout``, and a crashed
     kernel fails the cells it did not run. ``progress`` shows a bar (default: with more than one).
 
     Example:
@@ -176,7 +177,7 @@ def grade_batch(notebooks, out: Path | str = "grades", *, checks_json: Path | st
         name = ""
         try:
             name = identify(path, canonical, exercise) if canonical else ""
-            report = grade(path, checks_json=checks_json, exercise=exercise, timeout=timeout)
+            report = grade(path, checks_json=checks_json, exercise=exercise, timeout=timeout, seed=seed)
             mine = summary_rows(path, report)
             text = report.format() + ("\n\n" + report.pytest_output if verbose else "")
         except Exception as e:  # one bad notebook never stops the batch
@@ -215,7 +216,7 @@ def run_batch(args) -> int:
         print(f"flashcourse grade: no notebooks in {', '.join(map(str, args.notebooks))}", file=sys.stderr)
         return 2
     rows = grade_batch(args.notebooks, out, checks_json=args.checks_json, exercise=args.exercise,
-                       timeout=args.timeout, verbose=args.verbose)
+                       timeout=args.timeout, verbose=args.verbose, seed=args.seed)
     by_notebook: dict[str, list[dict]] = {}
     for r in rows:
         by_notebook.setdefault(r["notebook"], []).append(r)

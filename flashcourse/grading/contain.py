@@ -2,10 +2,15 @@
 
 A notebook can fork a process that leaves its session (``os.setsid``) and lives on after its
 kernel, to edit the installed course while the next notebook is graded. :func:`run_contained` runs
-the command under a small supervisor process that is a *child subreaper* (Linux's
-``PR_SET_CHILD_SUBREAPER``): every process the command starts, however it detaches, stays its
-descendant, and when the command ends (or its time is up) the supervisor kills them all. Where
-``prctl`` is not available (not Linux) the supervisor still kills the command's process group.
+the command under a small supervisor process (:func:`flashcourse.grading.sandbox.supervise`) that is a
+*child subreaper* (Linux's ``PR_SET_CHILD_SUBREAPER``): every process the command starts, however it
+detaches, stays its descendant, and when the command ends (or its time is up) the supervisor kills
+them all. Where ``prctl`` is not available (not Linux) the supervisor still kills the command's
+process group. The supervisor is non-dumpable, and a command that runs the student's code (``lock``)
+starts behind :func:`flashcourse.grading.sandbox.lock_down`.
+
+The supervisor runs :mod:`.sandbox`'s text as it was when this module was imported (:data:`SANDBOX`),
+before any student code ran: not the file, which a notebook could have changed since.
 
 Example:
     >>> import sys
@@ -16,70 +21,31 @@ Example:
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
-__all__ = ["run_contained", "TIMED_OUT"]
+from .sandbox import TIMED_OUT
 
-#: The supervisor's exit status when the command ran out of time.
-TIMED_OUT = 124
+__all__ = ["run_contained", "TIMED_OUT", "SANDBOX"]
 
-_SUPERVISOR = r'''
-import ctypes, json, os, signal, subprocess, sys, time
-cmd, timeout = json.loads(sys.argv[1]), float(sys.argv[2])
-try:
-    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)     # PR_SET_CHILD_SUBREAPER
-except (OSError, AttributeError):
-    pass
-child = subprocess.Popen(cmd, start_new_session=True)
-try:
-    code = child.wait(timeout=timeout)
-except subprocess.TimeoutExpired:
-    code = 124
-def descendants():
-    parents = {}
-    for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    parents[int(pid)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                pass
-    found, todo = set(), [os.getpid()]
-    while todo:
-        p = todo.pop()
-        for c, pp in parents.items():
-            if pp == p and c not in found:
-                found.add(c)
-                todo.append(c)
-    return found
-for _ in range(20):
-    try:
-        os.killpg(child.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    left = descendants()
-    for pid in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    while True:
-        try:
-            if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                break
-        except ChildProcessError:
-            break
-    if not left:
-        break
-    time.sleep(0.05)
-sys.exit(code if code >= 0 else 128 - code)
-'''
+#: The text of :mod:`.sandbox`, read once (see the module's docstring).
+SANDBOX = Path(__file__).with_name("sandbox.py").read_text(encoding="utf-8")
 
 
-def run_contained(cmd: list[str], *, timeout: float, **kwargs) -> subprocess.CompletedProcess:
-    """``subprocess.run(cmd, capture_output=True, text=True, **kwargs)``, with every process ``cmd``
-    starts killed when it ends, and ``cmd`` itself stopped after ``timeout`` seconds (exit status
-    :data:`TIMED_OUT`). A command killed by signal N exits 128 + N, as in a shell."""
-    supervisor = [sys.executable, "-I", "-S", "-c", _SUPERVISOR, json.dumps(list(cmd)), str(timeout)]
-    return subprocess.run(supervisor, capture_output=True, text=True, **kwargs)
+def run_contained(cmd: list[str], *, timeout: float, lock: bool = False, uid: int | None = None,
+                  pass_fds=(), input: str | None = None, **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True, input=input, **kwargs)``, with every process
+    ``cmd`` starts killed when it ends, and ``cmd`` itself stopped after ``timeout`` seconds (exit status
+    :data:`TIMED_OUT`). A command killed by signal N exits 128 + N, as in a shell. ``pass_fds`` are handed
+    to the command (and closed here); ``lock``: the command runs the student's code (as ``uid`` under root)."""
+    job = {"cmd": list(cmd), "timeout": timeout, "lock": lock, "uid": uid, "pass_fds": list(pass_fds)}
+    supervisor = [sys.executable, "-I", "-S", "-c", SANDBOX + "\nsupervise()\n", json.dumps(job)]
+    with subprocess.Popen(supervisor, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, pass_fds=tuple(pass_fds),
+                          **kwargs) as proc:
+        for fd in pass_fds:
+            os.close(fd)
+        out, err = proc.communicate(input)
+    return subprocess.CompletedProcess(supervisor, proc.returncode, out, err)

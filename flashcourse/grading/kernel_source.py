@@ -7,19 +7,24 @@ Triton's language only: the decorator is ``triton.jit``; the kernel uses its arg
 variables, ``tl``/``triton`` functions (no submodules but ``tl.math``), the tensor methods and
 attributes of ``tl.tensor`` and ``tl.dtype``, a few built-ins (``range``, ``min``, ``max``, ``float``,
 ``int``, ``bool``, ``len``, ``print``), other ``@triton.jit`` functions of the same cells and
-constants defined ``NAME = tl.constexpr(3)`` (the form Triton's compiler accepts); no dunder or private
-names, imports, lambdas, comprehensions, ``with``, ``try``, ``raise``, ``global``. Then it writes
-those definitions, under ``import triton`` and ``import triton.language as tl`` alone, to a file and
-imports it: defining a function runs none of its body. (Triton's own compiler accepts less than
-this; the check's ahead-of-time compile says so.)
+constants defined ``NAME = tl.constexpr(VALUE)`` (the form Triton's compiler accepts), where VALUE is
+a constant expression: numbers, ``float('-inf')``, ``math.log(2)``, earlier constants, and arithmetic
+of those (:func:`constant_value`); no dunder or private names, imports, lambdas, comprehensions,
+``with``, ``try``, ``raise``, ``global``. Then it writes a module of its own making: ``import triton``,
+``import triton.language as tl``, each constant as ``NAME = tl.constexpr(LITERAL)`` of the value it
+computed, and each kernel as :func:`ast.unparse` writes the syntax tree it validated. No text of the
+student's is copied, so nothing on the same line, or on a line the cell's text numbers differently
+(a ``\u2028`` in a comment), comes along. Importing that module defines functions and runs none of
+their bodies. (Triton's own compiler accepts less than this; the check's ahead-of-time compile says so.)
 
 Example:
     >>> import tempfile
     >>> src = '''
+    ... NEG_INF = tl.constexpr(float('-inf'))
     ... @triton.jit
     ... def copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     ...     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ...     tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+    ...     tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n, other=NEG_INF), mask=offs < n)
     ... '''
     >>> load_kernel([("cell-1", src)], "copy_kernel", tempfile.mkdtemp()).fn.__name__
     'copy_kernel'
@@ -27,16 +32,17 @@ Example:
     ...             "copy_kernel", tempfile.mkdtemp())
     Traceback (most recent call last):
     ...
-    flashcourse.grading.kernel_source.KernelSourceError: copy_kernel (cell cell-1, line 4) uses `__import__`: a Triton kernel may use its arguments, local variables, tl and triton, other @triton.jit functions and tl.constexpr constants only
+    flashcourse.grading.kernel_source.KernelSourceError: copy_kernel (cell cell-1, line 5) uses `__import__`: a Triton kernel may use its arguments, local variables, tl and triton, other @triton.jit functions and tl.constexpr constants only
 """
 from __future__ import annotations
 
 import ast
 import importlib.util
-import textwrap
+import math
+import operator
 from pathlib import Path
 
-__all__ = ["KernelSourceError", "load_kernel", "is_jit_def", "SAFE_BUILTINS"]
+__all__ = ["KernelSourceError", "NotAConstant", "load_kernel", "is_jit_def", "constant_value", "SAFE_BUILTINS"]
 
 #: The built-ins a kernel may call.
 SAFE_BUILTINS = frozenset({"range", "min", "max", "float", "int", "bool", "len", "print"})
@@ -94,41 +100,132 @@ def _tl_chain(node) -> bool:
     return isinstance(node, ast.Name) and node.id in ("tl", "triton")
 
 
+#: What :func:`constant_value` computes with: ``math``'s constants and functions of numbers.
+_MATH_CONSTANTS = {"e": math.e, "pi": math.pi, "tau": math.tau, "inf": math.inf, "nan": math.nan}
+_MATH_FUNCTIONS = {n: getattr(math, n) for n in ("log", "log2", "log10", "log1p", "exp", "exp2", "expm1", "sqrt")
+                   if hasattr(math, n)}
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+           ast.LShift: operator.lshift, ast.RShift: operator.rshift, ast.BitAnd: operator.and_,
+           ast.BitOr: operator.or_, ast.BitXor: operator.xor}
+_UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Not: operator.not_, ast.Invert: operator.invert}
+
+
+class NotAConstant(ValueError):
+    """An expression :func:`constant_value` does not compute (it says which part)."""
+
+
+def constant_value(node, known: dict | None = None):
+    """The value of the constant expression ``node`` (a syntax tree), computed without running any of it:
+    numbers, strings and booleans; ``float('inf')`` and ``float(...)``/``int(...)`` of numbers;
+    ``math.pi``, ``math.log(2)`` and the like; the constants in ``known`` by name; ``+ - * / // % **``,
+    shifts and bit operations of those. A :class:`NotAConstant` for anything else.
+
+    Example:
+        >>> [constant_value(ast.parse(s, mode="eval").body) for s in ("float('-inf')", "1 / math.log(2)", "2 ** 10")]
+        [-inf, 1.4426950408889634, 1024]
+        >>> constant_value(ast.parse("BLOCK // 2", mode="eval").body, {"BLOCK": 64})
+        32
+        >>> constant_value(ast.parse("__import__('os')", mode="eval").body)
+        Traceback (most recent call last):
+        ...
+        flashcourse.grading.kernel_source.NotAConstant: `__import__('os')` is not a number, float('inf'), math.log(...) or arithmetic of those
+    """
+    known = known or {}
+
+    def refuse():
+        raise NotAConstant(f"`{ast.unparse(node)[:60]}` is not a number, float('inf'), math.log(...) or arithmetic of those")
+
+    def number(v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, int) and abs(v) >= 2 ** 128):
+            refuse()
+        return v
+
+    if isinstance(node, ast.Constant):
+        if isinstance(node.value, (bool, int, float, str)) and not (isinstance(node.value, int) and abs(node.value) >= 2 ** 128):
+            return node.value
+        refuse()
+    if isinstance(node, ast.Name) and node.id in known:
+        return known[node.id]
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "math" \
+            and node.attr in _MATH_CONSTANTS:
+        return _MATH_CONSTANTS[node.attr]
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        operand = constant_value(node.operand, known)
+        return _UNARY[type(node.op)](operand if isinstance(node.op, ast.Not) else number(operand))
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        left, right = number(constant_value(node.left, known)), number(constant_value(node.right, known))
+        if isinstance(node.op, (ast.Pow, ast.LShift)) and abs(right) > 128:
+            refuse()                                     # (2 ** 10 ** 9 would take the grader's time)
+        try:
+            return number(_BINARY[type(node.op)](left, right))
+        except (ArithmeticError, TypeError, ValueError):
+            refuse()
+    if isinstance(node, ast.Call) and not node.keywords and len(node.args) in (1, 2):
+        func, args = ast.unparse(node.func), node.args
+        if func in ("float", "int") and len(args) == 1:
+            value = constant_value(args[0], known)
+            if func == "float" and isinstance(value, str) and value.strip().lower() in ("inf", "+inf", "-inf", "nan"):
+                return float(value)
+            return (float if func == "float" else int)(number(value))
+        if func.startswith("math.") and func[5:] in _MATH_FUNCTIONS:
+            try:
+                return number(_MATH_FUNCTIONS[func[5:]](*(number(constant_value(a, known)) for a in args)))
+            except (ArithmeticError, TypeError, ValueError):
+                refuse()
+    refuse()
+
+
+def _literal(value) -> str:
+    """Python source for a constant's value (``repr`` writes infinity as ``inf``, which is not Python)."""
+    return f"float({str(value)!r})" if isinstance(value, float) and not math.isfinite(value) else repr(value)
+
+
 class _Definitions:
-    """The ``@triton.jit`` functions and constexpr constants of the solution cells, by name (the last wins)."""
+    """The ``@triton.jit`` functions (their syntax trees) and the values of the constexpr constants of the
+    solution cells, by name (the last wins); and why a ``tl.constexpr(...)`` assignment was left out."""
 
     def __init__(self, cells):
-        from .worker import python_of  # IPython magics in a cell are not part of any kernel
-        self.jit, self.constants, self.where, self.others = {}, {}, {}, set()
+        from .worker import cell_statements  # IPython magics in a cell are not part of any kernel
+        self.jit, self.constants, self.where, self.others, self.left_out = {}, {}, {}, set(), {}
         for cid, source in cells:
-            text = source
             try:
-                try:
-                    tree = ast.parse(text)
-                except SyntaxError:          # perhaps a magic (%timeit): IPython's plain-Python form
-                    text = python_of(source)
-                    tree = ast.parse(text)
+                statements = cell_statements(source)
             except SyntaxError as e:
                 self.others.add(f"cell {cid} has a syntax error (line {e.lineno}): {e.msg}")
                 continue
-            lines = text.splitlines()
-            for node in tree.body:
+            for node in statements:
                 if is_jit_def(node):
-                    first = min([d.lineno for d in node.decorator_list] + [node.lineno])
-                    self.jit[node.name] = (node, "\n".join(lines[first - 1:node.end_lineno]))
-                    self.where[node.name] = (cid, first)
-                elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-                    self._constant(node, lines, cid)
+                    self.jit[node.name] = node
+                    self.where[node.name] = (cid, min([d.lineno for d in node.decorator_list] + [node.lineno]))
+                elif isinstance(node, ast.Assign):
+                    self._constant(node, cid)
 
-    def _constant(self, node, lines, cid):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-        if len(targets) != 1 or not isinstance(targets[0], ast.Name) or node.value is None:
-            return
-        name, value = targets[0].id, node.value
-        wrapped = (isinstance(value, ast.Call) and ast.unparse(value.func) in ("tl.constexpr", "triton.language.constexpr")
-                   and len(value.args) == 1 and not value.keywords and _constant(value.args[0]))
-        if wrapped:     # (``NAME: tl.constexpr = 3`` is not a constant to Triton's compiler: left out)
-            self.constants[name] = "\n".join(lines[node.lineno - 1:node.end_lineno])
+    def _constant(self, node, cid):
+        value = node.value
+        if len(node.targets) != 1 or not isinstance(node.targets[0], ast.Name) or not (
+                isinstance(value, ast.Call) and ast.unparse(value.func) in ("tl.constexpr", "triton.language.constexpr")):
+            return      # (``NAME: tl.constexpr = 3`` is not a constant to Triton's compiler: left out)
+        name = node.targets[0].id
+        self.constants.pop(name, None)
+        if name.startswith("__") or name in ("tl", "triton", "math"):
+            self.left_out[name] = f"cell {cid}, line {node.lineno}: a constant may not be named {name}"
+        elif len(value.args) != 1 or value.keywords:
+            self.left_out[name] = f"cell {cid}, line {node.lineno}: tl.constexpr takes one value"
+        else:
+            try:
+                self.constants[name] = constant_value(value.args[0], self.constants)
+                self.left_out.pop(name, None)
+            except NotAConstant as e:
+                self.left_out[name] = f"cell {cid}, line {node.lineno}: {e}"
+
+    def module_text(self, kernels) -> str:
+        """The module the grader imports: the constants and the jit functions ``kernels``, written from
+        their values and syntax trees (never from the cells' text)."""
+        parts = ["import triton", "import triton.language as tl", ""]
+        parts += [f"{name} = tl.constexpr({_literal(value)})" for name, value in self.constants.items()]
+        parts += ["\n" + ast.unparse(self.jit[n]) + "\n" for n in self.jit if n in kernels]
+        return "\n".join(parts) + "\n"
 
 
 class _Validator(ast.NodeVisitor):
@@ -171,6 +268,8 @@ class _Validator(ast.NodeVisitor):
         super().generic_visit(node)
 
     def visit_Name(self, node):
+        if node.id in self.defs.left_out and node.id not in self.allowed:
+            self.fail(node, f"uses `{node.id}`, a constant the grader could not rebuild ({self.defs.left_out[node.id]})")
         if node.id.startswith("__") or node.id not in self.allowed:
             self.fail(node, f"uses `{node.id}`: a Triton kernel may use its arguments, local variables, tl and "
                             f"triton, other @triton.jit functions and tl.constexpr constants only")
@@ -226,8 +325,10 @@ def _validate(name: str, defs: _Definitions, seen: set) -> None:
     if name in seen:
         return
     seen.add(name)
-    node, _ = defs.jit[name]
+    node = defs.jit[name]
     v = _Validator(name, node, defs, defs.where[name])
+    if name in ("tl", "triton", "math") or name.startswith("__"):
+        v.fail(node, f"is named {name}: give the kernel a name of its own")
     if len(node.decorator_list) != 1:
         v.fail(node, "has decorators besides @triton.jit: the grader launches the kernel itself")
     v.check_signature(node)
@@ -241,8 +342,9 @@ def _validate(name: str, defs: _Definitions, seen: set) -> None:
 
 def load_kernel(cells, name: str, directory: Path | str):
     """The ``@triton.jit`` function ``name`` defined in ``cells`` ((cell id, source) pairs, in order),
-    rebuilt in a module written under ``directory``; :class:`KernelSourceError` when there is none, or
-    when it (or a jit function it calls) is not written in Triton's language only."""
+    rebuilt in a module written under ``directory`` from what was validated (:meth:`_Definitions.module_text`);
+    :class:`KernelSourceError` when there is none, or when it (or a jit function it calls) is not written in
+    Triton's language only."""
     defs = _Definitions(cells)
     if name not in defs.jit:
         problems = "; ".join(sorted(defs.others))
@@ -251,11 +353,8 @@ def load_kernel(cells, name: str, directory: Path | str):
                                 + f": the grader takes the kernel from the cell that defines it (def {name}(...) under @triton.jit)")
     seen: set = set()
     _validate(name, defs, seen)
-    parts = ["import triton", "import triton.language as tl", ""]
-    parts += list(defs.constants.values())
-    parts += [textwrap.dedent(defs.jit[n][1]) + "\n" for n in defs.jit if n in seen]
     path = Path(directory) / f"graded_{name}.py"
-    path.write_text("\n".join(parts) + "\n")
+    path.write_text(defs.module_text(seen))
     spec = importlib.util.spec_from_file_location(f"flashcourse_graded_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

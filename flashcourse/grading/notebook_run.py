@@ -15,11 +15,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..checks.cases import GRADED_SEED_ENV
 from .contain import run_contained
-from .status import FAILED, GRADED_SEED, NOT_IMPLEMENTED, NOT_RUN, GradingError
+from .status import FAILED, NOT_IMPLEMENTED, NOT_RUN, GradingError
 
-__all__ = ["grading_env", "failure_message", "run_notebook", "kernel_never_started"]
+__all__ = ["grading_env", "failure_message", "run_notebook", "kernel_never_started", "KERNEL_DIED"]
 
 #: The most seconds a whole notebook may run under nbval (each cell has ``--timeout`` besides).
 _NOTEBOOK_LIMIT = 3600
@@ -28,15 +27,46 @@ _KERNEL_STARTS = 3
 #: jupyter_client's errors for a kernel that did not start (``KernelClient.wait_for_ready``).
 KERNEL_START_ERRORS = ("Kernel died before replying to kernel_info", "Kernel didn't respond in")
 
+#: What the grading plugin raises in a cell whose kernel died while running it (``os._exit``, a crash).
+KERNEL_DIED = "the notebook's Python kernel died while running this cell"
+
 # Loaded by pytest from the temporary folder: records each cell's outcome and the exception it raised
-# (nbval keeps the outputs a cell produced in item.test_outputs, the error output included).
+# (nbval keeps the outputs a cell produced in item.test_outputs, the error output included). In a grade,
+# nbval's markers and tags are the course's, never the student's: a cell marked NBVAL_SKIP,
+# NBVAL_RAISES_EXCEPTION or tagged raises-exception still runs and still fails (the course's own cells need
+# none of them outside their check cells, which a grade does not run). And a kernel that died while running
+# a cell fails that cell within a second, instead of when the cell's time limit runs out.
 _PLUGIN = '''
 import json
 import os
+import time
+from queue import Empty
 
 import pytest
+import nbval.kernel
+import nbval.plugin
 
 RESULTS = []
+assert callable(nbval.plugin.find_comment_markers) and callable(nbval.plugin.find_metadata_tags), "nbval changed"
+nbval.plugin.find_comment_markers = lambda source: iter(())
+nbval.plugin.find_metadata_tags = lambda metadata: iter(())
+_await_reply = nbval.kernel.RunningKernel.await_reply
+
+
+def await_reply(self, msg_id, timeout=None):
+    end = None if timeout is None else time.monotonic() + float(timeout)
+    while True:
+        step = 1.0 if end is None else min(1.0, max(0.0, end - time.monotonic()))
+        try:
+            return _await_reply(self, msg_id, timeout=step)
+        except Empty:
+            if not self.is_alive():
+                raise RuntimeError(%r) from None
+            if end is not None and time.monotonic() >= end:
+                raise
+
+
+nbval.kernel.RunningKernel.await_reply = await_reply
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -61,16 +91,15 @@ def pytest_runtest_makereport(item, call):
 def pytest_sessionfinish(session, exitstatus):
     with open(os.environ["FLASHCOURSE_GRADE_RESULTS"], "w") as f:
         json.dump(RESULTS, f)
-'''
-
+''' % KERNEL_DIED
 
 def grading_env() -> dict:
     """The environment the graded notebook runs in: this package importable (even from a checkout that
-    is not installed), and the graded seed that fixes the checks' hidden cases.
+    is not installed), and nothing that tells it from a practice run.
 
     Example:
-        >>> grading_env()[GRADED_SEED_ENV] == str(GRADED_SEED)
-        True
+        >>> grading_env()["PYTHONDONTWRITEBYTECODE"]
+        '1'
     """
     env = dict(os.environ)
     from .integrity import site_directories
@@ -79,7 +108,6 @@ def grading_env() -> dict:
         env["PYTHONPATH"] = os.pathsep.join([str(pkg_parent)] + [p for p in [env.get("PYTHONPATH")] if p])
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     env["PYTHONDONTWRITEBYTECODE"] = "1"
-    env[GRADED_SEED_ENV] = str(GRADED_SEED)   # the same hidden cases on every grade: one verdict per notebook
     return env
 
 
@@ -110,6 +138,9 @@ def failure_message(r: dict) -> tuple[str, str]:
         got = "\n".join(printed)
         return FAILED, f"the check ran but its output is not the expected line; it printed:\n{got}\n" \
                        f"(did you change the check cell, or print from it? leave the check cell as it was)"
+    if KERNEL_DIED in text:
+        return FAILED, (f"{KERNEL_DIED} (os._exit, exit(), a crash, or out of memory), so the cells after it "
+                        "did not run")
     if "Failed to interrupt kernel" in text:
         return FAILED, ("timed out, and the kernel could not be interrupted: the kernel died in this cell "
                         "(a crash, or os._exit), or it is stuck where an interrupt cannot stop it")

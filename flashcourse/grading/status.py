@@ -1,5 +1,5 @@
-"""The words of a grade: the status of a check or cell, the error for a notebook that could not be
-graded, and the seed of the graded hidden cases.
+"""The words of a grade: the status of a check or cell, and the error for a notebook that could not be
+graded.
 
 Example:
     >>> from flashcourse.grading.status import PASSED, NOT_RUN
@@ -7,10 +7,8 @@ Example:
     ('passed', 'not run')
 """
 
-__all__ = ["GRADED_SEED", "PASSED", "FAILED", "NOT_IMPLEMENTED", "NOT_RUN", "GradingError"]
+__all__ = ["PASSED", "FAILED", "NOT_IMPLEMENTED", "NOT_RUN", "GradingError"]
 
-#: The seed of the graded hidden cases (the checks' ``seed_of`` reads it from the environment).
-GRADED_SEED = 20_251_123
 PASSED, FAILED, NOT_IMPLEMENTED, NOT_RUN = "passed", "failed", "not implemented", "not run"
 
 

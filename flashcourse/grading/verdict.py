@@ -12,8 +12,17 @@ each check of the exercise is given
   plain data both ways.
 
 A check passes when it returns and printed exactly its expected line (the one the solutions
-notebook printed); the graded seed (``FLASHCOURSE_GRADED_SEED``) fixes its hidden cases. The results
-(one per check: name, status, message) go to a JSON file.
+notebook printed); it draws its hidden cases from the job's seed, which the grader drew fresh and
+secret for this grade (the worker never learns it).
+
+The job comes over the process's standard input, and the results (one per check: name, status,
+message) go back over a pipe the grader handed to this process alone, each line with the job's token
+(:func:`main`). Nothing of the student's can reach that pipe: the worker does not inherit it, and this
+process, like the grader's, is non-dumpable (:func:`flashcourse.grading.sandbox.undumpable`), so no
+other process of the same user may open its file descriptors or its memory through ``/proc``; the
+worker runs behind :func:`flashcourse.grading.sandbox.lock_down`. (Before issue 32 the results were a
+file the worker could find, replace by a hard link or rewrite through ``mmap``, and the verdict's
+memory could be rewritten through ``/proc/PID/mem``.)
 
 Example:
     >>> job = {"checks": [{"name": "merge", "argument": "merge", "kernel": False,
@@ -36,18 +45,18 @@ __all__ = ["run_checks", "run_one", "main", "PASSED", "FAILED", "NOT_IMPLEMENTED
 PASSED, FAILED, NOT_IMPLEMENTED = "passed", "failed", "not implemented"
 
 
-def run_one(check, fn, expected: str) -> tuple[str, str]:
-    """(status, message) of ``check(fn)``: passed when it returns having printed ``expected``.
+def run_one(check, fn, expected: str, seed: int | None = None) -> tuple[str, str]:
+    """(status, message) of ``check(fn, seed=seed)``: passed when it returns having printed ``expected``.
 
     Example:
         >>> from flashcourse import checks
-        >>> run_one(checks.merge, lambda *a: 1 / 0, "")[0]
+        >>> run_one(checks.merge, lambda *a: 1 / 0, "", seed=1)[0]
         'failed'
     """
     out = io.StringIO()
     try:
         with contextlib.redirect_stdout(out):
-            check(fn)
+            check(fn, seed=seed)
     except NotImplementedError as e:
         return NOT_IMPLEMENTED, str(e)
     except AssertionError as e:
@@ -77,10 +86,11 @@ def run_checks(job: dict, on_result=None) -> list[dict]:
         except KernelSourceError as e:
             results[chk["name"]] = (FAILED, str(e))
             continue
-        results[chk["name"]] = run_one(getattr(checks, chk["name"]), kernel, chk["expected"])
+        results[chk["name"]] = run_one(getattr(checks, chk["name"]), kernel, chk["expected"], job.get("seed"))
     functions = [c for c in job["checks"] if not c["kernel"]]
     if functions:
-        with Worker(job["setup"], cells, path=job.get("worker_path"), timeout=job.get("timeout", 600)) as worker:
+        with Worker(job["setup"], cells, path=job.get("worker_path"), timeout=job.get("timeout", 600),
+                    uid=job.get("uid")) as worker:
             try:
                 errors = worker.start()
             except Exception as e:  # noqa: BLE001 - the cells did not even set up: every check fails with why
@@ -91,7 +101,7 @@ def run_checks(job: dict, on_result=None) -> list[dict]:
                 cell_errors = "; ".join(f"{e['where']} raised {e['ename']}: {e['evalue']}" for e in errors)
                 for chk in functions:
                     status, message = run_one(getattr(checks, chk["name"]), worker.function(chk["argument"]),
-                                              chk["expected"])
+                                              chk["expected"], job.get("seed"))
                     if status == FAILED and cell_errors and "is not defined" in message:
                         message += f"\n  (when the grader ran your solution cells: {cell_errors})"
                     results[chk["name"]] = (status, message)
@@ -114,14 +124,16 @@ class _Results(dict):
         return [{"name": n, "status": s, "message": m} for n, (s, m) in self.items()]
 
 
-def main(job_path: str) -> None:
-    """The verdict process's entry: read the job, run the checks, write the results next to it."""
-    with open(job_path, encoding="utf-8") as f:
-        job = json.load(f)
+def main(result_fd: int) -> None:
+    """The verdict process's entry: become non-dumpable, read the job from standard input, run the checks;
+    after each one, write every result so far to ``result_fd`` as one JSON line with the job's token."""
+    from .sandbox import undumpable
+    undumpable()
+    job = json.loads(sys.stdin.read())
+    out = os.fdopen(result_fd, "w", encoding="utf-8")
 
     def write(rows):
-        with open(job["results"] + ".part", "w", encoding="utf-8") as f:
-            json.dump(rows, f)
-        os.replace(job["results"] + ".part", job["results"])
+        out.write(json.dumps({"token": job["token"], "rows": rows}) + "\n")
+        out.flush()
     write(run_checks(job, on_result=write))
-    sys.stdout.flush()
+    out.close()

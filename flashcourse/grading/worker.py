@@ -28,20 +28,24 @@ from __future__ import annotations
 import builtins
 import contextlib
 import importlib.util
+import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from .contain import SANDBOX
 from .wire import decode, encode
 
-__all__ = ["Worker", "WorkerDied", "WorkerTimeout", "site_dirs", "isolated_command", "python_of", "serve",
-           "seal_course", "COURSE"]
+__all__ = ["Worker", "WorkerDied", "WorkerTimeout", "site_dirs", "interpreter_paths", "isolated_command", "python_of", "cell_statements",
+           "stand_ins", "serve", "seal_course", "COURSE", "RUNNING_MAGICS"]
 
 #: The package a solution may not use.
 COURSE = "flashcourse"
@@ -80,6 +84,18 @@ def site_dirs() -> list[str]:
     return list(dict.fromkeys(found))
 
 
+def interpreter_paths() -> list[str]:
+    """What a process of the grade's reads to run this Python: the interpreter, the standard library and
+    :func:`site_dirs` (a user the student's code runs as must be able to read them all).
+
+    Example:
+        >>> interpreter_paths()[0] == sys.executable
+        True
+    """
+    paths = sysconfig.get_paths()
+    return list(dict.fromkeys([sys.executable, paths["stdlib"], paths["platstdlib"]] + site_dirs()))
+
+
 def isolated_command(code: str, path: list[str]) -> list[str]:
     """The command that runs ``code`` in a fresh Python that imports only from ``path``: ``-I`` (no
     ``PYTHON*`` variables, no user site, not the current folder) and ``-S`` (no ``site``, so no
@@ -94,17 +110,43 @@ def isolated_command(code: str, path: list[str]) -> list[str]:
 
 # --- the worker's side --------------------------------------------------------------------------
 
+#: Cell magics whose body IPython runs as Python (``%%time``, ``%%capture``): the worker runs the body once.
+RUNNING_MAGICS = frozenset({"time", "timeit", "capture", "prun"})
+
+
 class _NoIPython:
-    """``get_ipython()`` in the worker: a cell's magics (``%timeit``, ``%%time``) do nothing there."""
+    """``get_ipython()`` in the worker: a cell's line magics (``%timeit``, ``%matplotlib``) and shell
+    commands do nothing there, and a cell magic that runs its body (:data:`RUNNING_MAGICS`) runs it once."""
+
+    def __init__(self, namespace: dict):
+        self.namespace = namespace
 
     def run_line_magic(self, *args, **kwargs):
         return None
 
-    def run_cell_magic(self, *args, **kwargs):
-        return None
+    def run_cell_magic(self, name, line, body, *args, **kwargs):
+        if name in RUNNING_MAGICS:
+            exec(compile(python_of(body), f"<%%{name} cell>", "exec"), self.namespace)
 
     def system(self, *args, **kwargs):
         return None
+
+    getoutput = system
+
+
+def stand_ins(namespace: dict) -> dict:
+    """What a notebook's cells may use without importing it: ``get_ipython()`` (:class:`_NoIPython`) and a
+    ``display()`` that shows nothing, bound to ``namespace``.
+
+    Example:
+        >>> ns = {}
+        >>> ns.update(stand_ins(ns))
+        >>> exec(python_of("%%time\\nx = 1\\ndisplay(x)"), ns)
+        >>> ns["x"]
+        1
+    """
+    shell = _NoIPython(namespace)
+    return {"get_ipython": lambda: shell, "display": lambda *a, **k: None}
 
 
 def python_of(source: str) -> str:
@@ -119,6 +161,32 @@ def python_of(source: str) -> str:
         return TransformerManager().transform_cell(source)
     except ImportError:  # pragma: no cover - IPython is installed with the course
         return source
+
+
+def cell_statements(source: str) -> list:
+    """The top-level statements of a cell (its magics as IPython's calls, and the body of a cell magic
+    that runs it, ``%%time``, in its place); a SyntaxError when the cell is not Python.
+
+    Example:
+        >>> [type(n).__name__ for n in cell_statements("%%time\\ndef f():\\n    pass")]
+        ['FunctionDef']
+    """
+    import ast
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        tree = ast.parse(python_of(source))
+    body = []
+    for node in tree.body:
+        call = node.value if isinstance(node, ast.Expr) else None
+        if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "run_cell_magic"
+                and ast.unparse(call.func.value) == "get_ipython()" and len(call.args) == 3
+                and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in call.args)
+                and call.args[0].value in RUNNING_MAGICS):
+            body += cell_statements(call.args[2].value)
+        else:
+            body.append(node)
+    return body
 
 
 def _error(e: BaseException) -> dict:
@@ -169,8 +237,7 @@ def serve(fd: int) -> None:
     os.dup2(devnull, 0)
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))   # the student's code writes no file
     job = decode(conn.recv_bytes())
-    namespace = {"__name__": "__main__", "__builtins__": builtins, "get_ipython": _NoIPython,
-                 "display": lambda *a, **k: None}
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
     errors = []
     for where, source in [("set-up", job["setup"])] + [(f"cell {cid}", src) for cid, src in job["cells"]]:
         try:
@@ -179,6 +246,7 @@ def serve(fd: int) -> None:
             errors.append({"where": where, **_error(e)})
         if where == "set-up":
             seal_course(namespace)
+            namespace.update(stand_ins(namespace))     # (after the seal, which takes this module's out)
     conn.send_bytes(encode({"errors": errors}))
     while True:
         try:
@@ -223,11 +291,11 @@ class Worker:
     """
 
     def __init__(self, setup: str, cells, path: list[str] | None = None, timeout: float = 600,
-                 env: dict | None = None):
+                 env: dict | None = None, uid: int | None = None):
         self.setup, self.cells = setup, [tuple(c) for c in cells]
         self.path = path or [str(Path(__file__).resolve().parents[2])] + site_dirs()
-        self.timeout, self.env = timeout, env
-        self.proc, self.conn, self.errors = None, None, []
+        self.timeout, self.env, self.uid = timeout, env, uid
+        self.proc, self.conn, self.errors, self.home = None, None, [], None
 
     def __enter__(self):
         return self
@@ -238,11 +306,16 @@ class Worker:
     def start(self) -> list[dict]:
         """Start the process and run the cells; returns the errors the cells raised (where, ename, evalue)."""
         mine, theirs = socket.socketpair()
-        env = dict(self.env if self.env is not None else os.environ)
+        env = {k: v for k, v in (self.env if self.env is not None else os.environ).items()
+               if not k.startswith("FLASHCOURSE_")}       # nothing of the grader's but what Python needs
         env["PYTHONDONTWRITEBYTECODE"] = "1"
-        self.proc = subprocess.Popen(
-            isolated_command(f"from flashcourse.grading.worker import serve; serve({theirs.fileno()})", self.path),
-            pass_fds=(theirs.fileno(),), env=env, start_new_session=True,
+        self.home = tempfile.mkdtemp()                     # a folder of its own, named like any
+        if self.uid is not None:
+            os.chown(self.home, self.uid, self.uid)
+        worker = isolated_command(f"from flashcourse.grading.worker import serve; serve({theirs.fileno()})", self.path)
+        self.proc = subprocess.Popen(       # behind sandbox.lock_down: as its own user, or without any privilege
+            [sys.executable, "-I", "-S", "-c", SANDBOX + "\nlaunch()\n", json.dumps({"uid": self.uid, "cmd": worker})],
+            pass_fds=(theirs.fileno(),), env=env, start_new_session=True, cwd=self.home,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         theirs.close()
         self.conn = Connection(mine.detach())
@@ -297,4 +370,7 @@ class Worker:
                 pass
             code = self.proc.wait() if code is None else code
             self.proc = None
+        if self.home is not None:
+            shutil.rmtree(self.home, ignore_errors=True)
+            self.home = None
         return code
