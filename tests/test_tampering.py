@@ -266,6 +266,53 @@ OTHERS = {"honest_variants": honest_variants, "failing_cells_marked_for_nbval": 
 FAKE_VERDICT = "import flashcourse.grading.verdict as v; v.run_one = lambda *a: ('passed', '')"
 
 
+#: Issue 32, class 5: a notebook cell that changes what the verdict imports, so that the verdict's run_one passes
+#: every check (only where MARK is set: the files are the test machine's own, and put back after). Each of the
+#: four made that grade and every later one pass on main; they are graded here in one notebook, before honest ones.
+HOOK = textwrap.dedent(f"""
+    import os as _os
+    if _os.environ.get("{MARK}"):
+        import builtins as _b, sys as _s
+        _real = _b.__import__
+        def _hooked(name, *a, **k):
+            m = _real(name, *a, **k)
+            v = _s.modules.get("flashcourse.grading.verdict")
+            if v is not None and hasattr(v, "run_one") and not getattr(v.run_one, "faked", False):
+                def run_one(*a, **k):
+                    return ("passed", "")
+                run_one.faked = True
+                v.run_one = run_one
+            return m
+        _b.__import__ = _hooked
+    """)
+PLANT = textwrap.dedent(f"""
+    import importlib.util, marshal, os, sys, textwrap as std_textwrap, numpy, typing_extensions
+    hook = {HOOK!r}
+    site = os.path.dirname(os.path.dirname(numpy.__file__))
+    # a module in a site directory named as one of the standard library's (first on the verdict's path on main)
+    open(os.path.join(site, "textwrap.py"), "w").write(open(std_textwrap.__file__).read() + hook)
+    # a new file in a package that imports it when it is there
+    open(os.path.join(os.path.dirname(numpy.__file__), "_distributor_init_local.py"), "w").write(hook)
+    # a compiled file beside an unchanged source, which Python prefers (its header names the source's size and time)
+    pyc = importlib.util.cache_from_source(typing_extensions.__file__)
+    head = open(pyc, "rb").read()[:16]
+    open(pyc, "wb").write(head + marshal.dumps(compile(open(typing_extensions.__file__).read() + hook,
+                                                       typing_extensions.__file__, "exec")))
+    # an installed library's source (not one of NumPy's, torch's and Triton's, whose RECORD the grader verified)
+    open(typing_extensions.__file__, "a").write(hook)
+    """)
+
+
+def planted_files():
+    import numpy
+    import typing_extensions
+    import importlib.util
+    site = Path(numpy.__file__).parents[1]
+    return {"shadow": site / "textwrap.py", "new": Path(numpy.__file__).with_name("_distributor_init_local.py"),
+            "pyc": Path(importlib.util.cache_from_source(typing_extensions.__file__)),
+            "source": Path(typing_extensions.__file__)}
+
+
 TRICKS = {
     "set_custom_exc": added("""
         def swallow(shell, etype, evalue, tb, tb_offset=None):
@@ -359,6 +406,7 @@ TRICKS = {
             return Anything(), Anything()
         """, cell="01-online-softmax-merge", at_end=True),
     "kernel_in_disguise": edited(kernel_in_disguise),
+    "installation_changed": added(PLANT),
     "constant_line_runs_in_the_verdict": in_solution("SCALE = tl.constexpr(1.0); " + FAKE_VERDICT,
                                                      cell="01-online-softmax-softmax-kernel"),
     "kernel_escaping_triton": edited(escaping_kernel),
@@ -367,8 +415,9 @@ TRICKS = {
 
 #: The trick that waits out a time limit (the cell's, then the verdict's set-up), graded beside the others.
 WAITING = ("endless_solution",)
-#: Tricks that write files every Python process reads: graded when nothing else is, before the untampered notebook.
-SHARED = ("sitecustomize_and_pth",)
+#: Tricks that write files every Python process reads: graded when nothing else is, before two honest notebooks
+#: (the untampered one, and the solved one, which must pass).
+SHARED = ("sitecustomize_and_pth", "installation_changed")
 
 
 def _start_batch(tmp: Path, lane: str, notebooks: dict, pkg: Path, env: dict):
@@ -407,17 +456,26 @@ def graded(tmp_path_factory):
     env = {**__import__("os").environ, MARK: "1"}
     from flashcourse.grading.integrity import Snapshot
     real = Snapshot.take(ROOT / "flashcourse")   # the checkout itself must never be touched: a safety net
+    planted = planted_files()
+    library = planted["source"].read_bytes()
     try:
         started = [_start_batch(tmp, lane, {t: {**TRICKS, **OTHERS}[t]() for t in tricks}, tmp / f"pkg-{lane}", env)
                    for lane, tricks in lanes.items()]
         procs = [_finish(p) for p in started]
         assert not (site / "sitecustomize.py").exists()     # nothing of the two batches writes the shared files
-        last = {t: TRICKS[t]() for t in SHARED} | {"zz_untampered": exercise()}
+        last = {t: TRICKS[t]() for t in SHARED} | {"zz_untampered": exercise(), "zz_solved": completed(NAME)}
         procs.append(_finish(_start_batch(tmp, "last", last, tmp / "pkg-main", env)))
+        left = {k: p for k, p in planted.items() if k in ("shadow", "new") and p.exists()}
+        changed = planted["source"].read_bytes() != library
     finally:
         for name in ("sitecustomize.py", "zz_flashcourse_tamper.pth"):
             (site / name).unlink(missing_ok=True)
+        for key in ("shadow", "new"):
+            planted[key].unlink(missing_ok=True)
+        if planted["source"].read_bytes() != library:
+            planted["source"].write_bytes(library)
         touched = real.restore()
+    assert not left and not changed, f"the grader left the installation changed: {left}, {changed}"
     assert touched == [], f"the corpus edited the checkout itself (put back): {touched}"
     after = [_package(tmp / f"pkg-{lane}") for lane in lanes]
     rows, out = [], tmp / "grades"
@@ -500,3 +558,17 @@ def test_a_kernel_that_dies_fails_its_cell_at_once(graded):
     *_, out = graded
     report = (out / "os_exit" / f"{NAME}.txt").read_text(encoding="utf-8")
     assert KERNEL_DIED in report and "timed out" not in report, report
+
+
+@pytest.mark.slow
+def test_a_changed_installation_is_refused_put_back_and_no_later_grade_changes(graded):
+    """Issue 32, class 5: on main each of the four changes made its grade and every later one pass (the untampered
+    notebook after it read all 3 checks passed). Now the grade is refused, each change named and put back (the
+    fixture asserts the files are as before), and the honest notebooks after it grade as they would alone."""
+    procs, rows, *_, out = graded
+    report = (out / "installation_changed" / f"{NAME}.txt").read_text(encoding="utf-8")
+    assert "NOT GRADED" in report, report
+    for key, path in planted_files().items():
+        assert str(path) in report, (key, report)
+    by = {s: [(r["check"], r["status"]) for r in rows if r["student"] == s][:3] for s in ("zz_untampered", "zz_solved")}
+    assert by == {"zz_untampered": [(n, "not implemented") for n in CHECKS], "zz_solved": [(n, "passed") for n in CHECKS]}
