@@ -29,6 +29,7 @@ import os
 import sys
 import sysconfig
 import tempfile
+import time
 from pathlib import Path
 
 __all__ = ["Installation", "import_roots"]
@@ -66,8 +67,8 @@ class Installation:
             from .serve import python_of  # noqa: F401  (and the worker's)
             verify_dependencies()      # NumPy's, torch's and Triton's files as pip installed them
         self.roots = import_roots() if roots is None else [Path(r).resolve() for r in roots]
+        self.files = set()
         self.sources = {os.path.realpath(p): Path(p).read_bytes() for p in keep}
-        self.files = set(self.sources)
         for module in list(sys.modules.values()):
             path = getattr(module, "__file__", None)
             if isinstance(path, str) and self.under_roots(path):
@@ -80,6 +81,10 @@ class Installation:
                         self.sources[os.path.realpath(path)] = Path(path).read_bytes()
                     except OSError:
                         pass
+        self.files = set(self.files) | set(self.sources)
+        self.mtimes = {p: os.stat(p).st_mtime_ns for p in self.sources}
+        for p in self.sources:            # a stale compiled file would be written again by the next Python: now, then
+            self._fresh(p)
         self.files |= {importlib.util.cache_from_source(p) for p in self.sources}     # what Python would read instead
         self.files |= {os.path.realpath(sys.executable), os.path.abspath(sys.executable),
                        os.path.join(sys.prefix, "pyvenv.cfg")}
@@ -99,13 +104,20 @@ class Installation:
         return any(real == r or r in real.parents for r in self.roots)
 
     def mark(self) -> int:
-        """A moment to compare with: the ctime of a file made now (the kernel's own clock, as every file's)."""
-        fd, path = tempfile.mkstemp(prefix="flashcourse-mark-")
-        try:
-            return os.fstat(fd).st_ctime_ns
-        finally:
-            os.close(fd)
-            os.unlink(path)
+        """A moment to compare with: the ctime of a file made now (the kernel's own clock, as every file's), once
+        that clock has moved on from what was written before (it ticks in milliseconds: the grader's own writes,
+        a put-back, must be older than the mark)."""
+        def ctime():
+            fd, path = tempfile.mkstemp(prefix="flashcourse-mark-")
+            try:
+                return os.fstat(fd).st_ctime_ns
+            finally:
+                os.close(fd)
+                os.unlink(path)
+        before = ctime()
+        while (now := ctime()) <= before:
+            time.sleep(0.001)
+        return now
 
     def changes(self, since: int, modules=(), libraries=()) -> list[str]:
         """Every path under the roots changed (written, renamed, linked, made) since ``since``: the files this
@@ -160,7 +172,7 @@ class Installation:
         not be (and keeps those in :attr:`broken`: the installation is not to be trusted until reinstalled)."""
         import shutil
         done = []
-        for path in changed:
+        for path in sorted(changed, key=lambda q: q.endswith(".pyc")):     # sources first, then what compiles them
             p = Path(path)
             if not self.under_roots(path):
                 done.append(f"{path} (the checks imported it from outside the installation)")
@@ -170,6 +182,8 @@ class Installation:
                 elif p.is_dir():
                     shutil.rmtree(p)
                 p.write_bytes(self.sources[path])
+                os.utime(path, ns=(self.mtimes[path], self.mtimes[path]))   # its compiled file stays valid
+                self._fresh(path)
                 done.append(f"{path} (changed: put back)")
             elif path not in self.existing:
                 if p.is_dir() and not p.is_symlink():
@@ -186,6 +200,22 @@ class Installation:
                 self.broken.append(path)
         return done
 
+    def _fresh(self, source: str) -> None:
+        """Compile ``source`` again unless its compiled file is there and names its size and time (as Python
+        checks): so that no Python of the grade's, or of anyone's, writes one during a grade."""
+        import struct
+        pyc = importlib.util.cache_from_source(source)
+        try:
+            st = os.stat(source)
+            with open(pyc, "rb") as f:
+                head = f.read(16)
+            if len(head) == 16 and struct.unpack("<4xIII", head) == (0, int(st.st_mtime) & 0xFFFFFFFF,
+                                                                     st.st_size & 0xFFFFFFFF):
+                return
+        except OSError:
+            pass
+        self._compile(Path(pyc))
+
     def _compile(self, pyc: Path) -> bool:
         """Compile again the source whose compiled file ``pyc`` is (``__pycache__/NAME.TAG.pyc`` beside ``NAME.py``),
         as Python would at its next import: now, not during a later grade."""
@@ -194,7 +224,8 @@ class Installation:
         if not source.is_file() or pyc.name.count(".") != 2:
             return False
         try:
-            py_compile.compile(str(source), cfile=str(pyc), doraise=True)
+            py_compile.compile(str(source), cfile=str(pyc), doraise=True,
+                               invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP)
         except (py_compile.PyCompileError, OSError):
             return False
         return True

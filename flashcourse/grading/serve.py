@@ -143,7 +143,11 @@ def serve(fd: int) -> None:
     conn.send_bytes(wire.encode({"set up": True}))
     for cid, source in job["cells"]:
         try:
-            exec(compile(python_of(source), f"<cell {cid}>", "exec"), namespace)
+            try:
+                code = compile(source, f"<cell {cid}>", "exec")
+            except SyntaxError:             # a magic: IPython's plain-Python form of the cell (IPython only then)
+                code = compile(python_of(source), f"<cell {cid}>", "exec")
+            exec(code, namespace)
         except BaseException as e:    # a cell that fails still lets the others define their functions
             errors.append({"where": f"cell {cid}", **_error(e)})
     conn.send_bytes(wire.encode({"errors": errors}))
