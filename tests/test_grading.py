@@ -203,7 +203,13 @@ def test_every_former_name_leads_to_an_exercise():
 def test_grade_says_plainly_when_it_cannot_grade(tmp_path, capsys):
     from flashcourse import cli
     assert cli.main(["grade", str(tmp_path / "missing.ipynb")]) == 2
-    assert "no such notebook" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no such notebook" in err
+    # and, when it starts, what this machine leaves open (README: *What grading cannot close on your own machine*)
+    note = grading.protection_note()
+    assert (f"flashcourse grade: note: {note}" in err) if note else "note:" not in err
+    if os.geteuid() != 0:
+        assert note.startswith("the student's code runs as your own user") and "container" in note
     bad = tmp_path / "bad.ipynb"
     bad.write_text("not json")
     assert cli.main(["grade", str(bad)]) == 2

@@ -54,7 +54,7 @@ from .notebook_run import failure_message, grading_env, kernel_never_started, ru
 from .status import FAILED, NOT_IMPLEMENTED, NOT_RUN, PASSED, REFUSED, GradingError  # noqa: F401
 from .session import run_verdict  # noqa: E402,F401  (a public name of the package)
 
-__all__ = ["CheckResult", "GradeReport", "GradingError", "load_canonical", "load_grading", "identify",
+__all__ = ["CheckResult", "GradeReport", "GradingError", "load_canonical", "load_grading", "identify", "protection_note",
            "without_checks", "solution_sources", "run_notebook", "kernel_never_started", "verdict_job", "run_verdict",
            "grade"]
 
@@ -383,6 +383,22 @@ def add_arguments(parser) -> None:
     parser.add_argument("--verbose", action="store_true", help="also print pytest's own output")
 
 
+def protection_note() -> str:
+    """What this machine leaves open to the student's code, in a sentence (``""`` when nothing: the grader runs
+    as root and each notebook can run as a user of its own); ``flashcourse grade`` prints it when it starts.
+    README, *What grading cannot close on your own machine*.
+
+    Example:
+        >>> isinstance(protection_note(), str)
+        True
+    """
+    import os
+    from .sandbox import protection, unprivileged_uid
+    from .worker import interpreter_paths
+    root = hasattr(os, "geteuid") and os.geteuid() == 0
+    return protection(unprivileged_uid(0, interpreter_paths()), root)
+
+
 def run(args) -> int:
     """Run ``flashcourse grade``: 0 when every check passed, 1 when one did not, 2 when it could not grade
     (in a batch: any notebook).
@@ -396,6 +412,9 @@ def run(args) -> int:
         >>> run(p.parse_args(["no/such/notebook.ipynb"]))
         2
     """
+    note = protection_note()
+    if note:
+        print(f"flashcourse grade: note: {note}", file=sys.stderr)
     if len(args.notebooks) > 1 or args.notebooks[0].is_dir() or args.out is not None:
         from flashcourse.grading.batch import run_batch
         return run_batch(args)
