@@ -362,5 +362,7 @@ def test_jobs_grade_at_the_same_time_and_what_a_change_touched_again_alone(tmp_p
     assert [r["student"] for r in rows[::3]] == ["alice", "bob", "mallory", "zoe"]  # in the folder's order
     assert {r["student"]: r["status"] for r in rows} == {"alice": "passed", "bob": "passed", "mallory": "refused",
                                                          "zoe": "passed"}
+    assert batch.batch_status(rows) == 2                                            # a refused grade is no pass
+    assert all(r["message"] == "not graded: the notebook changed x (put back)" for r in rows if r["student"] == "mallory")
     again = [s for s, now in calls[4:]]
     assert "mallory" in again and all(len(now) == 1 for _, now in calls[4:])        # graded again, alone

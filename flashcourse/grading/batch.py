@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from flashcourse.chapters import renamed
-from flashcourse.grading import (PASSED, CheckResult, GradeReport, GradingError, grade, identify,  # noqa: F401
-                                 load_canonical)
+from flashcourse.grading import (PASSED, REFUSED, CheckResult, GradeReport, GradingError, grade,  # noqa: F401
+                                 identify, load_canonical)
 
 __all__ = ["SUMMARY_COLUMNS", "NOT_GRADED", "collect", "student_of", "summary_rows", "write_summary",
            "batch_status", "grade_batch", "run_batch"]
@@ -96,8 +96,10 @@ def summary_rows(notebook: Path | str, report: GradeReport | None = None, error:
     if report is None:
         return [dict(base, exercise=exercise, check=name, passed=False, status=NOT_GRADED, message=error, seed="")
                 for name in (list(checks) or [""])]
+    why = f"not graded: the notebook changed {report.tampered[0]}" if report.tampered else ""
     return [dict(base, exercise=report.exercise, check=c.name, passed=c.status == PASSED, status=c.status,
-                 message=c.message.strip(), seed=report.seed) for c in report.checks + report.other_failures]
+                 message=c.message.strip() or (why if c.status == REFUSED else ""), seed=report.seed)
+            for c in report.checks + report.other_failures]
 
 
 def write_summary(rows: list[dict], out: Path | str) -> tuple[Path, Path]:
@@ -126,13 +128,16 @@ def write_summary(rows: list[dict], out: Path | str) -> tuple[Path, Path]:
 
 
 def batch_status(rows: list[dict]) -> int:
-    """The exit status of a batch: 2 if a notebook could not be graded, else 1 if a check failed, else 0.
+    """The exit status of a batch: 2 if a notebook could not be graded or its grade was refused (it changed
+    the installation), else 1 if a check failed, else 0.
 
     Example:
         >>> batch_status([{"passed": True, "status": "passed"}]), batch_status([{"passed": False, "status": "failed"}])
         (0, 1)
+        >>> batch_status([{"passed": False, "status": "refused"}])
+        2
     """
-    if any(r["status"] == NOT_GRADED for r in rows):
+    if any(r["status"] in (NOT_GRADED, REFUSED) for r in rows):
         return 2
     return 0 if all(r["passed"] for r in rows) else 1
 
@@ -265,6 +270,8 @@ def run_batch(args) -> int:
         r0 = nb_rows[0]
         if r0["status"] == NOT_GRADED:
             result = f"not graded: {r0['message'].splitlines()[0] if r0['message'] else ''}"
+        elif any(r["status"] == REFUSED for r in nb_rows):
+            result = "NOT GRADED: it changed the installed course or its libraries (its report names what)"
         else:
             checks = [r for r in nb_rows if not r["check"].startswith("cell ")]
             others = len(nb_rows) - len(checks)
@@ -273,5 +280,5 @@ def run_batch(args) -> int:
         print(f"{r0['student']:<16} {r0['exercise'] or '?':<22} {result}")
     status = batch_status(rows)
     print(f"{len(by_notebook)} notebooks graded: reports and summary.csv / summary.json in {out}/"
-          + {0: ", all passed ✓", 1: "", 2: " (some could not be graded)"}[status])
+          + {0: ", all passed ✓", 1: "", 2: " (some could not be graded or were refused)"}[status])
     return status
