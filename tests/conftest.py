@@ -10,8 +10,11 @@
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import secrets
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +32,40 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+#: The test modules that grade notebooks. A grade is refused when the installation changed while it ran, and the
+#: tampering corpus changes it on purpose (its last lane plants files in site-packages, then puts them back): with
+#: the suite in two processes (pytest-xdist), these modules' tests hold the installation shared and that lane
+#: holds it alone (:func:`installation_lock`).
+GRADING_MODULES = ("test_checks_", "test_grading")
+
+
+@contextlib.contextmanager
+def installation_lock(config, exclusive: bool = False):
+    """Hold the lock on the installation (a ``flock`` on a file every process of this run sees) while in the block.
+
+    Example:
+        >>> with installation_lock(config, exclusive=True):       # doctest: +SKIP
+        ...     plant_files_in_site_packages()
+    """
+    base = config._tmp_path_factory.getbasetemp()
+    path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "installation.lock"
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if Path(str(item.fspath)).name.startswith(GRADING_MODULES):
+        with installation_lock(item.config):
+            yield
+    else:
+        yield
 
 
 #: The two backends a kernel test is written for.

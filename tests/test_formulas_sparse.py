@@ -144,20 +144,18 @@ def test_bad_arguments_are_named():
     assert repr(Mask(lambda q, kv: q == kv, "diagonal") | causal()) == "Mask((diagonal) | (causal))"
 
 
-def test_every_mask_travels_as_its_recipe(seed):
-    """A mask crosses to the grading worker as plain data (Mask.spec) and is built again by the course's own
-    constructors; a spec naming anything else is refused, and a mask without a recipe travels as opaque."""
+def test_every_mask_has_its_recipe(seed):
+    """A mask's recipe (Mask.spec) is plain data from which the course's own constructors build it again; a
+    spec naming anything else is refused. (The grading worker gets a stand-in that asks for a mask's values:
+    tests/test_grading_isolation.py.)"""
     from flashcourse.formulas.sparse import mask_from_spec
-    from flashcourse.grading.wire import Opaque, WireError, decode, encode
     rng = np.random.default_rng(seed)
     n = 30
     for mask, _, _ in masks(rng, n):
         for m in (mask, mask & causal(), mask | sliding_window(3)):
-            again = decode(encode(m))
+            again = mask_from_spec(m.spec)
             assert again.name == m.name and np.array_equal(again.dense(n, n), m.dense(n, n))
-            assert mask_from_spec(m.spec).name == m.name
     with pytest.raises(ValueError, match="'eval' is not one of"):
         mask_from_spec(["eval", "1"])
-    with pytest.raises(WireError, match="a mask"):
-        decode(b'{"$": "mask", "spec": ["sliding_window", 0, true]}')
-    assert isinstance(decode(encode(Mask(lambda q, kv: q >= kv, "mine"))), Opaque)
+    with pytest.raises(ValueError, match="window must be an integer"):
+        mask_from_spec(["sliding_window", 0, True])

@@ -203,7 +203,13 @@ def test_every_former_name_leads_to_an_exercise():
 def test_grade_says_plainly_when_it_cannot_grade(tmp_path, capsys):
     from flashcourse import cli
     assert cli.main(["grade", str(tmp_path / "missing.ipynb")]) == 2
-    assert "no such notebook" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no such notebook" in err
+    # and, when it starts, what this machine leaves open (README: *What grading cannot close on your own machine*)
+    note = grading.protection_note()
+    assert (f"flashcourse grade: note: {note}" in err) if note else "note:" not in err
+    if os.geteuid() != 0:
+        assert note.startswith("the student's code runs as your own user") and "container" in note
     bad = tmp_path / "bad.ipynb"
     bad.write_text("not json")
     assert cli.main(["grade", str(bad)]) == 2
@@ -271,7 +277,7 @@ def test_each_grade_draws_its_hidden_cases_from_a_fresh_secret_seed():
 
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory):
-    """``flashcourse grade SUBMISSIONS --out GRADES``, once, on four students' notebooks: alice's solved,
+    """``flashcourse grade SUBMISSIONS --out GRADES --jobs 2``, once, on four students' notebooks: alice's solved,
     bob's unfinished (with metadata that names another exercise), carol's not JSON, and dave's, whose
     kernel dies in a cell (``os._exit(1)``)."""
     tmp = tmp_path_factory.mktemp("batch")
@@ -293,7 +299,7 @@ def batch(tmp_path_factory):
     # dave's dead kernel fails its cell at once; 15 s a cell, as the tampering corpus grades this exercise (alice's
     # slowest cell, the imports, takes about 2 s on a loaded machine)
     proc = subprocess.run([sys.executable, "-m", "flashcourse.cli", "grade", str(subs), "--out", str(tmp / "grades"),
-                           "--timeout", "15"], cwd=tmp, capture_output=True, text=True)
+                           "--timeout", "15", "--jobs", "2"], cwd=tmp, capture_output=True, text=True)
     return proc, tmp / "grades"
 
 
@@ -324,3 +330,39 @@ def test_a_batch_grades_every_notebook_and_writes_reports_and_a_summary(batch):
     assert "4 notebooks graded" in proc.stdout
     seeds = {s: {r["seed"] for r in by[s]} for s in ("alice", "bob", "dave")}        # one fresh seed per notebook
     assert all(len(v) == 1 and isinstance(next(iter(v)), int) for v in seeds.values()) and len(set.union(*seeds.values())) == 3
+
+
+def test_jobs_grade_at_the_same_time_and_what_a_change_touched_again_alone(tmp_path, monkeypatch):
+    """``--jobs 2``: two notebooks at a time, rows in the folder's order; a grade refused for a change to the
+    installation (made by it, or by the notebook graded beside it) is graded again at the end, alone, so that the
+    honest notebook's grade is what it would be graded one at a time, and the culprit's stays refused."""
+    import threading
+    import time
+    from flashcourse.grading import batch
+    for student in ("alice", "bob", "mallory", "zoe"):
+        (tmp_path / student).mkdir()
+        (tmp_path / student / f"{NAME}.ipynb").write_text("{}")
+    running, calls, lock = set(), [], threading.Lock()
+
+    def fake_grade(path, **kw):
+        student = Path(path).parent.name
+        with lock:
+            running.add(student)
+            calls.append((student, sorted(running)))
+        time.sleep(0.2)
+        with lock:
+            beside = running - {student}
+            running.discard(student)
+        touched = student == "mallory" or "mallory" in beside     # mallory changes the installation
+        checks = [CheckResult(n, n, "refused" if touched else "passed") for n in CHECKS]
+        return GradeReport(str(path), NAME, checks, tampered=["x (put back)"] if touched else [], seed=kw["seed"])
+    monkeypatch.setattr(batch, "grade", fake_grade)
+    rows = batch.grade_batch([tmp_path], tmp_path / "grades", jobs=2, seed=5, progress=False)
+    assert max(len(now) for _, now in calls) == 2                                  # two at a time
+    assert [r["student"] for r in rows[::3]] == ["alice", "bob", "mallory", "zoe"]  # in the folder's order
+    assert {r["student"]: r["status"] for r in rows} == {"alice": "passed", "bob": "passed", "mallory": "refused",
+                                                         "zoe": "passed"}
+    assert batch.batch_status(rows) == 2                                            # a refused grade is no pass
+    assert all(r["message"] == "not graded: the notebook changed x (put back)" for r in rows if r["student"] == "mallory")
+    again = [s for s, now in calls[4:]]
+    assert "mallory" in again and all(len(now) == 1 for _, now in calls[4:])        # graded again, alone

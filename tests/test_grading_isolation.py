@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from flashcourse.grading import contain, integrity, kernel_source, sandbox, wire
+from flashcourse.grading.installation import Installation
 from flashcourse.grading.worker import Worker, WorkerDied, WorkerTimeout, site_dirs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,22 +85,55 @@ def test_what_a_student_function_does_stays_in_the_worker(tmp_path):
     assert not target.exists() or target.stat().st_size == 0
 
 
-@pytest.mark.parametrize("cheat", [
-    "def f(q):\n    return attention_float64(q, q, q)",                                   # the set-up's reference
-    "def f(q):\n    return check.merge",                                                   # the set-up's checks
-    "def f(q):\n    from flashcourse.reference import attention_float64 as a\n    return a(q, q, q)",
-    "def f(q):\n    import importlib\n    return importlib.import_module('flashcourse.reference')",
-    "def f(q):\n    import sys\n    return sys.modules['flashcourse.reference'].attention_float64(q, q, q)",
-])
-def test_a_solution_cannot_use_the_course(cheat):
-    """The set-up may import the course; the solution cells get nothing of it (chapter 3's FA2 check
-    passed ``return attention_float64(Q, K, V)`` before the worker sealed the course off)."""
-    setup = "import numpy as np\nimport flashcourse\nfrom flashcourse import checks as check\n" \
-            "from flashcourse.reference import attention_float64"
-    with Worker(setup=setup, cells=[("a", cheat), ("b", "def g(x):\n    return np.sum(x)")]) as w:
-        assert w.function("g")(np.ones(3)) == 3.0                   # numpy, from the set-up, still works
-        with pytest.raises((NameError, ImportError, KeyError)):
-            w.function("f")(np.ones((2, 4)))
+#: Solutions that hand back the course's own answers (issue 32, class 2). The first five were refused before (the
+#: worker imported the course, then took it out of reach); the last three got round that on main, each passing its
+#: check (shown with a notebook each): a function object the seal left alive, found through gc; the import blocker
+#: taken off sys.meta_path; the course's block_mask, in the module that holds the class of the chapter 8 mask the
+#: check hands to the solution.
+COURSE_CHEATS = {
+    "set_up_reference": "def f(q):\n    return attention_float64(q, q, q)",
+    "set_up_checks": "def f(q):\n    return check.merge",
+    "import": "def f(q):\n    from flashcourse.reference import attention_float64 as a\n    return a(q, q, q)",
+    "importlib": "def f(q):\n    import importlib\n    return importlib.import_module('flashcourse.reference')",
+    "sys_modules": "def f(q):\n    import sys\n    return sys.modules['flashcourse.reference'].attention_float64(q, q, q)",
+    "gc": ("import gc\ndef f(q):\n    return next(o for o in gc.get_objects() if type(o).__name__ == 'function'\n"
+           "                and o.__module__.startswith('flashcourse'))(q, q, q)"),
+    "meta_path": ("import sys\ndef f(q):\n    sys.meta_path[:] = [x for x in sys.meta_path if 'Blocker' not in type(x).__name__]\n"
+                  "    from flashcourse.reference import attention_float64 as a\n    return a(q, q, q)"),
+    "mask_globals": ("import gc\ndef f(mask):\n    return next(d for d in gc.get_referrers(type(mask))\n"
+                     "                if isinstance(d, dict) and 'block_mask' in d)['block_mask'](mask, 8, 8, (4, 4)).kinds"),
+}
+
+
+def test_the_worker_has_nothing_of_the_course():
+    """Every cheat fails, nothing of the course is imported or alive in the worker, and a chapter 8 mask there is
+    a stand-in that asks the grader for its values (so an honest solution still gets them)."""
+    from flashcourse.formulas.sparse import causal, sliding_window
+    setup = ("import numpy as np\nimport flashcourse\nfrom flashcourse import checks as check\n"
+             "from flashcourse.reference import attention_float64\nDEVICE = flashcourse.backend.DEVICE")
+    cells = [(name, src.replace("def f(", f"def {name}(")) for name, src in COURSE_CHEATS.items()]
+    cells.append(("audit", textwrap.dedent("""
+        import gc, sys
+        def audit():
+            modules = [m for m in sys.modules if m.split(".")[0] == "flashcourse"]
+            alive = sum(1 for o in gc.get_objects() if str(getattr(type(o), "__module__", "")).startswith("flashcourse"))
+            return modules, alive, DEVICE
+        def dense(mask, n):
+            return mask.dense(n, n), mask(np.arange(n)[:, None], np.arange(n)[None, :]), repr(mask), mask.length
+        """)))
+    with Worker(setup=setup, cells=cells) as w:
+        for name in COURSE_CHEATS:
+            arg = sliding_window(3) if name == "mask_globals" else np.ones((2, 4))
+            with pytest.raises(Exception) as e:
+                w.call(name, arg)
+            assert type(e.value).__name__ in ("NameError", "ModuleNotFoundError", "ImportError", "KeyError",
+                                              "StopIteration", "RuntimeError"), (name, e.value)
+        from flashcourse import backend
+        assert w.call("audit") == ([], 0, backend.DEVICE)
+        mask = causal() & sliding_window(3)
+        got_dense, got_call, name, length = w.call("dense", mask, 6)
+        assert np.array_equal(got_dense, mask.dense(6, 6)) and np.array_equal(got_call, mask.dense(6, 6))
+        assert name == repr(mask) and length is None
 
 
 def test_a_student_exception_comes_back_as_its_own_kind():
@@ -273,13 +307,14 @@ def test_a_changed_dependency_is_found_by_its_record(monkeypatch):
     running at the same time in the suite's other worker process never sees it changed."""
     import tqdm
     real = Path(tqdm.__file__).with_name("_main.py")
-    data = real.read_bytes()
+    data, mtime = real.read_bytes(), real.stat().st_mtime_ns
     try:
         real.write_bytes(data + b"\n# tampered\n")
         with pytest.raises(integrity.TamperedError, match="_main.py"):
             integrity.verify_dependencies(["tqdm"])
     finally:
         real.write_bytes(data)
+        os.utime(real, ns=(mtime, mtime))      # its compiled file stays valid: no Python writes it again
     integrity.verify_dependencies(["tqdm"])
 
 
@@ -372,3 +407,41 @@ def test_under_root_the_students_code_runs_as_a_user_of_its_own(tmp_path):
     assert got["uid"] == uid and got["mem"] == got["fd"] == "PermissionError" and got["caps"] == 0, got
     assert sandbox.unprivileged_uid(0, ["/root/.no-such-place"]) is None
     assert sandbox.protection(uid, True) == "" and "as root" in sandbox.protection(None, True)
+
+
+def test_an_installation_finds_every_change_puts_back_what_it_can_and_deletes_only_what_is_new(tmp_path):
+    """Issue 32, class 5, the parts: a source the grade imports changed (put back), a compiled file beside it (compiled
+    again), a new module beside a package, a new file and a new folder in it (deleted), an entry gone and a file the
+    grader kept no copy of (named: reinstall). Nothing that was there before is deleted."""
+    root = tmp_path / "site"
+    (root / "pkg" / "__pycache__").mkdir(parents=True)
+    for name, text in [("pkg/__init__.py", "x = 1\n"), ("pkg/kept.py", "y = 2\n"), ("pkg/other.py", "z = 3\n"),
+                       ("pkg/gone.py", "w = 4\n"), ("top.py", "t = 5\n")]:
+        (root / name).write_text(text)
+    import py_compile
+    pyc = root / "pkg" / "__pycache__" / f"kept.{sys.implementation.cache_tag}.pyc"
+    py_compile.compile(str(root / "pkg" / "kept.py"), cfile=str(pyc))
+    inst = Installation(roots=[root], keep=[root / "pkg" / "kept.py"])
+    time.sleep(0.01)
+    since = inst.mark()
+    assert inst.changes(since) == []
+    (root / "pkg" / "kept.py").write_text("y = 'changed'\n")
+    pyc.write_bytes(pyc.read_bytes()[:16] + b"poison")
+    (root / "pkg" / "other.py").write_text("z = 'changed'\n")
+    (root / "pkg" / "gone.py").unlink()
+    (root / "pkg" / "_local.py").write_text("new = 1\n")
+    new_pyc = root / "pkg" / "__pycache__" / f"_local.{sys.implementation.cache_tag}.pyc"
+    py_compile.compile(str(root / "pkg" / "_local.py"), cfile=str(new_pyc))
+    (root / "textwrap.py").write_text("shadow = 1\n")
+    (root / "evil").mkdir()
+    (root / "evil" / "__init__.py").write_text("evil = 1\n")
+    changed = inst.changes(since)
+    assert [Path(p).relative_to(root).as_posix() for p in changed] == [
+        "evil", "evil/__init__.py", "pkg/__pycache__/" + new_pyc.name, "pkg/__pycache__/" + pyc.name, "pkg/_local.py",
+        "pkg/gone.py", "pkg/kept.py",
+        "pkg/other.py", "textwrap.py"]
+    done = "\n".join(inst.restore(changed))
+    assert (root / "pkg" / "kept.py").read_text() == "y = 2\n" and "compiled again" in done
+    assert not any(p.exists() for p in (root / "evil", root / "pkg" / "_local.py", new_pyc, root / "textwrap.py"))
+    assert (root / "pkg" / "other.py").read_text() == "z = 'changed'\n" and (root / "top.py").exists()
+    assert sorted(Path(p).name for p in inst.broken) == ["gone.py", "other.py"] and "reinstall" in done

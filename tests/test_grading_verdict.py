@@ -37,7 +37,7 @@ def verdict(cells, checks=("online_softmax", "merge"), seed=None, name=NAME) -> 
     """{check: (status, message)} of the real verdict on ``cells`` ((id, source) pairs), for ``checks`` only."""
     job = verdict_job(name, cells, secrets.randbits(32) if seed is None else seed)
     job["checks"] = [c for c in job["checks"] if c["name"] in checks]
-    rows, channel = run_verdict(Snapshot.take(), job, timeout=60)
+    rows, channel, _ = run_verdict(Snapshot.take(), job, timeout=60)
     assert channel == []
     return {r["name"]: (r["status"], r["message"]) for r in rows}
 

@@ -1,7 +1,8 @@
 """The tampering corpus: notebooks that try to pass ``flashcourse grade`` without a correct solution.
 
-Each is the unfinished exercise (nothing implemented) plus one trick, added as a cell of its own or
-inside a solution cell (where the verdict's worker runs it): IPython hooks, exception handlers,
+Each is the unfinished exercise (nothing implemented) plus one trick, or a group of tricks that cannot
+hide one another (``GROUPS``: one notebook run, not eight), added as a cell of its own or inside a
+solution cell (where the verdict's worker runs it): IPython hooks, exception handlers,
 rebinding or patching the checks, NumPy, builtins, the installed package and its JSON files,
 ``sitecustomize``, metadata and cell-id swaps, deleted, moved and duplicated check cells, processes
 that die or kill the grader, kernels in disguise. They are graded by ``flashcourse grade`` in
@@ -14,12 +15,14 @@ ways students solve it (a magic and display() before the def, helpers, renamed v
 loop order, a NEG_INF constant), which must pass, and the solved exercise with failing cells of the
 student's marked for nbval to skip or allow, which must not (every cell must run).
 
-One trick only waits out time limits (a solution that never ends: the cell's 15 s, then the verdict's
-set-up 15 + 30 s): it is graded in a batch of its own, with a copy of the package of its own, while the
-others are graded, so that its waits overlap the others' work (a kernel that dies, os._exit, now fails
-its cell at once). The trick that writes the start-up files every Python reads (the site directory's,
-shared by the two batches) is graded after both, alone, then the untampered notebook.
+Every batch grades two notebooks at a time (``--jobs 2``): each notebook's outcome must still be the one
+it has graded alone. The trick that only waits out time limits (a solution that never ends: the cell's
+15 s, then the worker's 15 s for the solution cells) is graded in the main batch, where the other slot
+keeps working meanwhile (a kernel that dies, os._exit, now fails its cell at once). The tricks that write
+files every Python reads (the site directory's start-up files; the installation the verdict imports) are
+graded after it, with two honest notebooks after them, whose grades must be those they have alone.
 """
+import contextlib
 import json
 import re
 import shutil
@@ -33,6 +36,7 @@ import pytest
 
 from flashcourse.grading.notebook_run import KERNEL_DIED
 from flashcourse.grading.worker import site_dirs
+from conftest import installation_lock
 from solution_cells import completed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,30 +58,32 @@ def success_lines() -> str:
 
 
 def added(source: str, after: str = "01-online-softmax-imports"):
-    """The exercise with a cell of the student's after cell ``after``."""
-    def build():
-        nb = exercise()
+    """A trick: a cell of the student's after cell ``after``."""
+    def apply(nb):
         at = next(i for i, c in enumerate(nb.cells) if c.get("id") == after)
         nb.cells.insert(at + 1, nbformat.v4.new_code_cell(textwrap.dedent(source)))
-        return nb
-    return build
+    return apply
 
 
 def in_solution(source: str, cell: str = SOLUTION_CELL, at_end: bool = False):
-    """The exercise with ``source`` at the top (or the end) of a solution cell (so the verdict's worker
-    runs it too)."""
-    def build():
-        nb = exercise()
+    """A trick: ``source`` at the top (or the end) of a solution cell (so the verdict's worker runs it too)."""
+    def apply(nb):
         c = next(c for c in nb.cells if c.get("id") == cell)
         c.source = (c.source + "\n" + textwrap.dedent(source)) if at_end else (textwrap.dedent(source) + "\n" + c.source)
-        return nb
-    return build
+    return apply
 
 
 def edited(fn):
+    """A trick that edits the notebook (``fn(nb)``)."""
+    return fn
+
+
+def with_tricks(*names):
+    """The unfinished exercise with the tricks ``names``, applied in turn."""
     def build():
         nb = exercise()
-        fn(nb)
+        for name in names:
+            TRICKS[name](nb)
         return nb
     return build
 
@@ -267,6 +273,53 @@ OTHERS = {"honest_variants": honest_variants, "failing_cells_marked_for_nbval": 
 FAKE_VERDICT = "import flashcourse.grading.verdict as v; v.run_one = lambda *a: ('passed', '')"
 
 
+#: Issue 32, class 5: a notebook cell that changes what the verdict imports, so that the verdict's run_one passes
+#: every check (only where MARK is set: the files are the test machine's own, and put back after). Each of the
+#: four made that grade and every later one pass on main; they are graded here in one notebook, before honest ones.
+HOOK = textwrap.dedent(f"""
+    import os as _os
+    if _os.environ.get("{MARK}"):
+        import builtins as _b, sys as _s
+        _real = _b.__import__
+        def _hooked(name, *a, **k):
+            m = _real(name, *a, **k)
+            v = _s.modules.get("flashcourse.grading.verdict")
+            if v is not None and hasattr(v, "run_one") and not getattr(v.run_one, "faked", False):
+                def run_one(*a, **k):
+                    return ("passed", "")
+                run_one.faked = True
+                v.run_one = run_one
+            return m
+        _b.__import__ = _hooked
+    """)
+PLANT = textwrap.dedent(f"""
+    import importlib.util, marshal, os, sys, textwrap as std_textwrap, numpy, typing_extensions
+    hook = {HOOK!r}
+    site = os.path.dirname(os.path.dirname(numpy.__file__))
+    # a module in a site directory named as one of the standard library's (first on the verdict's path on main)
+    open(os.path.join(site, "textwrap.py"), "w").write(open(std_textwrap.__file__).read() + hook)
+    # a new file in a package that imports it when it is there
+    open(os.path.join(os.path.dirname(numpy.__file__), "_distributor_init_local.py"), "w").write(hook)
+    # a compiled file beside an unchanged source, which Python prefers (its header names the source's size and time)
+    pyc = importlib.util.cache_from_source(typing_extensions.__file__)
+    head = open(pyc, "rb").read()[:16]
+    open(pyc, "wb").write(head + marshal.dumps(compile(open(typing_extensions.__file__).read() + hook,
+                                                       typing_extensions.__file__, "exec")))
+    # an installed library's source (not one of NumPy's, torch's and Triton's, whose RECORD the grader verified)
+    open(typing_extensions.__file__, "a").write(hook)
+    """)
+
+
+def planted_files():
+    import numpy
+    import typing_extensions
+    import importlib.util
+    site = Path(numpy.__file__).parents[1]
+    return {"shadow": site / "textwrap.py", "new": Path(numpy.__file__).with_name("_distributor_init_local.py"),
+            "pyc": Path(importlib.util.cache_from_source(typing_extensions.__file__)),
+            "source": Path(typing_extensions.__file__)}
+
+
 TRICKS = {
     "set_custom_exc": added("""
         def swallow(shell, etype, evalue, tb, tb_offset=None):
@@ -360,28 +413,43 @@ TRICKS = {
             return Anything(), Anything()
         """, cell="01-online-softmax-merge", at_end=True),
     "kernel_in_disguise": edited(kernel_in_disguise),
+    "installation_changed": added(PLANT),
     "constant_line_runs_in_the_verdict": in_solution("SCALE = tl.constexpr(1.0); " + FAKE_VERDICT,
                                                      cell="01-online-softmax-softmax-kernel"),
     "kernel_escaping_triton": edited(escaping_kernel),
 }
 
 
-#: The trick that waits out a time limit (the cell's, then the verdict's set-up), graded beside the others.
-WAITING = ("endless_solution",)
-#: Tricks that write files every Python process reads: graded when nothing else is, before the untampered notebook.
-SHARED = ("sitecustomize_and_pth",)
+#: Tricks that write files every Python process reads: graded after the others, before two honest notebooks
+#: (the untampered one, and the solved one, which must pass).
+SHARED = ("sitecustomize_and_pth", "installation_changed")
+#: Tricks that cannot hide one another, graded in one notebook each group (a notebook run costs seconds of CPU);
+#: every other trick is a notebook of its own: those that stop the kernel or the verdict, or say something of
+#: their own (the kernel's messages), or edit the same check cells in ways that exclude each other.
+GROUPS = {
+    "hooks_in_the_kernel": ["set_custom_exc", "showtraceback", "input_transformer", "pre_run_cell", "excepthook",
+                            "rebind_check", "patch_check_module", "metadata_names_another_exercise"],
+    "patches_in_the_worker": ["patch_from_student_function", "patch_numpy_in_solution", "patch_builtins", "opaque_result",
+                              "constant_line_runs_in_the_verdict"],
+    "edits_of_the_package": ["edit_installed_checks", "edit_checks_json", "edit_installed_checks_from_solution",
+                             "fork_a_daemon"],
+}
+_GROUPED = {t for names in GROUPS.values() for t in names}
+#: The corpus's notebooks (name -> builder), but the shared ones: every trick is in one.
+NOTEBOOKS = {**{g: with_tricks(*names) for g, names in GROUPS.items()},
+             **{t: with_tricks(t) for t in TRICKS if t not in _GROUPED and t not in SHARED}}
 
 
 def _start_batch(tmp: Path, lane: str, notebooks: dict, pkg: Path, env: dict):
-    """``flashcourse grade`` on ``notebooks`` (student -> notebook), importing the course from ``pkg`` (a copy of
-    the package), its reports and summary in ``tmp/grades-LANE``: the process, started."""
+    """``flashcourse grade --jobs 2`` on ``notebooks`` (student -> notebook), importing the course from ``pkg`` (a copy
+    of the package), its reports and summary in ``tmp/grades-LANE``: the process, started."""
     assert (pkg / "flashcourse").is_dir(), pkg
     subs, out = tmp / f"submissions-{lane}", tmp / f"grades-{lane}"
     for student, nb in notebooks.items():
         (subs / student).mkdir(parents=True)
         nbformat.write(nb, subs / student / f"{NAME}.ipynb")
     code = (f"import sys; sys.path.insert(0, {str(pkg)!r}); from flashcourse.cli import main; "
-            f"sys.exit(main(['grade', {str(subs)!r}, '--out', {str(out)!r}, '--timeout', '15']))")
+            f"sys.exit(main(['grade', {str(subs)!r}, '--out', {str(out)!r}, '--timeout', '15', '--jobs', '2']))")
     return subprocess.Popen([sys.executable, "-c", code], cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
 
@@ -396,9 +464,9 @@ def _finish(proc):
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory):
+def graded(tmp_path_factory, request):
     tmp = tmp_path_factory.mktemp("tampering")
-    lanes = {"main": [t for t in TRICKS if t not in WAITING + SHARED] + list(OTHERS), "waiting": list(WAITING)}
+    lanes = {"main": list(NOTEBOOKS) + list(OTHERS)}
     for lane in lanes:
         shutil.copytree(ROOT / "flashcourse", tmp / f"pkg-{lane}" / "flashcourse",
                         ignore=shutil.ignore_patterns("__pycache__"))
@@ -408,17 +476,29 @@ def graded(tmp_path_factory):
     env = {**__import__("os").environ, MARK: "1"}
     from flashcourse.grading.integrity import Snapshot
     real = Snapshot.take(ROOT / "flashcourse")   # the checkout itself must never be touched: a safety net
+    planted = planted_files()
+    library = planted["source"].read_bytes()
+    alone = contextlib.ExitStack()
     try:
-        started = [_start_batch(tmp, lane, {t: {**TRICKS, **OTHERS}[t]() for t in tricks}, tmp / f"pkg-{lane}", env)
+        started = [_start_batch(tmp, lane, {t: {**NOTEBOOKS, **OTHERS}[t]() for t in tricks}, tmp / f"pkg-{lane}", env)
                    for lane, tricks in lanes.items()]
         procs = [_finish(p) for p in started]
-        assert not (site / "sitecustomize.py").exists()     # nothing of the two batches writes the shared files
-        last = {t: TRICKS[t]() for t in SHARED} | {"zz_untampered": exercise()}
+        assert not (site / "sitecustomize.py").exists()     # nothing of the main batch writes the shared files
+        alone.enter_context(installation_lock(request.config, exclusive=True))   # no grade of another test meanwhile
+        last = {t: with_tricks(t)() for t in SHARED} | {"zz_untampered": exercise(), "zz_solved": completed(NAME)}
         procs.append(_finish(_start_batch(tmp, "last", last, tmp / "pkg-main", env)))
+        left = {k: p for k, p in planted.items() if k in ("shadow", "new") and p.exists()}
+        changed = planted["source"].read_bytes() != library
     finally:
         for name in ("sitecustomize.py", "zz_flashcourse_tamper.pth"):
             (site / name).unlink(missing_ok=True)
+        for key in ("shadow", "new"):
+            planted[key].unlink(missing_ok=True)
+        if planted["source"].read_bytes() != library:
+            planted["source"].write_bytes(library)
         touched = real.restore()
+        alone.close()
+    assert not left and not changed, f"the grader left the installation changed: {left}, {changed}"
     assert touched == [], f"the corpus edited the checkout itself (put back): {touched}"
     after = [_package(tmp / f"pkg-{lane}") for lane in lanes]
     rows, out = [], tmp / "grades"
@@ -435,12 +515,12 @@ def _package(pkg: Path) -> dict:
             if p.is_file() and "__pycache__" not in p.parts}
 
 
-def test_the_corpus_has_at_least_twenty_tricks():
-    assert len(TRICKS) >= 20
+def test_the_corpus_has_at_least_twenty_tricks_each_in_a_notebook():
+    assert len(TRICKS) >= 20 and _GROUPED | set(NOTEBOOKS) | set(SHARED) >= set(TRICKS)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("trick", sorted(TRICKS) + ["zz_untampered"])
+@pytest.mark.parametrize("trick", sorted(NOTEBOOKS) + list(SHARED) + ["zz_untampered"])
 def test_no_trick_passes_a_check(graded, trick):
     procs, rows, *_ , out = graded
     mine = [r for r in rows if r["student"] == trick]
@@ -453,10 +533,10 @@ def test_no_trick_passes_a_check(graded, trick):
 @pytest.mark.slow
 def test_the_package_ends_as_it_began_and_edits_are_reported(graded):
     procs, rows, before, after, out = graded
-    assert len(after) == 2 and all(copy == before for copy in after)      # each batch's copy of the package
-    for trick in ("edit_installed_checks", "edit_checks_json"):
-        report = (out / trick / f"{NAME}.txt").read_text(encoding="utf-8")
-        assert "NOT GRADED" in report and "(restored)" in report, report
+    assert len(after) == 1 and all(copy == before for copy in after)      # the main batch's copy of the package
+    report = (out / "edits_of_the_package" / f"{NAME}.txt").read_text(encoding="utf-8")
+    assert "NOT GRADED" in report and "checks/online.py (restored)" in report and "exercise_checks.json (restored)" in report, \
+        report
 
 
 @pytest.mark.slow
@@ -471,10 +551,10 @@ def test_the_unfinished_notebook_still_reads_not_implemented_after_the_tricks(gr
 @pytest.mark.slow
 def test_what_the_tricks_get_told(graded):
     *_, out = graded
-    text = {t: (out / t / f"{NAME}.txt").read_text(encoding="utf-8") for t in TRICKS}
+    text = {t: (out / t / f"{NAME}.txt").read_text(encoding="utf-8") for t in NOTEBOOKS}
     assert "softmax_kernel wrote nothing" in text["kernel_in_disguise"]          # the jit def, not the disguise
     assert "uses the private attribute" in text["kernel_escaping_triton"] or "__class__" in text["kernel_escaping_triton"]
-    assert "not an array of numbers" in text["opaque_result"] or "Anything" in text["opaque_result"]
+    assert "not an array of numbers" in text["patches_in_the_worker"] or "Anything" in text["patches_in_the_worker"]
     assert "did not return within" in text["endless_solution"] or "could not be run" in text["endless_solution"]
 
 
@@ -501,3 +581,17 @@ def test_a_kernel_that_dies_fails_its_cell_at_once(graded):
     *_, out = graded
     report = (out / "os_exit" / f"{NAME}.txt").read_text(encoding="utf-8")
     assert KERNEL_DIED in report and "timed out" not in report, report
+
+
+@pytest.mark.slow
+def test_a_changed_installation_is_refused_put_back_and_no_later_grade_changes(graded):
+    """Issue 32, class 5: on main each of the four changes made its grade and every later one pass (the untampered
+    notebook after it read all 3 checks passed). Now the grade is refused, each change named and put back (the
+    fixture asserts the files are as before), and the honest notebooks after it grade as they would alone."""
+    procs, rows, *_, out = graded
+    report = (out / "installation_changed" / f"{NAME}.txt").read_text(encoding="utf-8")
+    assert "NOT GRADED" in report, report
+    for key, path in planted_files().items():
+        assert str(path) in report, (key, report)
+    by = {s: [(r["check"], r["status"]) for r in rows if r["student"] == s][:3] for s in ("zz_untampered", "zz_solved")}
+    assert by == {"zz_untampered": [(n, "not implemented") for n in CHECKS], "zz_solved": [(n, "passed") for n in CHECKS]}

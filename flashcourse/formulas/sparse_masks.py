@@ -27,7 +27,7 @@ class Mask:
     query sees the key. ``a & b`` and ``a | b`` combine two masks element by element. ``length``, when set,
     is the one sequence length the mask is defined for (a packed batch of documents). ``spec``, for the masks
     this module builds, is their recipe as plain data (:func:`mask_from_spec` builds the mask again from it):
-    how a mask travels to another process, where a function cannot.
+    a mask that can be written down, compared and built again.
 
     Example:
         >>> m = causal() & sliding_window(3, causal=False)

@@ -43,21 +43,18 @@ import ast
 import copy
 import importlib.util
 import json
-import os
 import secrets
 import sys
-import tempfile
-import threading
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..chapters import renamed
-from .contain import TIMED_OUT, run_contained
 from .notebook_run import failure_message, grading_env, kernel_never_started, run_notebook  # noqa: F401
-from .status import FAILED, NOT_IMPLEMENTED, NOT_RUN, PASSED, GradingError  # noqa: F401
+from .status import FAILED, NOT_IMPLEMENTED, NOT_RUN, PASSED, REFUSED, GradingError  # noqa: F401
+from .session import run_verdict  # noqa: E402,F401  (a public name of the package)
 
-__all__ = ["CheckResult", "GradeReport", "GradingError", "load_canonical", "load_grading", "identify",
+__all__ = ["CheckResult", "GradeReport", "GradingError", "load_canonical", "load_grading", "identify", "protection_note",
            "without_checks", "solution_sources", "run_notebook", "kernel_never_started", "verdict_job", "run_verdict",
            "grade"]
 
@@ -275,76 +272,29 @@ def verdict_job(exercise: str, cells, seed: int, checks_json: Path | str | None 
             "checks": [{"name": c["name"], **graded["arguments"][c["name"]], "expected": _expected(c)} for c in checks]}
 
 
-def run_verdict(snapshot, job: dict, timeout: float) -> tuple[list[dict], list[str]]:
-    """Run the checks of ``job`` (:func:`verdict_job`) in a fresh, isolated process importing the course from a
-    copy of the verified ``snapshot`` (:mod:`.verdict`): one ``{"name", "status", "message"}`` per check, and what
-    went wrong with the channel the results came back on (something besides the verdict wrote to it). The job
-    goes in over the verdict's standard input, the results come back over a pipe of its own, every line with a
-    token the job alone carries. A check the process did not finish (a kernel that never returns, a crash)
-    fails, saying so."""
-    from .worker import SETUP_SECONDS, isolated_command, site_dirs
-    token, lines = secrets.token_hex(16), []
-    with tempfile.TemporaryDirectory(prefix="flashcourse-verdict-") as tmp, \
-            tempfile.TemporaryDirectory(prefix="flashcourse-worker-") as worker_copy:
-        tmp = Path(tmp)
-        os.chmod(worker_copy, 0o755)                # read by the worker, which may run as a user of its own
-        (tmp / "scratch").mkdir()
-        path = [str(snapshot.write_copy(tmp / "verdict"))] + site_dirs()
-        job = dict(job, token=token, scratch=str(tmp / "scratch"), timeout=timeout,
-                   worker_path=[str(snapshot.write_copy(worker_copy))] + site_dirs())
-        read_end, write_end = os.pipe()
-        reader = threading.Thread(target=lambda: lines.extend(open(read_end, encoding="utf-8", errors="replace")))
-        reader.start()
-        cmd = isolated_command(f"from flashcourse.grading.verdict import main; main({write_end})", path)
-        limit = timeout * (len(job["checks"]) + 1) + 2 * SETUP_SECONDS
-        proc = run_contained(cmd, timeout=limit, cwd=tmp / "scratch", env=grading_env(), input=json.dumps(job),
-                             pass_fds=(write_end,))
-        reader.join()
-    why = (f"timed out: the checks took longer than {limit:g} s" if proc.returncode == TIMED_OUT
-           else f"the check process ended with exit status {proc.returncode}")
-    done, problems = [], []
-    for line in lines:
-        try:
-            message = json.loads(line)
-            assert message["token"] == token
-            done = list(message["rows"])
-        except (ValueError, KeyError, TypeError, AssertionError):
-            problems.append(f"the verdict's results were written to by something else: {line[:80]!r}")
-    last = [line for line in (proc.stderr or "").strip().splitlines() if line.strip()][-1:]
-    by_name = {r["name"]: r for r in done}
-    return [by_name.get(c["name"]) or {"name": c["name"], "status": FAILED,
-                                       "message": f"not finished: {why}" + (f" ({last[0][:300]})" if last else "")}
-            for c in job["checks"]], problems
-
-
-def _tampering(snapshot, startup) -> list[str]:
-    """What student code changed in the installation (the package and the start-up files put back)."""
-    from .integrity import DEPENDENCIES, record_mismatches
-    found = [f"flashcourse/{rel} (restored)" for rel in snapshot.restore()]
-    found += [f"{path} (a Python start-up file: put back as it was)" for path in startup.restore()]
-    for dist in DEPENDENCIES:
-        found += record_mismatches(dist)[0]
-    return found
-
-
 def grade(notebook: Path | str, *, checks_json: Path | str | None = None, exercise: str | None = None,
-          timeout: int = 600, seed: int | None = None) -> GradeReport:
+          timeout: int = 600, seed: int | None = None, slot: int = 0, session=None) -> GradeReport:
     """Grade an exercise notebook: the notebook must run top to bottom under nbval, and the exercise's
     checks, run in a process of their own on its solution cells, give the verdict.
 
     ``timeout`` is the limit for one cell, and for one call of the student's code, in seconds. The hidden
     cases come from ``seed``, by default a fresh secret one (``report.seed`` records it: the same seed draws
-    the same cases again).
+    the same cases again). Under root, the notebook and the worker run as the unprivileged user of ``slot``
+    (one per grade running at the same time: :func:`flashcourse.grading.sandbox.unprivileged_uid`). ``session``
+    (:class:`.session.Session`, a batch's) is what the grade compares the installation with; by default taken
+    now, before any of the student's code runs.
 
     Example:
         >>> report = grade("exercises/01_online_softmax.ipynb")                       # doctest: +SKIP
         >>> report.passed, [c.status for c in report.checks]                   # doctest: +SKIP
         (False, ['not implemented', 'not implemented', 'not implemented'])
     """
-    from .integrity import Snapshot, StartupFiles, TamperedError, verify_dependencies
+    from .integrity import TamperedError
     from .sandbox import undumpable, unprivileged_uid
+    from .session import Session, run_verdict
     from .worker import interpreter_paths
     undumpable()       # the results come back to this process: no process of the student's may read it
+    sys.dont_write_bytecode = True     # and it writes nothing where the grade imports from (see .installation)
     missing = [m for m in ("pytest", "nbval") if importlib.util.find_spec(m) is None]
     if missing:
         raise GradingError(f"grading runs the notebook under pytest and nbval, and {' and '.join(missing)} "
@@ -358,24 +308,27 @@ def grade(notebook: Path | str, *, checks_json: Path | str | None = None, exerci
     except Exception as e:
         raise GradingError(f"{path}: not a readable notebook ({type(e).__name__}: {e})") from e
     try:                                     # before any of the student's code runs
-        snapshot, startup = Snapshot.take(), StartupFiles()
-        verify_dependencies()
+        session = session or Session.start()
     except TamperedError as e:
         raise GradingError(f"cannot grade on this installation: {e}") from None
+    if session.installation.broken:
+        raise GradingError("cannot grade on this installation: an earlier notebook changed files the grader could not "
+                           f"put back ({', '.join(session.installation.broken[:3])}): reinstall them, grade again")
+    since, uid = session.installation.mark(), unprivileged_uid(slot, interpreter_paths())
     canonical = load_canonical(checks_json)
     name = identify(path, canonical, exercise)
     checks, graded = canonical[name], load_grading(checks_json)[name]
-    seed = secrets.randbits(32) if seed is None else int(seed)
+    job = dict(verdict_job(name, [], secrets.randbits(32) if seed is None else seed, checks_json), uid=uid)
     runnable, numbers = without_checks(nb, checks)
-    results, output = run_notebook(runnable, name, timeout)
-    tampered = _tampering(snapshot, startup)
+    results, output = run_notebook(runnable, name, timeout, uid=uid)
+    tampered = session.tampered(since, None)         # (the package put back before its files are read again)
     cells, notes = solution_sources(nb, graded["solution_cells"])
-    job = dict(verdict_job(name, cells, seed, checks_json), uid=unprivileged_uid(0, interpreter_paths()))
-    verdict, channel = run_verdict(snapshot, job, timeout)
-    tampered += [t for t in _tampering(snapshot, startup) + channel if t not in tampered]
-    report = GradeReport(str(notebook), name, [], notes=notes, pytest_output=output, tampered=tampered, seed=seed)
-    for c, r in zip(checks, verdict):
-        report.checks.append(CheckResult(c["name"], c["id"], r["status"], r["message"]))
+    verdict, channel, imported = run_verdict(session.snapshot, dict(job, cells=[list(c) for c in cells]), timeout)
+    tampered += [t for t in session.tampered(since, imported) + channel if t not in tampered]
+    report = GradeReport(str(notebook), name, [], notes=notes, pytest_output=output, tampered=tampered, seed=job["seed"])
+    for c, r in zip(checks, verdict):        # no verdict is trusted when the notebook changed what the grade imports
+        report.checks.append(CheckResult(c["name"], c["id"], REFUSED if tampered else r["status"],
+                                         "" if tampered else r["message"]))
     if results is None:
         report.other_failures.append(CheckResult("notebook", "", FAILED, "the run of the notebook was stopped before "
                                                  "it finished (a cell killed the process running it?)"))
@@ -408,8 +361,8 @@ def add_arguments(parser) -> None:
         >>> add_arguments(p)
         >>> p.parse_args(["exercises/01_online_softmax.ipynb", "--timeout", "60", "--seed", "7"]).seed
         7
-        >>> p.parse_args(["submissions/", "--out", "grades"]).notebooks
-        [PosixPath('submissions')]
+        >>> p.parse_args(["submissions/", "--out", "grades", "--jobs", "2"]).jobs
+        2
     """
     parser.add_argument("notebooks", type=Path, nargs="+", metavar="NOTEBOOK",
                         help="the exercise notebook to grade, e.g. exercises/01_online_softmax.ipynb; or several, "
@@ -424,7 +377,26 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=None,
                         help="the seed of the hidden cases (default: a fresh secret one per notebook, which its "
                              "report records: give it to draw the same cases again)")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="grade N notebooks at a time (default 1; each takes about one CPU core); the results are "
+                             "those of one at a time")
     parser.add_argument("--verbose", action="store_true", help="also print pytest's own output")
+
+
+def protection_note() -> str:
+    """What this machine leaves open to the student's code, in a sentence (``""`` when nothing: the grader runs
+    as root and each notebook can run as a user of its own); ``flashcourse grade`` prints it when it starts.
+    README, *What grading cannot close on your own machine*.
+
+    Example:
+        >>> isinstance(protection_note(), str)
+        True
+    """
+    import os
+    from .sandbox import protection, unprivileged_uid
+    from .worker import interpreter_paths
+    root = hasattr(os, "geteuid") and os.geteuid() == 0
+    return protection(unprivileged_uid(0, interpreter_paths()), root)
 
 
 def run(args) -> int:
@@ -440,6 +412,9 @@ def run(args) -> int:
         >>> run(p.parse_args(["no/such/notebook.ipynb"]))
         2
     """
+    note = protection_note()
+    if note:
+        print(f"flashcourse grade: note: {note}", file=sys.stderr)
     if len(args.notebooks) > 1 or args.notebooks[0].is_dir() or args.out is not None:
         from flashcourse.grading.batch import run_batch
         return run_batch(args)

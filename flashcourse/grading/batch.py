@@ -15,11 +15,12 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from pathlib import Path
 
 from flashcourse.chapters import renamed
-from flashcourse.grading import (PASSED, CheckResult, GradeReport, GradingError, grade, identify,  # noqa: F401
-                                 load_canonical)
+from flashcourse.grading import (PASSED, REFUSED, CheckResult, GradeReport, GradingError, grade,  # noqa: F401
+                                 identify, load_canonical)
 
 __all__ = ["SUMMARY_COLUMNS", "NOT_GRADED", "collect", "student_of", "summary_rows", "write_summary",
            "batch_status", "grade_batch", "run_batch"]
@@ -95,8 +96,10 @@ def summary_rows(notebook: Path | str, report: GradeReport | None = None, error:
     if report is None:
         return [dict(base, exercise=exercise, check=name, passed=False, status=NOT_GRADED, message=error, seed="")
                 for name in (list(checks) or [""])]
+    why = f"not graded: the notebook changed {report.tampered[0]}" if report.tampered else ""
     return [dict(base, exercise=report.exercise, check=c.name, passed=c.status == PASSED, status=c.status,
-                 message=c.message.strip(), seed=report.seed) for c in report.checks + report.other_failures]
+                 message=c.message.strip() or (why if c.status == REFUSED else ""), seed=report.seed)
+            for c in report.checks + report.other_failures]
 
 
 def write_summary(rows: list[dict], out: Path | str) -> tuple[Path, Path]:
@@ -125,65 +128,108 @@ def write_summary(rows: list[dict], out: Path | str) -> tuple[Path, Path]:
 
 
 def batch_status(rows: list[dict]) -> int:
-    """The exit status of a batch: 2 if a notebook could not be graded, else 1 if a check failed, else 0.
+    """The exit status of a batch: 2 if a notebook could not be graded or its grade was refused (it changed
+    the installation), else 1 if a check failed, else 0.
 
     Example:
         >>> batch_status([{"passed": True, "status": "passed"}]), batch_status([{"passed": False, "status": "failed"}])
         (0, 1)
+        >>> batch_status([{"passed": False, "status": "refused"}])
+        2
     """
-    if any(r["status"] == NOT_GRADED for r in rows):
+    if any(r["status"] in (NOT_GRADED, REFUSED) for r in rows):
         return 2
     return 0 if all(r["passed"] for r in rows) else 1
 
 
 def grade_batch(notebooks, out: Path | str = "grades", *, checks_json: Path | str | None = None,
                 exercise: str | None = None, timeout: int = 600, progress: bool | None = None,
-                verbose: bool = False, seed: int | None = None) -> list[dict]:
-    """Grade every notebook of ``notebooks`` (files, or folders: see :func:`collect`), one after the
-    other; write each one's report (``report.format()``) to ``out/STUDENT/EXERCISE.txt`` and the
-    summary of all to ``out/summary.csv`` and ``out/summary.json``; return the summary rows.
+                verbose: bool = False, seed: int | None = None, jobs: int = 1) -> list[dict]:
+    """Grade every notebook of ``notebooks`` (files, or folders: see :func:`collect`), ``jobs`` at a time;
+    write each one's report (``report.format()``) to ``out/STUDENT/EXERCISE.txt`` and the summary of all
+    to ``out/summary.csv`` and ``out/summary.json`` (in the order of :func:`collect`); return the summary rows.
 
     Each notebook's hidden cases come from a fresh secret seed of its own (its rows and report record it), or
     all from ``seed``. A notebook that cannot be graded (not JSON, not an exercise, pytest broke, no kernel
-    started) is a ``not graded`` row, and the batch goes on; an endless loop is stopped by the per-cell ``timeout``, and a crashed
-    kernel fails the cells it did not run. ``progress`` shows a bar (default: with more than one).
+    started) is a ``not graded`` row, and the batch goes on; an endless loop is stopped by the per-cell
+    ``timeout``, and a crashed kernel fails the cells it did not run. ``progress`` shows a bar (default:
+    with more than one).
+
+    The grades share one :class:`flashcourse.grading.session.Session`, taken before any notebook ran. With
+    ``jobs`` > 1, a notebook that changes the installation may do so while another is graded, and which grade
+    finds the change depends on the timing; so when a grade is refused for one, every grade that ran while it
+    did (itself included) is graded again at the end, alone, where what it is told is its own doing: the
+    results are those of grading one at a time.
 
     Example:
         >>> import tempfile
         >>> root = Path(tempfile.mkdtemp())
         >>> (root / "alice").mkdir()
         >>> _ = (root / "alice" / "01_online_softmax.ipynb").write_text("not json")
-        >>> rows = grade_batch([root], root / "grades")
+        >>> rows = grade_batch([root], root / "grades", jobs=2)
         >>> [(r["student"], r["exercise"], r["check"], r["status"]) for r in rows][0]
         ('alice', '01_online_softmax', 'online_softmax', 'not graded')
         >>> sorted(p.name for p in (root / "grades").rglob("*") if p.is_file())
         ['01_online_softmax.txt', 'summary.csv', 'summary.json']
     """
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+    from queue import Queue
+
+    from flashcourse.grading.session import Session
     paths = collect(notebooks)
     out = Path(out)
     try:
         canonical = load_canonical(checks_json)
     except GradingError:
         canonical = {}
-    if progress is None:
-        progress = len(paths) > 1
+    try:
+        session = Session.start()                   # before any of the batch's notebooks ran
+    except Exception:  # noqa: BLE001 - each grade then says why it cannot grade (grade takes one of its own)
+        session = None
+    slots = Queue()
+    for slot in range(max(1, jobs)):
+        slots.put(slot)
+
+    def one(path):
+        name, slot, start = "", slots.get(), time.monotonic()
+        try:
+            name = identify(path, canonical, exercise) if canonical else ""
+            report = grade(path, checks_json=checks_json, exercise=exercise, timeout=timeout, seed=seed,
+                           slot=slot, session=session)
+            return name, report, "", (start, time.monotonic())
+        except Exception as e:  # one bad notebook never stops the batch
+            return name, None, str(e) if isinstance(e, GradingError) else f"{type(e).__name__}: {e}", \
+                (start, time.monotonic())
+        finally:
+            slots.put(slot)
+
     try:
         from tqdm import tqdm
     except ImportError:  # pragma: no cover - tqdm is a dependency
         tqdm = None
-    bar = tqdm(paths, desc="grading", unit="notebook", file=sys.stderr, disable=not progress) if tqdm else paths
+    show = progress if progress is not None else len(paths) > 1
+    bar = tqdm(total=len(paths), desc="grading", unit="notebook", file=sys.stderr, disable=not show) if tqdm else None
+    graded = {}
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {pool.submit(one, p): k for k, p in enumerate(paths)}
+        for future in as_completed(futures):
+            graded[futures[future]] = future.result()
+            if bar is not None:
+                bar.update()
+    if bar is not None:
+        bar.close()
+    if jobs > 1:       # again, one at a time: every grade that ran while a refused one did (that one included)
+        refused = [when for _, report, _, when in graded.values() if report is not None and report.tampered]
+        for k in [k for k, (*_, (a, b)) in graded.items() if any(a < end and start < b for start, end in refused)]:
+            graded[k] = one(paths[k])
     rows, written = [], set()
-    for path in bar:
-        name = ""
-        try:
-            name = identify(path, canonical, exercise) if canonical else ""
-            report = grade(path, checks_json=checks_json, exercise=exercise, timeout=timeout, seed=seed)
+    for k, path in enumerate(paths):
+        name, report, error, _ = graded[k]
+        if report is not None:
             mine = summary_rows(path, report)
             text = report.format() + ("\n\n" + report.pytest_output if verbose else "")
-        except Exception as e:  # one bad notebook never stops the batch
-            error = str(e) if isinstance(e, GradingError) else f"{type(e).__name__}: {e}"
-            mine = summary_rows(path, error=error, exercise=name,
-                                checks=[c["name"] for c in canonical.get(name, [])])
+        else:
+            mine = summary_rows(path, error=error, exercise=name, checks=[c["name"] for c in canonical.get(name, [])])
             text = f"could not grade {path}: {error}"
         rows += mine
         target = out / _safe(mine[0]["student"]) / f"{_safe(name or Path(path).stem)}.txt"
@@ -216,7 +262,7 @@ def run_batch(args) -> int:
         print(f"flashcourse grade: no notebooks in {', '.join(map(str, args.notebooks))}", file=sys.stderr)
         return 2
     rows = grade_batch(args.notebooks, out, checks_json=args.checks_json, exercise=args.exercise,
-                       timeout=args.timeout, verbose=args.verbose, seed=args.seed)
+                       timeout=args.timeout, verbose=args.verbose, seed=args.seed, jobs=args.jobs)
     by_notebook: dict[str, list[dict]] = {}
     for r in rows:
         by_notebook.setdefault(r["notebook"], []).append(r)
@@ -224,6 +270,8 @@ def run_batch(args) -> int:
         r0 = nb_rows[0]
         if r0["status"] == NOT_GRADED:
             result = f"not graded: {r0['message'].splitlines()[0] if r0['message'] else ''}"
+        elif any(r["status"] == REFUSED for r in nb_rows):
+            result = "NOT GRADED: it changed the installed course or its libraries (its report names what)"
         else:
             checks = [r for r in nb_rows if not r["check"].startswith("cell ")]
             others = len(nb_rows) - len(checks)
@@ -232,5 +280,5 @@ def run_batch(args) -> int:
         print(f"{r0['student']:<16} {r0['exercise'] or '?':<22} {result}")
     status = batch_status(rows)
     print(f"{len(by_notebook)} notebooks graded: reports and summary.csv / summary.json in {out}/"
-          + {0: ", all passed ✓", 1: "", 2: " (some could not be graded)"}[status])
+          + {0: ", all passed ✓", 1: "", 2: " (some could not be graded or were refused)"}[status])
     return status

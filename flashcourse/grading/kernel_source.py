@@ -186,7 +186,7 @@ class _Definitions:
     solution cells, by name (the last wins); and why a ``tl.constexpr(...)`` assignment was left out."""
 
     def __init__(self, cells):
-        from .worker import cell_statements  # IPython magics in a cell are not part of any kernel
+        from .serve import cell_statements  # IPython magics in a cell are not part of any kernel
         self.jit, self.constants, self.where, self.others, self.left_out = {}, {}, {}, set(), {}
         for cid, source in cells:
             try:

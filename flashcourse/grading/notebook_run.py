@@ -152,17 +152,19 @@ def failure_message(r: dict) -> tuple[str, str]:
     return FAILED, last[-1] if last else "failed"
 
 
-def run_notebook(nb, name: str, timeout: int):
+def run_notebook(nb, name: str, timeout: int, uid: int | None = None):
     """Run ``nb`` top to bottom under nbval in a fresh process (:func:`.contain.run_contained`: whatever
-    it starts is killed when it ends); returns (the per-cell records of the grading plugin, pytest's
-    output), the records None when the run was stopped before pytest could write them.
+    it starts is killed when it ends), behind :func:`.sandbox.lock_down` (under root: as ``uid``, with a
+    home of its own, so that it cannot write the installation); returns (the per-cell records of the
+    grading plugin, pytest's output), the records None when the run was stopped before pytest could
+    write them.
 
     A Python kernel that dies before it answers (jupyter_client's random ports, taken by another
     process in between, are the known cause) has run none of the notebook: the run is repeated, up to
     ``_KERNEL_STARTS`` times, and then it is a :class:`GradingError`, never the student's failure.
     """
     for _ in range(_KERNEL_STARTS):
-        results, output = _run_once(nb, name, timeout)
+        results, output = _run_once(nb, name, timeout, uid)
         if not kernel_never_started(results):
             return results, output
     last = [l for l in _strip_ansi(output).splitlines() if "Kernel" in l or "Error" in l][-3:]
@@ -185,7 +187,7 @@ def kernel_never_started(results) -> bool:
                                  and any(m in r.get("longrepr", "") for m in KERNEL_START_ERRORS) for r in results)
 
 
-def _run_once(nb, name: str, timeout: int):
+def _run_once(nb, name: str, timeout: int, uid: int | None):
     with tempfile.TemporaryDirectory(prefix="flashcourse-grade-") as tmp:
         tmp = Path(tmp)
         target = tmp / f"{name}.ipynb"
@@ -199,7 +201,14 @@ def _run_once(nb, name: str, timeout: int):
         cmd = [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "-p", "no:cacheprovider",
                f"--nbval-cell-timeout={timeout}", "--color=no", "-q", "-c", str(tmp / "pytest.ini"),
                "--rootdir", str(tmp), str(target)]
-        proc = run_contained(cmd, timeout=_NOTEBOOK_LIMIT, cwd=tmp, env=env)
+        if uid is not None:                 # a user of its own: a home of its own, in the run's folder
+            for var, sub_dir in (("HOME", "home"), ("JUPYTER_RUNTIME_DIR", "home/runtime"), ("IPYTHONDIR", "home/ipython"),
+                                 ("MPLCONFIGDIR", "home/mpl"), ("XDG_CACHE_HOME", "home/cache"), ("TMPDIR", "home/tmp")):
+                (tmp / sub_dir).mkdir(parents=True, exist_ok=True)
+                env[var] = str(tmp / sub_dir)
+            for path in [tmp, *tmp.rglob("*")]:
+                os.chown(path, uid, uid)
+        proc = run_contained(cmd, timeout=_NOTEBOOK_LIMIT, cwd=tmp, env=env, lock=True, uid=uid)
         output = proc.stdout + proc.stderr
         if proc.returncode in (2, 3, 4):   # pytest's own usage / internal errors: the grader is broken
             raise GradingError(f"pytest could not run the notebook (exit status {proc.returncode}):\n"

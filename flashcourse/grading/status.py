@@ -7,9 +7,11 @@ Example:
     ('passed', 'not run')
 """
 
-__all__ = ["PASSED", "FAILED", "NOT_IMPLEMENTED", "NOT_RUN", "GradingError"]
+__all__ = ["PASSED", "FAILED", "NOT_IMPLEMENTED", "NOT_RUN", "REFUSED", "GradingError"]
 
 PASSED, FAILED, NOT_IMPLEMENTED, NOT_RUN = "passed", "failed", "not implemented", "not run"
+#: A check of a notebook that changed the installation or the grader's results: no verdict of it is trusted.
+REFUSED = "refused"
 
 
 class GradingError(Exception):

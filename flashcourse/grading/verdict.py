@@ -22,7 +22,8 @@ process, like the grader's, is non-dumpable (:func:`flashcourse.grading.sandbox.
 other process of the same user may open its file descriptors or its memory through ``/proc``; the
 worker runs behind :func:`flashcourse.grading.sandbox.lock_down`. (Before issue 32 the results were a
 file the worker could find, replace by a hard link or rewrite through ``mmap``, and the verdict's
-memory could be rewritten through ``/proc/PID/mem``.)
+memory could be rewritten through ``/proc/PID/mem``.) With its last results it sends what it imported
+(:func:`imported_files`), which the grader verifies.
 
 Example:
     >>> job = {"checks": [{"name": "merge", "argument": "merge", "kernel": False,
@@ -89,8 +90,7 @@ def run_checks(job: dict, on_result=None) -> list[dict]:
         results[chk["name"]] = run_one(getattr(checks, chk["name"]), kernel, chk["expected"], job.get("seed"))
     functions = [c for c in job["checks"] if not c["kernel"]]
     if functions:
-        with Worker(job["setup"], cells, path=job.get("worker_path"), timeout=job.get("timeout", 600),
-                    uid=job.get("uid")) as worker:
+        with Worker(job["setup"], cells, timeout=job.get("timeout", 600), uid=job.get("uid")) as worker:
             try:
                 errors = worker.start()
             except Exception as e:  # noqa: BLE001 - the cells did not even set up: every check fails with why
@@ -132,8 +132,22 @@ def main(result_fd: int) -> None:
     job = json.loads(sys.stdin.read())
     out = os.fdopen(result_fd, "w", encoding="utf-8")
 
-    def write(rows):
-        out.write(json.dumps({"token": job["token"], "rows": rows}) + "\n")
+    def write(rows, **more):
+        out.write(json.dumps({"token": job["token"], "rows": rows, **more}) + "\n")
         out.flush()
-    write(run_checks(job, on_result=write))
+    write(run_checks(job, on_result=write), imported=imported_files())
     out.close()
+
+
+def imported_files() -> dict:
+    """The files this process imported: its modules' (``modules``) and the shared libraries it loaded
+    (``libraries``, from ``/proc/self/maps``), for the grader to verify (:mod:`.installation`)."""
+    modules = sorted({m.__file__ for m in list(sys.modules.values()) if isinstance(getattr(m, "__file__", None), str)})
+    libraries = set()
+    try:
+        with open("/proc/self/maps") as maps:
+            libraries = {line.split(None, 5)[5].strip() for line in maps if len(line.split(None, 5)) == 6
+                         and line.split(None, 5)[5].startswith("/")}
+    except OSError:
+        pass
+    return {"modules": modules, "libraries": sorted(libraries)}

@@ -4,11 +4,13 @@ The grader calls a student's function in another process (:mod:`.worker`) and mu
 returned without trusting it. ``pickle`` would run code while loading, so values travel as JSON in
 which arrays are tagged: :func:`encode` accepts NumPy arrays of numbers or booleans, NumPy scalars,
 Python ``int``/``float``/``bool``/``str``/``None`` (``nan`` and ``inf`` included), and tuples, lists
-and dicts with string keys of those, and chapter 8's masks as their recipes (``Mask.spec``, built again by
-:func:`flashcourse.formulas.sparse.mask_from_spec` from the course's own constructors); :func:`decode`
-builds nothing else. Anything the student returns
-that is not plain data (a generator, a torch tensor on a GPU already moved to the CPU first, an
-object) becomes an :class:`Opaque` value that names its type, so the check says what came back.
+and dicts with string keys of those; :func:`decode` builds nothing else. A caller may add tags of its
+own both ways (``encode(..., extra=)``, ``decode(..., tags=)``): the worker's chapter 8 masks travel so.
+Anything the student returns that is not plain data (a generator, an object) becomes an :class:`Opaque`
+value that names its type, so the check says what came back; a torch tensor travels as its values.
+
+This module imports NumPy and the standard library only: the worker, which has no course to import,
+runs a copy of it.
 
 Example:
     >>> import numpy as np
@@ -17,15 +19,11 @@ Example:
     >>> decode(encode([np.float64(-np.inf), True, 2 ** 70]))
     [np.float64(-inf), True, 1180591620717411303424]
 """
-from __future__ import annotations
-
 import base64
 import json
 import math
 
 import numpy as np
-
-from ..formulas.sparse import Mask, mask_from_spec
 
 __all__ = ["Opaque", "encode", "decode", "WireError", "MAX_BYTES"]
 
@@ -63,7 +61,7 @@ def _float(x: float):
     return x if math.isfinite(x) else {"$": "f", "v": repr(x)}
 
 
-def _plain(v, depth: int = 0):
+def _plain(v, depth: int = 0, extra=None):
     if depth > 32:
         raise WireError("nested too deeply")
     if v is None or isinstance(v, (bool, str)):
@@ -81,26 +79,30 @@ def _plain(v, depth: int = 0):
             return {"$": "opaque", "type": f"numpy array of dtype {v.dtype}"}
         return _array(v)
     if isinstance(v, tuple):
-        return {"$": "tuple", "items": [_plain(x, depth + 1) for x in v]}
+        return {"$": "tuple", "items": [_plain(x, depth + 1, extra) for x in v]}
     if isinstance(v, list):
-        return [_plain(x, depth + 1) for x in v]
+        return [_plain(x, depth + 1, extra) for x in v]
     if isinstance(v, dict) and all(isinstance(k, str) for k in v):
-        return {"$": "dict", "items": {k: _plain(x, depth + 1) for k, x in v.items()}}
+        return {"$": "dict", "items": {k: _plain(x, depth + 1, extra) for k, x in v.items()}}
     if type(v).__module__ == "torch" and type(v).__name__ == "Tensor":   # a tensor: its values, on the CPU
         return _plain(v.detach().cpu().numpy(), depth)
-    if isinstance(v, Mask) and v.spec is not None:     # chapter 8's mask: its recipe, built again on arrival
-        return {"$": "mask", "spec": _plain(v.spec, depth + 1)}
+    tagged = extra(v) if extra is not None else None
+    if tagged is not None:
+        return {"$": str(tagged[0]), "v": _plain(tagged[1], depth + 1)}
     return {"$": "opaque", "type": type(v).__name__}
 
 
-def encode(value) -> bytes:
-    """``value`` as one JSON message (bytes); a value that is not plain data travels as :class:`Opaque`.
+def encode(value, extra=None) -> bytes:
+    """``value`` as one JSON message (bytes); a value that is not plain data travels as :class:`Opaque`, unless
+    ``extra(value)`` gives a (tag, plain data) pair for it (``decode``'s ``tags`` build it again).
 
     Example:
         >>> encode((1, 2.5))
         b'{"$": "tuple", "items": [1, 2.5]}'
+        >>> decode(encode([1j], extra=lambda v: ("complex", [v.real, v.imag])), tags={"complex": lambda v: complex(*v)})
+        [1j]
     """
-    return json.dumps(_plain(value), allow_nan=False).encode()
+    return json.dumps(_plain(value, 0, extra), allow_nan=False).encode()
 
 
 def _from_array(d: dict) -> np.ndarray:
@@ -114,13 +116,13 @@ def _from_array(d: dict) -> np.ndarray:
     return np.frombuffer(data, dtype=dtype).reshape(shape).copy()
 
 
-def _built(v, depth: int = 0):
+def _built(v, depth: int = 0, tags=None):
     if depth > 34:
         raise WireError("nested too deeply")
     if v is None or isinstance(v, (bool, str, int, float)):
         return v
     if isinstance(v, list):
-        return [_built(x, depth + 1) for x in v]
+        return [_built(x, depth + 1, tags) for x in v]
     if not isinstance(v, dict):
         raise WireError(f"a {type(v).__name__}")
     tag = v.get("$")
@@ -138,21 +140,22 @@ def _built(v, depth: int = 0):
     if tag == "big":
         return int(str(v["v"]))
     if tag == "tuple":
-        return tuple(_built(x, depth + 1) for x in v["items"])
+        return tuple(_built(x, depth + 1, tags) for x in v["items"])
     if tag == "dict":
-        return {str(k): _built(x, depth + 1) for k, x in v["items"].items()}
+        return {str(k): _built(x, depth + 1, tags) for k, x in v["items"].items()}
     if tag == "opaque":
         return Opaque(v.get("type", "unknown"))
-    if tag == "mask":
+    if tags and tag in tags:
         try:
-            return mask_from_spec(_built(v["spec"], depth + 1))
-        except (ValueError, TypeError) as e:
-            raise WireError(f"a mask: {e}") from None
+            return tags[tag](_built(v["v"], depth + 1))
+        except (ValueError, TypeError, KeyError) as e:
+            raise WireError(f"a {tag}: {e}") from None
     raise WireError(f"an unknown tag {tag!r}")
 
 
-def decode(data: bytes):
-    """The value of one message written by :func:`encode`; :class:`WireError` for anything else.
+def decode(data: bytes, tags=None):
+    """The value of one message written by :func:`encode`; :class:`WireError` for anything else (a tag of
+    the caller's is built by ``tags[tag](plain data)``).
 
     Example:
         >>> decode(b'{"$": "f", "v": "nan"}')
@@ -165,7 +168,7 @@ def decode(data: bytes):
     if len(data) > MAX_BYTES:
         raise WireError(f"a message of {len(data)} bytes (at most {MAX_BYTES})")
     try:
-        return _built(json.loads(data))
+        return _built(json.loads(data), 0, tags)
     except WireError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError) as e:
