@@ -400,8 +400,8 @@ def protection_note() -> str:
 
 
 def run(args) -> int:
-    """Run ``flashcourse grade``: 0 when every check passed, 1 when one did not, 2 when it could not grade
-    (in a batch: any notebook).
+    """Run ``flashcourse grade``: 0 when every check passed, 1 when one did not, 2 when it could not grade or
+    the grade was refused (the notebook changed the installation; in a batch: any notebook).
 
     One notebook prints its report; several, a folder, or ``--out`` grade a batch (:func:`flashcourse.grading.batch.grade_batch`).
 
@@ -427,4 +427,4 @@ def run(args) -> int:
     if args.verbose:
         print(report.pytest_output)
     print(report.format())
-    return 0 if report.passed else 1
+    return 2 if report.tampered else 0 if report.passed else 1
