@@ -407,8 +407,9 @@ CELLS = [
     * FA1's backward, one program a head with $dQ$ through HBM, falls 2-37x behind FA2's: parallelism over
       the sequence matters most when the batch is small.
 
-    **Exercise:** `exercises/07_backward.ipynb`: the recomputed step in NumPy, and the inner loop of the
-    dK/dV kernel.
+    **Exercise:** `exercises/07_backward.ipynb`: the recomputed step in NumPy, the same step for a loss that
+    uses $L$ too, a prediction of the backward's HBM accesses set beside the H100's time, and the inner loop
+    of the dK/dV kernel.
     """, "slide", name="summary"),
     md("""
     Instructor notes: about 50 minutes. Derive $D$ on the board before showing it: ask what the sum over

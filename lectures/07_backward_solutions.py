@@ -17,8 +17,13 @@ CELLS = [
     each tile $P_{ij}$ from $Q_i$, $K_j$ and $L_i$, as it goes. You write:
 
     1. one step of FlashAttention-2's backward in NumPy — what happens for one block of queries $Q_i$
-       against one block of keys $K_j$ — which the chapter's loops call for every pair;
-    2. the inner loop of the Triton kernel that computes $dK$ and $dV$, one program per block of keys.
+       against one block of keys $K_j$ — which the chapter's loops call for every pair (about 20 minutes);
+    2. the same step for a loss that uses $L$ as well as $O$, which the lecture does not derive (about 15);
+    3. a prediction of the HBM accesses of those loops, counted, then set beside the H100's time (about 20);
+    4. the inner loop of the Triton kernel that computes $dK$ and $dV$, one program per block of keys
+       (about 30).
+
+    About 85 minutes in all, plus the questions at the end.
 
     Under each exercise a **check cell** runs your code on cases you can see and on hidden random ones
     (ragged sizes, $N_q \\ne N_k$, causal masks with rows that see no key, logits in the thousands, a
@@ -102,7 +107,132 @@ CELLS = [
     check("fa2_backward_step"),
 
     md(r"""
-    ## 2. The dK/dV kernel
+    ## 2. When the loss uses $L$ too
+
+    The forward hands $L$ on beside $O$, and sometimes what comes next uses it: chapter 4's combine weighs
+    partial results by their log-sum-exps, so attention computed in pieces (over chunks of the keys) and
+    merged that way under autograd gives each piece's backward a second upstream gradient,
+    $dL_i = \partial \mathcal{L} / \partial L_i$, one number per row. The lecture's five lines have no room for it: work out on paper what $dL_i$ adds to $dS_{ij}$
+    (differentiate $L_i = \log \sum_l e^{S_{il}}$), then write
+
+    `backward_step_dlse(Q_i, K_j, V_j, dO_i, L_i, D_i, dL_i, dQ_i, dK_j, dV_j, tau, visible)`
+
+    part 1's step with `dL_i`, a `(B_r,)` array, besides. Your `fa2_backward_step` is defined: you may call
+    it. The check runs your step in the same loops and compares with float64 gradients of
+    $\sum dO \circ O + \sum dL \circ L$, with rows that see no key ($L_i = -\infty$) among them.
+    """, "slide", name="dlse-intro"),
+
+    code("""
+    def backward_step_dlse(Q_i, K_j, V_j, dO_i, L_i, D_i, dL_i, dQ_i, dK_j, dV_j, tau, visible=None):
+        \"\"\"Part 1's step for a loss that uses L as well as O: dL_i (B_r,) is its gradient with respect to L_i.\"\"\"
+        ### BEGIN SOLUTION
+        # dL_i / dS_ij = P_ij (the gradient of the log-sum-exp is the softmax), so dS_ij gains dL_i P_ij:
+        # P_ij (dP_ij - D_i) + dL_i P_ij = P_ij (dP_ij - (D_i - dL_i)), part 1's step with D_i - dL_i.
+        return fa2_backward_step(Q_i, K_j, V_j, dO_i, L_i, D_i - dL_i, dQ_i, dK_j, dV_j, tau, visible)
+        ### END SOLUTION
+    """, tags=("solution",), name="backward-step-dlse"),
+
+    md("The check's loops with your step, causal, against float64 gradients of both outputs:", "fragment",
+       name="dlse-demo-text"),
+
+    code("""
+    from flashcourse.checks.backward_lse import run_blocks
+    rng = np.random.default_rng(1)
+    q, do = rng.normal(size=(2, 30, 16))
+    k, v = rng.normal(size=(2, 45, 16))
+    dl = rng.normal(size=30)
+    grads = run_blocks(backward_step_dlse, q, k, v, do, dl, 8, 16, causal=True)
+    [bool(np.allclose(g, w)) for g, w in zip(grads, attention_backward_float64(q, k, v, do, causal=True, dlse=dl))]
+    """, "fragment", name="dlse-demo"),
+
+    check("backward_step_dlse"),
+
+    md(r"""
+    ## 3. Predict, count, measure
+
+    The lecture counted these loops' traffic with a closed form for blocks that divide $N$. Predict it for
+    any sizes: write `predict_backward_accesses(N_q, N_k, d, B_r, B_c)`, the HBM element accesses (reads
+    plus writes) of Algorithm 2, not causal, for $N_q$ queries, $N_k$ keys, head dim $d$, row blocks of $B_r$
+    queries and key blocks of $B_c$ keys, the last block of each partial when it does not divide. Work it
+    out from the loops (`flashcourse.reference.backward.fa2_backward`, the lecture's stepper): what crosses
+    HBM once, in every outer step, in every inner step, and how many steps there are. The check runs
+    Algorithm 2 on the counted memory for each case and compares exactly: the count is a whole number, the
+    same on every run.
+    """, "slide", name="predict-intro"),
+
+    code("""
+    def predict_backward_accesses(N_q, N_k, d, B_r, B_c):
+        \"\"\"HBM element accesses (reads + writes) of FlashAttention-2's backward, Algorithm 2, not causal.\"\"\"
+        ### BEGIN SOLUTION
+        T_c = -(-N_k // B_c)                   # key blocks: the outer steps, the last one partial
+        before = 2 * N_q * d + N_q             # D = rowsum(dO o O): O and dO read, D written
+        outer = 4 * N_k * d                    # K_j, V_j read and dK_j, dV_j written, once each
+        inner = T_c * N_q * (4 * d + 2)        # each row once per key block: Q, dO, L, D read, dQ read and written
+        return before + outer + inner
+        ### END SOLUTION
+    """, tags=("solution",), name="predict-backward-accesses"),
+
+    md("**Count.** Your prediction beside the counted memory, for a few block sizes, and the standard backward's:",
+       "fragment", name="count-text"),
+
+    code("""
+    from flashcourse.memory import Memory
+    from flashcourse.reference.backward import standard_backward
+    N, d = 96, 16
+    q, k, v, do = np.random.default_rng(2).normal(size=(4, N, d))
+    o, L = fa2_attention(q, k, v, block_sizes=(32, 32), return_lse=True)
+    std = Memory()
+    standard_backward(q, k, v, do, memory=std)
+    for B_r, B_c in ((8, 8), (32, 8), (16, 32)):
+        mem = Memory()
+        fa2_backward(q, k, v, o, do, L, block_sizes=(B_r, B_c), memory=mem)
+        print(f"B_r = {B_r:2d}, B_c = {B_c:2d}: predicted {predict_backward_accesses(N, N, d, B_r, B_c):7,d}, "
+              f"counted {mem.accesses():7,d} (standard: {std.accesses():,d})")
+    """, "fragment", name="count"),
+
+    check("backward_accesses", "predict_backward_accesses"),
+
+    md("""
+    **Measure.** The H100 ran the course's backward (`bench.shipped("backward")`, 16k tokens a batch). Beside
+    each time: what the standard backward's traffic, your count at the kernel's key block and the two kernels'
+    (the lecture's formula) would take at the H100's measured bandwidth, and its 7 matmuls at cuBLAS's
+    measured rate (chapter 0's ceilings). Before you run it: which of them can the measured time be below?
+    """, "slide", name="measure-text"),
+
+    code("""
+    from flashcourse import bench
+    from flashcourse.formulas.backward import backward_flops, standard_backward_traffic
+    from flashcourse.kernels.backward_configs import backward_config
+    from flashcourse.viz import ceilings_of
+    bandwidth, peaks = ceilings_of(bench.shipped("roofline"))
+    print(f"H100, fp16, not causal: GB moved at 2 bytes an element | ms at {bandwidth / 1e12:.2f} TB/s, "
+          f"matmuls at {peaks['fp16 matmul'] / 1e12:.0f} TFLOP/s")
+    print("  d     N B_c | standard          | yours (Alg. 2)    | two kernels       | matmuls   | measured")
+    for d in (64, 128):
+        B_c, B_r = backward_config(d, (9, 0))["dkdv"][1], backward_config(d, (9, 0))["dq"][0]   # the H100's tiles
+        for N in (4096, 16384):
+            r = bench.shipped("backward").get("kernels.fa2_backward", N=N, d=d, causal=False)
+            heads = r.params["B"] * r.params["H"]
+            moved = {"standard": sum(standard_backward_traffic(N, d).values()),
+                     "yours": predict_backward_accesses(N, N, d, B_r, B_c),
+                     "two kernels": 2 * N * N * (d + 1) // B_c + 2 * N * N * d // B_r + 9 * N * d + 5 * N}
+            cells = [f"{2 * heads * n / 1e9:5.1f} GB {2 * heads * n / bandwidth * 1e3:6.2f} ms" for n in moved.values()]
+            matmuls = backward_flops(N, d, heads=heads) * 7 / 5 / peaks["fp16 matmul"] * 1e3
+            print(f"{d:3d} {N:5d} {B_c:3d} | " + " | ".join(cells) + f" | {matmuls:6.2f} ms | {r.ms:6.2f} ms")
+    """, "fragment", name="measure"),
+
+    md("""
+    At $d$ = 64 the backward took 2.6-2.7x less time than the standard backward's traffic alone needs at
+    the bandwidth a copy reaches: no kernel that moves $P$, $dP$ and $dS$ through HBM could keep up. At
+    $d$ = 128, with key blocks of 64, the two kernels' own count would take 4.50 ms ($N$ = 4k) and 17.38 ms
+    (16k), yet the H100 finished in 3.85 and 14.27 ms: at least 14-18% of their accesses never reached DRAM.
+    The L2 (50 MB) served them, as it served FlashAttention-1's re-reads in chapter 3's Nsight measurement:
+    a count says what an algorithm asks of memory, not what DRAM sees. (Your count is Algorithm 2's; the
+    kernels replace its round trips of $dQ$ by a second kernel that reads $K$ and $V$ once per query block.)
+    """, "fragment", name="measure-moral"),
+
+    md(r"""
+    ## 4. The dK/dV kernel
 
     On a GPU each program owns one block of `BLOCK_N` keys of one head: `program_id(0)` picks the block,
     `program_id(1)` the head. It loads $K_j$ and $V_j$ once, keeps $dK_j$ and $dV_j$ in fp32 registers,
@@ -239,5 +369,24 @@ CELLS = [
          '`tl.dot` makes it inf, and inf times 0 is NaN. So that block keeps its mask. Skipping the mask '
          'elsewhere made the causal backward 3-8% faster on an H100 ([lab notes]'
          '(https://github.com/flashcourse/flashcourse/blob/main/lab/backward.md#masks-only-where-they-are-needed)).'),
+        ('Your count of part 3 does not depend on $B_r$. Why not, and what would make it depend on $B_r$?',
+         'Not causal, every row of $Q$ meets every key block once, however the rows are grouped: per (row, key '
+         'block) it reads its row of $Q$, $dO$, one $L_i$ and one $D_i$ and reads and writes its row of $dQ$, so '
+         'the inner steps move $N_q \\lceil N_k / B_c \\rceil (4d + 2)$ elements, and $B_r$ only says how many rows '
+         'travel together. With a causal mask the loops skip the blocks above the diagonal, and a row block '
+         'visits every key block its *last* row sees: its other rows travel along to blocks they see only in '
+         'part, or not at all. The larger $B_r$, the more such visits: the count then depends on both block '
+         'sizes (the course counts it with `formulas.counting.row_blocks`).'),
+        ('At $d$ = 128 the H100 finished the backward sooner than your count, or the two kernels\' count, could '
+         'cross HBM at its measured bandwidth. Which accesses did DRAM not see, and why do the kernels still '
+         'use key blocks of 64 there, when larger ones would cut the count?',
+         'The re-reads: $Q_i$, $dO_i$, $L_i$, $D_i$ (and $dQ_i$ in Algorithm 2) come back once per key block, '
+         'and the programs of neighbouring key blocks walk the same query blocks at about the same time, so '
+         'most of those re-reads hit the 50 MB L2; $K$, $V$ and the first read of each tensor go to DRAM. '
+         'A larger key block would halve the re-reads, but each program keeps $K_j$, $V_j$ and the fp32 '
+         '$dK_j$, $dV_j$ on chip: at $d$ = 128 a block of 128 keys holds 128 KB of fp32 gradients, about all '
+         'the registers 4 warps can have (128 threads x 255 registers x 4 bytes = 130 KB). The tiles were '
+         'chosen by a sweep (`kernels.backward_configs`, lab notes "The tiles"), which keeps 64 keys a block '
+         'so that $dK_j$, $dV_j$ stay in registers without spilling.'),
     ]),
 ]

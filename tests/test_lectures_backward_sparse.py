@@ -504,3 +504,23 @@ def test_show_stepper_can_leave_the_strip_to_the_next_slide(monkeypatch):
     for stem in LECTURES:
         stepper = "".join(cell(stem, "stepper")["source"])
         assert "show_stepper(mem, strip=False)" in stepper and cell(stem, "frames")["outputs"]
+
+
+def test_the_backward_exercises_measure_says_what_its_table_prints():
+    """Exercise 7's measure paragraph, held to the table the solutions notebook printed from the shipped results."""
+    rows = {}
+    for line in output_of("07_backward", "measure", "solutions").splitlines()[2:]:
+        d, N, _, *cols = re.findall(r"\d+\.\d+|\d+", line)
+        rows[int(d), int(N)] = [float(x) for x in cols]   # GB, ms of: standard, yours, two kernels; ms: matmuls, measured
+    said = " ".join("".join(cell("07_backward", "measure-moral", "solutions")["source"]).split())
+    std = [r[1] / r[7] for (d, _), r in rows.items() if d == 64]
+    assert f"{span(std, 1)}x less time than the standard backward's traffic" in said
+    big = [rows[128, N] for N in (4096, 16384)]
+    assert f"count would take {big[0][5]:.2f} ms ($N$ = 4k) and {big[1][5]:.2f} ms (16k)" in said
+    assert f"finished in {big[0][7]:.2f} and {big[1][7]:.2f} ms" in said
+    assert f"at least {span([100 * (1 - r[7] / r[5]) for r in big], 0)}% of their accesses" in said
+    assert all(r[7] < r[5] for r in big) and all(r[7] < r[1] for (d, _), r in rows.items() if d == 64)
+
+
+def output_of(stem: str, name: str, folder: str) -> str:
+    return "".join("".join(o.get("text", "")) for o in cell(stem, name, folder).get("outputs", []))

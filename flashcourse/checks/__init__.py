@@ -41,7 +41,9 @@ The checks, by chapter:
   compute/memory ratio and the SM count, in Python) and :func:`flat_gemm_kernel` (the K loop of the
   flat GEMM Triton kernel).
 * :mod:`.backward` (chapter 7): :func:`fa2_backward_step` (the recomputed backward step, in NumPy, run inside
-  the chapter's loops) and :func:`dkdv_kernel` (the inner loop of the dK/dV kernel in Triton).
+  the chapter's loops) and :func:`dkdv_kernel` (the inner loop of the dK/dV kernel in Triton);
+  :mod:`.backward_lse`: :func:`backward_step_dlse` (the step for a loss that uses the log-sum-exp too);
+  :mod:`.backward_predict`: :func:`backward_accesses` (Algorithm 2's HBM traffic, predicted and counted).
 * :mod:`.sparse` (chapter 8): :func:`block_lists` (the full and partial key blocks of each query block, from
   a mask function, in NumPy) and :func:`sparse_kernel` (the kernel's loops over those lists, in Triton).
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..memory import Memory
 from ..reference.attention import fa1_attention
-from .cases import Case, call, join_lines, passed, require_callable, seed_of
+from .cases import call, join_lines, number_cases, passed, require_callable, seed_of, whole_number
 
 __all__ = ["fa1_accesses"]
 
@@ -131,17 +131,12 @@ def fa1_accesses(fn, seed: int | None = None) -> None:
     require_callable(name, fn, "check.fa1_accesses(predict_fa1_accesses)")
     seed = seed_of(seed)
     shown, hidden = shown_cases(), hidden_cases(np.random.default_rng(seed))
-    cases = [Case(k, args, number=i + 1, of=len(shown), names=_NAMES) for i, (k, args) in enumerate(shown)]
-    cases += [Case(k, args, number=i + 1, of=len(hidden), hidden=True, seed=seed, names=_NAMES)
-              for i, (k, args) in enumerate(hidden)]
+    cases = number_cases(shown, hidden, seed, _NAMES)
     replay = f"check.fa1_accesses(predict_fa1_accesses, seed={seed}) draws this hidden case again."
     for case in cases:
-        got = call(name, fn, case.inputs, case)
-        if isinstance(got, (bool, np.bool_)) or not isinstance(got, (int, np.integer, float, np.floating)) \
-                or got != int(got):
-            raise AssertionError(f"{name} returned {got!r} on {case.describe()}; return a whole number of accesses")
+        got = whole_number(name, call(name, fn, case.inputs, case), case, "accesses")
         expected = counted_fa1_accesses(*case.inputs)
-        if int(got) != expected:
+        if got != expected:
             known = [why for why, value in _mistakes(*case.inputs) if value == int(got)]
             hint = "; or: ".join(known) if known else ("count per outer step (one block K_j, V_j): what is read, what is written; "
                                            "then the steps, then what happens once (K, V read; O, l, m set up)")

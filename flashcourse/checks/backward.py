@@ -125,24 +125,42 @@ def fa2_backward_step(fn, seed: int | None = None) -> None:
         want = attention_backward_float64(q, k, v, do, causal=causal)
         replay = f"check.fa2_backward_step(fa2_backward_step, seed={seed}) draws this hidden case again." \
             if is_hidden else ""
-        for what, g, w in zip(("dQ", "dK", "dV"), got, want):
-            atol = 1e-7 * max(1.0, float(np.abs(w).max()))
-            try:
-                compare(name, what, g, w, case, 0.0, atol, "", "gradients are real numbers: a float array")
-            except AssertionError:
-                hint = ""
-                for mistake, text in STEP_MISTAKES.items():
-                    try:
-                        emu = run(_mistaken_step(mistake))
-                    except Exception:  # noqa: BLE001  (a mistake that cannot run here explains nothing)
-                        continue
-                    if all(np.allclose(np.asarray(a, dtype=np.float64), b, rtol=1e-6, atol=1e-9, equal_nan=True)
-                           for a, b in zip(got, emu)):
-                        hint = text
-                        break
-                compare(name, what, g, w, case, 0.0, atol, join_lines(hint, replay),
-                        "gradients are real numbers: a float array")
+        compare_gradients(name, got, want, case, replay, lambda mistake: run(_mistaken_step(mistake)), STEP_MISTAKES)
     passed(name, len(shown), len(hidden))
+
+
+def compare_gradients(name: str, got, want, case: Case, replay: str, emulate, mistakes: dict[str, str]) -> None:
+    """Compare ``got = (dQ, dK, dV)`` with the float64 ``want``, to 1e-7 relative to each one's largest entry; at the
+    first wrong one, raise with the hint of the first of ``mistakes`` (name -> hint) whose ``emulate(name)`` gives
+    ``got`` (and ``replay``, how to draw the case again).
+
+    Example:
+        >>> c = Case("demo", (np.zeros(1),), number=1, of=1)
+        >>> right = [np.ones(2)] * 3
+        >>> compare_gradients("f", right, right, c, "", None, {})
+        >>> compare_gradients("f", [np.zeros(2)] * 3, right, c, "", lambda m: [np.zeros(2)] * 3, {"zero": "not zero"})
+        Traceback (most recent call last):
+        ...
+        AssertionError: f: wrong value on shown case 1 of 1 (demo), x = [0.0]
+          first wrong element: dQ[0] = 0.0, expected 1.0 (2 of 2 elements wrong; allowed error 0 relative + 1e-07 absolute)
+          hint: not zero
+    """
+    for what, g, w in zip(("dQ", "dK", "dV"), got, want):
+        atol = 1e-7 * max(1.0, float(np.abs(w).max()))
+        try:
+            compare(name, what, g, w, case, 0.0, atol, "", "gradients are real numbers: a float array")
+        except AssertionError:
+            hint = ""
+            for mistake, text in mistakes.items():
+                try:
+                    emu = emulate(mistake)
+                except Exception:  # noqa: BLE001  (a mistake that cannot run here explains nothing)
+                    continue
+                if all(np.allclose(np.asarray(a, dtype=np.float64), b, rtol=1e-6, atol=1e-9, equal_nan=True)
+                       for a, b in zip(got, emu)):
+                    hint = text
+                    break
+            compare(name, what, g, w, case, 0.0, atol, join_lines(hint, replay), "gradients are real numbers: a float array")
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -360,6 +360,36 @@ def require_kernel(name: str, kernel) -> None:
 
 
 
+def number_cases(shown, hidden, seed: int, names: tuple) -> list[Case]:
+    """The cases of a check whose inputs are a few whole numbers (the sizes a prediction is asked for): ``shown``
+    and ``hidden`` are lists of ``(kind, inputs)``, the hidden ones drawn from ``seed``; each case describes its
+    inputs as the student would type them (``N = 64``, not ``64.0``).
+
+    Example:
+        >>> c = number_cases([("small", (4, 8))], [("drawn", (5, 9))], 7, ("N", "d"))
+        >>> [x.describe() for x in c]
+        ['shown case 1 of 1 (small), N = 4, d = 8', 'hidden case 1 of 1 (drawn, seed 7), N = 5, d = 9']
+    """
+    cases = [Case(k, args, number=i + 1, of=len(shown), names=names) for i, (k, args) in enumerate(shown)]
+    cases += [Case(k, args, number=i + 1, of=len(hidden), hidden=True, seed=seed, names=names)
+              for i, (k, args) in enumerate(hidden)]
+    return [KernelCase(c, c.where() + ", " + ", ".join(f"{n} = {a}" for n, a in zip(names, c.inputs))) for c in cases]
+
+
+def whole_number(name: str, got, case: Case, what: str) -> int:
+    """``got`` as an int, or an AssertionError asking for a whole number of ``what`` (a bool, a string, 0.5 are
+    refused; 12.0 is 12).
+
+    Example:
+        >>> whole_number("f", 12.0, Case("demo", (), number=1, of=1), "accesses")
+        12
+    """
+    if isinstance(got, (bool, np.bool_)) or not isinstance(got, (int, np.integer, float, np.floating)) \
+            or got != int(got):
+        raise AssertionError(f"{name} returned {got!r} on {case.describe()}; return a whole number of {what}")
+    return int(got)
+
+
 def join_lines(*parts: str) -> str:
     """The non-empty ``parts`` of a message or a hint, each on a line of its own, indented as the
     lines of a check's AssertionError are.

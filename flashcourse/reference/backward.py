@@ -72,12 +72,15 @@ def _probabilities(S, L):
         return np.where(np.isneginf(L)[..., None], 0.0, np.exp(S - np.where(np.isneginf(L), 0.0, L)[..., None]))
 
 
-def attention_backward_float64(q, k, v, do, causal: bool = False, sm_scale: float | None = None, mask=None):
+def attention_backward_float64(q, k, v, do, causal: bool = False, sm_scale: float | None = None, mask=None,
+                               dlse=None):
     """``(dQ, dK, dV)`` of ``O = softmax(tau Q K^T) V`` for the upstream gradient ``do``, in float64.
 
     ``q``, ``do`` are (..., N_q, d), ``k``, ``v`` (..., N_k, d); ``mask`` an (N_q, N_k) boolean array on top
     of ``causal``, as :func:`flashcourse.reference.attention_float64` takes it. What autograd computes,
-    written out.
+    written out. ``dlse`` (..., N_q), when given, is the gradient of the loss with respect to the
+    log-sum-exp ``L`` too, for a loss that uses ``L`` besides ``O`` (chapter 4's combine of partial results
+    does): ``dL_i / dS_ij = P_ij``, so it adds ``dlse_i P_ij`` to ``dS_ij``; a row that sees no key gets nothing.
 
     Example:
         >>> import torch
@@ -87,6 +90,15 @@ def attention_backward_float64(q, k, v, do, causal: bool = False, sm_scale: floa
         >>> o = torch.nn.functional.scaled_dot_product_attention(*t, is_causal=False)
         >>> o.backward(torch.tensor(do))
         >>> all(np.allclose(g, x.grad.numpy()) for g, x in zip(attention_backward_float64(q, k, v, do), t))
+        True
+
+    With ``dlse``, against autograd:
+        >>> rng = np.random.default_rng(1)
+        >>> q, k, v, do = rng.normal(size=(4, 5, 8)); dl = rng.normal(size=5)
+        >>> t = [torch.tensor(a, requires_grad=True) for a in (q, k, v)]
+        >>> s = t[0] @ t[1].T / np.sqrt(8)
+        >>> ((torch.softmax(s, -1) @ t[2]) * torch.tensor(do)).sum().add((torch.logsumexp(s, -1) * torch.tensor(dl)).sum()).backward()
+        >>> all(np.allclose(g, x.grad.numpy()) for g, x in zip(attention_backward_float64(q, k, v, do, dlse=dl), t))
         True
     """
     q, k, v, do = _arrays("attention_backward_float64", ("q", "k", "v", "dO"), q, k, v, do)
@@ -106,6 +118,11 @@ def attention_backward_float64(q, k, v, do, causal: bool = False, sm_scale: floa
     dV = np.swapaxes(P, -1, -2) @ do
     dP = do @ np.swapaxes(v, -1, -2)
     D = (P * dP).sum(axis=-1, keepdims=True)                 # = rowsum(dO o O)
+    if dlse is not None:
+        dlse = np.asarray(dlse, dtype=np.float64)
+        if dlse.shape != L.shape:
+            raise ValueError(f"attention_backward_float64: dlse is {dlse.shape}; expected {L.shape} (q's shape without d)")
+        D = D - dlse[..., None]                               # dS += dlse P: the log-sum-exp's own gradient
     dS = P * (dP - D)
     return tau * dS @ k, tau * np.swapaxes(dS, -1, -2) @ q, dV
 
