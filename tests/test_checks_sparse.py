@@ -1,8 +1,9 @@
 """Chapter 8's checks: block_lists and sparse_kernel accept the solutions notebook's code and reject the mistakes
 the chapter teaches -- partial blocks treated as full, a block judged by its corners (a skipped block that was not
-empty), block edges off by one, a ragged block called full, partial blocks skipped, a tile's bits read backwards,
-loads past N_k, rows that see no key -- under a fixed seed and three fresh ones, with the hint the check
-derives from the mistake's own answer.
+empty), block edges off by one, a ragged block called full, a partial list that repeats the full blocks; partial or
+full blocks skipped, a tile's bits read backwards, loads past N_k, rows that see no key (nan from the loop), a wrong
+tile number, the lists read without i * T_c or at a pitch rounded down, tiles at the wrong byte -- under a fixed
+seed and three fresh ones, with the hint the check derives from the mistake's own answer.
 
 The mutants are textual mutations of the solutions notebook's cells (tests/solution_cells.py).
 """
@@ -54,6 +55,8 @@ def test_the_exercises_as_given_are_not_implemented_yet(tmp_path):
     pytest.param((("cols = np.arange(j * B_c, min((j + 1) * B_c, N_k))", "cols = np.arange(j * B_c, min((j + 1) * B_c + 1, N_k))"),),
                  ("the end of a block is excluded",), id="block-edge-off-by-one"),
     pytest.param((("if seen.all() and len(cols) == B_c:", "if seen.all():"),), ("never full",), id="ragged-block-full"),
+    pytest.param((("elif seen.any():", "if seen.any():"),), ("in both full[", "fold each of them in twice"),
+                 id="partial-repeats-the-full-blocks"),
 ])
 def test_list_mutants_are_rejected(tmp_path, seed, replace, expected):
     rejected(checks.block_lists, lists(tmp_path, *replace), seed, *expected)
@@ -71,7 +74,20 @@ def test_list_mutants_are_rejected(tmp_path, seed, replace, expected):
                    "V_j = tl.load(V + h * stride_kh + keys[:, None] * stride_kn + dims[None, :])"),),
                  ("a load past N_k",), id="partial-load-past-N_k"),
     pytest.param((("m_shift = tl.where(m_new == -float(\"inf\"), 0.0, m_new)", "m_shift = m_new"),),
-                 ("sees no key",), id="rows-that-see-no-key"),
+                 ("not the final division", "exp2(-inf - -inf)", "Chapter 3's kernel guards"), id="rows-that-see-no-key"),
+    pytest.param((("for t in range(0, tl.load(FULL_NUM + i)):", "for t in range(0, 0 * tl.load(FULL_NUM + i)):"),),
+                 ("the full blocks (FULL_IDX)",), id="full-loop-skipped"),
+    pytest.param((("tile = tl.load(PART_TILE + i * T_c + t)", "tile = i * T_c + t"),),
+                 ("wrong tile", "the block's place in the list"), id="tile-is-the-place"),
+    pytest.param((("tile = tl.load(PART_TILE + i * T_c + t)", "tile = tl.load(PART_IDX + i * T_c + t)"),),
+                 ("wrong tile", "the key block j"), id="tile-is-the-key-block"),
+    pytest.param(tuple((f"{a} + i * T_c + t", f"{a} + t") for a in ("FULL_IDX", "PART_IDX", "PART_TILE")),
+                 ("query block 0's entries", "forgotten: the i T_c"), id="lists-without-i-T_c"),
+    pytest.param((("PART_TILE + i * T_c + t", "PART_TILE + t"),), ("tile numbers were read from query block 0's",),
+                 id="tiles-without-i-T_c"),
+    pytest.param(tuple((f"{a} + i * T_c + t", f"{a} + i * (N_k // BLOCK_N) + t") for a in ("FULL_IDX", "PART_IDX", "PART_TILE")),
+                 ("T_c = cdiv(N_k, BLOCK_N) places per query block",), id="list-pitch-rounded-down"),
+    pytest.param((("tile * BLOCK_M * BYTES", "tile * BLOCK_M * BLOCK_N"),), ("wrong byte of TILES",), id="tile-pitch"),
 ])
 def test_kernel_mutants_are_rejected(tmp_path, seed, replace, expected):
     rejected(checks.sparse_kernel, kernel(tmp_path, *replace), seed, *expected)

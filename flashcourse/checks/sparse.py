@@ -14,9 +14,12 @@ which walks its query block's lists of full and partial key blocks (a
 block; O has Q's strides, V has K's), masking a partial block with its bit tile. Launched on fp16 inputs with
 NaN past the ends, compared with float64 attention under the same mask.
 
-Both name the known mistake a wrong answer matches: partial blocks treated as full, partial blocks
-skipped, a block judged by its corners (a skipped block that was not empty), block edges off by one, a
-ragged last key block called full, the bits of a tile read in the wrong order.
+Both name the known mistake a wrong answer matches: for the lists, partial blocks treated as full, a block
+judged by its corners (a skipped block that was not empty), block edges off by one, a ragged last key block
+called full, a block in both lists or twice in one (the kernel would fold it in twice); for the kernel, each
+mistake :mod:`.sparse_mistakes` emulates on the case (a loop left out, partial blocks unmasked, the bits of a
+tile read in the wrong order, a wrong tile number, query block i's entries read without ``i * T_c`` or at
+another pitch, a tile at the wrong byte, nan from ``exp2(-inf - -inf)`` in the loop or from a load past N_k).
 
 Example:
     >>> from flashcourse import checks
@@ -32,6 +35,7 @@ import numpy as np
 from ..formulas.sparse import EMPTY, FULL, PARTIAL, block_mask, causal, documents, local_global, sliding_window, strided
 from ..reference.attention import attention_float64
 from .attention import kernel_atol
+from .sparse_mistakes import diagnose, kernel_arrays, walk
 from .cases import Case, KernelCase, call, compile_after, join_lines, launch, passed, require_callable, require_kernel, seed_of
 
 __all__ = ["block_lists", "sparse_kernel"]
@@ -127,6 +131,18 @@ def _as_lists(name, got, T_r, T_c, case) -> tuple[list, list]:
             raise AssertionError(f"{name}: {what} names key block {bad[0]}; there are T_c = {T_c} (0 ... {T_c - 1})"
                                  f"\n  on {case.describe()}")
         out.append(lists)
+    for what, lists in zip(("full", "partial"), out):
+        twice = next(((i, j) for i, row in enumerate(lists) for j in row if row.count(j) > 1), None)
+        if twice:
+            raise AssertionError(f"{name}: {what}[{twice[0]}] names key block {twice[1]} twice: the kernel walks each list "
+                                 f"as it is, so it would fold that block's keys in twice\n  on {case.describe()}")
+    both = next(((i, j) for i, (f, p) in enumerate(zip(*out)) for j in f if j in p), None)
+    if both:
+        raise AssertionError(join_lines(
+            f"{name}: key block {both[1]} of query block {both[0]} is in both full[{both[0]}] and partial[{both[0]}] "
+            f"on {case.describe()}",
+            "hint: a block is full or partial, never both: the kernel walks both lists, so a partial list that repeats "
+            "the full blocks would fold each of them in twice (its keys counted twice)"))
     return out[0], out[1]
 
 
@@ -176,37 +192,16 @@ def block_lists(fn, seed: int | None = None) -> None:
 # ---------------------------------------------------------------------------------------------------------
 # The kernel, in Triton
 
-KERNEL_MISTAKES = {
-    "partial as full": "a partial block must be masked with its bit tile: without it every pair of the block counts",
-    "partial skipped": "walk both lists: the partial blocks (PART_IDX) hold keys the queries see too",
-    "bits reversed": "bit b of byte c of a tile row is key 8 c + b: shift the byte right by b (>> tl.arange(0, 8)) "
-                     "and keep the lowest bit",
-    "dense": "visit only the blocks in the lists (FULL_IDX[i, :FULL_NUM[i]], PART_IDX[i, :PART_NUM[i]]), not every key "
-             "block",
-}
-
-
-def effective_mask(bm, mistake: str = "") -> np.ndarray:
-    """The (N_q, N_k) mask a kernel with ``mistake`` (``""``: none) applies, for a block mask ``bm``.
+def effective_mask(bm) -> np.ndarray:
+    """The (N_q, N_k) mask the right kernel applies for a block mask ``bm``: its full blocks whole, its partial ones
+    through their bit tiles (:func:`~flashcourse.checks.sparse_mistakes.walk`).
 
     Example:
-        >>> bm = block_mask(causal(), 4, 4, (2, 2))
-        >>> effective_mask(bm, "partial as full").astype(int).tolist()[0]
+        >>> bm = block_mask(causal(), 4, 4, (2, 8))
+        >>> effective_mask(bm).astype(int).tolist()[1]
         [1, 1, 0, 0]
     """
-    (B_r, B_c), (T_r, T_c) = bm.block_size, bm.shape
-    out = np.zeros((T_r * B_r, T_c * B_c), bool)
-    for i in range(T_r):
-        for j in range(T_c):
-            block = out[i * B_r:(i + 1) * B_r, j * B_c:(j + 1) * B_c]
-            kind = bm.kinds[i, j]
-            if mistake == "dense" or kind == FULL or (kind == PARTIAL and mistake == "partial as full"):
-                block[:] = True
-            elif kind == PARTIAL and mistake != "partial skipped":
-                tile = bm.tile(bm.tile_of[i, j])
-                block[:] = tile[:, ::-1].reshape(B_r, -1, 8)[:, ::-1, :].reshape(B_r, B_c) if mistake == "bits reversed" \
-                    else tile
-    return out[:bm.N_q, :bm.N_k]
+    return walk(bm)[0][:, :bm.N_k] > 0
 
 
 def _kernel_cases(rng):
@@ -270,10 +265,13 @@ def sparse_kernel(kernel, seed: int | None = None) -> None:
                 return t.to(dev)[:, :x.shape[1], :d]
             Q, K, V = buffer(q, BM), buffer(k, BN), buffer(v, BN)
             O = torch.full((H, N_q + BM, d + pad), float("nan"), dtype=torch.float16).to(dev)[:, :N_q, :d]  # Q's strides
-            tiles = bm.tiles if bm.tiles.numel() else torch.zeros(1, dtype=torch.uint8, device=dev)
+            arrays = kernel_arrays(bm)               # the lists and tiles, padded with what walk() knows
+            lists = {n: torch.from_numpy(arrays[n]).to(dev) for n in ("kv_full_idx", "kv_part_idx", "kv_part_tile")}
+            tiles = torch.from_numpy(arrays["tiles"]).to(dev)[arrays["tiles_before"]:]
             scale = 1 / math.sqrt(d)
             launch(name, kernel, (bm.shape[0], H),
-                   (Q, K, V, O, bm.kv_full_num, bm.kv_full_idx, bm.kv_part_num, bm.kv_part_idx, bm.kv_part_tile, tiles,
+                   (Q, K, V, O, bm.kv_full_num, lists["kv_full_idx"], bm.kv_part_num, lists["kv_part_idx"],
+                    lists["kv_part_tile"], tiles,
                     scale * 1.4426950408889634, N_q, N_k, Q.stride(0), Q.stride(1), K.stride(0), K.stride(1)),
                    dict(HEAD_DIM=d, BLOCK_M=BM, BLOCK_N=BN), case)
             got = O.float().cpu().double().numpy()
@@ -286,16 +284,10 @@ def sparse_kernel(kernel, seed: int | None = None) -> None:
             if not bad.any():
                 continue
             idx = tuple(int(t) for t in np.argwhere(bad)[0])
-            hint = ""
-            for mistake, text in KERNEL_MISTAKES.items():
-                emu = attention_float64(q[None], k[None], v[None], sm_scale=scale,
-                                        mask=effective_mask(bm, mistake))[0]
-                if (np.abs(got - emu) <= atol).all() and not (np.abs(emu - want) <= atol).all():
-                    hint = text
-                    break
+            hint = diagnose(got, want, q, k, v, scale, bm, atol)
             if not hint and np.isnan(got[idx]):
-                hint = ("nan: a load past N_k without its mask (a partial block may reach past the last key; the buffers "
-                        "hold NaN there), or a row that sees no key divided 0 by 0")
+                hint = ("nan: either a load past N_k without its mask (a partial block may reach past the last key; the "
+                        "buffers hold NaN there), or exp2(-inf - -inf) in the loop, for a row that has seen no key yet")
             replay = f"check.sparse_kernel(sparse_kernel, seed={seed}) draws this hidden case again." if is_hidden else ""
             raise AssertionError(join_lines(
                 f"{name}: wrong value on {case.describe()}",
