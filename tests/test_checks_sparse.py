@@ -25,15 +25,51 @@ def kernel(tmp_path, *replace):
     return cells.load(tmp_path, NOTEBOOK, "sparse-kernel", "sparse_kernel", replace)
 
 
+def bands(tmp_path, *replace):
+    return cells.load(tmp_path, NOTEBOOK, "band-lists", "band_lists", replace)
+
+
+def predict(tmp_path, *replace):
+    return cells.load(tmp_path, NOTEBOOK, "predict-forward-us", "predict_forward_us", replace)
+
+
 def test_the_solutions_pass(tmp_path, seed, capsys):
     """Under the graded seed and a fresh one; the kernel under the graded seed (the library's, which is the same
     kernel, passes a fresh one in test_kernels_sparse::test_the_exercise_asks_for_the_taught_kernel)."""
     fn, k = lists(tmp_path), kernel(tmp_path)
     for s in seeds_of(seed)[:2]:
         checks.block_lists(fn, seed=s)
+        checks.band_lists(bands(tmp_path), seed=s)
+        checks.forward_time(predict(tmp_path), seed=s)
     checks.sparse_kernel(k, seed=seeds_of(seed)[0])
     assert set(capsys.readouterr().out.strip().splitlines()) == {
-        "block_lists: 11 cases passed (6 shown, 5 hidden) ✓", "sparse_kernel: 10 cases passed (5 shown, 5 hidden) ✓"}
+        "block_lists: 11 cases passed (6 shown, 5 hidden) ✓", "sparse_kernel: 10 cases passed (5 shown, 5 hidden) ✓",
+        "band_lists: 13 cases passed (7 shown, 6 hidden) ✓", "forward_time: 8 cases passed (4 shown, 4 hidden) ✓"}
+
+
+def test_the_new_checks_accept_their_solutions_on_many_seeds(tmp_path, capsys):
+    """No false rejection: forward_time on 200 seeds (0.2 s), band_lists on 20 here (its 200, 3 s, by
+    ``python tools/seeds.py --seeds 200 --checks band_lists``)."""
+    for s in range(200):
+        checks.forward_time(predict(tmp_path), seed=s)
+    for s in range(20):
+        checks.band_lists(bands(tmp_path), seed=s)
+    assert len(capsys.readouterr().out.strip().splitlines()) == 220
+
+
+def test_forward_time_measurements_are_the_shipped_ones():
+    """checks.sparse_predict.MEASURED (the check may not import bench) is the bench suite's shipped forward times."""
+    from flashcourse import bench
+    from flashcourse.checks.sparse_predict import MEASURED
+    for gpu in ("h100", "h200"):
+        result = bench.shipped("sparse", gpu=gpu)
+        rows = MEASURED[result.gpu]
+        assert len(rows) == len(result.workloads())
+        for row, w in zip(rows, result.workloads()):
+            rec = result.select("kernels.block_sparse_attention", w)[0]
+            p, c = rec.params, rec.extra["blocks"]
+            assert row[:7] == (p["N"], p["B"], p["H"], p["d"], p["mask"], c["full"], c["partial"])
+            assert row[8] == round(rec.ms * 1e3, 1)
 
 
 def test_the_exercises_as_given_are_not_implemented_yet(tmp_path):
@@ -43,6 +79,10 @@ def test_the_exercises_as_given_are_not_implemented_yet(tmp_path):
     k = cells.load(tmp_path, NOTEBOOK, "sparse-kernel", "sparse_kernel", exercise=True)
     with pytest.raises(NotImplementedError, match="wrote nothing \\(or only zeros\\) to O"):
         checks.sparse_kernel(k, seed=0)
+    for cell, attr, check in (("band-lists", "band_lists", checks.band_lists),
+                              ("predict-forward-us", "predict_forward_us", checks.forward_time)):
+        with pytest.raises(NotImplementedError, match="not implemented yet"):
+            check(cells.load(tmp_path, NOTEBOOK, cell, attr, exercise=True), seed=0)
 
 
 @pytest.mark.parametrize("replace, expected", [
@@ -93,6 +133,39 @@ def test_kernel_mutants_are_rejected(tmp_path, seed, replace, expected):
     rejected(checks.sparse_kernel, kernel(tmp_path, *replace), seed, *expected)
 
 
+@pytest.mark.parametrize("replace, expected", [
+    pytest.param((("a, b, s = lo[rows], hi[rows], sees[rows]", "rows = rows[[0, -1]]\n        a, b, s = lo[rows], hi[rows], sees[rows]"),),
+                 ("first and last rows of a query block",), id="first-and-last-rows"),
+    pytest.param((("sees = lo < hi", "sees = np.ones(len(lo), bool)"),), ("a row with lo >= hi sees no key",),
+                 id="empty-rows-count"),
+    pytest.param((("np.minimum(hi, N_k)", "np.minimum(hi + 1, N_k)"),), ("hi is excluded",), id="hi-inclusive"),
+    pytest.param((("c0, c1 = j * B_c, (j + 1) * B_c", "c0, c1 = j * B_c, min((j + 1) * B_c, N_k)"),), ("never full",),
+                 id="ragged-block-full"),
+    pytest.param((("elif (s & (a < c1) & (b > c0)).any():", "if (s & (a < c1) & (b > c0)).any():"),),
+                 ("in both full[",), id="partial-repeats-the-full-blocks"),
+])
+def test_band_mutants_are_rejected(tmp_path, seed, replace, expected):
+    rejected(checks.band_lists, bands(tmp_path, *replace), seed, *expected)
+
+
+@pytest.mark.parametrize("replace, expected", [
+    pytest.param((("slope, fixed = np.polyfit([blocks(r) for r in measured], [r[\"us\"] for r in measured], 1)",
+                   "slope, fixed = measured[0][\"us\"] / blocks(measured[0]), 0.0"),), ("not proportional to the blocks",),
+                 id="no-fixed-cost"),
+    pytest.param((("return r[\"B\"] * r[\"H\"] * (r[\"full\"] + r[\"partial\"])", "return r[\"full\"] + r[\"partial\"]"),),
+                 ("count B H (full + partial)",), id="one-sequence-and-head"),
+    pytest.param((("return r[\"B\"] * r[\"H\"] * (r[\"full\"] + r[\"partial\"])",
+                   "return (r[\"full\"] + r[\"partial\"]) / (-(-r[\"N\"] // 128) * -(-r[\"N\"] // 64))"),),
+                 ("the density s is a fraction",), id="density-s"),
+    pytest.param((("return r[\"B\"] * r[\"H\"] * (r[\"full\"] + r[\"partial\"])", "return r[\"B\"] * r[\"H\"] * r[\"pairs\"]"),
+                  ("slope, fixed = np.polyfit([blocks(r) for r in measured], [r[\"us\"] for r in measured], 1)",
+                   "slope, fixed = measured[0][\"us\"] / blocks(measured[0]), 0.0")),
+                 ("not per pair kept",), id="proportional-to-pairs"),
+])
+def test_prediction_mutants_are_rejected(tmp_path, seed, replace, expected):
+    rejected(checks.forward_time, predict(tmp_path, *replace), seed, *expected)
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     return cells.grade_untouched_and_completed(tmp_path_factory, NOTEBOOK)
@@ -102,13 +175,15 @@ def graded(tmp_path_factory):
 def test_grade_reports_the_untouched_exercise_as_not_implemented(graded):
     report = graded["untouched"]
     assert not report.passed
-    assert [(c.name, c.status) for c in report.checks] == [("block_lists", "not implemented"),
-                                                         ("sparse_kernel", "not implemented")], report.format()
+    assert [(c.name, c.status) for c in report.checks] == [
+        ("block_lists", "not implemented"), ("sparse_kernel", "not implemented"), ("band_lists", "not implemented"),
+        ("forward_time", "not implemented")], report.format()
 
 
 @pytest.mark.slow
 def test_grade_passes_the_completed_exercise(graded):
     report = graded["completed"]
     assert report.passed, report.format()
-    assert [(c.name, c.status) for c in report.checks] == [("block_lists", "passed"), ("sparse_kernel", "passed")]
+    assert [(c.name, c.status) for c in report.checks] == [("block_lists", "passed"), ("sparse_kernel", "passed"),
+                                                         ("band_lists", "passed"), ("forward_time", "passed")]
     assert report.other_failures == [] and report.notes == []

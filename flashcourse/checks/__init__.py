@@ -43,7 +43,10 @@ The checks, by chapter:
 * :mod:`.backward` (chapter 7): :func:`fa2_backward_step` (the recomputed backward step, in NumPy, run inside
   the chapter's loops) and :func:`dkdv_kernel` (the inner loop of the dK/dV kernel in Triton).
 * :mod:`.sparse` (chapter 8): :func:`block_lists` (the full and partial key blocks of each query block, from
-  a mask function, in NumPy) and :func:`sparse_kernel` (the kernel's loops over those lists, in Triton).
+  a mask function, in NumPy) and :func:`sparse_kernel` (the kernel's loops over those lists, in Triton; the
+  mistakes it names are emulated by :mod:`.sparse_mistakes`); :mod:`.sparse_bands`: :func:`band_lists` (the
+  lists of a band mask from each query's range of keys); :mod:`.sparse_predict`: :func:`forward_time` (the
+  forward's time predicted from the blocks, graded against the H100's and H200's clock).
 
 Adding a check for a later chapter: a module ``STEM.py`` here (the chapter's stem, see
 :mod:`flashcourse.chapters`) with a function ``NAME(fn, seed=None)`` that refuses a non-function

@@ -112,7 +112,21 @@ def _list_cases(rng):
     return shown, hidden
 
 
-def _as_lists(name, got, T_r, T_c, case) -> tuple[list, list]:
+def as_block_lists(name, got, T_r, T_c, case) -> tuple[list, list]:
+    """``got``, a student's ``(full, partial)``, as two lists of T_r sorted lists of key blocks, or an AssertionError
+    naming what is wrong with it: not a pair, not one list per query block, a key block outside 0 ... T_c - 1, a
+    block twice in one list or in both (the kernel would fold it in twice).
+
+    Example:
+        >>> case = Case("demo", (), 1, 1)
+        >>> as_block_lists("block_lists", ([[0], [0, 1]], [[1], []]), 2, 2, case)
+        ([[0], [0, 1]], [[1], []])
+        >>> as_block_lists("block_lists", ([[0], [0, 1]], [[1], [0, 1]]), 2, 2, case)    # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        AssertionError: block_lists: key block 0 of query block 1 is in both full[1] and partial[1] on ...
+        ...
+    """
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
         raise AssertionError(f"{name} returned {type(got).__name__}; expected a pair (full, partial) of lists, one "
                              f"per query block\n  on {case.describe()}")
@@ -146,12 +160,45 @@ def _as_lists(name, got, T_r, T_c, case) -> tuple[list, list]:
     return out[0], out[1]
 
 
-def _kinds_of(full, partial, T_r, T_c):
+def kinds_of(full, partial, T_r, T_c):
+    """The (T_r, T_c) kinds (EMPTY, PARTIAL, FULL) that lists ``full`` and ``partial`` describe.
+
+    Example:
+        >>> kinds_of([[], [0]], [[0], [1]], 2, 2).tolist()
+        [[1, 0], [2, 1]]
+    """
     kinds = np.zeros((T_r, T_c), np.int8)
     for i in range(T_r):
         kinds[i, partial[i]] = PARTIAL
         kinds[i, full[i]] = FULL
     return kinds
+
+
+def numbered(shown, hidden, seed):
+    """``(is_hidden, Case, rest)`` for each ``(kind, *rest)`` of the shown then the hidden cases, numbered in each.
+
+    Example:
+        >>> [(h, c.where()) for h, c, _ in numbered([("a", 1)], [("b", 2)], seed=5)]
+        [(False, 'shown case 1 of 1 (a)'), (True, 'hidden case 1 of 1 (b, seed 5)')]
+    """
+    for n, (kind, *rest) in enumerate(list(shown) + list(hidden)):
+        is_hidden = n >= len(shown)
+        number, of = (n - len(shown) + 1, len(hidden)) if is_hidden else (n + 1, len(shown))
+        yield is_hidden, Case(kind, (), number, of, hidden=is_hidden, seed=seed if is_hidden else None), tuple(rest)
+
+
+def first_wrong_block(got, want, N_q, N_k, B_r, B_c) -> tuple[str, int, int]:
+    """The line that names the first block whose kind ``got`` has wrong, and its (query block, key block).
+
+    Example:
+        >>> first_wrong_block(np.array([[2, 0]]), np.array([[1, 0]]), 16, 32, 16, 16)
+        ('first wrong block: query block 0, key block 0 (queries 0..15, keys 0..15) is partial, you made it full', 0, 0)
+    """
+    i, j = (int(t) for t in np.argwhere(got != want)[0])
+    label = {EMPTY: "in neither list (empty)", PARTIAL: "partial", FULL: "full"}
+    return (f"first wrong block: query block {i}, key block {j} (queries {i * B_r}..{min((i + 1) * B_r, N_q) - 1}, "
+            f"keys {j * B_c}..{min((j + 1) * B_c, N_k) - 1}) is {label[int(want[i, j])]}, you made it "
+            f"{label[int(got[i, j])]}", i, j)
 
 
 def block_lists(fn, seed: int | None = None) -> None:
@@ -166,26 +213,19 @@ def block_lists(fn, seed: int | None = None) -> None:
     require_callable(name, fn, "check.block_lists(block_lists)")
     seed = seed_of(seed)
     shown, hidden = _list_cases(np.random.default_rng(seed))
-    for i, (kind, mask, N_q, N_k, B_r, B_c) in enumerate(shown + hidden):
-        is_hidden = i >= len(shown)
-        number, of = (i - len(shown) + 1, len(hidden)) if is_hidden else (i + 1, len(shown))
-        base = Case(kind, (), number, of, hidden=is_hidden, seed=seed if is_hidden else None)
+    for is_hidden, base, (mask, N_q, N_k, B_r, B_c) in numbered(shown, hidden, seed):
         case = KernelCase(base, f"{base.where()}: {mask!r}, N_q = {N_q}, N_k = {N_k}, B_r = {B_r}, B_c = {B_c}")
         T_r, T_c = -(-N_q // B_r), -(-N_k // B_c)
-        got = _kinds_of(*_as_lists(name, call(name, fn, (mask, N_q, N_k, B_r, B_c), case), T_r, T_c, case), T_r, T_c)
+        got = kinds_of(*as_block_lists(name, call(name, fn, (mask, N_q, N_k, B_r, B_c), case), T_r, T_c, case), T_r, T_c)
         want = block_mask(mask, N_q, N_k, (B_r, B_c)).kinds
         if np.array_equal(got, want):
             continue
-        i_, j_ = (int(t) for t in np.argwhere(got != want)[0])
-        label = {EMPTY: "in neither list (empty)", PARTIAL: "partial", FULL: "full"}
         hint = next((text for mistake, text in LIST_MISTAKES.items()
                      if np.array_equal(got, _mistaken_kinds(mask, N_q, N_k, B_r, B_c, mistake))), "")
         replay = f"check.block_lists(block_lists, seed={seed}) draws this hidden case again." if is_hidden else ""
-        raise AssertionError(join_lines(
-            f"{name}: wrong lists on {case.describe()}",
-            f"first wrong block: query block {i_}, key block {j_} (queries {i_ * B_r}..{min((i_ + 1) * B_r, N_q) - 1}, "
-            f"keys {j_ * B_c}..{min((j_ + 1) * B_c, N_k) - 1}) is {label[int(want[i_, j_])]}, you made it "
-            f"{label[int(got[i_, j_])]}", f"hint: {hint}" if hint else "", replay))
+        raise AssertionError(join_lines(f"{name}: wrong lists on {case.describe()}",
+                                        first_wrong_block(got, want, N_q, N_k, B_r, B_c)[0],
+                                        f"hint: {hint}" if hint else "", replay))
     passed(name, len(shown), len(hidden))
 
 

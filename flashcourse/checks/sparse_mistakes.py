@@ -152,7 +152,7 @@ def kernel_arrays(bm) -> dict:
 def _unguarded_nan_rows(bm, arr, tiles):
     """The rows a kernel without the -inf guard turns to nan: a query block with no full block whose first partial
     block hides every key from the row (its running maximum is still -inf there; nan stays nan)."""
-    (B_r, B_c), (T_r, _) = bm.block_size, bm.shape
+    B_r, T_r = bm.block_size[0], bm.shape[0]
     out = np.zeros(T_r * B_r, bool)
     for i in range(T_r):
         if arr["kv_full_num"][i] == 0 and arr["kv_part_num"][i] > 0:
@@ -163,7 +163,7 @@ def _unguarded_nan_rows(bm, arr, tiles):
 
 def _wrong_pitch(bm) -> int:
     """The pitch a kernel with a wrong T_c uses: N_k // BLOCK_N (rounded down) when that differs, else T_r."""
-    (B_r, B_c), (T_r, T_c) = bm.block_size, bm.shape
+    B_c, (T_r, T_c) = bm.block_size[1], bm.shape
     return bm.N_k // B_c if bm.N_k // B_c != T_c else T_r if T_r != T_c else T_c + 1
 
 
