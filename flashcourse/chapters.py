@@ -154,8 +154,9 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter(8, "sparse", "Block-sparse FlashAttention: skip the empty blocks", "08_block_sparse",
             layers=("formulas", "reference", "kernels", "checks", "bench"),
             kernels=("block_sparse_attention", "block_sparse_taught", "block_sparse_backward", "create_block_mask"),
-            checks=("block_lists", "sparse_kernel"),
-            bench="sparse", extra_modules=("formulas.sparse_masks", "kernels.sparse_taught", "kernels.sparse_configs")),
+            checks=("block_lists", "sparse_kernel", "band_lists", "forward_time"),
+            bench="sparse", extra_modules=("formulas.sparse_masks", "kernels.sparse_taught", "kernels.sparse_configs",
+                                           "checks.sparse_bands", "checks.sparse_predict")),
 )
 
 

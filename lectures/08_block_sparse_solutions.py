@@ -12,12 +12,23 @@ from nbtools import check, code, done, md, questions  # noqa: E402
 
 CELLS = [
     md("""
-    Block-sparse FlashAttention visits only the tiles a mask leaves non-empty. You write the two halves:
+    Block-sparse FlashAttention visits only the tiles a mask leaves non-empty. You write:
 
     1. in NumPy, the **block lists** of a mask function: for each block of queries, which key blocks it
-       sees whole and which only in part;
+       sees whole and which only in part (15–20 minutes);
     2. in Triton, the **kernel's loops over those lists**: FlashAttention-2's inner loop, walking a list of
-       key blocks instead of all of them, masking the partial ones with their bit tiles.
+       key blocks instead of all of them, masking the partial ones with their bit tiles (30–45 minutes);
+    3. in NumPy, the lists of a **band** mask from each query's range of keys, without looking at the
+       mask pair by pair (15–25 minutes);
+    4. a **prediction** of the kernel's time on a GPU from its blocks, then the count and the clock
+       (10–15 minutes).
+
+    About 70–105 minutes in all. How these were estimated: each part solved once, fresh from its stub, by
+    the course's author (parts 1, 3 and 4 in a few minutes each: one measurement, of someone who knew the
+    answer's shape), then scaled to a student meeting the chapter for the first time by the primer's
+    RMSNorm exercise, which a strong student solving it fresh took 20–30 minutes for: part 2 asks for
+    about three times its code and two new ideas (lists, bit tiles). Take the ranges as a plan, not a
+    measurement of you.
 
     Under each exercise a **check cell** runs your code on cases you can see and on hidden random ones
     (sliding windows that are no multiple of the block, packed documents, rows that see no key, ragged
@@ -38,7 +49,7 @@ CELLS = [
     import triton
     import triton.language as tl
     from flashcourse import checks as check
-    from flashcourse.formulas.sparse import block_mask, causal, documents, sliding_window
+    from flashcourse.formulas.sparse import Mask, block_mask, causal, documents, sliding_window
     from flashcourse.kernels import create_block_mask
     from flashcourse.reference import attention_float64
 
@@ -109,6 +120,12 @@ CELLS = [
     them into `m_i`, `l_i`, `acc` as chapter 3's kernel does (`qk_scale` is `sm_scale * log2(e)`, for
     `tl.exp2`). A full block needs no mask at all. A partial block may reach past $N_k$ (mask those loads),
     and its scores are $-\infty$ wherever its tile's bit is 0 — a row may then have seen no key yet, or never.
+
+    Such a row's running maximum is still $-\infty$ after the block, and `exp2(qk - m)` would be
+    `exp2(-inf - -inf)`, NaN: chapter 3's exercise met the same rows (causal, more queries than keys) and
+    guarded them in its kernel's loop (`m_safe`, the maximum to subtract); the partial loop here needs the
+    same guard, the full loop does not (a full block gives every row keys). The final division is guarded
+    for you.
     """, "slide", name="kernel-intro"),
 
     code("""
@@ -190,6 +207,156 @@ CELLS = [
     """, "fragment", name="kernel-demo"),
 
     check("sparse_kernel"),
+
+    md(r"""
+    ## 3. The lists of a band, from its ranges
+
+    Most masks in use are **bands**: query $q$ sees one range of keys, `lo[q]` $\le k <$ `hi[q]`. Causal
+    attention is `lo = 0`, `hi = q + 1`; a sliding window of $W$ keys has `lo = q - W + 1`; in packed documents
+    a query's range starts at its document's first token; a **prefix-LM** (T5, PaLI: a prompt of $P$ tokens
+    that see each other, then causal) has `hi = max(P, q + 1)`. A band's block lists follow from the ranges
+    alone, a query block at a time, with no $N_q \times N_k$ mask: `block_lists` above looks at every pair,
+    268M of them per mask at $N$ = 16k.
+
+    Write `band_lists(lo, hi, N_k, B_r, B_c)`: the same `(full, partial)` as `block_lists` gives for the band,
+    by the same rules (a key block that reaches past $N_k$ is never full), without building the mask.
+    `lo` and `hi` are integer arrays of $N_q$ entries and nothing more is promised: `lo` may be below 0, `hi`
+    past $N_k$, a row with `lo >= hi` sees no key, and the ranges need not grow down a block's rows.
+    """, "slide", name="bands-intro"),
+
+    code("""
+    def band_lists(lo, hi, N_k, B_r, B_c):
+        \"\"\"The block lists of the band lo[q] <= k < hi[q], from the ranges alone.\"\"\"
+        ### BEGIN SOLUTION
+        lo, hi = np.maximum(lo, 0), np.minimum(hi, N_k)          # the keys a row really sees
+        sees = lo < hi                                           # rows that see any key
+        T_r, T_c = -(-len(lo) // B_r), -(-N_k // B_c)
+        full, partial = [], []
+        for i in range(T_r):
+            rows = np.arange(i * B_r, min((i + 1) * B_r, len(lo)))
+            a, b, s = lo[rows], hi[rows], sees[rows]
+            full.append([])
+            partial.append([])
+            for j in range(T_c):
+                c0, c1 = j * B_c, (j + 1) * B_c                  # c1 past N_k: never full, as hi <= N_k
+                if s.all() and a.max() <= c0 and b.min() >= c1:  # every row sees every key of the block
+                    full[i].append(j)
+                elif (s & (a < c1) & (b > c0)).any():            # some row's range meets the block
+                    partial[i].append(j)
+        ### END SOLUTION
+        return full, partial
+    """, tags=("solution",), name="band-lists"),
+
+    md("A prefix-LM of 40 prompt tokens, 128 tokens in blocks of 32, against `block_lists` on its mask function:",
+       "fragment", name="bands-demo-text"),
+
+    code("""
+    P, N = 40, 128
+    lo, hi = np.zeros(N, int), np.maximum(P, np.arange(1, N + 1))
+    prefix_lm = Mask(lambda q, kv: (kv < P) | (kv <= q), f"prefix_lm({P})")
+    print(band_lists(lo, hi, N, 32, 32))
+    band_lists(lo, hi, N, 32, 32) == block_lists(prefix_lm, N, N, 32, 32)
+    """, "fragment", name="bands-demo"),
+
+    check("band_lists"),
+
+    md(r"""
+    ## 4. Predict, count, measure: the time of a mask
+
+    The lecture timed `kernels.block_sparse_attention`'s forward on an H100: causal attention, sliding windows
+    and packed documents, fp16, 16 heads of $d$ = 128, $B \cdot N$ = 16k tokens, blocks of 128 x 64.
+    **Predict** before you look at its table: write `predict_forward_us(run, measured)`, the forward time in
+    µs of `run` from runs of the same kernel measured on the same GPU. A run is a dict: `N`, `B` (sequences),
+    `H`, `d`, `mask` (its name), `full` and `partial` (the non-empty blocks of *one* sequence and head) and
+    `pairs` (the pairs the mask keeps, per sequence and head); a measured run has `us` too. Decide what the
+    time is made of (what the kernel pays once, what it pays per block, whose blocks count) and let the
+    measured runs fix the numbers. The check holds your prediction to the clock: the H100's and an H200's
+    shipped measurements, within ±10%.
+    """, "slide", name="predict-intro"),
+
+    code("""
+    def predict_forward_us(run, measured):
+        \"\"\"The forward time of run, in µs, predicted from measured runs on the same GPU.\"\"\"
+        ### BEGIN SOLUTION
+        def blocks(r):              # every sequence and head walks its own lists; a partial block costs a full one
+            return r["B"] * r["H"] * (r["full"] + r["partial"])
+        slope, fixed = np.polyfit([blocks(r) for r in measured], [r["us"] for r in measured], 1)
+        return float(fixed + slope * blocks(run))   # a fixed cost plus a cost per block
+        ### END SOLUTION
+    """, tags=("solution",), name="predict-forward-us"),
+
+    check("forward_time", "predict_forward_us"),
+
+    md("""
+    **Count.** The suite's runs, their blocks counted by your `band_lists` from each mask's ranges (its
+    documents are `bench.sparse.document_lengths(N)`), beside the counts the suite recorded:
+    """, "fragment", name="count-text"),
+
+    code("""
+    from flashcourse import bench
+    from flashcourse.bench.sparse import document_lengths
+
+
+    def ranges(mask, N):
+        \"\"\"(lo, hi) of the suite's masks.\"\"\"
+        q = np.arange(N)
+        if mask.startswith("sliding_window"):
+            return q - int(mask[15:-1]) + 1, q + 1
+        starts = np.cumsum([0] + document_lengths(N))[:-1]
+        return (np.repeat(starts, document_lengths(N)) if mask == "documents" else np.zeros(N, int)), q + 1
+
+
+    shipped = bench.shipped("sparse")                            # the H100's run of the suite
+    runs = []
+    for w in shipped.workloads():
+        rec = shipped.select("kernels.block_sparse_attention", w)[0]
+        p, (B_r, B_c) = rec.params, rec.extra["block_size"]
+        lo, hi = ranges(p["mask"], p["N"])
+        full, partial = band_lists(lo, hi, p["N"], B_r, B_c)
+        runs.append(dict(N=p["N"], B=p["B"], H=p["H"], d=p["d"], mask=p["mask"], full=sum(map(len, full)),
+                         partial=sum(map(len, partial)), pairs=int((hi - np.maximum(lo, 0)).sum()), us=rec.ms * 1e3))
+        same = (runs[-1]["full"], runs[-1]["partial"]) == (rec.extra["blocks"]["full"], rec.extra["blocks"]["partial"])
+        print(f"{w:28s} full {runs[-1]['full']:5d}, partial {runs[-1]['partial']:3d}, as the suite counted: {same}")
+    """, "fragment", name="count"),
+
+    md("""
+    **Measure.** Your prediction from two runs (causal and the window of 256 at $N$ = 16k) against the clock,
+    for every run. Without a GPU these are the shipped H100 numbers (the lecture's table); on a GPU the cell
+    also times four masks on yours and predicts two of them from the other two.
+    """, "fragment", name="measure-text"),
+
+    code("""
+    calibration = [r for r in runs if r["N"] == 16384 and r["mask"] in ("causal", "sliding_window(256)")]
+    print(f"shipped: {shipped.gpu}, {shipped.provenance['date'][:10]} (flashcourse/bench/results/h100/sparse.json)")
+    for r in runs:
+        mine = predict_forward_us(r, calibration)
+        print(f"N = {r['N']:5d} {r['mask']:22s} predicted {mine:5.0f} µs, measured {r['us']:5.0f} µs "
+              f"({mine / r['us'] - 1:+.0%})")
+    if DEVICE == "cuda":
+        from triton.testing import do_bench
+        from flashcourse.kernels import block_sparse_attention
+        N = 16384
+        q, k, v = (torch.randn(1, 16, N, 128, device=DEVICE, dtype=torch.float16) for _ in range(3))
+        masks = {"causal": causal(), "sliding_window(256)": sliding_window(256),
+                 "sliding_window(1024)": sliding_window(1024), "documents": documents(document_lengths(N))}
+        here = []
+        for name, mask in masks.items():
+            bm = create_block_mask(mask, N, N, device=DEVICE)   # this GPU's tiles
+            c = bm.counts()
+            here.append(dict(N=N, B=1, H=16, d=128, mask=name, full=c["full"], partial=c["partial"],
+                             pairs=bm.visible, us=do_bench(lambda: block_sparse_attention(q, k, v, bm)) * 1e3))
+        print(f"this GPU: {torch.cuda.get_device_name()}, tiles {bm.block_size}")
+        for r in here[2:]:
+            mine = predict_forward_us(r, here[:2])
+            print(f"N = {N} {r['mask']:22s} predicted {mine:5.0f} µs, measured {r['us']:5.0f} µs ({mine / r['us'] - 1:+.0%})")
+    """, "fragment", name="measure"),
+
+    md("""
+    Where the prediction misses, the gap is what the model leaves out: a partial block's bit tile and masking
+    cost a little more than a full block, and the programs of unequal length fall into waves over the SMs
+    unevenly. Proportional to causal attention's blocks, with no fixed cost, the window of 1024 at 16k would be
+    predicted 21% short (323 µs for 408).
+    """, "fragment", name="measure-gap"),
 
     done("""
     Your kernel is the course's `sparse_kernel` (`flashcourse.kernels.block_sparse_taught` launches it), which

@@ -45,7 +45,10 @@ The checks, by chapter:
   :mod:`.backward_lse`: :func:`backward_step_dlse` (the step for a loss that uses the log-sum-exp too);
   :mod:`.backward_predict`: :func:`backward_accesses` (Algorithm 2's HBM traffic, predicted and counted).
 * :mod:`.sparse` (chapter 8): :func:`block_lists` (the full and partial key blocks of each query block, from
-  a mask function, in NumPy) and :func:`sparse_kernel` (the kernel's loops over those lists, in Triton).
+  a mask function, in NumPy) and :func:`sparse_kernel` (the kernel's loops over those lists, in Triton; the
+  mistakes it names are emulated by :mod:`.sparse_mistakes`); :mod:`.sparse_bands`: :func:`band_lists` (the
+  lists of a band mask from each query's range of keys); :mod:`.sparse_predict`: :func:`forward_time` (the
+  forward's time predicted from the blocks, graded against the H100's and H200's clock).
 
 Adding a check for a later chapter: a module ``STEM.py`` here (the chapter's stem, see
 :mod:`flashcourse.chapters`) with a function ``NAME(fn, seed=None)`` that refuses a non-function

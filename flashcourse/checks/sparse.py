@@ -14,9 +14,12 @@ which walks its query block's lists of full and partial key blocks (a
 block; O has Q's strides, V has K's), masking a partial block with its bit tile. Launched on fp16 inputs with
 NaN past the ends, compared with float64 attention under the same mask.
 
-Both name the known mistake a wrong answer matches: partial blocks treated as full, partial blocks
-skipped, a block judged by its corners (a skipped block that was not empty), block edges off by one, a
-ragged last key block called full, the bits of a tile read in the wrong order.
+Both name the known mistake a wrong answer matches: for the lists, partial blocks treated as full, a block
+judged by its corners (a skipped block that was not empty), block edges off by one, a ragged last key block
+called full, a block in both lists or twice in one (the kernel would fold it in twice); for the kernel, each
+mistake :mod:`.sparse_mistakes` emulates on the case (a loop left out, partial blocks unmasked, the bits of a
+tile read in the wrong order, a wrong tile number, query block i's entries read without ``i * T_c`` or at
+another pitch, a tile at the wrong byte, nan from ``exp2(-inf - -inf)`` in the loop or from a load past N_k).
 
 Example:
     >>> from flashcourse import checks
@@ -32,6 +35,7 @@ import numpy as np
 from ..formulas.sparse import EMPTY, FULL, PARTIAL, block_mask, causal, documents, local_global, sliding_window, strided
 from ..reference.attention import attention_float64
 from .attention import kernel_atol
+from .sparse_mistakes import diagnose, kernel_arrays, walk
 from .cases import Case, KernelCase, call, compile_after, join_lines, launch, passed, require_callable, require_kernel, seed_of
 
 __all__ = ["block_lists", "sparse_kernel"]
@@ -108,7 +112,21 @@ def _list_cases(rng):
     return shown, hidden
 
 
-def _as_lists(name, got, T_r, T_c, case) -> tuple[list, list]:
+def as_block_lists(name, got, T_r, T_c, case) -> tuple[list, list]:
+    """``got``, a student's ``(full, partial)``, as two lists of T_r sorted lists of key blocks, or an AssertionError
+    naming what is wrong with it: not a pair, not one list per query block, a key block outside 0 ... T_c - 1, a
+    block twice in one list or in both (the kernel would fold it in twice).
+
+    Example:
+        >>> case = Case("demo", (), 1, 1)
+        >>> as_block_lists("block_lists", ([[0], [0, 1]], [[1], []]), 2, 2, case)
+        ([[0], [0, 1]], [[1], []])
+        >>> as_block_lists("block_lists", ([[0], [0, 1]], [[1], [0, 1]]), 2, 2, case)    # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        AssertionError: block_lists: key block 0 of query block 1 is in both full[1] and partial[1] on ...
+        ...
+    """
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
         raise AssertionError(f"{name} returned {type(got).__name__}; expected a pair (full, partial) of lists, one "
                              f"per query block\n  on {case.describe()}")
@@ -127,15 +145,60 @@ def _as_lists(name, got, T_r, T_c, case) -> tuple[list, list]:
             raise AssertionError(f"{name}: {what} names key block {bad[0]}; there are T_c = {T_c} (0 ... {T_c - 1})"
                                  f"\n  on {case.describe()}")
         out.append(lists)
+    for what, lists in zip(("full", "partial"), out):
+        twice = next(((i, j) for i, row in enumerate(lists) for j in row if row.count(j) > 1), None)
+        if twice:
+            raise AssertionError(f"{name}: {what}[{twice[0]}] names key block {twice[1]} twice: the kernel walks each list "
+                                 f"as it is, so it would fold that block's keys in twice\n  on {case.describe()}")
+    both = next(((i, j) for i, (f, p) in enumerate(zip(*out)) for j in f if j in p), None)
+    if both:
+        raise AssertionError(join_lines(
+            f"{name}: key block {both[1]} of query block {both[0]} is in both full[{both[0]}] and partial[{both[0]}] "
+            f"on {case.describe()}",
+            "hint: a block is full or partial, never both: the kernel walks both lists, so a partial list that repeats "
+            "the full blocks would fold each of them in twice (its keys counted twice)"))
     return out[0], out[1]
 
 
-def _kinds_of(full, partial, T_r, T_c):
+def kinds_of(full, partial, T_r, T_c):
+    """The (T_r, T_c) kinds (EMPTY, PARTIAL, FULL) that lists ``full`` and ``partial`` describe.
+
+    Example:
+        >>> kinds_of([[], [0]], [[0], [1]], 2, 2).tolist()
+        [[1, 0], [2, 1]]
+    """
     kinds = np.zeros((T_r, T_c), np.int8)
     for i in range(T_r):
         kinds[i, partial[i]] = PARTIAL
         kinds[i, full[i]] = FULL
     return kinds
+
+
+def numbered(shown, hidden, seed):
+    """``(is_hidden, Case, rest)`` for each ``(kind, *rest)`` of the shown then the hidden cases, numbered in each.
+
+    Example:
+        >>> [(h, c.where()) for h, c, _ in numbered([("a", 1)], [("b", 2)], seed=5)]
+        [(False, 'shown case 1 of 1 (a)'), (True, 'hidden case 1 of 1 (b, seed 5)')]
+    """
+    for n, (kind, *rest) in enumerate(list(shown) + list(hidden)):
+        is_hidden = n >= len(shown)
+        number, of = (n - len(shown) + 1, len(hidden)) if is_hidden else (n + 1, len(shown))
+        yield is_hidden, Case(kind, (), number, of, hidden=is_hidden, seed=seed if is_hidden else None), tuple(rest)
+
+
+def first_wrong_block(got, want, N_q, N_k, B_r, B_c) -> tuple[str, int, int]:
+    """The line that names the first block whose kind ``got`` has wrong, and its (query block, key block).
+
+    Example:
+        >>> first_wrong_block(np.array([[2, 0]]), np.array([[1, 0]]), 16, 32, 16, 16)
+        ('first wrong block: query block 0, key block 0 (queries 0..15, keys 0..15) is partial, you made it full', 0, 0)
+    """
+    i, j = (int(t) for t in np.argwhere(got != want)[0])
+    label = {EMPTY: "in neither list (empty)", PARTIAL: "partial", FULL: "full"}
+    return (f"first wrong block: query block {i}, key block {j} (queries {i * B_r}..{min((i + 1) * B_r, N_q) - 1}, "
+            f"keys {j * B_c}..{min((j + 1) * B_c, N_k) - 1}) is {label[int(want[i, j])]}, you made it "
+            f"{label[int(got[i, j])]}", i, j)
 
 
 def block_lists(fn, seed: int | None = None) -> None:
@@ -150,63 +213,35 @@ def block_lists(fn, seed: int | None = None) -> None:
     require_callable(name, fn, "check.block_lists(block_lists)")
     seed = seed_of(seed)
     shown, hidden = _list_cases(np.random.default_rng(seed))
-    for i, (kind, mask, N_q, N_k, B_r, B_c) in enumerate(shown + hidden):
-        is_hidden = i >= len(shown)
-        number, of = (i - len(shown) + 1, len(hidden)) if is_hidden else (i + 1, len(shown))
-        base = Case(kind, (), number, of, hidden=is_hidden, seed=seed if is_hidden else None)
+    for is_hidden, base, (mask, N_q, N_k, B_r, B_c) in numbered(shown, hidden, seed):
         case = KernelCase(base, f"{base.where()}: {mask!r}, N_q = {N_q}, N_k = {N_k}, B_r = {B_r}, B_c = {B_c}")
         T_r, T_c = -(-N_q // B_r), -(-N_k // B_c)
-        got = _kinds_of(*_as_lists(name, call(name, fn, (mask, N_q, N_k, B_r, B_c), case), T_r, T_c, case), T_r, T_c)
+        got = kinds_of(*as_block_lists(name, call(name, fn, (mask, N_q, N_k, B_r, B_c), case), T_r, T_c, case), T_r, T_c)
         want = block_mask(mask, N_q, N_k, (B_r, B_c)).kinds
         if np.array_equal(got, want):
             continue
-        i_, j_ = (int(t) for t in np.argwhere(got != want)[0])
-        label = {EMPTY: "in neither list (empty)", PARTIAL: "partial", FULL: "full"}
         hint = next((text for mistake, text in LIST_MISTAKES.items()
                      if np.array_equal(got, _mistaken_kinds(mask, N_q, N_k, B_r, B_c, mistake))), "")
         replay = f"check.block_lists(block_lists, seed={seed}) draws this hidden case again." if is_hidden else ""
-        raise AssertionError(join_lines(
-            f"{name}: wrong lists on {case.describe()}",
-            f"first wrong block: query block {i_}, key block {j_} (queries {i_ * B_r}..{min((i_ + 1) * B_r, N_q) - 1}, "
-            f"keys {j_ * B_c}..{min((j_ + 1) * B_c, N_k) - 1}) is {label[int(want[i_, j_])]}, you made it "
-            f"{label[int(got[i_, j_])]}", f"hint: {hint}" if hint else "", replay))
+        raise AssertionError(join_lines(f"{name}: wrong lists on {case.describe()}",
+                                        first_wrong_block(got, want, N_q, N_k, B_r, B_c)[0],
+                                        f"hint: {hint}" if hint else "", replay))
     passed(name, len(shown), len(hidden))
 
 
 # ---------------------------------------------------------------------------------------------------------
 # The kernel, in Triton
 
-KERNEL_MISTAKES = {
-    "partial as full": "a partial block must be masked with its bit tile: without it every pair of the block counts",
-    "partial skipped": "walk both lists: the partial blocks (PART_IDX) hold keys the queries see too",
-    "bits reversed": "bit b of byte c of a tile row is key 8 c + b: shift the byte right by b (>> tl.arange(0, 8)) "
-                     "and keep the lowest bit",
-    "dense": "visit only the blocks in the lists (FULL_IDX[i, :FULL_NUM[i]], PART_IDX[i, :PART_NUM[i]]), not every key "
-             "block",
-}
-
-
-def effective_mask(bm, mistake: str = "") -> np.ndarray:
-    """The (N_q, N_k) mask a kernel with ``mistake`` (``""``: none) applies, for a block mask ``bm``.
+def effective_mask(bm) -> np.ndarray:
+    """The (N_q, N_k) mask the right kernel applies for a block mask ``bm``: its full blocks whole, its partial ones
+    through their bit tiles (:func:`~flashcourse.checks.sparse_mistakes.walk`).
 
     Example:
-        >>> bm = block_mask(causal(), 4, 4, (2, 2))
-        >>> effective_mask(bm, "partial as full").astype(int).tolist()[0]
+        >>> bm = block_mask(causal(), 4, 4, (2, 8))
+        >>> effective_mask(bm).astype(int).tolist()[1]
         [1, 1, 0, 0]
     """
-    (B_r, B_c), (T_r, T_c) = bm.block_size, bm.shape
-    out = np.zeros((T_r * B_r, T_c * B_c), bool)
-    for i in range(T_r):
-        for j in range(T_c):
-            block = out[i * B_r:(i + 1) * B_r, j * B_c:(j + 1) * B_c]
-            kind = bm.kinds[i, j]
-            if mistake == "dense" or kind == FULL or (kind == PARTIAL and mistake == "partial as full"):
-                block[:] = True
-            elif kind == PARTIAL and mistake != "partial skipped":
-                tile = bm.tile(bm.tile_of[i, j])
-                block[:] = tile[:, ::-1].reshape(B_r, -1, 8)[:, ::-1, :].reshape(B_r, B_c) if mistake == "bits reversed" \
-                    else tile
-    return out[:bm.N_q, :bm.N_k]
+    return walk(bm)[0][:, :bm.N_k] > 0
 
 
 def _kernel_cases(rng):
@@ -270,10 +305,13 @@ def sparse_kernel(kernel, seed: int | None = None) -> None:
                 return t.to(dev)[:, :x.shape[1], :d]
             Q, K, V = buffer(q, BM), buffer(k, BN), buffer(v, BN)
             O = torch.full((H, N_q + BM, d + pad), float("nan"), dtype=torch.float16).to(dev)[:, :N_q, :d]  # Q's strides
-            tiles = bm.tiles if bm.tiles.numel() else torch.zeros(1, dtype=torch.uint8, device=dev)
+            arrays = kernel_arrays(bm)               # the lists and tiles, padded with what walk() knows
+            lists = {n: torch.from_numpy(arrays[n]).to(dev) for n in ("kv_full_idx", "kv_part_idx", "kv_part_tile")}
+            tiles = torch.from_numpy(arrays["tiles"]).to(dev)[arrays["tiles_before"]:]
             scale = 1 / math.sqrt(d)
             launch(name, kernel, (bm.shape[0], H),
-                   (Q, K, V, O, bm.kv_full_num, bm.kv_full_idx, bm.kv_part_num, bm.kv_part_idx, bm.kv_part_tile, tiles,
+                   (Q, K, V, O, bm.kv_full_num, lists["kv_full_idx"], bm.kv_part_num, lists["kv_part_idx"],
+                    lists["kv_part_tile"], tiles,
                     scale * 1.4426950408889634, N_q, N_k, Q.stride(0), Q.stride(1), K.stride(0), K.stride(1)),
                    dict(HEAD_DIM=d, BLOCK_M=BM, BLOCK_N=BN), case)
             got = O.float().cpu().double().numpy()
@@ -286,16 +324,10 @@ def sparse_kernel(kernel, seed: int | None = None) -> None:
             if not bad.any():
                 continue
             idx = tuple(int(t) for t in np.argwhere(bad)[0])
-            hint = ""
-            for mistake, text in KERNEL_MISTAKES.items():
-                emu = attention_float64(q[None], k[None], v[None], sm_scale=scale,
-                                        mask=effective_mask(bm, mistake))[0]
-                if (np.abs(got - emu) <= atol).all() and not (np.abs(emu - want) <= atol).all():
-                    hint = text
-                    break
+            hint = diagnose(got, want, q, k, v, scale, bm, atol)
             if not hint and np.isnan(got[idx]):
-                hint = ("nan: a load past N_k without its mask (a partial block may reach past the last key; the buffers "
-                        "hold NaN there), or a row that sees no key divided 0 by 0")
+                hint = ("nan: either a load past N_k without its mask (a partial block may reach past the last key; the "
+                        "buffers hold NaN there), or exp2(-inf - -inf) in the loop, for a row that has seen no key yet")
             replay = f"check.sparse_kernel(sparse_kernel, seed={seed}) draws this hidden case again." if is_hidden else ""
             raise AssertionError(join_lines(
                 f"{name}: wrong value on {case.describe()}",
