@@ -35,22 +35,20 @@ stricter on the underflow side for no gain and is kept only for comparison (:fun
 and the kernel (both import the rule from :mod:`flashcourse.formulas.decode`), :data:`DEFAULT_BOUNDS`: float32 sums of up to 2^31 keys of fp16 values
 (|v| <= 65504) on a GPU that flushes subnormals to zero, ``[-49.21, 56.15]``.
 
-**Shapes and masking.** ``q`` is (B, H_q, q_len, d); ``k_cache``, ``v_cache`` are (B, H_kv, L, d) with
-H_q a multiple of H_kv (grouped-query attention: query head h reads KV head h // (H_q / H_kv); MQA is
-H_kv = 1, MHA H_kv = H_q). One program serves the whole group of query heads of its KV head, so K and
-V are read once, never copied per query head. ``kv_lens`` (B,) are the valid lengths (default L);
-keys at or after ``kv_lens[b]`` are never read. The q_len query tokens are the *last* q_len tokens of
-the sequence (causal, aligned bottom-right as in FlashAttention-2): token t sees keys
-``j <= kv_len - q_len + t``, so q_len = 1 sees every valid key and q_len <= kv_len is required.
+**Shapes and masking.** ``q`` is (B, H_q, q_len, d); ``k_cache``, ``v_cache`` are (B, H_kv, L, d) with H_q a multiple
+of H_kv (grouped-query attention: query head h reads KV head h // (H_q / H_kv); MQA is H_kv = 1, MHA H_kv = H_q). One
+program serves the whole group of query heads of its KV head, so K and V are read once, never copied per query head.
+``kv_lens`` (B,) are the valid lengths (default L); keys at or after ``kv_lens[b]`` are never read. The q_len query
+tokens are the *last* q_len tokens of the sequence (causal, aligned bottom-right as in FlashAttention-2): token t sees
+keys ``j <= kv_len - q_len + t``, so q_len = 1 sees every valid key and q_len <= kv_len is required.
 
-**The counted memory.** HBM holds ``Q, K, V, O`` and the partials: ``O_s`` (B, H_q, S q_len, d) and
-``lse_s`` (B, H_q, S q_len) for Flash-Decoding (``N_s``, ``l_s`` and ``flag_s`` for unified max; chunk
-s of head h owns rows ``s q_len .. (s + 1) q_len - 1``). The SRAM slots are FlashAttention-2's
-(``Q_i, K_j, V_j, O_i, l_i, m_i, S_ij``). Steps, for :func:`frame_state`-style replay:
-``"kv head (b, g): load Q"``, ``"kv head (b, g), j=3"``, ``"kv head (b, g): write O"`` (decode);
-``"kv head (b, g), split s: keys 0:13"`` (one step per chunk) then ``"head (b, h): combine S
-partials"`` (Flash-Decoding; unified max says ``"add S partials"``, and its fallback labels start with
-``"head (b, h) fallback"``). Counted accesses equal :mod:`flashcourse.formulas`' decode formulas.
+**The counted memory.** HBM holds ``Q, K, V, O`` and the partials: ``O_s`` (B, H_q, S q_len, d) and ``lse_s`` (B, H_q,
+S q_len) for Flash-Decoding (``N_s``, ``l_s`` and ``flag_s`` for unified max; chunk s of head h owns rows ``s q_len ..
+(s + 1) q_len - 1``). The SRAM slots are FlashAttention-2's (``Q_i, K_j, V_j, O_i, l_i, m_i, S_ij``). Steps, for
+:func:`frame_state`-style replay: ``"kv head (b, g): load Q"``, ``"kv head (b, g), j=3"``, ``"kv head (b, g): write
+O"`` (decode); ``"kv head (b, g), split s: keys 0:13"`` (one step per chunk) then ``"head (b, h): combine S
+partials"`` (Flash-Decoding; unified max says ``"add S partials"``, and its fallback labels start with ``"head (b, h)
+fallback"``). Counted accesses equal :mod:`flashcourse.formulas`' decode formulas.
 
 Example:
     >>> import numpy as np
@@ -248,12 +246,14 @@ def _mask(keys: slice, heads: int, q_len: int, kv_len: int) -> np.ndarray | None
     return None if visible.all() else visible
 
 
-def sweep_keys(mem, b, g, heads: slice, keys: slice, kv_len, tau, block_n, fold, state, label=None, flops=None):
+def sweep_keys(mem, b, g, heads: slice, keys: slice, kv_len, tau, block_n, fold, state, label=None, flops=None,
+               load_kv=None):
     """One program's loop over the key blocks of ``keys``: ``state = fold(state, S_ij, V_j)``.
 
-    Loads ``Q_i`` (the q_len tokens of ``heads``) first. ``label`` (a function of the block number)
-    starts a ``mem.step`` per block; without it the loop runs inside the caller's step. ``flops``
-    counts the scaling of the scores (the fold counts the rest).
+    Loads ``Q_i`` (the q_len tokens of ``heads``) first. ``label`` (a function of the block number) starts a
+    ``mem.step`` per block; without it the loop runs inside the caller's step. ``flops`` counts the scaling of
+    the scores (the fold the rest). ``load_kv(mem, C)`` loads keys ``C`` into slots ``"K_j"``, ``"V_j"``
+    (default: ``K[b, g, C]``, ``V[b, g, C]``; chapter 9 passes its page walk).
 
     Example:
         >>> q, k = np.ones((1, 2, 1, 8)), np.ones((1, 1, 10, 8))
@@ -266,14 +266,15 @@ def sweep_keys(mem, b, g, heads: slice, keys: slice, kv_len, tau, block_n, fold,
         ['load Q', 'block 0', 'block 1', 'block 2']
     """
     q_len = mem.hbm["Q"].shape[2]
+    load_kv = load_kv or (lambda mem, C: (mem.load("K", (b, g, C), into="K_j"),
+                                          mem.load("V", (b, g, C), into="V_j")))
     Q_i = mem.load("Q", (b, heads), into="Q_i")               # (G, q_len, d)
     Q_i = Q_i.reshape(-1, Q_i.shape[-1])                      # (G q_len, d)
     for j, a in enumerate(range(keys.start, keys.stop, block_n)):
         C = slice(a, min(a + block_n, keys.stop))
         if label is not None:
             mem.step(label(j))
-        K_j = mem.load("K", (b, g, C), into="K_j")            # (B_c, d)
-        V_j = mem.load("V", (b, g, C), into="V_j")
+        K_j, V_j = load_kv(mem, C)                            # (B_c, d) each
         S_ij = tau * (Q_i @ K_j.T)                            # (G q_len, B_c)
         count_flops(flops, mul=S_ij.size)
         visible = _mask(C, heads.stop - heads.start, q_len, kv_len)
@@ -369,10 +370,10 @@ def decode_attention(q, k_cache, v_cache, kv_lens=None, sm_scale: float | None =
 
 # -- Flash-Decoding --------------------------------------------------------------------------------------
 
-def split_kv_program(mem, b, g, heads: slice, s, keys: slice, kv_len, tau, block_n, who, flops=None):
+def split_kv_program(mem, b, g, heads: slice, s, keys: slice, kv_len, tau, block_n, who, flops=None, load_kv=None):
     """One split-KV program: chunk ``keys`` (split ``s``) of sequence b, KV head g, for query heads ``heads``;
     FlashAttention-2 over the chunk, then its partials O_s (normalised) and lse_s. One step, labelled
-    ``"{who}, split {s}: keys a:c"`` (or ``": empty"``).
+    ``"{who}, split {s}: keys a:c"`` (or ``": empty"``). ``load_kv``: see :func:`sweep_keys`.
 
     Example:
         >>> rng = np.random.default_rng(0)
@@ -392,7 +393,7 @@ def split_kv_program(mem, b, g, heads: slice, s, keys: slice, kv_len, tau, block
         store_rows(mem, "lse_s", b, heads, rows, np.full(n * q_len, -np.inf), q_len)
         return
     state = sweep_keys(mem, b, g, heads, keys, kv_len, tau, block_n, _fa2_fold(flops), _fa2_state(mem, n * q_len, d),
-                   flops=flops)
+                       flops=flops, load_kv=load_kv)
     O_i, L_i = fa2_finish(*state, flops=flops)                # o_s normalised within the chunk, lse_s
     mem.free("O_i")
     store_rows(mem, "O_s", b, heads, rows, O_i, q_len)

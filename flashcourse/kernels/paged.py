@@ -1,0 +1,164 @@
+"""Decoding over a paged KV cache (chapter 9): chapter 4's split-KV kernel, walking a block table.
+
+The cache of every sequence lives in one pool of pages, ``k_cache``, ``v_cache`` of shape
+``(num_blocks, block_size, H_kv, d)`` (flash-attn's layout); sequence b's logical block j (its tokens
+``j * block_size`` to ``(j + 1) * block_size - 1``) is page ``block_tables[b, j]``. :data:`paged_split_kernel`
+is chapter 4's :data:`~flashcourse.kernels.decode_taught.split_kv_kernel` with one change: a split owns whole
+pages, and before each page it reads the page's number from the block table. The keys of a page go through
+the same :func:`~flashcourse.kernels.decode_taught.split_kv_step`, and chapter 4's combine kernel merges the
+partials. :func:`paged_decode_taught` launches the two.
+
+Example:
+    >>> import torch
+    >>> from flashcourse.backend import DEVICE
+    >>> pool = torch.randn(2, 8, 16, 1, 64, device=DEVICE).half()     # K and V: 8 pages of 16 tokens, 1 KV head
+    >>> q = torch.randn(1, 2, 64, device=DEVICE).half()                # one sequence, 2 query heads
+    >>> tables = torch.tensor([[5, 2]], device=DEVICE)                 # its pages, in logical order
+    >>> o = paged_decode_taught(q, pool[0], pool[1], tables, torch.tensor([20], device=DEVICE))
+    >>> k = torch.cat([pool[0, 5], pool[0, 2, :4]])[:, 0].float()      # the 20 tokens, contiguous
+    >>> v = torch.cat([pool[1, 5], pool[1, 2, :4]])[:, 0].float()
+    >>> ref = torch.softmax(q[0].float() @ k.T / 8, -1) @ v
+    >>> (o[0].float() - ref).abs().max().item() < 2e-3
+    True
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .attention import quiet
+from .decode_configs import combine_block, num_splits as default_splits, partials_scratch
+from .decode_taught import COMBINE_ROWS, combine_kernel, split_kv_step
+from .validate import expect_dot_operands, expect_num_splits, expect_sm_scale, expect_tensor
+
+__all__ = ["paged_decode_taught", "expect_paged"]
+
+#: Head dims the paged kernels take (chapter 4's).
+PAGED_HEAD_DIMS = (64, 128)
+
+
+@triton.jit
+def paged_split_kernel(Q, K_cache, V_cache, block_tables, seq_lens, O_part, LSE_part, sm_scale,
+                       stride_qh, stride_kb, stride_kt, stride_kh, stride_bt,
+                       H_q, GROUP, PAGES, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    split = tl.program_id(0)                                 # which chunk of PAGES pages
+    bh = tl.program_id(1)                                    # which query head: b * H_q + h
+    b = bh // H_q
+    g = (bh % H_q) // GROUP                                  # GQA: the KV head of query head h
+    seq_len = tl.load(seq_lens + b)
+    first = split * PAGES                                    # this split's logical pages: first <= j < last
+    last = tl.minimum(first + PAGES, tl.cdiv(seq_len, BLOCK_SIZE))
+    offs_t = tl.arange(0, BLOCK_SIZE)                        # a token's row in its page
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + bh * stride_qh + offs_d).to(tl.float32)  # (HEAD_DIM,)
+    qk_scale = sm_scale * 1.4426950408889634                 # log2(e): e^x = 2^(x log2 e)
+    m_i = float("-inf")
+    l_i = 0.0
+    acc = tl.zeros([HEAD_DIM], tl.float32)
+    for j in range(first, last):
+        # exercise: chapter 9's paged_split_kernel writes this (the page walk)
+        page = tl.load(block_tables + b * stride_bt + j).to(tl.int64)        # logical block j -> page
+        K_page = K_cache + page * stride_kb + g * stride_kh + offs_d[None, :]  # add offs_t[:, None] * stride_kt
+        V_page = V_cache + page * stride_kb + g * stride_kh + offs_d[None, :]
+        acc, l_i, m_i = split_kv_step(acc, l_i, m_i, q, K_page, V_page, offs_t, seq_len - j * BLOCK_SIZE,
+                                      stride_kt, stride_kt, qk_scale)         # rows past seq_len masked
+        # end of exercise
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)                  # an empty split: o_s = 0, lse_s = -inf
+    tl.store(O_part + (bh * tl.num_programs(0) + split) * HEAD_DIM + offs_d, acc / l_safe)
+    tl.store(LSE_part + bh * tl.num_programs(0) + split, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+
+
+def expect_paged(fn: str, q, k_cache, v_cache, block_tables, seq_lens):
+    """Check the inputs of a paged decode: q (B, H_q, d) or (B, H_q, 1, d); caches (num_blocks, block_size,
+    H_kv, d), the same shape and strides, block_size a power of two; block_tables (B, max_blocks) integers,
+    sequence b's first ``ceil(seq_lens[b] / block_size)`` of them pages of the pool; seq_lens (B,) in
+    1..max_blocks * block_size. Checked on the host (a synchronisation). Returns ``(q3, tables, lens,
+    longest)`` with the tables and lengths as int32 on q's device.
+
+    Example:
+        >>> import torch
+        >>> from flashcourse.backend import DEVICE
+        >>> kv = torch.zeros(4, 16, 1, 64, dtype=torch.float16, device=DEVICE)
+        >>> q = torch.zeros(1, 2, 64, dtype=torch.float16, device=DEVICE)
+        >>> expect_paged("paged_decode", q, kv, kv, torch.tensor([[0, 9]]), torch.tensor([20]))
+        Traceback (most recent call last):
+            ...
+        ValueError: paged_decode: block_tables[0, 1] is 9, but sequence 0's 20 tokens need its first 2 entries to be pages of the pool, 0..3
+    """
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables),
+                    ("seq_lens", seq_lens)):
+        expect_tensor(fn, name, x)
+    q3 = q[:, :, 0] if q.dim() == 4 and q.shape[2] == 1 else q
+    if q3.dim() != 3:
+        raise ValueError(f"{fn}: q is {tuple(q.shape)}; expected (B, H_q, d) or (B, H_q, 1, d): one query token "
+                         "per sequence")
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.stride() != v_cache.stride():
+        raise ValueError(f"{fn}: k_cache is {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)}; expected "
+                         "two pools of the same shape and strides, (num_blocks, block_size, H_kv, d)")
+    (B, H_q, d), (num_blocks, block_size, H_kv, dk) = q3.shape, k_cache.shape
+    if dk != d or d not in PAGED_HEAD_DIMS or H_q % H_kv:
+        raise ValueError(f"{fn}: q is {tuple(q.shape)} and k_cache {tuple(k_cache.shape)}; expected the same head "
+                         f"dim, one of {PAGED_HEAD_DIMS}, and H_q a multiple of H_kv")
+    if block_size & (block_size - 1):
+        raise ValueError(f"{fn}: block_size (k_cache.shape[1]) is {block_size}; expected a power of two")
+    expect_dot_operands(fn, (torch.float16, torch.bfloat16), q=q3, k_cache=k_cache, v_cache=v_cache)
+    for name, x in (("block_tables", block_tables), ("seq_lens", seq_lens)):
+        if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+            raise TypeError(f"{fn}: {name} has dtype {x.dtype}; expected an integer tensor")
+    if block_tables.dim() != 2 or block_tables.shape[0] != B or tuple(seq_lens.shape) != (B,):
+        raise ValueError(f"{fn}: block_tables is {tuple(block_tables.shape)} and seq_lens {tuple(seq_lens.shape)}; "
+                         f"expected ({B}, max_blocks) and ({B},): a table and a length per sequence")
+    tables, lens = block_tables.detach().cpu(), seq_lens.detach().cpu()            # a synchronisation
+    for b, n in enumerate(lens.tolist()):
+        if not 1 <= n <= block_size * tables.shape[1]:
+            raise ValueError(f"{fn}: seq_lens[{b}] is {n}; expected 1..{block_size * tables.shape[1]} "
+                             f"(max_blocks {tables.shape[1]} x block_size {block_size})")
+        pages = tables[b, :-(-n // block_size)]
+        bad = ((pages < 0) | (pages >= num_blocks)).nonzero()
+        if len(bad):
+            j = int(bad[0, 0])
+            raise ValueError(f"{fn}: block_tables[{b}, {j}] is {int(pages[j])}, but sequence {b}'s {n} tokens need "
+                             f"its first {len(pages)} entries to be pages of the pool, 0..{num_blocks - 1}")
+    to = dict(device=q.device, dtype=torch.int32)
+    return q3, block_tables.to(**to), seq_lens.to(**to), int(lens.max())
+
+
+def paged_decode_taught(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                        seq_lens: torch.Tensor, num_splits: int | None = None,
+                        sm_scale: float | None = None) -> torch.Tensor:
+    """Decoding attention over a paged cache with chapter 9's kernels as its lecture prints them:
+    :data:`paged_split_kernel`, one program per (split of whole pages, query head), then chapter 4's combine.
+
+    ``q`` (B, H_q, d) or (B, H_q, 1, d), the token being decoded; ``k_cache``, ``v_cache`` the page pools
+    (num_blocks, block_size, H_kv, d); ``block_tables`` (B, max_blocks) and ``seq_lens`` (B,): see
+    :func:`expect_paged`. float16 (or bfloat16 on sm_80+), d 64 or 128. ``num_splits`` defaults to chapter
+    4's heuristic for B H_q programs a split and the longest sequence. Returns o shaped like ``q``.
+
+    Example:
+        >>> import torch
+        >>> from flashcourse.backend import DEVICE
+        >>> pool = torch.zeros(2, 4, 16, 2, 64, device=DEVICE).half()      # 4 pages of 16 tokens, 2 KV heads
+        >>> pool[1, 3, :, 1] = 1.0                                         # V of page 3, KV head 1: all ones
+        >>> q = torch.randn(1, 4, 1, 64, device=DEVICE).half()
+        >>> o = paged_decode_taught(q, pool[0], pool[1], torch.tensor([[3]]), torch.tensor([9]))
+        >>> o.shape, o[0, 2:, 0].float().mean().item()                     # heads 2, 3 read KV head 1
+        (torch.Size([1, 4, 1, 64]), 1.0)
+    """
+    fn = "paged_decode_taught"
+    q3, tables, lens, longest = expect_paged(fn, q, k_cache, v_cache, block_tables, seq_lens)
+    B, H_q, d = q3.shape
+    block_size, H_kv = k_cache.shape[1], k_cache.shape[2]
+    sm_scale = expect_sm_scale(fn, sm_scale, d)
+    S = expect_num_splits(fn, num_splits) or default_splits(B, H_q, longest, q3.device)
+    PAGES = triton.cdiv(triton.cdiv(longest, block_size), S)
+    o_part, lse_part = partials_scratch(q3.device, B * H_q * S, d)     # (B H_q, S, d) and (B H_q, S)
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    q2 = q3.reshape(B * H_q, d)
+    with quiet():
+        paged_split_kernel[(S, B * H_q)](q2, k_cache, v_cache, tables, lens, o_part, lse_part, sm_scale, q2.stride(0),
+                                         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), tables.stride(0),
+                                         H_q, H_q // H_kv, PAGES, HEAD_DIM=d, BLOCK_SIZE=block_size)
+        combine_kernel[(triton.cdiv(B * H_q, COMBINE_ROWS),)](o_part, lse_part, o, B * H_q, S, HEAD_DIM=d,
+                                                               BLOCK_R=COMBINE_ROWS, BLOCK_S=combine_block(S))
+    return o
