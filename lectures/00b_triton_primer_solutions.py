@@ -27,9 +27,10 @@ CELLS = [
     | 7 | `predict_rms_norm` | predict the bytes and the time, then count and measure | 10 |
     | 8 | `rms_norm_looped_kernel` | a loop over blocks, a mask and a reduction together | 15 |
 
-    About 85 minutes in all. *How these were estimated:* the minutes are what the author took solving each
-    from its stub (1–6 minutes each) times three, rounded up; one measurement per puzzle by someone who
-    wrote the checks, so take them as a floor, and tell us what yours were.
+    About 85 minutes in all. *How these were estimated:* the author wrote the eight solutions, with their
+    specs, in about 12 minutes altogether (1–3 minutes each, every check passing the first time); the
+    minutes above are those times four to five, rounded, for someone meeting the puzzles fresh. One measurement,
+    by the author: a guess anchored on it, not a measurement of students. Tell us what yours were.
 
     Each check runs your kernel on cases you can see and on hidden random ones (fresh each run; a failure
     prints the seed that draws it again), and prints one line ending in ✓. Then grade the notebook from a
