@@ -16,13 +16,15 @@ CELLS = [
     *Sources: Tillet, Kung & Cox, "Triton: an intermediate language and compiler for tiled neural
     network computations" (MAPL 2019); the Triton documentation and its tutorials (triton-lang.org);
     what a GPU does differently was measured on the course's H100 with Triton 3.6
-    (`lab/gpu_primer.py`, shipped as `flashcourse.bench.measured("primer")`).*
+    (`lab/gpu_primer.py`, shipped as `flashcourse.bench.measured("primer")`; waves and
+    `compute-sanitizer`: `lab/gpu_primer_waves.py`); what the compiler accepts and emits was checked by
+    compiling ahead of time for sm_75/80/90 with Triton 3.6 and 3.9 (`lab/primer.md`).*
     """, "slide", name="title"),
 
     md(r"""
-    Instructor notes: about 30 minutes. Every cell runs on a CPU (the interpreter) in a few seconds;
+    Instructor notes: about 40 minutes. Every cell runs on a CPU (the interpreter) in a few seconds;
     on a GPU the cells that differ show the GPU's behaviour live, and on a CPU they show the H100's,
-    shipped. The exercise (`exercises/00b_triton_primer.ipynb`, an RMSNorm kernel) takes 15–20 minutes.
+    shipped. The exercise (`exercises/00b_triton_primer.ipynb`) is eight graded puzzles, about 85 minutes.
     """, "notes", name="notes-intro"),
 
     code("""
@@ -94,7 +96,7 @@ CELLS = [
     ## Masks: the last block is partial
 
     Ten elements in blocks of four: the third program's block has lanes 8–11, and only 8 and 9 exist.
-    `mask=offs < n` switches the other lanes off: a masked load returns `other` there (0 if not given),
+    `mask=offs < n` switches the other lanes off: a masked load returns `other` there (undefined if not given),
     a masked store writes nothing. Without the mask, the store writes past the end of the tensor, into
     whatever lies there — here, a neighbour in the same buffer:
     """, "slide", name="masks"),
@@ -116,10 +118,10 @@ CELLS = [
     md(r"""
     No error here, on the interpreter or on the GPU (the H100 overwrote the same two neighbours): the
     lanes landed in memory the process owns. Past an allocation a GPU stops with an *illegal memory
-    access*, a sticky error that fails every later CUDA call, and the interpreter does not catch it
+    access*, a sticky error that fails every later CUDA call, and the interpreter does not stop
     either (here it read $2^{20}$ lanes past a tensor of 5). A masked lane without `other=` is undefined
-    too. On a GPU, `compute-sanitizer python script.py` names the bad access; the course's checks fill
-    outputs with a marker and watch what a kernel reads.
+    too: Triton's `tl.load` documentation says "If `other` is `None`, the masked-out value is
+    undefined"; the backends happen to give 0, and the course's checks give NaN (*Debugging*, below).
     """, "subslide", name="unmasked-load"),
 
     code("""
@@ -183,20 +185,99 @@ CELLS = [
     """, "subslide", name="row-sums"),
 
     md(r"""
-    Without `other=` a masked lane's value is undefined (the backends happen to give 0; don't rely on it).
-    `other=0.0` is right for a sum; for a maximum the masked lanes must load as `-inf` — chapter 1
-    comes back to this.
+    A reduction removes its axis: `tl.sum(x, axis=1)` of a `(BLOCK_R, BLOCK_C)` tile has shape
+    `(BLOCK_R,)`, one number per row, and `x - m[:, None]` puts the axis back to broadcast against the
+    tile. `other=0.0` is right for a sum; for a maximum the masked lanes must load as `-inf`.
     """, "-", name="other"),
+
+    md(r"""
+    ## `tl.where`, casts, and the dtype of a sum
+
+    `tl.where(cond, a, b)` picks per lane, like `np.where`: both sides are computed, so it is no `if`
+    (a scalar `if` on a runtime value is allowed; a tensor one is not). `x.to(tl.float32)` converts.
+    Arithmetic between a float16 tensor and a float32 one gives float32, but a reduction keeps its
+    input's type: `tl.sum` of float16 is float16 (`_pick_sum_dtype` in Triton's `language/standard.py`
+    widens only small integers). So convert after loading, and square, add and exponentiate in float32:
+    """, "slide", name="where-casts"),
+
+    code("""
+    @triton.jit
+    def sum_of_squares(x_ptr, out_ptr, N: tl.constexpr, WIDEN: tl.constexpr):
+        x = tl.load(x_ptr + tl.arange(0, N))
+        if WIDEN:                                        # a constexpr `if`: decided when compiling
+            x = x.to(tl.float32)
+        big = tl.where(x > 0, x, -x)                     # |x|, lane by lane
+        tl.store(out_ptr, tl.sum(big * big, axis=0))
+
+    x = torch.full((8,), 300.0, dtype=torch.float16, device=DEVICE)   # 300^2 > 65504
+    out = torch.zeros(1, device=DEVICE)
+    for widen in (False, True):
+        with np.errstate(over="ignore"):             # the interpreter's NumPy warns of inf
+            sum_of_squares[(1,)](x, out, N=8, WIDEN=widen)
+        print(f"squares in {'float32' if widen else 'float16'}: {out.item()}")
+    """, "subslide", name="casts"),
+
+    md(r"""
+    ## Loops over blocks
+
+    A row too long for one block is read in blocks, with a Python `for` over `range(start, stop, step)`.
+    With bounds known only at run time, the compiler emits a real loop; with constexpr bounds
+    `tl.static_range` unrolls it. What the loop adds to lives in a block of float32 accumulators, reduced
+    once at the end. No `break`, `continue` or `return` inside a loop: the interpreter runs them, the
+    GPU compiler refuses them.
+    """, "slide", name="loops"),
+
+    code("""
+    @triton.jit
+    def long_row_sum(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        cols = tl.arange(0, BLOCK)
+        acc = tl.zeros((BLOCK,), dtype=tl.float32)       # one partial sum per lane
+        for start in range(0, n, BLOCK):                 # n is known only at run time
+            acc += tl.load(x_ptr + start + cols, mask=start + cols < n, other=0.0)
+        tl.store(out_ptr, tl.sum(acc, axis=0))
+
+    x = torch.arange(1000.0, device=DEVICE)
+    out = torch.zeros(1, device=DEVICE)
+    long_row_sum[(1,)](x, out, 1000, BLOCK=64)          # 16 blocks, the last 40 lanes masked
+    out.item(), x.sum().item()
+    """, "subslide", name="long-row-sum"),
+
+    md(r"""
+    ## `exp2`, and why kernels use it
+
+    The GPU's special-function unit computes $2^x$ (`ex2.approx`), not $e^x$. Compiled for sm_90 (Triton
+    3.6 and 3.9), `tl.exp(x)` is a multiply by $\log_2 e$ then `ex2.approx.f32`; `tl.exp2(x)` is the
+    `ex2` alone. Softmax kernels multiply their scores by a scale anyway, so they fold $\log_2 e$ into
+    it and call `exp2`: one multiply fewer per score, and FlashAttention's kernels are made of little
+    else. The identity, $e^x = 2^{x \log_2 e}$ and $\ln s = \log_2 s / \log_2 e$:
+    """, "slide", name="exp2"),
+
+    code("""
+    @triton.jit
+    def exp_both_ways(x_ptr, out_ptr, N: tl.constexpr):
+        i = tl.arange(0, N)
+        x = tl.load(x_ptr + i)
+        tl.store(out_ptr + i, tl.exp(x))
+        tl.store(out_ptr + N + i, tl.exp2(x * 1.4426950408889634))   # log2(e)
+
+    x = torch.linspace(-5, 5, 8, device=DEVICE)
+    out = torch.empty(16, device=DEVICE)
+    exp_both_ways[(1,)](x, out, N=8)
+    float((out[:8] - out[8:]).abs().max() / out[:8].abs().max())
+    """, "subslide", name="exp2-demo"),
 
     md(r"""
     ## `tl.dot`: tiles on the tensor cores
 
     `tl.dot(a, b)` multiplies two tiles, `(M, K) @ (K, N)`, on the GPU's matrix units. Float16 inputs
     are accumulated in float32 (the result is float32; convert when you store). Two rules the
-    interpreter does **not** enforce, both measured on the course's H100 (Triton 3.6):
+    interpreter does **not** enforce:
 
-    * the inner dimension must be at least 16 (older Tritons asked the same of all three); an
-      8 × 8 × 8 product fails to compile;
+    * **K ≥ 16** for float16 and bfloat16 inputs; M and N may be anything from 1 (the compiler pads
+      them). float32 needs K ≥ 16 on Triton 3.6 (Colab's; an 8 × 8 × 8 product failed on the H100)
+      and K ≥ 8 on 3.9; 8-bit inputs K ≥ 32. Checked by compiling for sm_75/80/90 with both, and in
+      their source: the NVIDIA backend's `min_dot_size` (`backends/nvidia/compiler.py`), asserted by
+      `dot` in `language/semantic.py`;
     * float32 inputs are multiplied in **TF32** (10 bits of mantissa) unless you ask for
       `input_precision="ieee"`: the error is about $10^{-3}$, against $10^{-7}$ in the interpreter.
     """, "slide", name="dot"),
@@ -224,6 +305,67 @@ CELLS = [
     """, "subslide", name="dot-rules"),
 
     md(r"""
+    ## Programs on SMs: occupancy and waves
+
+    Each program runs on one SM (streaming multiprocessor: the H100 has 132), from start to end. An SM
+    holds several programs at once — its **occupancy** — as many as its limits allow: 2048 threads (a
+    program of 4 warps is 128), 32 resident programs, 65,536 registers, 228 KB of shared memory. The grid
+    runs in **waves** of *SMs × programs per SM*: a grid one program past a wave takes a second wave,
+    in which most SMs sit idle. So a grid is sized to many waves or to whole ones (chapter 4's split count,
+    chapter 7's "programs for 132 SMs"). Measured: programs that each wait 20 µs, against the grid size.
+    """, "slide", name="waves"),
+
+    code("""
+    # NBVAL_IGNORE_OUTPUT
+    try:
+        WAVES = bench.measured("primer_waves")
+    except FileNotFoundError:
+        WAVES = None
+    if WAVES is None:
+        print("Not measured yet: the H100's measurement ships as bench.measured('primer_waves'),",
+              "written by lab/gpu_primer_waves.py on a GPU.", "No numbers are shown until it does.", sep="\\n")
+    else:
+        print(f"{WAVES['provenance']['gpu']}, Triton {WAVES['triton']}; each program waits "
+              f"{WAVES['waves'][0]['wait_ns'] / 1e3:.0f} us")
+        for w in WAVES["waves"]:
+            print(f"{w['num_warps']} warps a program: {w['programs_per_sm']} programs an SM ({w['limited_by']}), "
+                  f"a wave of {w['wave']}")
+            print("   grid " + " ".join(f"{r['grid']:>6d}" for r in w["runs"]))
+            print("   us   " + " ".join(f"{r['us']:6.1f}" for r in w["runs"]))
+    """, "subslide", name="waves-measured"),
+
+    md(r"""
+    On a GPU, `PYTHONPATH=. python lab/gpu_primer_waves.py --out DIR` measures yours. The interpreter runs
+    one program after another: it has no SMs and no waves.
+    """, "-", name="waves-text"),
+
+    md(r"""
+    ## Autotune
+
+    Which `BLOCK` and `num_warps` are fastest depends on the GPU and the shape. `@triton.autotune` runs
+    each `triton.Config` the first time it sees a new value of the `key` arguments, keeps the fastest and
+    reuses it: the grid is then a function of the chosen meta-parameters. The interpreter cannot time
+    anything, so give it one config (the course's kernels do).
+    """, "slide", name="autotune"),
+
+    code("""
+    configs = [triton.Config({"BLOCK": 128}, num_warps=4)] if backend.INTERPRET else \\
+        [triton.Config({"BLOCK": b}, num_warps=w) for b in (256, 1024, 4096) for w in (4, 8)]
+
+    @triton.autotune(configs=configs, key=["n"])
+    @triton.jit
+    def double(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y_ptr + offs, 2 * tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+    x = torch.randn(backend.problem_size(gpu=1 << 24, cpu=1000), device=DEVICE)
+    y = torch.empty_like(x)
+    double[lambda meta: (triton.cdiv(x.numel(), meta["BLOCK"]),)](x, y, x.numel())
+    best = double.best_config
+    print(f"chosen: BLOCK = {best.kwargs['BLOCK']}, num_warps = {best.num_warps}; right: {bool(torch.equal(y, 2 * x))}")
+    """, "subslide", name="autotune-demo"),
+
+    md(r"""
     ## Debugging
 
     * **The interpreter.** `TRITON_INTERPRET=1` (set before `triton` is imported; `import flashcourse`
@@ -234,10 +376,12 @@ CELLS = [
       32 lines with 1 warp and 128 with 4 warps on the H100. Print from one program
       (`if pid == 0:`) and small blocks.
     * **`tl.static_print` / `tl.static_assert`** run while the kernel compiles: shapes and constexprs.
+    * **Out of bounds.** On a GPU, `compute-sanitizer python script.py` runs the program under a memory
+      checker that names each bad access (below, shipped). On a CPU, the interpreter's loads are NumPy
+      reads of addresses: the course's `InterpreterLoads` records them and says which strayed.
     * **Where they differ**, besides `tl.dot`: the interpreter never runs out of registers or shared
       memory and ignores `num_warps` and `num_stages`; it accepts some Python the compiler refuses
-      (the course's checks compile every kernel for an A100 and an H100 after it passes, to catch
-      that); its out-of-bounds reads land elsewhere than a GPU's. And speed: below.
+      (the course's checks compile every kernel for an A100 and an H100 after it passes).
     """, "slide", name="debugging"),
 
     code("""
@@ -249,6 +393,22 @@ CELLS = [
     for run in H100["device_print"]:
         print(f"H100, num_warps={run['num_warps']}: {run['lines']} lines, the first: {run['first'][0]!r}")
     """, "subslide", name="device-print"),
+
+    code("""
+    from flashcourse.checks.buffers import InterpreterLoads
+
+    x, y = torch.arange(5.0, device=DEVICE), torch.empty(8, device=DEVICE)
+    with InterpreterLoads() as loads:
+        copy_unmasked[(1,)](x, y, BLOCK=8)               # 8 lanes read from a tensor of 5
+    if loads.active:
+        print("lanes read outside x:", len(loads.first_stray(x)))
+    sanitizer = WAVES and WAVES["compute_sanitizer"]
+    if not sanitizer or not sanitizer["ran"]:
+        print("compute-sanitizer on a GPU: not measured yet (lab/gpu_primer_waves.py)")
+    else:
+        print("compute-sanitizer on the H100, 2^20 lanes read past a tensor of 5:",
+              *(line[:90] for line in sanitizer["first_lines"][:3]), sep="\\n")
+    """, "subslide", name="out-of-bounds"),
 
     md(r"""
     ## How fast is a kernel this simple?
@@ -276,8 +436,9 @@ CELLS = [
     md(r"""
     ## Where next
 
-    * **The exercise**: `exercises/00b_triton_primer.ipynb` — write the RMSNorm kernel; the check runs
-      it on ragged rows, float16 activations of a thousand, and rows of zeros.
+    * **The exercise**: `exercises/00b_triton_primer.ipynb` — eight short puzzles, from a masked
+      `axpy` through `tl.where`, RMSNorm, a log-sum-exp with `exp2`, a `tl.dot` tile and a prediction
+      of RMSNorm's bytes and time, to an RMSNorm that loops over the blocks of long rows.
     * **More practice**: Sasha Rush's *Triton-Puzzles* (github.com/srush/Triton-Puzzles, runs in the
       interpreter) and Triton's tutorials (vector addition, fused softmax, matrix multiplication) at
       triton-lang.org.

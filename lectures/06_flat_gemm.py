@@ -212,7 +212,8 @@ CELLS = [
     ## The Triton kernels
 
     `flashcourse.kernels.flat_gemm` is the tiled loop above with `tl.dot` (the M rows padded to 16 in
-    registers: `tl.dot` needs every side to be at least 16) and `num_stages` as its double buffering;
+    registers; `tl.dot` itself asks only K ≥ 16 of float16 inputs, see the primer) and `num_stages` as
+    its double buffering;
     `gemv` does without tensor cores (multiply, add, sum over K at the end) for $M \\le 8$;
     `flat_gemm_taught` runs the kernel the exercise asks for, printed below. All read W
     through its strides: `w_layout="kn"` for a $(K, N)$ weight as in `x @ w`, `"nk"` for an `nn.Linear`
@@ -248,8 +249,10 @@ CELLS = [
     Printed below: `flat_gemm_kernel`, the kernel the exercise asks for, with the body of its K loop left
     out (`...`): the exercise.
 
-    * **Padding.** The tile has `BLOCK_M` = 16 rows (`DOT_MIN`: `tl.dot` takes no fewer), not 8 as in
-      the paper. Rows past M are loaded as zeros (masked by `rows < M`): they are made on chip, never
+    * **Padding.** The tile has `BLOCK_M` = 16 rows (`DOT_MIN`), not 8 as in the paper: `tl.dot` accepts
+      any M from 1 and K ≥ 16 for float16 (Triton 3.6 and 3.9, compiled for sm_75/80/90: `lab/primer.md`),
+      but for sm_80 Triton compiles a float16 `tl.dot` to `mma.m16n8k16`, 16 rows at once, even at M = 1:
+      a smaller M is padded to 16 by the compiler anyway. Rows past M are loaded as zeros (masked by `rows < M`): they are made on chip, never
       read from HBM, and the store writes only the rows below M.
     * **$B_N$.** Program `pid_n` computes the columns `pid_n * BLOCK_N + arange(BLOCK_N)` of y.
     * **The K loop** walks K in steps of `BLOCK_K`. Its body loads a tile of x and a tile of W, masked

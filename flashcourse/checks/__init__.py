@@ -20,7 +20,11 @@ nothing) is reported as not implemented yet.
 The checks, by chapter:
 
 * :mod:`.primer` (chapter 0b, the Triton primer): :func:`rms_norm_kernel` (a first Triton kernel: RMSNorm,
-  one program per row, the row in one masked block);
+  one program per row, the row in one masked block) and :func:`rms_norm_looped_kernel` (the same, looping
+  over the blocks of a long row); :mod:`.primer_puzzles`: :func:`axpy_kernel`, :func:`outer_kernel`,
+  :func:`pad_scores_kernel` (blocks and masks, a 2-D grid, ``tl.where``); :mod:`.primer_tiles`:
+  :func:`logsumexp_kernel` (a reduction along an axis, ``exp2``) and :func:`dot_tile_kernel` (``tl.dot``);
+  :mod:`.primer_predict`: :func:`predict_rms_norm` (RMSNorm's bytes and its H100 time, predicted);
 * :mod:`.online` (chapter 1): :func:`online_softmax` (the online normaliser's step, driven one element
   at a time), :func:`merge`, :func:`softmax_kernel`;
 * :mod:`.attention` (chapters 2 and 3): :func:`fa1_step` (FlashAttention-1's inner step, run

@@ -48,7 +48,14 @@ class InterpreterLoads:
     whose mask is True. Then :meth:`counts` says how often each element of a tensor was loaded,
     :meth:`loaded` how many loaded elements are its, :meth:`first_stray` what the first load to stray outside
     given tensors read there (an address counts for the element whose bytes hold it). On a GPU, or in a
-    Triton without the hook, ``active`` is False and the three say None.
+    Triton without the hook, ``active`` is False and the three say None. The stores are recorded too:
+    :meth:`stored` says how many stored elements are a tensor's.
+
+    With ``undefined=True`` a load that has a mask but no ``other=`` gets NaN (an integer load: a large
+    garbage value) in its masked-out lanes instead of the interpreter's zeros: Triton's documentation of
+    ``tl.load`` says "If `other` is `None`, the masked-out value is undefined", and both the interpreter and
+    the GPU happen to give 0, which would hide the mistake. :attr:`undefined_loads` counts such loads that
+    had lanes masked out (whether or not those lanes reached the output).
 
     Example:
         >>> import torch
@@ -62,8 +69,9 @@ class InterpreterLoads:
         ([2], 200, 0)
     """
 
-    def __init__(self):
-        self.active, self._loads, self._module = False, [], None
+    def __init__(self, undefined: bool = False):
+        self.active, self._loads, self._stores, self._module = False, [], [], None
+        self.undefined, self.undefined_loads, self._builder = undefined, 0, None
 
     def __enter__(self):
         from .. import backend
@@ -74,7 +82,7 @@ class InterpreterLoads:
             inner = triton.runtime.interpreter._interpreter
         except (ImportError, AttributeError):  # pragma: no cover - another Triton
             return self
-        loads = self._loads
+        loads, stores = self._loads, self._stores
 
         class Proxy:
             def __getattr__(self, attr):
@@ -84,13 +92,38 @@ class InterpreterLoads:
                 loads.append(np.asarray(ptrs)[np.asarray(mask, dtype=bool)].astype(np.int64).ravel())
                 return inner.load(ptrs, mask, *args, **kwargs)
 
+            def store(self, ptrs, value, mask, *args, **kwargs):
+                stores.append(np.asarray(ptrs)[np.asarray(mask, dtype=bool)].astype(np.int64).ravel())
+                return inner.store(ptrs, value, mask, *args, **kwargs)
+
         self._module, self._inner, self.active = triton.runtime.interpreter, inner, True
         self._module._interpreter = Proxy()
+        builder = getattr(self._module, "interpreter_builder", None)
+        if self.undefined and builder is not None and hasattr(builder, "create_masked_load"):
+            self._builder = builder
+            builder.create_masked_load = self._undefined_lanes(builder.create_masked_load)
         return self
+
+    def _undefined_lanes(self, create_masked_load):
+        """``create_masked_load`` with garbage in the masked-out lanes of a load that has no ``other``."""
+        def load(ptrs, mask, other, *args, **kwargs):
+            off = ~np.asarray(mask.data, dtype=bool)
+            if other is None and off.any():
+                self.undefined_loads += 1
+                out = create_masked_load(ptrs, mask, other, *args, **kwargs)
+                data = np.array(out.data, copy=True)
+                data[np.broadcast_to(off, data.shape)] = np.nan if data.dtype.kind == "f" else 99
+                out.data = data
+                return out
+            return create_masked_load(ptrs, mask, other, *args, **kwargs)
+        return load
 
     def __exit__(self, *exc):
         if self._module is not None:
             self._module._interpreter, self._module = self._inner, None
+        if self._builder is not None:
+            del self._builder.create_masked_load           # the class's own method again
+            self._builder = None
 
     def _find(self, tensor):
         """For every loaded address: whether it is in an element of ``tensor``, and that element's flat index."""
@@ -113,6 +146,15 @@ class InterpreterLoads:
     def loaded(self, tensor) -> int | None:
         """How many loaded elements are elements of ``tensor`` (each as often as it was loaded)."""
         return int(self.counts(tensor).sum()) if self.active else None
+
+    def stored(self, tensor) -> int | None:
+        """How many stored elements are elements of ``tensor`` (each as often as it was stored)."""
+        if self.active:
+            loads, self._loads = self._loads, self._stores
+            try:
+                return int(self.counts(tensor).sum())
+            finally:
+                self._loads = loads
 
     def first_stray(self, *tensors) -> np.ndarray | None:
         """The addresses (sorted; none: empty) that the first load to stray outside ``tensors``' elements read."""

@@ -1,4 +1,5 @@
-"""The Triton primer's check (chapter 0b): :func:`rms_norm_kernel`, a first kernel of one block per row.
+"""The Triton primer's RMSNorm checks (chapter 0b): :func:`rms_norm_kernel`, a first kernel of one block per
+row, and :func:`rms_norm_looped_kernel`, the same for rows longer than a block (a loop over blocks).
 
 RMSNorm (Zhang & Sennrich, 2019; the normalisation of Llama, Mistral and Qwen) scales each row of x by
 the inverse of its root mean square and by a weight per column:
@@ -12,7 +13,10 @@ n_cols's power of two up to four times it, and cases that each catch one mistake
 n_cols one below, at and one above a power of two (a mean over BLOCK instead of n_cols, a missing
 mask), activations of a thousand (x * x overflows float16: square in float32), rows of tiny values
 and a row of zeros (where eps sits), a weight far from 1. A wrong result gets the hint of the known
-mistake whose NumPy emulation (:func:`emulate`) gives it.
+mistake whose NumPy emulation (:func:`emulate`) gives it. A hidden case puts a row of zeros among ordinary
+rows (0, not nan, with eps where it belongs), and under the interpreter a masked load without ``other=``
+reads NaN in its masked-out lanes (Triton leaves them undefined), so a sum that relies on them shows it.
+The looped check launches the same kernel signature with BLOCK below n_cols (two passes over the row).
 
 Example:
     >>> import numpy as np
@@ -29,7 +33,7 @@ from .cases import (U16, U32, Case, InterpreterLoads, KernelCase, compare, join_
                     require_kernel, seed_of, value_summary)
 from .compiled import compile_after
 
-__all__ = ["rms_norm_kernel"]
+__all__ = ["rms_norm_kernel", "rms_norm_looped_kernel"]
 
 #: The 16-bit output poison: a NaN no arithmetic produces (computed ones are 0x7E00 / 0xFE00).
 _POISON16 = 0x7D3B
@@ -63,11 +67,22 @@ MISTAKES = {
     "root mean, not its inverse": "y is multiplied by the root mean square instead of divided by it.",
     "x weighted twice": "the weight multiplies x before the mean square is taken: w belongs to the output only.",
 }
+#: The looped kernel's own mistakes (besides those above), each with its hint.
+LOOP_MISTAKES = {
+    "last block only": "the mean square holds the last block's squares only: the sum must be added to across "
+                       "the loop (acc += ...), not set anew in each pass of it.",
+    "w not advanced": "the weight is read at the same BLOCK columns in every block of the second pass: "
+                      "w's offsets move with the block, as x's do.",
+    "x not advanced": "the second pass reads x's first block again for every block: x's offsets move with the "
+                      "block there too.",
+}
 
-_GENERIC = ("one program per row: row = tl.program_id(0); cols = tl.arange(0, BLOCK); load x at "
-            "x_ptr + row * stride_x + cols and w at w_ptr + cols with mask=cols < n_cols, other=0.0, in "
-            "float32; ms = tl.sum(x * x, axis=0) / n_cols; store x / tl.sqrt(ms + eps) * w at "
-            "y_ptr + row * stride_y + cols with the same mask.")
+_GENERIC = ("no known mistake gives these numbers: print one row's mean square (tl.device_print, or print() "
+            "under the interpreter) and compare it with NumPy's; check which lanes each load reads and with "
+            "what other=.")
+_UNDEFINED = ("a load with a mask but no other= fed the result: its masked-out lanes are undefined (Triton's "
+              "tl.load documentation), and the check gives them NaN, as a GPU may give anything; "
+              "say what they load, other=0.0 for a sum.")
 
 
 def emulate(x, w, eps: float, block: int, mistake: str) -> np.ndarray:
@@ -81,12 +96,15 @@ def emulate(x, w, eps: float, block: int, mistake: str) -> np.ndarray:
     """
     f = np.float32
     n = x.shape[-1]
+    shifted = np.arange(n) % block if block < n else np.arange(n)     # each block's columns read from the first
     with np.errstate(all="ignore"):
         if mistake == "x * x in float16" and x.dtype == np.float16:
             sq = (x * x).astype(f)                      # float16 products: inf beyond |x| = 256
         else:
             xw = x.astype(f) * (w.astype(f) if mistake == "x weighted twice" else f(1))
             sq = xw * xw
+        if mistake == "last block only":
+            sq = sq[..., (n - 1) // block * block:]
         total = sq.sum(axis=-1, keepdims=True, dtype=f)
         ms = total / f({"mean over BLOCK": block, "sum, not mean": 1}.get(mistake, n))
         e = f(0.0 if mistake == "no eps" else eps)
@@ -96,7 +114,9 @@ def emulate(x, w, eps: float, block: int, mistake: str) -> np.ndarray:
             r = np.sqrt(ms + e)
         else:
             r = f(1) / np.sqrt(ms + e)
-        y = x.astype(f) * r * (f(1) if mistake == "no weight" else w.astype(f))
+        xs = x[..., shifted] if mistake == "x not advanced" else x
+        ws = w[shifted] if mistake == "w not advanced" else w
+        y = xs.astype(f) * r * (f(1) if mistake == "no weight" else ws.astype(f))
         return y.astype(x.dtype)
 
 
@@ -109,10 +129,10 @@ def _tolerance(dtype) -> tuple[float, float]:
     return (2 * U16, 2.0 ** -24) if dtype == np.float16 else (64 * U32, 2.0 ** -126)
 
 
-def _hint(x, w, eps, block, got, expected) -> str:
+def _hint(x, w, eps, block, got, expected, looped: bool = False) -> str:
     rtol, atol = _tolerance(x.dtype)
     with np.errstate(all="ignore"):
-        for mistake, hint in MISTAKES.items():
+        for mistake, hint in (MISTAKES | LOOP_MISTAKES if looped else MISTAKES).items():
             y = emulate(x, w, eps, block, mistake).astype(np.float64)
             if not np.allclose(y, expected, rtol, atol, equal_nan=True) and \
                     np.allclose(got, y, 4 * rtol, atol, equal_nan=True):
@@ -128,8 +148,17 @@ SHOWN = ["one row, n_cols = BLOCK = 8", "three rows of 50 columns, BLOCK = 64: t
          "tiny values and a row of zeros: where eps sits"]
 HIDDEN = ["n_cols = BLOCK - 1", "n_cols = BLOCK", "n_cols = BLOCK + 1 (BLOCK doubled to hold it)",
           "BLOCK four times n_cols's power of two", "activations of about a thousand",
-          "tiny values and a row of zeros", "a weight far from 1", "float32 rows, ragged",
-          "a long row (BLOCK = 1024)"]
+          "tiny values and a row of zeros", "a row of zeros among ordinary rows", "a weight far from 1",
+          "float32 rows, ragged", "a long row (BLOCK = 1024)"]
+#: The looped kernel's cases: BLOCK below n_cols.
+LOOP_SHOWN = ["two rows of 100 columns, BLOCK = 32: four blocks, the last partial",
+              "n_cols a multiple of BLOCK: 64 columns, BLOCK = 16",
+              "activations of about a thousand (x * x overflows float16)",
+              "tiny values and a row of zeros: where eps sits"]
+LOOP_HIDDEN = ["n_cols = k BLOCK + 1", "n_cols = k BLOCK - 1", "n_cols a multiple of BLOCK",
+               "n_cols below BLOCK (one partial block)", "activations of about a thousand",
+               "tiny values and a row of zeros", "a row of zeros among ordinary rows", "a weight far from 1",
+               "float32 rows, ragged", "a long row (2048 columns, BLOCK = 128)"]
 
 
 def _next_pow2(n: int) -> int:
@@ -147,6 +176,8 @@ def _row_values(rng, kind: str, rows: int, n: int, dtype) -> tuple[np.ndarray, n
         x = x * 1e-3
         x[-1] = 0.0
         eps = 1e-5                                      # > mean(x^2) ~ 1e-6: eps matters
+    if "among ordinary" in kind:                        # eps too small to matter but on the row of zeros
+        x[int(rng.integers(0, rows))] = 0.0
     if "weight" in kind:
         w = rng.uniform(5.0, 40.0, size=n) * rng.choice([-1.0, 1.0], size=n)
     if kind.startswith("n_cols") or "BLOCK" in kind:    # the last column carries weight
@@ -154,15 +185,20 @@ def _row_values(rng, kind: str, rows: int, n: int, dtype) -> tuple[np.ndarray, n
     return x.astype(dtype), w.astype(dtype), eps
 
 
-def cases(seed: int) -> tuple[list[Case], int, int]:
+def cases(seed: int, looped: bool = False) -> tuple[list[Case], int, int]:
     """The check's cases, shown then hidden (drawn from ``seed``), and how many of each. A case's
     inputs are ``(x, w, eps)``; its extra says the BLOCK and the row paddings.
 
     Example:
         >>> cs, shown, hidden = cases(0)
         >>> shown, hidden, cs[1].extra["BLOCK"], cs[1].inputs[0].shape
-        (5, 9, 64, (3, 50))
+        (5, 10, 64, (3, 50))
+        >>> cs, shown, hidden = cases(0, looped=True)      # the looped kernel's: BLOCK below n_cols
+        >>> shown, hidden, cs[0].extra["BLOCK"], cs[0].inputs[0].shape
+        (4, 10, 32, (2, 100))
     """
+    if looped:
+        return _loop_cases(seed)
     g = np.random.default_rng(20190816)                 # the shown cases: fixed
     shown_specs = [(1, 8, 8, np.float16), (3, 50, 64, np.float16), (2, 37, 64, np.float32),
                    (3, 40, 64, np.float16), (3, 24, 32, np.float16)]
@@ -182,17 +218,42 @@ def cases(seed: int) -> tuple[list[Case], int, int]:
         elif kind.startswith("a long row"):
             block, n = 1024, int(rng.integers(513, 1025))
         dtype = np.float32 if "float32" in kind else np.float16
-        rows = int(rng.integers(1, 5))
-        x, w, eps = _row_values(rng, kind, rows + ("tiny" in kind), n, dtype)
+        rows = int(rng.integers(1, 5)) + ("zeros" in kind)
+        x, w, eps = _row_values(rng, kind, rows, n, dtype)
         out.append(Case(kind, (x, w, eps), number=i + 1, of=len(HIDDEN), hidden=True, seed=seed,
                         extra={"BLOCK": block, "pad": tuple(int(p) for p in rng.integers(1, 9, size=2))}))
     return out, len(SHOWN), len(HIDDEN)
 
 
+def _loop_cases(seed: int) -> tuple[list[Case], int, int]:
+    g = np.random.default_rng(20190817)
+    shown_specs = [(2, 100, 32, np.float16), (3, 64, 16, np.float16), (2, 300, 64, np.float16),
+                   (3, 72, 16, np.float16)]
+    out = []
+    for i, (kind, (rows, n, block, dtype)) in enumerate(zip(LOOP_SHOWN, shown_specs)):
+        x, w, eps = _row_values(g, kind, rows, n, dtype)
+        out.append(Case(kind, (x, w, eps), number=i + 1, of=len(LOOP_SHOWN), extra={"BLOCK": block, "pad": (3, 5)}))
+    rng = np.random.default_rng(seed)
+    for i, kind in enumerate(LOOP_HIDDEN):
+        block, k = int(rng.choice([16, 32, 64])), int(rng.integers(2, 6))
+        n = {"n_cols = k BLOCK + 1": k * block + 1, "n_cols = k BLOCK - 1": k * block - 1,
+             "n_cols a multiple of BLOCK": k * block}.get(kind, int(rng.integers(block + 2, 6 * block)))
+        if kind.startswith("n_cols below"):
+            n = int(rng.integers(2, block))
+        elif kind.startswith("a long row"):
+            block, n = 128, 2048
+        dtype = np.float32 if "float32" in kind else np.float16
+        rows = int(rng.integers(1, 4)) + ("zeros" in kind)
+        x, w, eps = _row_values(rng, kind, rows, n, dtype)
+        out.append(Case(kind, (x, w, eps), number=i + 1, of=len(LOOP_HIDDEN), hidden=True, seed=seed,
+                        extra={"BLOCK": block, "pad": tuple(int(p) for p in rng.integers(1, 9, size=2))}))
+    return out, len(LOOP_SHOWN), len(LOOP_HIDDEN)
+
+
 # ---------------------------------------------------------------------------------------------
 # one case
 
-def _check_case(name: str, kernel, case: Case, first: bool) -> None:
+def _check_case(name: str, kernel, case: Case, first: bool, looped: bool = False) -> None:
     import torch
 
     from .. import backend
@@ -216,18 +277,17 @@ def _check_case(name: str, kernel, case: Case, first: bool) -> None:
     describe = (f"{'hidden' if case.hidden else 'shown'} case {case.number} of {case.of} ({case.kind}{seed_note}): "
                 f"x {x.dtype} of shape {(rows, n)}, row stride {sx}, BLOCK = {block}, eps = {eps:g}, "
                 f"{value_summary(x.astype(np.float64))}")
-    replay = f"check.rms_norm_kernel(rms_norm_kernel, seed={case.seed}) draws this hidden case again." \
-        if case.hidden else ""
+    replay = f"check.{name}({name}, seed={case.seed}) draws this hidden case again." if case.hidden else ""
     kc = KernelCase(case, describe)
-    with InterpreterLoads() as loads:
+    with InterpreterLoads(undefined=True) as loads:
         launch(name, kernel, (rows,), (x_t, wb, y_t, n, sx, sy, eps), dict(BLOCK=block), kc)
     stray = loads.first_stray(x_t, wb[:n])               # None on a GPU
     if stray is not None and stray.size:
         where = "w past its n_cols entries" if wb.data_ptr() <= int(stray[0]) < wb.data_ptr() + wb.numel() * \
             wb.element_size() else "x past the end of a row"
         raise AssertionError(join_lines(f"{name} read {where} on {describe}",
-                                        "hint: mask every load with cols < n_cols (other=0.0), and read row r from "
-                                        "x_ptr + r * stride_x.", replay))
+                                        "hint: mask every load with the columns that exist (other=0.0), and read "
+                                        "row r from x_ptr + r * stride_x.", replay))
     itype = torch.int16 if half else torch.int32
     bits = yb.cpu().view(itype).numpy()
     poison = np.int16(_POISON16) if half else np.int32(0x7FC0DEAD)
@@ -249,21 +309,25 @@ def _check_case(name: str, kernel, case: Case, first: bool) -> None:
         rows_written = sorted(set(range(rows)) - set(np.flatnonzero(untouched.all(axis=1)).tolist()))
         hint = ("every program stored into the same row: program r writes y_ptr + r * stride_y + cols."
                 if untouched.all(axis=1).any() and len(rows_written) <= 1 and rows > 1 else
-                "store every column 0 <= c < n_cols of the row: mask=cols < n_cols, with BLOCK >= n_cols lanes.")
+                ("store every column 0 <= c < n_cols of the row: the loop must reach the last, partial block."
+                 if looped else "store every column 0 <= c < n_cols of the row: mask=cols < n_cols, with BLOCK >= "
+                 "n_cols lanes."))
         raise AssertionError(join_lines(f"{name} never wrote y[{r}, {c}] on {describe}", f"hint: {hint}", replay))
     outside = np.ones(bits.shape, dtype=bool)
     outside[: rows * sy].reshape(rows, sy)[:, :n] = False
     if (outside & (bits != poison)).any():
         r, c = divmod(int(np.flatnonzero(outside & (bits != poison))[0]), sy)
         raise AssertionError(join_lines(f"{name} wrote past the end of row {r} (column {c} of a row of {n}) on "
-                                        f"{describe}", "hint: mask the store with cols < n_cols.", replay))
+                                        f"{describe}", "hint: mask the store with the columns that exist (< n_cols).",
+                                        replay))
     got = yb.cpu().numpy()[: rows * sy].reshape(rows, sy)[:, :n].astype(np.float64)
     expected = rms_norm64(x, w, eps)
     rtol, atol = _tolerance(x.dtype)
     note = "RMSNorm's outputs are real numbers, so it must be a float array"
     with np.errstate(all="ignore"):
         ok = np.isclose(got, expected, rtol, atol)
-    hint = "" if ok.all() else join_lines(_hint(x, w, eps, block, got, expected), replay)
+    hint = "" if ok.all() else join_lines(_UNDEFINED if loads.undefined_loads and np.isnan(got[~ok]).any()
+                                          else _hint(x, w, eps, block, got, expected, looped), replay)
     compare(name, "y", got, expected, kc, rtol, atol, hint, note)
 
 
@@ -275,21 +339,44 @@ def rms_norm_kernel(kernel, seed: int | None = None) -> None:
     The check launches the kernel itself, one program per row, on float16 rows (and float32 ones) with
     padding between them; the output is filled with a marker NaN first, so that a column never written
     and a write past the end of a row are each reported as such, and under Triton's interpreter a load
-    past the end of a row (a missing mask) is too. 5 shown cases and 9 hidden ones, compared with float64;
-    in every run: n_cols at BLOCK - 1, BLOCK and BLOCK + 1, a BLOCK four times larger than the row,
-    activations of a thousand (float16 squares overflow), tiny values and a row of zeros, a weight far
-    from 1, float32 rows and a row of 1024 lanes.
+    past the end of a row (a missing mask) is too, and a masked load without ``other=`` reads NaN.
+    5 shown cases and 10 hidden ones, compared with float64; in every run: n_cols at BLOCK - 1, BLOCK
+    and BLOCK + 1, a BLOCK four times larger than the row, activations of a thousand (float16 squares
+    overflow), tiny values and a row of zeros, a row of zeros among ordinary rows, a weight far from 1,
+    float32 rows and a row of 1024 lanes.
 
     Example:
         >>> from flashcourse import checks
         >>> checks.rms_norm_kernel(rms_norm_kernel)          # doctest: +SKIP
-        rms_norm_kernel: 14 cases passed (5 shown, 9 hidden) ✓
+        rms_norm_kernel: 15 cases passed (5 shown, 10 hidden) ✓
     """
-    name = "rms_norm_kernel"
+    _run("rms_norm_kernel", kernel, seed, looped=False)
+
+
+def rms_norm_looped_kernel(kernel, seed: int | None = None) -> None:
+    """Check a Triton kernel ``kernel(x_ptr, w_ptr, y_ptr, n_cols, stride_x, stride_y, eps, BLOCK)`` that
+    writes the RMSNorm of each row of x as :func:`rms_norm_kernel` does, for rows longer than a block:
+    BLOCK < n_cols, so that the program loops over the row's blocks (a pass for the sum of squares, a
+    pass to scale and store).
+
+    The same launch and buffers as :func:`rms_norm_kernel`. 4 shown cases and 10 hidden ones; in every
+    run: n_cols one past, one below and at a multiple of BLOCK, a row shorter than BLOCK, activations of a
+    thousand, tiny values and a row of zeros, a row of zeros among ordinary rows, a weight far from 1,
+    float32 rows and a row of 2048 columns in blocks of 128.
+
+    Example:
+        >>> from flashcourse import checks
+        >>> checks.rms_norm_looped_kernel(rms_norm_looped_kernel)          # doctest: +SKIP
+        rms_norm_looped_kernel: 14 cases passed (4 shown, 10 hidden) ✓
+    """
+    _run("rms_norm_looped_kernel", kernel, seed, looped=True)
+
+
+def _run(name: str, kernel, seed, looped: bool) -> None:
     require_kernel(name, kernel)
     seed = seed_of(seed)
-    all_cases, n_shown, n_hidden = cases(seed)
+    all_cases, n_shown, n_hidden = cases(seed, looped)
     with compile_after(name, kernel):                  # then compiled for sm_80 and sm_90
         for i, case in enumerate(all_cases):
-            _check_case(name, kernel, case, first=i == 0)
+            _check_case(name, kernel, case, first=i == 0, looped=looped)
     passed(name, n_shown, n_hidden)
