@@ -445,3 +445,17 @@ def test_an_installation_finds_every_change_puts_back_what_it_can_and_deletes_on
     assert not any(p.exists() for p in (root / "evil", root / "pkg" / "_local.py", new_pyc, root / "textwrap.py"))
     assert (root / "pkg" / "other.py").read_text() == "z = 'changed'\n" and (root / "top.py").exists()
     assert sorted(Path(p).name for p in inst.broken) == ["gone.py", "other.py"] and "reinstall" in done
+
+
+def test_the_graders_threads_parse_python_one_at_a_time():
+    """``--jobs N`` grades in threads of one process, and CPython 3.11's parser is not safe in two threads at once
+    (a batch here failed with ``SystemError: AST constructor recursion depth mismatch``): every parse in the modules
+    those threads run goes through ``grading.syntax.parse`` (its lock), and py_compile holds the lock."""
+    from flashcourse.grading import syntax
+    threads = ["__init__.py", "batch.py", "session.py", "installation.py", "worker.py", "notebook_run.py"]
+    for name in threads:
+        source = (ROOT / "flashcourse" / "grading" / name).read_text()
+        assert "ast.parse(" not in source, f"grading/{name} calls ast.parse: use grading.syntax.parse"
+        assert "py_compile.compile(" not in source or "with LOCK:" in source, name
+    assert syntax.parse("x = 1").body and syntax.LOCK.acquire(blocking=False)
+    syntax.LOCK.release()

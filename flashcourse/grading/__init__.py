@@ -52,6 +52,7 @@ from pathlib import Path
 from ..chapters import renamed
 from .notebook_run import failure_message, grading_env, kernel_never_started, run_notebook  # noqa: F401
 from .status import FAILED, NOT_IMPLEMENTED, NOT_RUN, PASSED, REFUSED, GradingError  # noqa: F401
+from .syntax import parse
 from .session import run_verdict  # noqa: E402,F401  (a public name of the package)
 
 __all__ = ["CheckResult", "GradeReport", "GradingError", "load_canonical", "load_grading", "identify", "protection_note",
@@ -191,7 +192,7 @@ def _is_check_call(source: str, names) -> bool:
     """Whether a cell does nothing but call checks of this exercise (``check.merge(merge)``), as a check
     cell does, or one a student moved the call into."""
     try:
-        body = ast.parse(source).body
+        body = parse(source).body
     except SyntaxError:
         return False
     return bool(body) and all(isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
@@ -246,7 +247,7 @@ def solution_sources(nb, solution_cells: list[dict]):
         if cell is None:
             def defines(c, name):
                 try:
-                    return any(isinstance(n, ast.FunctionDef) and n.name == name for n in ast.parse(c.source).body)
+                    return any(isinstance(n, ast.FunctionDef) and n.name == name for n in parse(c.source).body)
                 except SyntaxError:
                     return False
             name = (sol["defines"] or [None])[0]

@@ -223,9 +223,11 @@ class Installation:
         source = pyc.parent.parent / (pyc.name.split(".")[0] + ".py")
         if not source.is_file() or pyc.name.count(".") != 2:
             return False
+        from .syntax import LOCK
         try:
-            py_compile.compile(str(source), cfile=str(pyc), doraise=True,
-                               invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP)
+            with LOCK:
+                py_compile.compile(str(source), cfile=str(pyc), doraise=True,
+                                   invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP)
         except (py_compile.PyCompileError, OSError):
             return False
         return True

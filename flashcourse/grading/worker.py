@@ -45,6 +45,7 @@ from pathlib import Path
 
 from .contain import SANDBOX
 from .serve import RUNNING_MAGICS, cell_statements, python_of, stand_ins  # noqa: F401  (the grader's names for them)
+from .syntax import parse
 from .wire import decode, encode
 
 __all__ = ["Worker", "WorkerDied", "WorkerTimeout", "site_dirs", "interpreter_paths", "isolated_command", "site_view",
@@ -148,7 +149,7 @@ def split_setup(setup: str) -> tuple[str, list[str]]:
         ('import numpy as np\\nx = np.pi', ['import flashcourse', 'DEVICE = flashcourse.backend.DEVICE'])
     """
     plain, course, tainted = [], [], set()
-    for node in ast.parse(setup).body:
+    for node in parse(setup).body:
         imports = isinstance(node, (ast.Import, ast.ImportFrom)) and any(
             _is_course(m) for m in ([a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]))
         reads = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
