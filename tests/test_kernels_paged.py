@@ -84,3 +84,16 @@ def test_errors_name_the_argument(bad, match):
     args = {name: t.to(DEVICE) for name, t in args.items()}
     with pytest.raises((ValueError, TypeError), match=match):
         paged_decode_taught(**args)
+
+
+def test_what_the_lab_notes_say_of_the_page_walk():
+    """lab/paged.md's first measurement (lab/results/h100/paged_taught.json, lab/gpu_paged_taught.py, one H100):
+    the taught page walk costs 1.6-11x the contiguous taught kernel, most at pages of 16 with B = 64, L = 1024,
+    least at pages of 64 with B = 16, L = 32k; the outputs agree within 1.2e-4."""
+    from lab_tools import lab_result
+    rows = lab_result("paged_taught")["rows"]
+    ratios = {(r["B"], r["L"], r["block_size"]): r["paged_over_taught"] for r in rows}
+    assert round(min(ratios.values()), 1) == 1.6 and round(max(ratios.values())) == 11
+    assert max(ratios, key=ratios.get) == (64, 1024, 16) and min(ratios, key=ratios.get) == (16, 32768, 64)
+    assert max(r["max_abs_diff"] for r in rows) < 1.25e-4
+    assert all(ratios[(B, L, 16)] > ratios[(B, L, 64)] for B, L, _ in ratios)      # larger pages cost less
