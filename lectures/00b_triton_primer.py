@@ -34,7 +34,7 @@ CELLS = [
     import flashcourse  # before triton: on a machine without a GPU this switches on the interpreter
     import triton
     import triton.language as tl
-    from flashcourse import backend, bench
+    from flashcourse import backend, bench, viz
 
     DEVICE = backend.DEVICE
     H100 = bench.measured("primer")          # what the course's H100 did with the same kernels
@@ -316,27 +316,24 @@ CELLS = [
     """, "slide", name="waves"),
 
     code("""
-    # NBVAL_IGNORE_OUTPUT
-    try:
-        WAVES = bench.measured("primer_waves")
-    except FileNotFoundError:
-        WAVES = None
-    if WAVES is None:
-        print("Not measured yet: the H100's measurement ships as bench.measured('primer_waves'),",
-              "written by lab/gpu_primer_waves.py on a GPU.", "No numbers are shown until it does.", sep="\\n")
-    else:
-        print(f"{WAVES['provenance']['gpu']}, Triton {WAVES['triton']}; each program waits "
-              f"{WAVES['waves'][0]['wait_ns'] / 1e3:.0f} us")
-        for w in WAVES["waves"]:
-            print(f"{w['num_warps']} warps a program: {w['programs_per_sm']} programs an SM ({w['limited_by']}), "
-                  f"a wave of {w['wave']}")
-            print("   grid " + " ".join(f"{r['grid']:>6d}" for r in w["runs"]))
-            print("   us   " + " ".join(f"{r['us']:6.1f}" for r in w["runs"]))
+    WAVES = bench.measured("primer_waves")                    # lab/gpu_primer_waves.py, on the H100
+    fig, ax = viz.new_figure(figsize=(9, 2.2))
+    for w, color in zip(WAVES["waves"], viz.PALETTE):
+        ax.plot([r["grid"] for r in w["runs"]], [r["us"] for r in w["runs"]], "o-", color=color,
+                label=f"num_warps={w['num_warps']}: wave {w['wave']} (dotted)")
+        ax.axvline(w["wave"], color=color, ls=":")
+    ax.set(xlabel="programs in the grid", ylabel="µs", title=f"{WAVES['provenance']['gpu']}: each program waits 20 µs")
+    viz.legend_outside(ax); fig
     """, "subslide", name="waves-measured"),
 
     md(r"""
-    On a GPU, `PYTHONPATH=. python lab/gpu_primer_waves.py --out DIR` measures yours. The interpreter runs
-    one program after another: it has no SMs and no waves.
+    What the H100 shows: one program and 132 (one an SM) take the same 24 µs, so a grid smaller than the
+    SMs wastes the rest. Past that the time grows in steps of about one wait, but the first step comes at
+    about half the wave the limits predict, and from there on the time rises with the grid by about 5, 16
+    and 35 ns a program for 1, 4 and 8 warps (`lab/primer.md`, "Waves and compute-sanitizer"): the limits
+    say how many programs *may* share an SM, not that they all start at once. On a GPU,
+    `PYTHONPATH=. python lab/gpu_primer_waves.py --out DIR` measures yours. The interpreter runs one
+    program after another: it has no SMs and no waves.
     """, "-", name="waves-text"),
 
     md(r"""

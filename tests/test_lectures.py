@@ -147,7 +147,7 @@ def test_printed_tables_fit_a_slide(stem):
 
 
 #: Fitted lectures that draw no figure (the others must: the check sees what it checks).
-FIGURELESS = {"00b_triton_primer"}
+FIGURELESS = set()
 
 
 @pytest.mark.parametrize("stem", sorted(FITTED))
