@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from flashcourse import backend  # first: it decides the backend before triton is imported
-from flashcourse.kernels.paged import paged_decode_taught  # noqa: E402
+from flashcourse.kernels.paged import paged_decode, paged_decode_taught  # noqa: E402
 from flashcourse.reference.paged import PagedKVCache  # noqa: E402
 from test_kernels_decode import assert_decode_close  # noqa: E402
 
@@ -47,12 +47,13 @@ CASES = [([1, 16, 17, 40], 16, 4, 2, 64, 3, False), ([70, 9], 16, 2, 2, 64, None
          ([12, 30], 4, 4, 1, 64, 8, True), ([130], 64, 2, 1, 128, 2, False)]
 
 
+@pytest.mark.parametrize("fn", [paged_decode_taught, paged_decode], ids=lambda f: f.__name__)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"lens{c[0]}-bs{c[1]}-Hq{c[2]}Hkv{c[3]}-d{c[4]}-S{c[5]}")
-def test_paged_decode_taught_against_float64(device, case, seed):
+def test_paged_decode_against_float64(device, case, fn, seed):
     lens, block_size, H_q, H_kv, d, splits, fork = case
     q, k_pool, v_pool, tables, seq_lens, k, v = paged_inputs(lens, block_size, H_q, H_kv, d, seed, fork)
-    o = paged_decode_taught(q, k_pool, v_pool, tables, seq_lens, num_splits=splits)
-    assert_decode_close(o, q, k, v, seq_lens, what=f"paged, seed {seed}")
+    o = fn(q, k_pool, v_pool, tables, seq_lens, num_splits=splits)
+    assert_decode_close(o, q, k, v, seq_lens, what=f"{fn.__name__}, seed {seed}")
 
 
 def test_the_comparison_catches_a_page_read_in_the_wrong_order(device, seed):
@@ -64,9 +65,10 @@ def test_the_comparison_catches_a_page_read_in_the_wrong_order(device, seed):
     k_pool[spare], v_pool[spare] = 30.0, 30.0                  # a page no table names, full of large values
     wrong = tables.clone()
     wrong[0, 2] = spare                                        # the last page replaced by the stray one
-    o = paged_decode_taught(q, k_pool, v_pool, wrong, seq_lens)
-    with pytest.raises(AssertionError):
-        assert_decode_close(o, q, k, v, seq_lens)
+    for fn in (paged_decode_taught, paged_decode):
+        o = fn(q, k_pool, v_pool, wrong, seq_lens)
+        with pytest.raises(AssertionError):
+            assert_decode_close(o, q, k, v, seq_lens)
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -76,14 +78,15 @@ def test_the_comparison_catches_a_page_read_in_the_wrong_order(device, seed):
     (dict(k_cache=torch.zeros(4, 12, 1, 64, dtype=torch.float16)), "expected two pools of the same shape"),
     (dict(q=torch.zeros(1, 2, 32, dtype=torch.float16)), "expected the same head dim, one of"),
 ])
-def test_errors_name_the_argument(bad, match):
+@pytest.mark.parametrize("fn", [paged_decode_taught, paged_decode], ids=lambda f: f.__name__)
+def test_errors_name_the_argument(bad, match, fn):
     args = dict(q=torch.zeros(1, 2, 64, dtype=torch.float16), k_cache=torch.zeros(4, 16, 1, 64, dtype=torch.float16),
                 v_cache=torch.zeros(4, 16, 1, 64, dtype=torch.float16), block_tables=torch.tensor([[0, 1]]),
                 seq_lens=torch.tensor([20]))
     args.update(bad)
     args = {name: t.to(DEVICE) for name, t in args.items()}
     with pytest.raises((ValueError, TypeError), match=match):
-        paged_decode_taught(**args)
+        fn(**args)
 
 
 def test_what_the_lab_notes_say_of_the_page_walk():

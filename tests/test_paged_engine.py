@@ -120,3 +120,40 @@ def test_after_shutdown_no_request_is_taken_and_running_ones_finish():
 def test_a_pool_too_small_for_one_request_is_refused():
     with pytest.raises(ValueError, match="needs 16 blocks, but the pool has num_blocks = 4"):
         Scheduler(num_blocks=4, block_size=4, max_batch=2, max_model_len=64)
+
+
+def test_the_engine_gives_each_request_what_generate_gives_it_alone(seed):
+    """A random Llama (2 layers, 4 query heads sharing 2 K/V heads, fp16) served by the engine on the course's
+    kernels, with a pool small enough that requests queue and get preempted: each request's greedy tokens are
+    ``model.generate``'s for it alone (SDPA, fp16), compared step by step up to the first step whose top two
+    logits lie closer than the two paths' rounding can separate (test_integrations' TOL)."""
+    import copy
+
+    import torch
+
+    from flashcourse.backend import DEVICE
+    from flashcourse.paged_engine import Engine
+    from test_integrations import TOL, VOCAB, llama
+    model = llama(seed=1).half()
+    reference = copy.deepcopy(model)
+    reference.set_attn_implementation("sdpa")
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(VOCAB - 1) for _ in range(n)] for n in (3, 17, 9, 22)]
+    budget = 3
+    engine = Engine(model, num_blocks=8, block_size=4, max_batch=3)
+    outputs = engine.generate(prompts, budget)
+    compared = 0
+    for prompt, got in zip(prompts, outputs):
+        ids = torch.tensor([prompt], device=DEVICE)
+        out = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=budget,
+                                 min_new_tokens=budget, do_sample=False, output_scores=True,
+                                 return_dict_in_generate=True)
+        expected = out.sequences[0, len(prompt):].tolist()
+        for t, scores in enumerate(out.scores):
+            top2 = scores[0].float().topk(2).values
+            if top2[0] - top2[1] < 2 * TOL:
+                break
+            assert got[t] == expected[t], (prompt, got, expected)
+            compared += 1
+    assert compared >= len(prompts) * budget // 2, compared
+    assert engine.scheduler.blocks_free == 8

@@ -27,12 +27,14 @@ import torch
 import triton
 import triton.language as tl
 
+from ..formulas.counting import LOG2E
 from .attention import quiet
-from .decode_configs import combine_block, num_splits as default_splits, partials_scratch
+from .decode import combine_splits, softmax_step
+from .decode_configs import combine_block, decode_config, num_splits as default_splits, partials_scratch
 from .decode_taught import COMBINE_ROWS, combine_kernel, split_kv_step
 from .validate import expect_dot_operands, expect_num_splits, expect_sm_scale, expect_tensor
 
-__all__ = ["paged_decode_taught", "expect_paged"]
+__all__ = ["paged_decode", "paged_decode_taught", "expect_paged"]
 
 #: Head dims the paged kernels take (chapter 4's).
 PAGED_HEAD_DIMS = (64, 128)
@@ -161,4 +163,99 @@ def paged_decode_taught(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                                          H_q, H_q // H_kv, PAGES, HEAD_DIM=d, BLOCK_SIZE=block_size)
         combine_kernel[(triton.cdiv(B * H_q, COMBINE_ROWS),)](o_part, lse_part, o, B * H_q, S, HEAD_DIM=d,
                                                                BLOCK_R=COMBINE_ROWS, BLOCK_S=combine_block(S))
+    return o
+
+
+# --------------------------------------------------------------------------------------------------
+# The fast path: chapter 4's flash_decode over pages. One program per (split, sequence x KV head) serves the
+# G query heads of its KV head as the M side of a tl.dot (each page read once, not G times); a step takes
+# BLOCK_N keys, from one page or several, their page numbers loaded for the whole block at once (no load
+# waits on another within a step, so the loop can be pipelined as chapter 4's is).
+
+@triton.jit
+def paged_split_fast(Q, K_cache, V_cache, block_tables, seq_lens, O_part, LSE_part, qk_scale,
+                     stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_bt, H_kv, G, PAGES,
+                     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_G: tl.constexpr):
+    split = tl.program_id(0)
+    bg = tl.program_id(1)                                    # b * H_kv + g
+    b = bg // H_kv
+    g = bg % H_kv
+    heads = g * G + tl.arange(0, BLOCK_G)                    # the query heads of KV head g
+    in_g = heads < (g + 1) * G
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    seq_len = tl.load(seq_lens + b)
+    lo = split * PAGES * BLOCK_SIZE                          # this split's keys: whole pages
+    hi = tl.minimum(lo + PAGES * BLOCK_SIZE, seq_len)
+    Q_i = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=in_g[:, None],
+                  other=0.0)                                 # (BLOCK_G, d)
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        cols = start + offs_n                                # logical key positions
+        valid = cols < hi
+        page = tl.load(block_tables + b * stride_bt + cols // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+        rows = page * stride_kb + (cols % BLOCK_SIZE) * stride_kt + g * stride_kh      # (BLOCK_N,)
+        K_j = tl.load(K_cache + rows[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
+        V_j = tl.load(V_cache + rows[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
+        qk = tl.where(valid[None, :], tl.dot(Q_i, tl.trans(K_j)) * qk_scale, float("-inf"))
+        m_i, l_i, p, alpha = softmax_step(m_i, l_i, qk, 1)
+        acc = tl.dot(p.to(V_j.dtype), V_j, acc * alpha[:, None])
+    out = (b * H_kv * G + heads) * tl.num_programs(0) + split                          # (B H_q, S) rows
+    tl.store(O_part + out[:, None] * HEAD_DIM + offs_d[None, :], acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None],
+             mask=in_g[:, None])
+    tl.store(LSE_part + out, m_i + tl.math.log2(tl.where(l_i == 0.0, 1.0, l_i)), mask=in_g)   # log2 units
+
+
+@triton.jit
+def paged_combine(O_part, LSE_part, O, n_rows, S, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
+                  BLOCK_S: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    combine_splits(O_part, LSE_part, O, rows, rows < n_rows, S, HEAD_DIM, BLOCK_R, BLOCK_S, False)
+
+
+def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                 seq_lens: torch.Tensor, num_splits: int | None = None, sm_scale: float | None = None, *,
+                 block_n: int | None = None, num_warps: int = 4, num_stages: int | None = None) -> torch.Tensor:
+    """Decoding attention over a paged cache, the fast way: :data:`paged_split_fast`, one program per (split,
+    sequence x KV head) serving its G query heads with ``tl.dot``, then chapter 4's combine.
+
+    Inputs and result as :func:`paged_decode_taught`'s. ``num_splits`` defaults to chapter 4's heuristic for
+    B H_kv programs a split; ``block_n`` keys a step (default 64, or the page when larger), ``num_warps`` and
+    ``num_stages`` the launch's (default: chapter 4's for this GPU).
+
+    Example:
+        >>> import torch
+        >>> from flashcourse.backend import DEVICE
+        >>> pool = torch.randn(2, 8, 16, 2, 64, device=DEVICE).half()     # 8 pages of 16 tokens, 2 KV heads
+        >>> q = torch.randn(1, 8, 64, device=DEVICE).half()                # GQA: 4 query heads a KV head
+        >>> tables, lens = torch.tensor([[6, 1, 3]], device=DEVICE), torch.tensor([40], device=DEVICE)
+        >>> fast = paged_decode(q, pool[0], pool[1], tables, lens)
+        >>> taught = paged_decode_taught(q, pool[0], pool[1], tables, lens)
+        >>> (fast.float() - taught.float()).abs().max().item() < 2e-3
+        True
+    """
+    fn = "paged_decode"
+    q3, tables, lens, longest = expect_paged(fn, q, k_cache, v_cache, block_tables, seq_lens)
+    B, H_q, d = q3.shape
+    block_size, H_kv = k_cache.shape[1], k_cache.shape[2]
+    G = H_q // H_kv
+    sm_scale = expect_sm_scale(fn, sm_scale, d)
+    S = expect_num_splits(fn, num_splits) or default_splits(B, H_kv, longest, q3.device)
+    launch = decode_config(d, G, q3.dtype)
+    BLOCK_N = block_n or max(launch.constexprs["BLOCK_N"], block_size)
+    PAGES = triton.cdiv(triton.cdiv(triton.cdiv(longest, block_size), S) * block_size, BLOCK_N) * BLOCK_N // block_size
+    o_part, lse_part = partials_scratch(q3.device, B * H_q * S, d)
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    options = dict(num_warps=num_warps, num_stages=launch.num_stages if num_stages is None else num_stages)
+    with quiet():
+        paged_split_fast[(S, B * H_kv)](q3, k_cache, v_cache, tables, lens, o_part, lse_part, sm_scale * LOG2E,
+                                        q3.stride(0), q3.stride(1), k_cache.stride(0), k_cache.stride(1),
+                                        k_cache.stride(2), tables.stride(0), H_kv, G, PAGES, HEAD_DIM=d,
+                                        BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N, BLOCK_G=launch.constexprs["BLOCK_G"],
+                                        **options)
+        paged_combine[(triton.cdiv(B * H_q, COMBINE_ROWS),)](o_part, lse_part, o, B * H_q, S, HEAD_DIM=d,
+                                                             BLOCK_R=COMBINE_ROWS, BLOCK_S=combine_block(S))
     return o

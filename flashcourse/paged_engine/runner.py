@@ -1,0 +1,123 @@
+"""A Llama-architecture model of HuggingFace ``transformers`` run over chapter 9's paged cache.
+
+:class:`LlamaRunner` keeps the model's weights and modules (embeddings, each layer's norms, projections and MLP,
+the rotary embedding, the head) and replaces only what touches K and V: each layer's K and V live in a pool of
+pages, ``(num_blocks, block_size, H_kv, d)`` a layer, written token by token into the slots a request's block table
+names, and read back by the course's kernels:
+
+* :meth:`~LlamaRunner.prefill`: one request's whole sequence (its prompt, or prompt and output after a
+  preemption), attention by :func:`flashcourse.kernels.flash_attention` (FlashAttention-2, causal) on the K and V
+  just computed, which are then written to the request's pages;
+* :meth:`~LlamaRunner.decode`: one token for every request of a batch at once, attention by
+  :func:`flashcourse.kernels.paged.paged_decode_taught` over each request's pages.
+
+Greedy decoding only (the next token is the argmax). The model's own attention modules are not called, so
+whatever attention implementation it was loaded with does not matter.
+
+Example (a random Llama with 4 query heads sharing 2 K/V heads; nothing is downloaded):
+    >>> import torch
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> from flashcourse.backend import DEVICE
+    >>> _ = torch.manual_seed(0)
+    >>> config = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+    ...                      num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+    >>> model = LlamaForCausalLM(config).half().to(DEVICE).eval()
+    >>> runner = LlamaRunner(model, num_blocks=8, block_size=16)
+    >>> first = runner.prefill([5, 6, 7], blocks=[3])            # the prompt's K and V go to page 3
+    >>> ref = model(torch.tensor([[5, 6, 7]], device=DEVICE)).logits[0, -1].argmax().item()
+    >>> first == ref
+    True
+"""
+from __future__ import annotations
+
+import torch
+
+from ..kernels import flash_attention
+from ..kernels.paged import paged_decode_taught
+
+__all__ = ["LlamaRunner"]
+
+
+def _rotate(x, cos, sin):
+    """Rotary position embedding of ``x`` (..., d) with ``cos``, ``sin`` (..., d): RoPE, as Llama applies it."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class LlamaRunner:
+    """The forward pass of a ``LlamaForCausalLM`` (or a model of the same layout) over a paged KV cache of
+    ``num_blocks`` pages of ``block_size`` tokens a layer; see the module's docstring."""
+
+    def __init__(self, model, num_blocks: int, block_size: int):
+        config = model.config
+        self.model = model
+        self.layers = model.model.layers
+        self.heads_q, self.heads_kv = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads_q
+        self.block_size = block_size
+        weight = model.model.embed_tokens.weight
+        shape = (len(self.layers), num_blocks, block_size, self.heads_kv, self.head_dim)
+        self.k_pool = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
+        self.v_pool = torch.zeros_like(self.k_pool)
+
+    def _qkv(self, layer, h, positions):
+        """q (B, H_q, n, d), k and v (B, H_kv, n, d) of hidden states ``h`` (B, n, hidden) at ``positions`` (B, n)."""
+        attn = layer.self_attn
+        B, n, _ = h.shape
+        q = attn.q_proj(h).view(B, n, self.heads_q, self.head_dim).transpose(1, 2)
+        k = attn.k_proj(h).view(B, n, self.heads_kv, self.head_dim).transpose(1, 2)
+        v = attn.v_proj(h).view(B, n, self.heads_kv, self.head_dim).transpose(1, 2)
+        cos, sin = self.model.model.rotary_emb(v, positions)                          # (B, n, d)
+        return _rotate(q, cos[:, None], sin[:, None]), _rotate(k, cos[:, None], sin[:, None]), v
+
+    def _write(self, i, k, v, slots):
+        """Write K and V of layer ``i`` (n, H_kv, d) into the pool's ``slots`` (n,): page * block_size + row."""
+        self.k_pool[i].view(-1, self.heads_kv, self.head_dim)[slots] = k
+        self.v_pool[i].view(-1, self.heads_kv, self.head_dim)[slots] = v
+
+    def _slots(self, blocks, positions):
+        table = torch.as_tensor(blocks, device=self.k_pool.device)
+        positions = torch.as_tensor(positions, device=self.k_pool.device)
+        return table[positions // self.block_size] * self.block_size + positions % self.block_size
+
+    def _layer_out(self, layer, h, attn_out):
+        h = h + layer.self_attn.o_proj(attn_out)
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    def _next_tokens(self, h):
+        return self.model.lm_head(self.model.model.norm(h)).argmax(-1)
+
+    @torch.no_grad()
+    def prefill(self, tokens, blocks) -> int:
+        """Run one request's sequence ``tokens`` with an empty cache, write its K and V to its pages ``blocks``
+        (enough for every token), and return its next token."""
+        n = len(tokens)
+        ids = torch.as_tensor([tokens], device=self.k_pool.device)
+        positions = torch.arange(n, device=ids.device)[None]
+        slots = self._slots(blocks, positions[0])
+        h = self.model.model.embed_tokens(ids)
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, layer.input_layernorm(h), positions)
+            self._write(i, k[0].transpose(0, 1), v[0].transpose(0, 1), slots)
+            o = flash_attention(q, k, v, causal=True)                                   # (1, H_q, n, d)
+            h = self._layer_out(layer, h, o.transpose(1, 2).reshape(1, n, -1))
+        return int(self._next_tokens(h[:, -1])[0])
+
+    @torch.no_grad()
+    def decode(self, last_tokens, tables, seq_lens) -> list[int]:
+        """One step for a batch: each request's last token ``last_tokens[b]`` at position ``seq_lens[b] - 1``
+        (its cache holding the tokens before), ``tables`` (B, max_blocks) its pages. Returns the next tokens."""
+        device = self.k_pool.device
+        ids = torch.as_tensor(last_tokens, device=device)[:, None]                      # (B, 1)
+        lens = torch.as_tensor(seq_lens, device=device, dtype=torch.int32)
+        tables = torch.as_tensor(tables, device=device, dtype=torch.int32)
+        positions = (lens - 1).long()[:, None]
+        slots = (tables.gather(1, positions // self.block_size)[:, 0].long() * self.block_size
+                 + positions[:, 0] % self.block_size)
+        h = self.model.model.embed_tokens(ids)
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, layer.input_layernorm(h), positions)
+            self._write(i, k[:, :, 0], v[:, :, 0], slots)
+            o = paged_decode_taught(q[:, :, 0], self.k_pool[i], self.v_pool[i], tables, lens)    # (B, H_q, d)
+            h = self._layer_out(layer, h, o.reshape(len(last_tokens), 1, -1))
+        return self._next_tokens(h[:, 0]).tolist()
