@@ -71,12 +71,13 @@ def paged_split_kernel(Q, K_cache, V_cache, block_tables, seq_lens, O_part, LSE_
     tl.store(LSE_part + bh * tl.num_programs(0) + split, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
 
 
-def expect_paged(fn: str, q, k_cache, v_cache, block_tables, seq_lens):
+def expect_paged(fn: str, q, k_cache, v_cache, block_tables, seq_lens, check_values: bool = True):
     """Check the inputs of a paged decode: q (B, H_q, d) or (B, H_q, 1, d); caches (num_blocks, block_size,
     H_kv, d), the same shape and strides, block_size a power of two; block_tables (B, max_blocks) integers,
     sequence b's first ``ceil(seq_lens[b] / block_size)`` of them pages of the pool; seq_lens (B,) in
-    1..max_blocks * block_size. Checked on the host (a synchronisation). Returns ``(q3, tables, lens,
-    longest)`` with the tables and lengths as int32 on q's device.
+    1..max_blocks * block_size. The values are checked on the host (a synchronisation), unless ``check_values``
+    is False (a serving loop's hot path). Returns ``(q3, tables, lens, longest)`` with the tables and lengths as
+    int32 on q's device and the longest length (without the check, the longest a table can hold).
 
     Example:
         >>> import torch
@@ -111,17 +112,22 @@ def expect_paged(fn: str, q, k_cache, v_cache, block_tables, seq_lens):
     if block_tables.dim() != 2 or block_tables.shape[0] != B or tuple(seq_lens.shape) != (B,):
         raise ValueError(f"{fn}: block_tables is {tuple(block_tables.shape)} and seq_lens {tuple(seq_lens.shape)}; "
                          f"expected ({B}, max_blocks) and ({B},): a table and a length per sequence")
+    to = dict(device=q.device, dtype=torch.int32)
+    if not check_values:                         # the longest a table can hold: no synchronisation
+        return q3, block_tables.to(**to), seq_lens.to(**to), block_size * block_tables.shape[1]
     tables, lens = block_tables.detach().cpu(), seq_lens.detach().cpu()            # a synchronisation
-    for b, n in enumerate(lens.tolist()):
-        if not 1 <= n <= block_size * tables.shape[1]:
-            raise ValueError(f"{fn}: seq_lens[{b}] is {n}; expected 1..{block_size * tables.shape[1]} "
-                             f"(max_blocks {tables.shape[1]} x block_size {block_size})")
-        pages = tables[b, :-(-n // block_size)]
-        bad = ((pages < 0) | (pages >= num_blocks)).nonzero()
-        if len(bad):
-            j = int(bad[0, 0])
-            raise ValueError(f"{fn}: block_tables[{b}, {j}] is {int(pages[j])}, but sequence {b}'s {n} tokens need "
-                             f"its first {len(pages)} entries to be pages of the pool, 0..{num_blocks - 1}")
+    capacity = block_size * tables.shape[1]
+    bad = ((lens < 1) | (lens > capacity)).nonzero()
+    if len(bad):
+        b = int(bad[0, 0])
+        raise ValueError(f"{fn}: seq_lens[{b}] is {int(lens[b])}; expected 1..{capacity} "
+                         f"(max_blocks {tables.shape[1]} x block_size {block_size})")
+    needed = torch.arange(tables.shape[1])[None, :] < (lens[:, None] + block_size - 1) // block_size
+    bad = (needed & ((tables < 0) | (tables >= num_blocks))).nonzero()
+    if len(bad):
+        b, j = (int(i) for i in bad[0])
+        raise ValueError(f"{fn}: block_tables[{b}, {j}] is {int(tables[b, j])}, but sequence {b}'s {int(lens[b])} tokens "
+                         f"need its first {int(needed[b].sum())} entries to be pages of the pool, 0..{num_blocks - 1}")
     to = dict(device=q.device, dtype=torch.int32)
     return q3, block_tables.to(**to), seq_lens.to(**to), int(lens.max())
 
@@ -218,13 +224,16 @@ def paged_combine(O_part, LSE_part, O, n_rows, S, HEAD_DIM: tl.constexpr, BLOCK_
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  seq_lens: torch.Tensor, num_splits: int | None = None, sm_scale: float | None = None, *,
-                 block_n: int | None = None, num_warps: int = 4, num_stages: int | None = None) -> torch.Tensor:
+                 block_n: int | None = None, num_warps: int = 4, num_stages: int | None = None,
+                 validate: bool = True) -> torch.Tensor:
     """Decoding attention over a paged cache, the fast way: :data:`paged_split_fast`, one program per (split,
     sequence x KV head) serving its G query heads with ``tl.dot``, then chapter 4's combine.
 
     Inputs and result as :func:`paged_decode_taught`'s. ``num_splits`` defaults to chapter 4's heuristic for
     B H_kv programs a split; ``block_n`` keys a step (default 64, or the page when larger), ``num_warps`` and
-    ``num_stages`` the launch's (default: chapter 4's for this GPU).
+    ``num_stages`` the launch's (default: chapter 4's for this GPU). ``validate=False`` skips the check of the
+    tables' and lengths' values (:func:`expect_paged`), which waits for the GPU: a serving loop's hot path, whose
+    tables its own allocator wrote; the splits are then planned for the longest length a table can hold.
 
     Example:
         >>> import torch
@@ -238,7 +247,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         True
     """
     fn = "paged_decode"
-    q3, tables, lens, longest = expect_paged(fn, q, k_cache, v_cache, block_tables, seq_lens)
+    q3, tables, lens, longest = expect_paged(fn, q, k_cache, v_cache, block_tables, seq_lens, validate)
     B, H_q, d = q3.shape
     block_size, H_kv = k_cache.shape[1], k_cache.shape[2]
     G = H_q // H_kv

@@ -9,7 +9,8 @@ names, and read back by the course's kernels:
   preemption), attention by :func:`flashcourse.kernels.flash_attention` (FlashAttention-2, causal) on the K and V
   just computed, which are then written to the request's pages;
 * :meth:`~LlamaRunner.decode`: one token for every request of a batch at once, attention by
-  :func:`flashcourse.kernels.paged.paged_decode_taught` over each request's pages.
+  :func:`flashcourse.kernels.paged.paged_decode` over each request's pages (its tables unchecked: the
+  scheduler wrote them).
 
 Greedy decoding only (the next token is the argmax). The model's own attention modules are not called, so
 whatever attention implementation it was loaded with does not matter.
@@ -33,7 +34,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import flash_attention
-from ..kernels.paged import paged_decode_taught
+from ..kernels.paged import paged_decode
 
 __all__ = ["LlamaRunner"]
 
@@ -118,6 +119,6 @@ class LlamaRunner:
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, layer.input_layernorm(h), positions)
             self._write(i, k[:, :, 0], v[:, :, 0], slots)
-            o = paged_decode_taught(q[:, :, 0], self.k_pool[i], self.v_pool[i], tables, lens)    # (B, H_q, d)
+            o = paged_decode(q[:, :, 0], self.k_pool[i], self.v_pool[i], tables, lens, validate=False)  # (B, H_q, d)
             h = self._layer_out(layer, h, o.reshape(len(last_tokens), 1, -1))
         return self._next_tokens(h[:, 0]).tolist()
