@@ -22,7 +22,8 @@ The checks, by chapter:
 * :mod:`.primer` (chapter 0b, the Triton primer): :func:`rms_norm_kernel` (a first Triton kernel: RMSNorm,
   one program per row, the row in one masked block);
 * :mod:`.online` (chapter 1): :func:`online_softmax` (the online normaliser's step, driven one element
-  at a time), :func:`merge`, :func:`softmax_kernel`;
+  at a time), :func:`merge`, :func:`softmax_kernel`; :mod:`.online_predict`: :func:`softmax_bytes` (the
+  bytes each softmax moves through HBM, predicted and counted);
 * :mod:`.attention` (chapters 2 and 3): :func:`fa1_step` (FlashAttention-1's inner step, run
   inside FA1's loops), :func:`fa2_attention` (FlashAttention-2's deferred rescale, in NumPy) and
   :func:`fa2_kernel` (the inner loop of the FA2 Triton kernel); :mod:`.attention_predict`:
