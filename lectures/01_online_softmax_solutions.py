@@ -20,9 +20,10 @@ CELLS = [
     2. the merge rule that combines the statistics of two blocks of a row (about 10);
     3. the bodies of the two loops of a Triton kernel that computes a row softmax block by block
        (about 30);
-    4. a prediction of the bytes each softmax moves, counted, then set beside the H100's time (about 10).
+    4. a prediction of the bytes each softmax moves, counted, then set beside the H100's time (about 10);
+    5. the cross-entropy loss of rows read once, in blocks, which the lecture does not derive (about 15).
 
-    About 65 minutes in all, plus the questions at the end. (Estimated, not yet timed on a fresh solve:
+    About 80 minutes in all, plus the questions at the end. (Estimated, not yet timed on a fresh solve:
     from the length of each answer and the hints its check gives, beside chapter 7's and 8's parts,
     which were timed; part 3 is the primer's RMSNorm exercise plus a loop and a running state, and its
     check runs for 10-20 s under the interpreter on a CPU. A fresh solve should replace these
@@ -31,7 +32,7 @@ CELLS = [
     Under each exercise a **check cell** runs your code on a few cases you can see and on hidden
     random ones (ragged sizes, huge logits, `-inf` entries). It prints one line ending in ✓ when
     everything passes, and otherwise tells you which case failed and the first wrong number. When
-    all four pass, grade the whole notebook from a terminal:
+    all five pass, grade the whole notebook from a terminal:
     `flashcourse grade exercises/01_online_softmax.ipynb`.
 
     *Sources: Milakov & Gimelshein, "Online normalizer calculation for softmax" (2018); Dao et al.,
@@ -300,6 +301,52 @@ CELLS = [
     softmax saves shows in the time: the 3-pass kernel takes 1.34-1.39x as long. Your count is what the
     algorithm asks of memory; what DRAM sees depends on the caches between.
     """, "fragment", name="measure-moral"),
+
+    md(r"""
+    ## 5. The loss, in one pass
+
+    A language model's last layer ends in a softmax over the vocabulary (rows of 50k-256k logits, the
+    widths of part 4) and training wants only one number of it per row: the cross-entropy
+    $-\log \mathrm{softmax}(x)_t$ of the target token $t$. Work out what it is in terms of the merge
+    rule's $(m, \ell)$, then write `online_cross_entropy(blocks, target)`: `blocks` is a list of
+    `(start, x_b)`, the columns `start:start + width` of every row (`x_b` is `(rows, width)`), in order;
+    read it **once**, as a kernel streaming the row would, keeping what you need as the blocks pass.
+    `target` holds each row's target column. Return the loss of every row, `(rows,)`. Your `merge` is defined. The
+    check has logits that jump by thousands between blocks, `-inf` entries, and a target whose logit is
+    `-inf` (its probability is 0: the loss is `inf`).
+    """, "slide", name="entropy-intro"),
+
+    code("""
+    def online_cross_entropy(blocks, target):
+        \"\"\"Each row's -log softmax(x)[target], from one pass over the row's blocks (start, x_b).\"\"\"
+        ### BEGIN SOLUTION
+        rows = np.arange(len(target))
+        m, l, x_t = None, None, None
+        for start, x_b in blocks:
+            if m is None:                                            # the first block: the rows' count
+                m, l, x_t = np.full(len(x_b), -np.inf), np.zeros(len(x_b)), np.zeros(len(x_b))
+            m_b = x_b.max(axis=1)
+            l_b = np.exp(x_b - np.where(m_b == -np.inf, 0.0, m_b)[:, None]).sum(axis=1)
+            m, l = merge(m, l, m_b, l_b)
+            here = (start <= target) & (target < start + x_b.shape[1])   # the rows whose target is in this block
+            x_t[here] = x_b[rows[here], target[here] - start]
+        # log sum_j e^x_j = m + log l, so -log(e^x_t / sum_j e^x_j) = m + log l - x_t
+        return m + np.log(l) - x_t
+        ### END SOLUTION
+    """, tags=("solution",), name="online-cross-entropy"),
+
+    md("Two rows of the lecture's logits, read in blocks of 3:", "fragment", name="entropy-demo-text"),
+
+    code("""
+    from flashcourse.checks.online_entropy import blocks_of
+    x = np.array([[3.01, 0.09, 2.48, 1.95, 0.5], [1.0, 2.0, 3.0, 4.0, 5.0]])
+    t = np.array([0, 4])
+    mine = online_cross_entropy(blocks_of(x, 3), t)
+    whole = -np.log(np.exp(x[[0, 1], t]) / np.exp(x).sum(axis=1))
+    mine.round(4), bool(np.allclose(mine, whole))
+    """, "fragment", name="entropy-demo"),
+
+    check("online_cross_entropy"),
 
     done("""
     Next, chapter 2 uses the same merge rule on whole tiles of attention scores.

@@ -30,6 +30,7 @@ def load(tmp_path, cell: str, attr: str, replace=(), exercise: bool = False):
     ("merge", "merge", checks.merge),
     ("softmax-kernel", "softmax_kernel", checks.softmax_kernel),
     ("predict-softmax-bytes", "predict_softmax_bytes", checks.softmax_bytes),
+    (["merge", "online-cross-entropy"], "online_cross_entropy", checks.online_cross_entropy),
 ])
 def test_solution_passes_with_one_line_that_is_the_same_every_run(tmp_path, capsys, cell, attr, check):
     fn = load(tmp_path, cell, attr)
@@ -315,3 +316,42 @@ def test_softmax_bytes_as_given_is_not_implemented_and_a_float_or_a_string_is_re
         checks.softmax_bytes(predict(tmp_path, exercise=True), seed=0)
     fails(checks.softmax_bytes, lambda v, r, c, s: 0.5, "return a whole number of bytes")
     fails(checks.softmax_bytes, lambda v, r, c, s: "240", "return a whole number of bytes")
+
+
+# ---------------------------------------------------------------------------------------------
+# part 5, understanding: online_cross_entropy
+
+def entropy(tmp_path, *replace, exercise=False):
+    return load(tmp_path, ["merge", "online-cross-entropy"], "online_cross_entropy", replace, exercise)
+
+
+def test_online_cross_entropy_accepts_the_solution_on_200_seeds(tmp_path, seed, capsys):
+    fn = entropy(tmp_path)
+    for s in range(seed, seed + 200):
+        checks.online_cross_entropy(fn, seed=s % 2 ** 32)
+    assert set(capsys.readouterr().out.splitlines()) == {"online_cross_entropy: 13 cases passed (5 shown, 8 hidden) ✓"}
+
+
+LOSS = "return m + np.log(l) - x_t"
+PICK = "x_t[here] = x_b[rows[here], target[here] - start]"
+
+
+@pytest.mark.parametrize("replace, expected", [
+    pytest.param(((LOSS, "return np.log(l) - x_t"),), ("the log-sum-exp is m + log l, not log l",), id="no-m"),
+    pytest.param(((LOSS, "return x_t - m - np.log(l)"),), ("the sign is flipped",), id="sign"),
+    pytest.param(((LOSS, "return m + np.log(l)"),), ("the target's logit is missing",), id="no-target"),
+    pytest.param(((PICK, "x_t[here] = x_b[rows[here], target[here]]"),),
+                 ("raised IndexError",), id="target-not-less-start"),
+    pytest.param((("m, l = merge(m, l, m_b, l_b)", "m, l = m_b, l_b"),), ("only the last block's (m, l)",),
+                 id="no-merge"),
+    pytest.param((("l_b = np.exp(x_b - np.where(m_b == -np.inf, 0.0, m_b)[:, None]).sum(axis=1)",
+                   "l_b = np.exp(x_b).sum(axis=1)"),), ("first wrong element",), id="no-max-in-block"),
+])
+def test_online_cross_entropy_rejects_wrong_losses_with_their_hint(tmp_path, seed, replace, expected):
+    from solution_cells import rejected
+    rejected(checks.online_cross_entropy, entropy(tmp_path, *replace), seed, *expected)
+
+
+def test_online_cross_entropy_as_given_is_not_implemented(tmp_path):
+    with pytest.raises(NotImplementedError, match="not implemented yet"):
+        checks.online_cross_entropy(entropy(tmp_path, exercise=True), seed=0)
