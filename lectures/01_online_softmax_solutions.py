@@ -15,14 +15,24 @@ CELLS = [
     The lecture built softmax three ways: naive (it overflows), safe (three passes over the row) and
     online (two passes). Here you write the pieces that make the online version work:
 
-    1. the update of the running maximum and normaliser, one element at a time, in NumPy;
-    2. the merge rule that combines the statistics of two blocks of a row;
-    3. the bodies of the two loops of a Triton kernel that computes a row softmax block by block.
+    1. the update of the running maximum and normaliser, one element at a time, in NumPy (about 15
+       minutes);
+    2. the merge rule that combines the statistics of two blocks of a row (about 10);
+    3. the bodies of the two loops of a Triton kernel that computes a row softmax block by block
+       (about 30);
+    4. a prediction of the bytes each softmax moves, counted, then set beside the H100's time (about 10);
+    5. the cross-entropy loss of rows read once, in blocks, which the lecture does not derive (about 15).
+
+    About 80 minutes in all, plus the questions at the end. (Estimated, not yet timed on a fresh solve:
+    from the length of each answer and the hints its check gives, beside chapter 7's and 8's parts,
+    which were timed; part 3 is the primer's RMSNorm exercise plus a loop and a running state, and its
+    check runs for 10-20 s under the interpreter on a CPU. A fresh solve should replace these
+    numbers.)
 
     Under each exercise a **check cell** runs your code on a few cases you can see and on hidden
     random ones (ragged sizes, huge logits, `-inf` entries). It prints one line ending in ✓ when
     everything passes, and otherwise tells you which case failed and the first wrong number. When
-    all three pass, grade the whole notebook from a terminal:
+    all five pass, grade the whole notebook from a terminal:
     `flashcourse grade exercises/01_online_softmax.ipynb`.
 
     *Sources: Milakov & Gimelshein, "Online normalizer calculation for softmax" (2018); Dao et al.,
@@ -209,6 +219,134 @@ CELLS = [
     """, "fragment", name="kernel-demo"),
 
     check("softmax_kernel"),
+
+    md(r"""
+    ## 4. Predict, count, measure
+
+    The lecture counted passes over the row. Turn them into bytes: write
+    `predict_softmax_bytes(variant, rows, cols, itemsize)`, the bytes read plus written in HBM by the
+    `"naive"`, `"safe"` or `"online"` softmax of a `(rows, cols)` input whose elements take `itemsize`
+    bytes (2 for fp16, 4 for fp32, 8 for fp64), each row softmaxed on its own, the result written to
+    a tensor of the same shape and dtype. The check runs the chapter's reference
+    (`flashcourse.reference.online`) on the counted memory for each case and compares exactly.
+    """, "slide", name="predict-intro"),
+
+    code("""
+    def predict_softmax_bytes(variant, rows, cols, itemsize):
+        \"\"\"Bytes read + written in HBM by the naive, safe or online softmax of a (rows, cols) input.\"\"\"
+        ### BEGIN SOLUTION
+        reads = {"naive": 2, "safe": 3, "online": 2}[variant]   # passes over x: safe adds one for the maximum
+        writes = 1                                               # y written once
+        return (reads + writes) * rows * cols * itemsize
+        ### END SOLUTION
+    """, tags=("solution",), name="predict-softmax-bytes"),
+
+    md("**Count.** Your prediction beside the counted memory, for a (3, 8) input of fp16:", "fragment",
+       name="count-text"),
+
+    code("""
+    from flashcourse.memory import Memory
+    from flashcourse.reference import naive_softmax, safe_softmax
+    from flashcourse.reference import online_softmax as reference_online_softmax
+    x16 = np.random.default_rng(1).normal(size=(3, 8)).astype(np.float16)
+    for variant, fn in [("naive", naive_softmax), ("safe", safe_softmax), ("online", reference_online_softmax)]:
+        mem = Memory()
+        fn(x16, memory=mem)
+        print(f"{variant:6s}: predicted {predict_softmax_bytes(variant, 3, 8, 2):4d} bytes, "
+              f"counted {mem.bytes_read() + mem.bytes_written():4d}")
+    """, "fragment", name="count"),
+
+    check("softmax_bytes", "predict_softmax_bytes"),
+
+    md("""
+    **Measure.** The H100 ran the online and the 3-pass kernel on fp16 rows of 1k to 256k columns, 256
+    MiB of input a call (`bench.shipped("online")`; on a GPU the cell times the two widths marked
+    again on yours). Dividing your bytes by the measured time gives the bandwidth the GPU would need
+    if every pass went to DRAM. Before you run it: the H100's copy ceiling is about 3.0 TB/s. Which
+    rows can stay below it?
+    """, "slide", name="measure-text"),
+
+    code("""
+    from flashcourse import bench
+    h100, ceiling = bench.shipped("online"), bench.shipped("roofline").ceilings()["TBps"]
+    kernels = {"online": "kernels.softmax (online, two passes)", "safe": "kernels.safe_softmax_3pass"}
+    print(f"{h100.gpu}, fp16, copy ceiling {ceiling:.2f} TB/s: your bytes / the measured time")
+    print(f"{'cols':>7s} | {'online':>19s} | {'3-pass':>19s}")
+    for cols in (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144):
+        rows = h100.get(kernels["online"], cols=cols).params["rows"]
+        cells = []
+        for variant, impl in kernels.items():
+            ms = h100.get(impl, cols=cols).ms
+            cells.append(f"{ms * 1e3:5.0f} us {predict_softmax_bytes(variant, rows, cols, 2) / ms / 1e9:5.2f} TB/s")
+        print(f"{cols:7d} | " + " | ".join(cells))
+    if DEVICE == "cuda":
+        from triton.testing import do_bench
+        from flashcourse.kernels import safe_softmax_3pass, softmax
+        from flashcourse.bench.online import stream_block
+        print(f"this GPU: {torch.cuda.get_device_name()}")
+        for cols in (8192, 262144):
+            x = torch.randn(2 ** 27 // cols, cols, device=DEVICE, dtype=torch.float16)
+            for variant, fn in (("online", softmax), ("safe", safe_softmax_3pass)):
+                ms = do_bench(lambda: fn(x, block_size=stream_block(cols)))
+                tbps = predict_softmax_bytes(variant, *x.shape, 2) / ms / 1e9
+                print(f"{cols:7d} {variant:6s} {ms * 1e3:5.0f} us {tbps:5.2f} TB/s")
+    """, "fragment", name="measure"),
+
+    md("""
+    Up to 32k columns both kernels would need more than the H100 has: 3.7-4.4 TB/s for the online
+    kernel's 2 reads and 1 write, 4.9-5.9 TB/s for the 3-pass kernel's 3 and 1, and the 3-pass kernel
+    takes 0.93-1.02x the online kernel's time. Their re-reads never reached DRAM: a row of 64 KB or less is read again moments after it
+    was read, and the L2 (50 MB) still holds it. From 64k columns on (128 KB a row and more) the rows in
+    flight outgrow the L2, both kernels need 2.9-3.4 TB/s, about the ceiling, and the pass the online
+    softmax saves shows in the time: the 3-pass kernel takes 1.34-1.39x as long. Your count is what the
+    algorithm asks of memory; what DRAM sees depends on the caches between.
+    """, "fragment", name="measure-moral"),
+
+    md(r"""
+    ## 5. The loss, in one pass
+
+    A language model's last layer ends in a softmax over the vocabulary (rows of 50k-256k logits, the
+    widths of part 4) and training wants only one number of it per row: the cross-entropy
+    $-\log \mathrm{softmax}(x)_t$ of the target token $t$. Work out what it is in terms of the merge
+    rule's $(m, \ell)$, then write `online_cross_entropy(blocks, target)`: `blocks` is a list of
+    `(start, x_b)`, the columns `start:start + width` of every row (`x_b` is `(rows, width)`), in order;
+    read it **once**, as a kernel streaming the row would, keeping what you need as the blocks pass.
+    `target` holds each row's target column. Return the loss of every row, `(rows,)`. Your `merge` is defined. The
+    check has logits that jump by thousands between blocks, `-inf` entries, and a target whose logit is
+    `-inf` (its probability is 0: the loss is `inf`).
+    """, "slide", name="entropy-intro"),
+
+    code("""
+    def online_cross_entropy(blocks, target):
+        \"\"\"Each row's -log softmax(x)[target], from one pass over the row's blocks (start, x_b).\"\"\"
+        ### BEGIN SOLUTION
+        rows = np.arange(len(target))
+        m, l, x_t = None, None, None
+        for start, x_b in blocks:
+            if m is None:                                            # the first block: the rows' count
+                m, l, x_t = np.full(len(x_b), -np.inf), np.zeros(len(x_b)), np.zeros(len(x_b))
+            m_b = x_b.max(axis=1)
+            l_b = np.exp(x_b - np.where(m_b == -np.inf, 0.0, m_b)[:, None]).sum(axis=1)
+            m, l = merge(m, l, m_b, l_b)
+            here = (start <= target) & (target < start + x_b.shape[1])   # the rows whose target is in this block
+            x_t[here] = x_b[rows[here], target[here] - start]
+        # log sum_j e^x_j = m + log l, so -log(e^x_t / sum_j e^x_j) = m + log l - x_t
+        return m + np.log(l) - x_t
+        ### END SOLUTION
+    """, tags=("solution",), name="online-cross-entropy"),
+
+    md("Two rows of the lecture's logits, read in blocks of 3:", "fragment", name="entropy-demo-text"),
+
+    code("""
+    from flashcourse.checks.online_entropy import blocks_of
+    x = np.array([[3.01, 0.09, 2.48, 1.95, 0.5], [1.0, 2.0, 3.0, 4.0, 5.0]])
+    t = np.array([0, 4])
+    mine = online_cross_entropy(blocks_of(x, 3), t)
+    whole = -np.log(np.exp(x[[0, 1], t]) / np.exp(x).sum(axis=1))
+    mine.round(4), bool(np.allclose(mine, whole))
+    """, "fragment", name="entropy-demo"),
+
+    check("online_cross_entropy"),
 
     done("""
     Next, chapter 2 uses the same merge rule on whole tiles of attention scores.

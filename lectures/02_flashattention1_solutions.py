@@ -25,6 +25,11 @@ CELLS = [
     prints one line ending in ✓ when everything passes. Then grade the notebook from a terminal:
     `flashcourse grade exercises/02_flashattention1.ipynb`.
 
+    Two parts: 1. the inner step (about 25 minutes); 2. a prediction of the loops' HBM accesses, counted,
+    then set beside a measurement (about 20). About 45 minutes in all, plus the questions at the end.
+    (Estimated, not yet timed on a fresh solve: from the length of each answer and the hints its check
+    gives, beside chapter 7's and 8's parts, which were timed; a fresh solve should replace these numbers.)
+
     *Source: Dao et al., "FlashAttention: Fast and Memory-Efficient Exact Attention with IO-Awareness"
     (2022), Algorithm 1.*
     """, "slide", name="title"),

@@ -17,11 +17,16 @@ CELLS = [
     is written to HBM once instead of once per K/V block, and the division by the normaliser $\\ell_i$
     can wait until the very end. You write:
 
-    1. the inner loop and the final division of FlashAttention-2, in NumPy, with causal masking;
+    1. the inner loop and the final division of FlashAttention-2, in NumPy, with causal masking
+       (about 25 minutes);
     2. the same loop body inside a Triton kernel, which runs on a GPU — or, without one, in Triton's
-       interpreter on the CPU;
+       interpreter on the CPU (about 30);
     3. the kernel's launch config — tiles, warps, pipeline stages — for a GPU, from a count of what
-       one program asks of an SM; then you compare your choice with a measurement.
+       one program asks of an SM; then you compare your choice with a measurement (about 20).
+
+    About 75 minutes in all, plus the questions at the end. (Estimated, not yet timed on a fresh solve:
+    from the length of each answer and the hints its check gives, beside chapter 7's and 8's parts,
+    which were timed; a fresh solve should replace these numbers.)
 
     Under each exercise a **check cell** runs your code on a few cases you can see and on hidden random
     ones (ragged sizes, $N_q \\ne N_k$, causal masks with rows that see no key, huge logits, a row

@@ -19,9 +19,15 @@ CELLS = [
     program, which returns a partial output and the log-sum-exp of its logits; a small second step
     combines the partials. You write:
 
-    1. the combine step, in NumPy;
-    2. the loop over one chunk's keys, and the partial's store, inside the split-KV Triton kernel;
-    3. the choice of the number of splits, then what it does to the grid and what an H100 measured.
+    1. the combine step, in NumPy (about 15 minutes);
+    2. the loop over one chunk's keys, and the partial's store, inside the split-KV Triton kernel
+       (about 30);
+    3. the choice of the number of splits, then what it does to the grid and what an H100 measured
+       (about 20).
+
+    About 65 minutes in all, plus the questions at the end. (Estimated, not yet timed on a fresh solve:
+    from the length of each answer and the hints its check gives, beside chapter 7's and 8's parts,
+    which were timed; a fresh solve should replace these numbers.)
 
     Under each exercise a **check cell** runs your code on cases you can see and on hidden random ones
     (grouped-query attention, sequences of length 1 or 0, more splits than the cache needs, logits that
@@ -267,7 +273,9 @@ CELLS = [
     md("""
     **Count and measure.** What your choice does to the grid, and what the course's H100 measured
     for `flash_decode` at every split count (batch 1, 32 query heads, the L2 flushed by a read;
-    `bench.measured("decode_splits")`, from `lab/gpu_sweeps.py`):
+    `bench.measured("decode_splits")`, from `lab/gpu_sweeps.py`): shipped numbers, on any machine. On a
+    GPU the cell then times your choice beside one split and twice yours on that GPU, with its own
+    number of SMs.
     """, "fragment", name="splits-measure-text"),
 
     code("""
@@ -279,6 +287,18 @@ CELLS = [
         mine, best = choose_num_splits(r["B"], r["H_kv"], r["L"], r["sms"]), min(us, key=us.get)
         timed = f"{us[mine]:7.1f}us" if mine in us else "not timed"
         print(f"{r['H_kv']:4d} {r['L']:6d} {mine:5d} {r['B'] * r['H_kv'] * mine:8d} {timed:>9s} {best:7d} {us[best]:6.1f}us")
+    if DEVICE == "cuda":
+        from flashcourse.bench.timers import read_flush_timer
+        from flashcourse.kernels import flash_decode
+        time_ms, sms = read_flush_timer(), flashcourse.backend.num_sms()
+        print(f"this GPU: {torch.cuda.get_device_name()}, {sms} SMs (the same shapes, the L2 flushed by a read)")
+        for H_kv in (32, 8):
+            for L in (4096, 65536):
+                q = torch.randn(1, 32, 128, device=DEVICE, dtype=torch.float16)
+                k, v = (torch.randn(1, H_kv, L, 128, device=DEVICE, dtype=torch.float16) for _ in range(2))
+                mine = choose_num_splits(1, H_kv, L, sms)
+                us = {S: time_ms(lambda: flash_decode(q, k, v, num_splits=S)) * 1e3 for S in sorted({1, mine, 2 * mine})}
+                print(f"{H_kv:4d} {L:6d} {mine:5d} " + "  ".join(f"S = {S}: {t:6.1f}us" for S, t in us.items()))
     """, "fragment", name="splits-measure"),
 
     done("""

@@ -29,6 +29,8 @@ def load(tmp_path, cell: str, attr: str, replace=(), exercise: bool = False):
     ("online-softmax", "online_step", checks.online_softmax),
     ("merge", "merge", checks.merge),
     ("softmax-kernel", "softmax_kernel", checks.softmax_kernel),
+    ("predict-softmax-bytes", "predict_softmax_bytes", checks.softmax_bytes),
+    (["merge", "online-cross-entropy"], "online_cross_entropy", checks.online_cross_entropy),
 ])
 def test_solution_passes_with_one_line_that_is_the_same_every_run(tmp_path, capsys, cell, attr, check):
     fn = load(tmp_path, cell, attr)
@@ -245,3 +247,111 @@ def test_the_compile_check_reports_shared_memory_over_the_chips_budget():
     with pytest.raises(AssertionError, match=r"compiles for sm_80 \(A100\) but needs 200000 B of shared memory "
                                              r"with BLOCK = 4096; the chip allows 166912 B"):
         compiled.report_failure("softmax_kernel", [big], {"BLOCK": 4096})
+
+
+# ---------------------------------------------------------------------------------------------
+# part 4, predict -> count: softmax_bytes
+
+def predict(tmp_path, *replace, exercise=False):
+    return load(tmp_path, "predict-softmax-bytes", "predict_softmax_bytes", replace, exercise)
+
+
+def formula_bytes(variant, rows, cols, itemsize):
+    from flashcourse.formulas import softmax_accesses
+    return sum(softmax_accesses(variant, rows, cols).values()) * itemsize
+
+
+def test_softmax_bytes_counts_what_the_formulas_say_on_every_case(seed):
+    """What softmax_bytes counts (the reference on the counted memory) is formulas.softmax_accesses in bytes, on
+    every case of four runs: the next test may stand the formula in for the count."""
+    from flashcourse.checks import online_predict
+    from solution_cells import seeds_of
+    for s in seeds_of(seed):
+        for _, case in online_predict.shown_cases() + online_predict.hidden_cases(np.random.default_rng(s)):
+            assert online_predict.counted_softmax_bytes(*case) == formula_bytes(*case), case
+
+
+def test_softmax_bytes_accepts_the_solution_on_200_seeds(tmp_path, seed, monkeypatch, capsys):
+    """The solution on 200 runs' cases, the count replaced by its closed form (equal: the test above), which
+    makes a run well under a millisecond instead of 70."""
+    from flashcourse.checks import online_predict
+    fn = predict(tmp_path)
+    monkeypatch.setattr(online_predict, "counted_softmax_bytes", formula_bytes)
+    for s in range(seed, seed + 200):
+        checks.softmax_bytes(fn, seed=s % 2 ** 32)
+    assert set(capsys.readouterr().out.splitlines()) == {"softmax_bytes: 14 cases passed (4 shown, 10 hidden) ✓"}
+
+
+READS = 'reads = {"naive": 2, "safe": 3, "online": 2}[variant]'
+TOTAL = "return (reads + writes) * rows * cols * itemsize"
+
+
+@pytest.mark.parametrize("replace, expected", [
+    pytest.param(((TOTAL, "return reads * rows * cols * itemsize"),), ("the result is written to HBM too",),
+                 id="no-write"),
+    pytest.param(((TOTAL, "return (reads + writes) * rows * cols"),), ("count bytes, not elements",), id="elements"),
+    pytest.param(((TOTAL, "return (reads + writes) * cols * itemsize"),), ("every row makes its passes",),
+                 id="one-row"),
+    pytest.param(((TOTAL, "return 8 * (reads + writes) * rows * cols * itemsize"),), ("not bits",), id="bits"),
+    pytest.param(((TOTAL, "return (reads + writes) * rows * cols * 2"),), ("which is 2 only for fp16",),
+                 id="always-fp16"),
+    pytest.param(((READS, 'reads = {"naive": 2, "safe": 2, "online": 2}[variant]'),),
+                 ("that is the online softmax's count",), id="safe-as-online"),
+    pytest.param(((READS, 'reads = {"naive": 2, "safe": 3, "online": 3}[variant]'),),
+                 ("that is the safe softmax's count",), id="online-as-safe"),
+    pytest.param(((READS, 'reads = {"naive": 1, "safe": 3, "online": 2}[variant]'),),
+                 ("the naive softmax still reads x twice",), id="naive-once"),
+    pytest.param(((TOTAL, "return (reads + 2 * writes) * rows * cols * itemsize"),),
+                 ("a store is one pass of writes, not a read and a write",), id="write-as-read-and-write"),
+    pytest.param(((TOTAL, "return (reads + writes) * rows * cols * itemsize + 2"),),
+                 ("not a whole number of passes over the input",), id="off-by-a-little"),
+])
+def test_softmax_bytes_rejects_wrong_predictions_with_their_hint(tmp_path, seed, replace, expected):
+    from solution_cells import rejected
+    rejected(checks.softmax_bytes, predict(tmp_path, *replace), seed, "hint:", *expected)
+
+
+def test_softmax_bytes_as_given_is_not_implemented_and_a_float_or_a_string_is_refused(tmp_path):
+    with pytest.raises(NotImplementedError, match="not implemented yet"):
+        checks.softmax_bytes(predict(tmp_path, exercise=True), seed=0)
+    fails(checks.softmax_bytes, lambda v, r, c, s: 0.5, "return a whole number of bytes")
+    fails(checks.softmax_bytes, lambda v, r, c, s: "240", "return a whole number of bytes")
+
+
+# ---------------------------------------------------------------------------------------------
+# part 5, understanding: online_cross_entropy
+
+def entropy(tmp_path, *replace, exercise=False):
+    return load(tmp_path, ["merge", "online-cross-entropy"], "online_cross_entropy", replace, exercise)
+
+
+def test_online_cross_entropy_accepts_the_solution_on_200_seeds(tmp_path, seed, capsys):
+    fn = entropy(tmp_path)
+    for s in range(seed, seed + 200):
+        checks.online_cross_entropy(fn, seed=s % 2 ** 32)
+    assert set(capsys.readouterr().out.splitlines()) == {"online_cross_entropy: 13 cases passed (5 shown, 8 hidden) ✓"}
+
+
+LOSS = "return m + np.log(l) - x_t"
+PICK = "x_t[here] = x_b[rows[here], target[here] - start]"
+
+
+@pytest.mark.parametrize("replace, expected", [
+    pytest.param(((LOSS, "return np.log(l) - x_t"),), ("the log-sum-exp is m + log l, not log l",), id="no-m"),
+    pytest.param(((LOSS, "return x_t - m - np.log(l)"),), ("the sign is flipped",), id="sign"),
+    pytest.param(((LOSS, "return m + np.log(l)"),), ("the target's logit is missing",), id="no-target"),
+    pytest.param(((PICK, "x_t[here] = x_b[rows[here], target[here]]"),),
+                 ("raised IndexError",), id="target-not-less-start"),
+    pytest.param((("m, l = merge(m, l, m_b, l_b)", "m, l = m_b, l_b"),), ("only the last block's (m, l)",),
+                 id="no-merge"),
+    pytest.param((("l_b = np.exp(x_b - np.where(m_b == -np.inf, 0.0, m_b)[:, None]).sum(axis=1)",
+                   "l_b = np.exp(x_b).sum(axis=1)"),), ("first wrong element",), id="no-max-in-block"),
+])
+def test_online_cross_entropy_rejects_wrong_losses_with_their_hint(tmp_path, seed, replace, expected):
+    from solution_cells import rejected
+    rejected(checks.online_cross_entropy, entropy(tmp_path, *replace), seed, *expected)
+
+
+def test_online_cross_entropy_as_given_is_not_implemented(tmp_path):
+    with pytest.raises(NotImplementedError, match="not implemented yet"):
+        checks.online_cross_entropy(entropy(tmp_path, exercise=True), seed=0)

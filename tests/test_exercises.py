@@ -85,7 +85,7 @@ def test_exercise_hides_every_solution_and_keeps_the_checks():
                 assert re.search(r"# YOUR CODE HERE\n\s+pass\n", e.source) and "NotImplementedError" not in e.source
     assert regions >= 3
     checks = json.loads((ROOT / "flashcourse" / "exercise_checks.json").read_text())[NAME]
-    assert [c["name"] for c in checks] == ["online_softmax", "merge", "softmax_kernel"]
+    assert [c["name"] for c in checks] == ["online_softmax", "merge", "softmax_kernel", "softmax_bytes", "online_cross_entropy"]
     for c in checks:
         assert c["source"].startswith("check.") and "nbval-check-output" in c["metadata"]["tags"]
         assert "✓" in c["outputs"][0]["text"] and "execution" not in c["metadata"]

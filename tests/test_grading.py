@@ -31,7 +31,7 @@ NAME = "01_online_softmax"
 EXERCISE = ROOT / "exercises" / f"{NAME}.ipynb"
 SOLUTION = ROOT / "solutions" / f"{NAME}.ipynb"
 SUCCESS_LINE = "online_softmax: 40 cases passed (8 shown, 32 hidden) ✓"
-CHECKS = ["online_softmax", "merge", "softmax_kernel"]
+CHECKS = ["online_softmax", "merge", "softmax_kernel", "softmax_bytes", "online_cross_entropy"]
 
 
 def read(path):
@@ -115,7 +115,7 @@ def test_untouched_exercise_fails_nbval_as_not_implemented(runs):
     out = r.stdout + r.stderr
     assert r.returncode == 1, out[-3000:]  # 1: cells failed (not 2-4: the run itself broke)
     assert "INTERNALERROR" not in out and "pytest plugin exception" not in out
-    for name in CHECKS[:2]:
+    for name in CHECKS[:2] + CHECKS[3:]:
         assert f"{name} is not implemented yet" in out
     assert "softmax_kernel wrote nothing to y: not implemented yet?" in out
 
@@ -128,7 +128,7 @@ def test_grade_reports_not_implemented_even_when_the_checks_were_edited(runs):
     assert SUCCESS_LINE not in out
     for name in CHECKS:
         assert re.search(rf"^  {name}\s+not implemented\n\s+{name} (is not implemented yet|wrote nothing)", out, re.M), out
-    assert "3 of 3 checks not passed" in out
+    assert f"{len(CHECKS)} of {len(CHECKS)} checks not passed" in out
 
 
 @pytest.mark.slow
@@ -137,7 +137,7 @@ def test_a_completed_exercise_passes_grade(runs):
     assert report.passed, report.format()
     assert [(c.name, c.status) for c in report.checks] == [(n, "passed") for n in CHECKS]
     assert report.other_failures == [] and report.notes == []
-    assert report.format().endswith("all 3 checks passed ✓") and isinstance(report.seed, int)
+    assert report.format().endswith(f"all {len(CHECKS)} checks passed ✓") and isinstance(report.seed, int)
 
 
 def test_the_completed_exercise_is_the_solutions_code():
@@ -173,10 +173,10 @@ def test_solution_cells_are_taken_by_id_or_by_what_they_define():
     for c in done.cells:                                    # an editor that lost every id
         c.id = f"lost-{done.cells.index(c)}"
     cells, notes = grading.solution_sources(done, graded)
-    assert [src for _, src in cells] == [by_id[g["id"]] for g in graded] and len(notes) == 3
+    assert [src for _, src in cells] == [by_id[g["id"]] for g in graded] and len(notes) == len(CHECKS)
     done.cells = [c for c in done.cells if "def merge" not in c.source]
     cells, notes = grading.solution_sources(done, graded)
-    assert len(cells) == 2 and "nothing of it was graded" in notes[1]
+    assert len(cells) == len(CHECKS) - 1 and "nothing of it was graded" in notes[1]
 
 
 def test_the_exercise_is_identified_by_option_or_file_name_never_by_content():
@@ -317,14 +317,14 @@ def test_a_batch_grades_every_notebook_and_writes_reports_and_a_summary(batch):
     assert list(by) == ["alice", "bob", "carol", "dave"]
     assert all(r["exercise"] == NAME for r in rows)            # bob's metadata names another exercise: no matter
     assert [(r["check"], r["passed"], r["status"]) for r in by["alice"]] == [(n, True, "passed") for n in CHECKS]
-    assert [(r["check"], r["status"]) for r in by["bob"][:3]] == [(n, "not implemented") for n in CHECKS]
-    assert all(r["check"].startswith("cell ") for r in by["bob"][3:])   # his demo cells fail too
+    assert [(r["check"], r["status"]) for r in by["bob"][:len(CHECKS)]] == [(n, "not implemented") for n in CHECKS]
+    assert all(r["check"].startswith("cell ") for r in by["bob"][len(CHECKS):])   # his demo cells fail too
     assert [(r["check"], r["status"]) for r in by["carol"]] == [(n, "not graded") for n in CHECKS]
     assert "not a readable notebook" in by["carol"][0]["message"]
-    assert [(r["check"], r["status"]) for r in by["dave"][:3]] == [(n, "not implemented") for n in CHECKS]
-    assert by["dave"][3]["check"] == "cell 2" and KERNEL_DIED in by["dave"][3]["message"]
-    assert (out / "alice" / f"{NAME}.txt").read_text(encoding="utf-8").rstrip().endswith("all 3 checks passed ✓")
-    assert "(exercise 01_online_softmax, 3 checks)" in (out / "bob" / f"{NAME}.txt").read_text(encoding="utf-8")
+    assert [(r["check"], r["status"]) for r in by["dave"][:len(CHECKS)]] == [(n, "not implemented") for n in CHECKS]
+    assert by["dave"][len(CHECKS)]["check"] == "cell 2" and KERNEL_DIED in by["dave"][len(CHECKS)]["message"]
+    assert (out / "alice" / f"{NAME}.txt").read_text(encoding="utf-8").rstrip().endswith(f"all {len(CHECKS)} checks passed ✓")
+    assert f"(exercise 01_online_softmax, {len(CHECKS)} checks)" in (out / "bob" / f"{NAME}.txt").read_text(encoding="utf-8")
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.txt")) == \
         [f"{s}/{NAME}.txt" for s in ["alice", "bob", "carol", "dave"]]
     assert "4 notebooks graded" in proc.stdout
@@ -359,7 +359,7 @@ def test_jobs_grade_at_the_same_time_and_what_a_change_touched_again_alone(tmp_p
     monkeypatch.setattr(batch, "grade", fake_grade)
     rows = batch.grade_batch([tmp_path], tmp_path / "grades", jobs=2, seed=5, progress=False)
     assert max(len(now) for _, now in calls) == 2                                  # two at a time
-    assert [r["student"] for r in rows[::3]] == ["alice", "bob", "mallory", "zoe"]  # in the folder's order
+    assert [r["student"] for r in rows[::len(CHECKS)]] == ["alice", "bob", "mallory", "zoe"]  # in the folder's order
     assert {r["student"]: r["status"] for r in rows} == {"alice": "passed", "bob": "passed", "mallory": "refused",
                                                          "zoe": "passed"}
     assert batch.batch_status(rows) == 2                                            # a refused grade is no pass

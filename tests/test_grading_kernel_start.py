@@ -58,7 +58,7 @@ def test_a_kernel_that_died_at_start_up_is_started_again(tmp_path, monkeypatch):
     starts = dying_kernel(tmp_path, monkeypatch, deaths=1)
     report = grade(EXERCISE)
     assert int(starts.read_text()) == 2
-    assert [c.status for c in report.checks] == ["not implemented"] * 3, report.format()
+    assert [c.status for c in report.checks] == ["not implemented"] * 5, report.format()
     assert all(c.status == "not implemented" for c in report.other_failures), report.format()
 
 

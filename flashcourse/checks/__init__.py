@@ -26,7 +26,9 @@ The checks, by chapter:
   :func:`logsumexp_kernel` (a reduction along an axis, ``exp2``) and :func:`dot_tile_kernel` (``tl.dot``);
   :mod:`.primer_predict`: :func:`predict_rms_norm` (RMSNorm's bytes and its H100 time, predicted);
 * :mod:`.online` (chapter 1): :func:`online_softmax` (the online normaliser's step, driven one element
-  at a time), :func:`merge`, :func:`softmax_kernel`;
+  at a time), :func:`merge`, :func:`softmax_kernel`; :mod:`.online_predict`: :func:`softmax_bytes` (the
+  bytes each softmax moves through HBM, predicted and counted); :mod:`.online_entropy`:
+  :func:`online_cross_entropy` (the cross-entropy of rows read once, in blocks);
 * :mod:`.attention` (chapters 2 and 3): :func:`fa1_step` (FlashAttention-1's inner step, run
   inside FA1's loops), :func:`fa2_attention` (FlashAttention-2's deferred rescale, in NumPy) and
   :func:`fa2_kernel` (the inner loop of the FA2 Triton kernel); :mod:`.attention_predict`:
