@@ -19,14 +19,16 @@ CELLS = [
     1. FlashDecoding++'s choice of `B_N`: a wide tile re-reads `x` less often, a narrow one gives
        more programs to fill the GPU's SMs; then a prediction of the HBM accesses at any sizes, counted,
        and the H100's clock beside both (10–15 minutes for the choice, 15–20 for predict, count, measure);
-    2. the K loop of the flat GEMM Triton kernel: masked tiles of `x` and `W`, multiplied with
+    2. in Python, the shares of K the programs of one column tile take when `flat_gemm` splits K between
+       them (10–15 minutes);
+    3. the K loop of the flat GEMM Triton kernel: masked tiles of `x` and `W`, multiplied with
        `tl.dot` into a float32 accumulator (20–30 minutes).
 
-    About 45–65 minutes in all, plus the questions at the end. How these were estimated: not by timing
+    About 55–80 minutes in all, plus the questions at the end. How these were estimated: not by timing
     students. Each part's code and ideas were set against the primer's RMSNorm exercise, which a strong
     student solving it fresh took 20–30 minutes for (issue 31): the choice is three lines that follow the
     rule as stated; the prediction is one line, but needs the tiling's loops read for what crosses HBM and
-    how often; the kernel's loop is RMSNorm's size with masks on three edges and `tl.dot`. Take the ranges
+    how often; the shares are a few lines with three edges to get right; the kernel's loop is RMSNorm's size with masks on three edges and `tl.dot`. Take the ranges
     as a plan, not a measurement of you.
 
     Under each exercise a **check cell** runs your code on cases you can see and on hidden random ones
@@ -179,7 +181,38 @@ CELLS = [
     """, "fragment", name="block-n-measure-moral"),
 
     md(r"""
-    ## 2. The flat GEMM kernel's K loop
+    ## 2. Splitting K
+
+    When the column tiles are too few to fill the SMs, `flat_gemm` gives each tile S programs and splits K
+    between them: program $s$ multiplies its share of K's rows of W (and columns of x) into a partial
+    $y$, and the partials are added (on the H100, W of 4096 columns makes 64 tiles of 64 for 132 SMs, and
+    `flat_gemm` splits K in two; the lecture's `taught` cell). Write `k_shares(K, B_K, S)`: the share
+    `(lo, hi)` of each of the S programs, rows `lo` to `hi - 1`. What the shares must get right: each
+    program loads whole tiles of $B_K$ rows (only the share holding the last, partial tile ends at K);
+    every row of K is in exactly one share, or it is added into $y$ twice or never; and the tile is done
+    when its slowest program is, so no share should hold more tiles than it must. There are S shares even
+    when there are fewer tiles than programs (a program with nothing to do gets an empty share, `lo == hi`).
+    """, "slide", name="split-intro"),
+
+    code("""
+    def k_shares(K, B_K, S):
+        \"\"\"The shares [(lo, hi), ...] of K's rows that the S programs of one column tile multiply.\"\"\"
+        ### BEGIN SOLUTION
+        tiles = -(-K // B_K)                       # the last one partial when B_K does not divide K
+        per = -(-tiles // S) * B_K                 # whole tiles each, no share longer than it must be
+        return [(min(s * per, K), min((s + 1) * per, K)) for s in range(S)]   # the last ones shorter, or empty
+        ### END SOLUTION
+    """, tags=("solution",), name="k-shares"),
+
+    code("""
+    for K, B_K, S in ((4096, 128, 2), (11008, 128, 4), (100, 32, 3)):
+        print(f"K = {K:5d}, B_K = {B_K:3d}, S = {S}:", k_shares(K, B_K, S))
+    """, "fragment", name="k-shares-demo"),
+
+    check("k_shares"),
+
+    md(r"""
+    ## 3. The flat GEMM kernel's K loop
 
     The grid has one program per column tile: `program_id(0)` is `pid_n`, and the program computes
     `y[:, cols]` with `cols = pid_n * BLOCK_N + arange(BLOCK_N)`. `tl.dot` multiplies tiles of at
