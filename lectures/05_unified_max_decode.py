@@ -392,7 +392,7 @@ CELLS = [
     md("""
     Instructor notes: about 35 minutes. Ask why the maximum is "the" choice in every framework
     (it needs no knowledge of the model), and what a model-specific constant costs (calibration,
-    and a fallback path that must exist and be tested). The exercise's three parts take 30–45 minutes;
+    and a fallback path that must exist and be tested). The exercise's three parts take 60–90 minutes;
     the kernel is the longest.
     """, "notes", name="notes"),
 ]

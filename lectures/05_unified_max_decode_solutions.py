@@ -19,9 +19,19 @@ CELLS = [
     the statistics of the model's logits, and the partials simply add up. The price is a risk:
     $e^{x - \\phi}$ overflows when a logit lies far above $\\phi$, and loses its digits when every logit
     lies far below. So each chunk also *checks* its largest logit, and a head with a chunk out of range
-    is recomputed the synchronised way. You write one chunk's partials and that check, choose
-    $\\varphi$ for a model from the statistics of its scores, and then write the partials as a Triton
-    kernel in which every chunk adds into the same sums.
+    is recomputed the synchronised way. You write:
+
+    1. one chunk's partials and that check, in NumPy (10–15 minutes);
+    2. a choice of $\\varphi$ for a model from the statistics of its scores, the rows it sends back counted,
+       then what a fallback costs on the GPU (25–35 minutes);
+    3. the partials as a Triton kernel in which every chunk adds into the same sums (25–40 minutes).
+
+    About 60–90 minutes in all, plus the questions at the end. How these were estimated: not by timing
+    students. Each part's code and the ideas it needs were set against the primer's RMSNorm exercise, which
+    a strong student solving it fresh took 20–30 minutes for (issue 31): part 1 is a third of its code with
+    one subtle rule (only the largest score counts), part 2 asks to see that the fallback rate is piecewise
+    linear in $\\varphi$, part 3 is RMSNorm's size with two new ideas (atomics, a flag no chunk may lower).
+    Take the ranges as a plan, not a measurement of you.
 
     The check cell runs your function on heads you can see and on hidden random ones — including
     adversarial logits that overflow even float64 — and prints one line ending in ✓ when everything
@@ -129,7 +139,7 @@ CELLS = [
     check("unified_max_partials"),
 
     md(r"""
-    ## 2. Choosing $\varphi$: predict, count
+    ## 2. Choosing $\varphi$: predict, count, measure
 
     The window only helps if $\varphi$ is chosen well, once per model, from statistics of its scores.
     The course ships MiniLM-L6's: a histogram of the **row maxima** of its attention scores — bin $i$
@@ -140,7 +150,8 @@ CELLS = [
     `target` of the rows back — or, when no $\varphi$ can, as few as any $\varphi$ can (within 0.1% of
     the rows). The check counts the rows your $\varphi$ sends back, on MiniLM and on hidden Gaussian,
     heavy-tailed and "attention sink" statistics, with the kernel's window and fp16's narrower one. Any
-    $\varphi$ that meets the target passes; a good one also keeps a margin on both sides, since the
+    $\varphi$ that meets the target passes (within 0.1% of the rows where no $\varphi$ can); one that misses
+    is told on which side of the window its rows leave it. A good one also keeps a margin on both sides, since the
     model will meet scores its statistics never saw. (A start: how does the fraction sent back change
     as $\varphi$ moves, and where can its minimum be?)
     """, "slide", name="phi-intro"),
@@ -183,6 +194,48 @@ CELLS = [
         print(f"{label:15s} target {target:.0%}: yours phi = {mine:6.2f} sends {scores.fallback_rate(stats, mine, bounds):.2%}"
               f" back; the course's phi = {course.phi:6.2f} sends {course.fallback_rate:.2%}")
     """, "fragment", name="phi-count"),
+
+    md("""
+    **Measure.** A row sent back costs time, not accuracy. The H100 ran the course's kernel with no
+    fallback and with one KV head in eight forced to fall back, 12.5% of the heads (`bench.shipped("decode",
+    flush="read")`, the chapter's bench suite: fp16, 32 query heads, $d$ = 128, 16k keys). Before you run it:
+    how much slower do you predict the step with 12.5% of its heads recomputed? Without a GPU the cell prints
+    the shipped H100 times; on a GPU it also times two of the runs on yours.
+    """, "fragment", name="phi-measure-text"),
+
+    code("""
+    from flashcourse import bench
+    h100 = bench.shipped("decode", flush="read")
+    print(f"shipped: {h100.gpu}, {h100.provenance['date'][:10]}; L = 16384, one KV head in 8 falls back")
+    print(f"{'H_kv':>4s} {'B':>3s} {'programs':>9s} {'no fallback':>12s} {'1/8 fall back':>14s} {'slower by':>10s}")
+    for r in h100.select(impl="kernels.unified_max_decode"):
+        p = r.params
+        if p["L"] == 16384:
+            f = h100.get(impl="kernels.unified_max_decode (fallback 1/8)", workload=r.workload)
+            print(f"{p['H_kv']:4d} {p['B']:3d} {f.extra['chunks']:9d} {1e3 * r.ms:10.1f}us {1e3 * f.ms:12.1f}us "
+                  f"{f.ms / r.ms - 1:+10.0%}")
+    if DEVICE == "cuda":
+        from flashcourse.bench.timers import read_flush_timer
+        from flashcourse.kernels import unified_max_decode
+        timer = read_flush_timer()
+        for B in (1, 32):                                      # MHA: 32 KV heads, as the suite's first rows
+            q = torch.randn(B, 32, 128, device=DEVICE, dtype=torch.float16)
+            k, v = (torch.randn(B, 32, 16384, 128, device=DEVICE, dtype=torch.float16) for _ in range(2))
+            hot = torch.zeros(32, dtype=torch.bool, device=DEVICE)
+            hot[::8] = True                                    # one KV head in 8: its queries' scores x 100
+            q_hot = torch.where(hot[None, :, None], q * 100, q)
+            t0, t1 = (timer(lambda: unified_max_decode(qq, k, v, 3.0)) * 1e3 for qq in (q, q_hot))
+            print(f"this GPU ({torch.cuda.get_device_name()}), H_kv = 32, B = {B:2d}: {t0:8.1f}us, "
+                  f"{t1:8.1f}us with 1/8 falling back ({t1 / t0 - 1:+.0%})")
+            del q, k, v, q_hot
+    """, "fragment", name="phi-measure"),
+
+    md("""
+    On the H100 every run paid more than the 12.5% of heads it recomputed: 18% with 1024 programs, 39% to 72%
+    with 256 or fewer (the kernel runs one program per chunk of a KV head and sequence; the H100 has 132 SMs).
+    Question 4 asks why the same fraction costs more when there are fewer programs. With fp16's window no
+    $\\varphi$ sends fewer than 1.32% of MiniLM's rows back: a price paid at every decoding step.
+    """, "fragment", name="phi-measure-moral"),
 
     md(r"""
     ## 3. The partials on the GPU: every chunk adds into the same sums
@@ -309,11 +362,16 @@ CELLS = [
          'accurate either way, but not bit-for-bit reproducible. Where that matters (debugging, some '
          "training set-ups), a fixed-order combine such as Flash-Decoding's restores it, at the price of "
          'the synchronisation the unified maximum removed.'),
-        ('The atomic adds make the last bits of the output depend on the order the chunks finish in. '
-         'Why?',
-         'Floating-point addition is not associative: $(a + b) + c$ and $a + (b + c)$ round '
-         'differently. The chunks finish in an order the hardware decides, so the sum is rounded in a '
-         'different order from run to run.'),
+        ('On the H100, forcing the fallback on one KV head in eight (12.5% of the heads) made a step at '
+         '16k keys 18% slower with 1024 programs (MHA, B = 32), but 56% slower with 128 (MHA, B = 1) and 72% '
+         'with 120 (GQA, B = 1), on 132 SMs. Why does the same fraction cost more when there are fewer '
+         'programs?',
+         'The fast path recomputes a flagged chunk in the program that flagged it, so that program runs '
+         'longer than the others. With 128 programs on 132 SMs every program runs at once, in one wave, and '
+         'the step ends when the slowest ends: a recomputing program sets the time, however few of them there '
+         'are. With 1024 programs (about 8 per SM) the other SMs keep taking new programs while the slow ones '
+         'finish, so the extra work is spread over the GPU and the cost comes closer to the fraction of the '
+         'work that was redone.'),
         ('FlashDecoding++ picks $\\varphi$ once per model from statistics. What makes that reasonable, '
          'and what would you measure before trusting it for a new model?',
          "The paper's statistics: the softmax inputs of a trained model fall in a narrow range (for "

@@ -481,7 +481,8 @@ CELLS = [
     * A memory-bound kernel has a floor: the time to read its bytes once. Measure it (`read_once`)
       before chasing a speed-up: on an H100 `flat_gemm` is within 5% of it, and cuBLAS within 13%.
 
-    **Exercise:** `exercises/06_flat_gemm.ipynb` — choosing $B_N$, and the flat GEMM kernel's K loop.
+    **Exercise:** `exercises/06_flat_gemm.ipynb` — choosing $B_N$, predicting its HBM accesses (counted,
+    then set beside the H100's clock), the shares of K when it is split, and the flat GEMM kernel's K loop.
     """, "slide", name="summary"),
     md("""
     Instructor notes: about 35 minutes. Ask what the ratio tends to as $B_N \\to \\infty$ (about $2M$:

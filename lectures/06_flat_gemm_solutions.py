@@ -17,9 +17,19 @@ CELLS = [
     of `y = x W`, walking K in tiles of `B_K`. You write:
 
     1. FlashDecoding++'s choice of `B_N`: a wide tile re-reads `x` less often, a narrow one gives
-       more programs to fill the GPU's SMs;
-    2. the K loop of the flat GEMM Triton kernel: masked tiles of `x` and `W`, multiplied with
-       `tl.dot` into a float32 accumulator.
+       more programs to fill the GPU's SMs; then a prediction of the HBM accesses at any sizes, counted,
+       and the H100's clock beside both (10–15 minutes for the choice, 15–20 for predict, count, measure);
+    2. in Python, the shares of K the programs of one column tile take when `flat_gemm` splits K between
+       them (10–15 minutes);
+    3. the K loop of the flat GEMM Triton kernel: masked tiles of `x` and `W`, multiplied with
+       `tl.dot` into a float32 accumulator (20–30 minutes).
+
+    About 55–80 minutes in all, plus the questions at the end. How these were estimated: not by timing
+    students. Each part's code and ideas were set against the primer's RMSNorm exercise, which a strong
+    student solving it fresh took 20–30 minutes for (issue 31): the choice is three lines that follow the
+    rule as stated; the prediction is one line, but needs the tiling's loops read for what crosses HBM and
+    how often; the shares are a few lines with three edges to get right; the kernel's loop is RMSNorm's size with masks on three edges and `tl.dot`. Take the ranges
+    as a plan, not a measurement of you.
 
     Under each exercise a **check cell** runs your code on cases you can see and on hidden random ones
     (ragged K and N, M from 1 to 16, GPUs with 40, 108 and 132 SMs, N one program short of the SMs,
@@ -100,21 +110,56 @@ CELLS = [
     check("choose_block_n"),
 
     md(r"""
-    **Measure.** Your rule against the clock: the H100 (132 SMs) timed `flat_gemm` with every
+    **Predict, count.** Your rule chose $B_N$ for the ratio. Now predict what that tiling asks of memory:
+    write `predict_accesses(M, K, N, B_N, B_K)`, the HBM element accesses (reads plus writes) of $y = x W$
+    tiled as above (one program per tile of $B_N$ columns, each walking K in tiles of $B_K$, x's rows padded
+    to 8 on chip), for any sizes: the last tile of columns or of K partial when it does not divide. Work it
+    out from the loops (`flashcourse.reference.flat_gemm`, the lecture's count): what each program reads and
+    writes, and how many programs there are. The check runs the tiling on the counted memory for each case and
+    compares exactly: the count is a whole number, the same on every run.
+    """, "fragment", name="predict-intro"),
+
+    code("""
+    def predict_accesses(M, K, N, B_N, B_K):
+        \"\"\"HBM element accesses (reads + writes) of the tiled flat GEMM y = x W, x (M, K), W (K, N).\"\"\"
+        ### BEGIN SOLUTION
+        programs = -(-N // B_N)                  # one per tile of B_N columns, the last one partial
+        return programs * M * K + K * N + M * N  # each streams all of x's M real rows; W read once; y written once
+        ### END SOLUTION
+    """, tags=("solution",), name="predict-accesses"),
+
+    code("""
+    from flashcourse.memory import Memory
+    from flashcourse.reference import flat_gemm as reference_flat_gemm
+    rng = np.random.default_rng(0)
+    for M, K, N, B_N in ((1, 300, 1000, 64), (8, 300, 1000, 64), (8, 300, 1000, 256)):
+        mem = Memory()
+        reference_flat_gemm(rng.normal(size=(M, K)), rng.normal(size=(K, N)), block_n=B_N, block_k=64, memory=mem)
+        print(f"M = {M}, K x N = {K} x {N}, B_N = {B_N:3d}: predicted {predict_accesses(M, K, N, B_N, 64):7,d}, "
+              f"counted {mem.accesses():7,d}, of which W {K * N:,d}")
+    """, "fragment", name="count"),
+
+    check("gemm_accesses", "predict_accesses"),
+
+    md(r"""
+    **Measure.** Your rule and your count against the clock: the H100 (132 SMs) timed `flat_gemm` with every
     candidate $B_N$ (no split of K, $B_K$ = 64, 3 stages, the L2 flushed by a read; shipped as
     `bench.measured("gemm_block_n")`, from `lab/gpu_sweeps.py`). Where does your choice land, and
-    how much do the worst choices cost? On a GPU, the next cell times one shape on yours.
+    how much do the worst choices cost? The last column is your count at your choice, in fp16 bytes, over
+    the measured time. Before you run it: what fraction of the H100's copy bandwidth (3.0 TB/s, chapter 0)
+    do you expect? On a GPU, the next cell times one shape on yours.
     """, "fragment", name="block-n-measure-text"),
 
     code("""
     from flashcourse import bench
     sweep = bench.measured("gemm_block_n")
-    print(f"{'M':>2s} {'K x N':>12s} {'yours':>6s} {'time':>8s} {'best':>5s} {'time':>8s} {'worst':>8s}")
+    print(f"{'M':>2s} {'K x N':>12s} {'yours':>6s} {'time':>8s} {'best':>5s} {'time':>8s} {'worst':>8s} {'your count':>11s}")
     for r in sweep["rows"]:
         us = {int(b): t for b, t in r["us"].items()}
         mine, best = choose_block_n(r["M"], r["K"], r["N"], r["sms"], tuple(sweep["block_ns"])), min(us, key=us.get)
+        moved = 2 * predict_accesses(r["M"], r["K"], r["N"], mine, 64)            # bytes, fp16
         print(f"{r['M']:2d} {r['K']:5d} x {r['N']:5d} {mine!s:>6s} {us.get(mine, float('nan')):6.1f}us {best:5d} {us[best]:6.1f}us "
-              f"{max(us.values()):6.1f}us")
+              f"{max(us.values()):6.1f}us {moved / us.get(mine, float('nan')) / 1e6:6.2f} TB/s")
     if DEVICE == "cuda":
         from flashcourse.bench.timers import read_flush_timer
         from flashcourse.kernels import flat_gemm as library_flat_gemm
@@ -127,8 +172,47 @@ CELLS = [
                   + ("  <- yours" if b == choose_block_n(1, 4096, 11008, sms, tuple(sweep["block_ns"])) else ""))
     """, "fragment", name="block-n-measure"),
 
+    md("""
+    The count and the clock disagree, and the disagreement teaches. At M = 8 and $B_N$ = 16 the count is
+    up to 41% larger than at M = 1 (x, read by 256 programs), yet the H100's times differ by under 1%: x's
+    re-reads cost no time that shows; at 176 KB at most, x fits the 50 MB L2 many times over. The weight's bytes must come from DRAM,
+    yet they arrive at 2.2 TB/s at best (K x N = 4096 x 11008), and W's 8 MB at N = 1024 take 28 µs
+    (0.3 TB/s): a time that does not shrink with the bytes is a fixed cost, not bandwidth.
+    """, "fragment", name="block-n-measure-moral"),
+
     md(r"""
-    ## 2. The flat GEMM kernel's K loop
+    ## 2. Splitting K
+
+    When the column tiles are too few to fill the SMs, `flat_gemm` gives each tile S programs and splits K
+    between them: program $s$ multiplies its share of K's rows of W (and columns of x) into a partial
+    $y$, and the partials are added (on the H100, W of 4096 columns makes 64 tiles of 64 for 132 SMs, and
+    `flat_gemm` splits K in two; the lecture's `taught` cell). Write `k_shares(K, B_K, S)`: the share
+    `(lo, hi)` of each of the S programs, rows `lo` to `hi - 1`. What the shares must get right: each
+    program loads whole tiles of $B_K$ rows (only the share holding the last, partial tile ends at K);
+    every row of K is in exactly one share, or it is added into $y$ twice or never; and the tile is done
+    when its slowest program is, so no share should hold more tiles than it must. There are S shares even
+    when there are fewer tiles than programs (a program with nothing to do gets an empty share, `lo == hi`).
+    """, "slide", name="split-intro"),
+
+    code("""
+    def k_shares(K, B_K, S):
+        \"\"\"The shares [(lo, hi), ...] of K's rows that the S programs of one column tile multiply.\"\"\"
+        ### BEGIN SOLUTION
+        tiles = -(-K // B_K)                       # the last one partial when B_K does not divide K
+        per = -(-tiles // S) * B_K                 # whole tiles each, no share longer than it must be
+        return [(min(s * per, K), min((s + 1) * per, K)) for s in range(S)]   # the last ones shorter, or empty
+        ### END SOLUTION
+    """, tags=("solution",), name="k-shares"),
+
+    code("""
+    for K, B_K, S in ((4096, 128, 2), (11008, 128, 4), (100, 32, 3)):
+        print(f"K = {K:5d}, B_K = {B_K:3d}, S = {S}:", k_shares(K, B_K, S))
+    """, "fragment", name="k-shares-demo"),
+
+    check("k_shares"),
+
+    md(r"""
+    ## 3. The flat GEMM kernel's K loop
 
     The grid has one program per column tile: `program_id(0)` is `pid_n`, and the program computes
     `y[:, cols]` with `cols = pid_n * BLOCK_N + arange(BLOCK_N)`. `tl.dot` multiplies tiles of at

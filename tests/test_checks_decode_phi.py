@@ -40,15 +40,15 @@ def test_the_exercise_as_given_is_not_implemented_yet(tmp_path):
 
 
 @pytest.mark.parametrize("replace, expected", [
-    pytest.param(((RETURN, "return float(edges[-1])"),), ("phi at the largest row maximum",), id="phi-at-the-top"),
-    pytest.param(((RETURN, "return float(edges[0])"),), ("above the target",), id="phi-at-the-bottom"),
+    pytest.param(((RETURN, "return float(edges[-1])"),), ("phi is too high for them", "phi at the largest row maximum"), id="phi-at-the-top"),
+    pytest.param(((RETURN, "return float(edges[0])"),), ("phi is too low for them", "phi at the smallest row maximum"), id="phi-at-the-bottom"),
     pytest.param(((RETURN, "return float((counts * (edges[:-1] + width / 2)).sum() / counts.sum())"),),
                  ("above the target",), id="phi-at-the-mean"),
-    pytest.param((("a, b = bounds", "b, a = bounds"),), ("above the target",), id="window-swapped"),
+    pytest.param((("a, b = bounds", "b, a = bounds"),), ("the rows leave on both sides",), id="window-swapped"),
     pytest.param((("limit = max(target, rates.min()) + 1e-12", "limit = target + 1e-12"),), ("",),
                  id="unreachable-target-not-handled"),
     pytest.param((("above = np.clip((edges[1:] - phi - b) / width, 0.0, 1.0)", "above = 0.0"),),
-                 ("above the target",), id="overflow-side-not-counted"),
+                 ("phi is too low for them",), id="overflow-side-not-counted"),
 ])
 def test_mutants_are_rejected_on_every_seed(tmp_path, seed, replace, expected):
     rejected(checks.choose_phi, mutant(tmp_path, *replace), seed, *expected, exc=(AssertionError, ValueError))
@@ -62,3 +62,18 @@ def test_the_rate_and_its_minimum(seed):
         assert least <= min(rate(start, width, counts, bounds, p) for p in grid) + 1e-12, kind
         if kind == "a target no phi can reach":
             assert least > target
+
+
+def test_the_measure_cells_numbers_are_the_shipped_decode_suites():
+    # the exercise's measure text and question 4 (and INSTRUCTORS.md's answer) quote these: L = 16k, read flush
+    from flashcourse import bench
+    h100 = bench.shipped("decode", flush="read")
+    cost = {}
+    for r in h100.select(impl="kernels.unified_max_decode"):
+        if r.params["L"] == 16384:
+            f = h100.get(impl="kernels.unified_max_decode (fallback 1/8)", workload=r.workload)
+            assert f.extra["fallback_heads"] * 8 == f.extra["heads"]
+            cost[(r.params["H_kv"], r.params["B"])] = (f.extra["chunks"], round(100 * (f.ms / r.ms - 1)))
+    assert cost[(32, 32)] == (1024, 18) and cost[(32, 1)] == (128, 56) and cost[(8, 1)] == (120, 72)
+    few = [c for programs, c in cost.values() if programs <= 256]
+    assert (min(few), max(few)) == (39, 72) and all(c > 12.5 for _, c in cost.values())

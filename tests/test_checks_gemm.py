@@ -36,7 +36,7 @@ def test_solution_passes_with_one_line_that_is_the_same_every_run(tmp_path, caps
 
 def test_the_checks_are_exported_where_the_notebooks_look_for_them():
     from flashcourse import checks as check
-    assert {"choose_block_n", "flat_gemm_kernel"} <= set(check.__all__)
+    assert {"choose_block_n", "gemm_accesses", "k_shares", "flat_gemm_kernel"} <= set(check.__all__)
     assert check.flat_gemm_kernel is gemm_checks.flat_gemm_kernel
 
 
@@ -237,7 +237,7 @@ def test_exercise_hides_the_solutions_and_keeps_the_checks():
         elif "@triton.jit" in s.source:
             assert e.source.count("# YOUR CODE HERE\n") == 1 and "NotImplementedError" not in e.source
     canonical = json.loads((ROOT / "flashcourse" / "exercise_checks.json").read_text())[FG]
-    assert [c["name"] for c in canonical] == ["choose_block_n", "flat_gemm_kernel"]
+    assert [c["name"] for c in canonical] == ["choose_block_n", "gemm_accesses", "k_shares", "flat_gemm_kernel"]
 
 
 @pytest.fixture(scope="module")
@@ -250,17 +250,21 @@ def test_grade_reports_the_untouched_exercise_as_not_implemented(graded):
     report = graded["untouched"]
     assert not report.passed
     assert [(c.name, c.status) for c in report.checks] == [("choose_block_n", "not implemented"),
+                                                         ("gemm_accesses", "not implemented"),
+                                                         ("k_shares", "not implemented"),
                                                          ("flat_gemm_kernel", "not implemented")], report.format()
     assert report.checks[0].message.startswith("choose_block_n is not implemented yet")
-    assert "flat_gemm_kernel stored only zeros" in report.checks[1].message
+    assert report.checks[1].message.startswith("gemm_accesses is not implemented yet")
+    assert report.checks[2].message.startswith("k_shares is not implemented yet")
+    assert "flat_gemm_kernel stored only zeros" in report.checks[3].message
 
 
 @pytest.mark.slow
 def test_grade_passes_the_completed_exercise(graded):
     report = graded["completed"]
     assert report.passed, report.format()
-    assert [(c.name, c.status) for c in report.checks] == [("choose_block_n", "passed"),
-                                                         ("flat_gemm_kernel", "passed")]
+    assert [(c.name, c.status) for c in report.checks] == [("choose_block_n", "passed"), ("gemm_accesses", "passed"),
+                                                         ("k_shares", "passed"), ("flat_gemm_kernel", "passed")]
     assert report.other_failures == [] and report.notes == []
 
 
@@ -270,3 +274,97 @@ def test_flat_gemm_kernel_that_only_the_interpreter_runs_is_rejected_for_sm_80_a
                   (("        acc += tl.dot(x, w)\n", "        acc += tl.dot(x, w)\n        if k < 0:\n            break\n"),))
     msg = fails(checks.flat_gemm_kernel, kernel, *cells.refused_by_the_gpu_compiler("flat_gemm_kernel"), "`break`", "unsupported AST node type: Break")
     assert "Traceback" not in msg and len(msg.splitlines()) <= 3, msg
+
+
+# ---------------------------------------------------------------------------------------------
+# the prediction of the HBM accesses (gemm_accesses): counted, and the mistakes named
+
+def test_the_count_is_the_lectures_formula_tensor_by_tensor():
+    from flashcourse.checks import gemm_predict
+    from flashcourse.formulas import flat_gemm_traffic
+    cases = gemm_predict.shown_cases() + [c for s in range(3) for c in gemm_predict.hidden_cases(np.random.default_rng(s))]
+    for _, args in cases:
+        assert gemm_predict.counted_gemm_traffic(*args) == flat_gemm_traffic(*args), args
+
+
+def test_the_prediction_passes_with_one_line_that_is_the_same_every_run(tmp_path, capsys):
+    passes_with_one_line(checks.gemm_accesses, load(tmp_path, FG, "predict-accesses", "predict_accesses"),
+                         "gemm_accesses", capsys)
+
+
+def test_the_prediction_passes_200_seeds(tmp_path, monkeypatch):
+    # the count equals the formula (above), so the formula stands in for it here: 200 seeds in a fraction of a second
+    from flashcourse.checks import gemm_predict
+    from flashcourse.formulas import flat_gemm_traffic
+    monkeypatch.setattr(gemm_predict, "counted_gemm_traffic", flat_gemm_traffic)
+    fn = load(tmp_path, FG, "predict-accesses", "predict_accesses")
+    for s in range(200):
+        checks.gemm_accesses(fn, seed=s)
+
+
+def test_the_untouched_prediction_is_not_implemented(tmp_path):
+    stub = load(tmp_path, FG, "predict-accesses", "predict_accesses", exercise=True)
+    assert fails(checks.gemm_accesses, stub, exc=NotImplementedError).startswith("gemm_accesses is not implemented yet")
+
+
+PREDICT = "return programs * M * K + K * N + M * N"
+
+
+@pytest.mark.parametrize("new, expected", [
+    ("return M * K + K * N + M * N", "x is not read once"),
+    ("return (N // B_N) * M * K + K * N + M * N", "ceil, not floor"),
+    ("return round((M * B_K + B_N * B_K) * N * K / (B_N * B_K) + M * N)", "that is the paper's count"),
+    ("return programs * -(-M // 8) * 8 * K + K * N + -(-M // 8) * 8 * N", "the padding never crosses HBM"),
+    ("return programs * M * -(-K // B_K) * B_K + -(-K // B_K) * B_K * N + M * N", "the last K tile is partial"),
+    ("return programs * M * K + K * N", "y (M x N) is written once"),
+    ("return programs * -(-K // B_K) * M * K + K * N + M * N", "x is read once per program, not once per K tile"),
+    ("return programs * M * K + programs * K * N + M * N", "W is read once in all"),
+    ("return 2 * (programs * M * K + K * N + M * N)", "count elements, not bytes"),
+    ("return programs * M * K + K * N + M * N + 1", "your count is 1 over the counted"),
+], ids=["x-once", "floor", "paper", "padded-rows", "padded-k", "no-y", "x-per-k-tile", "w-per-program", "bytes",
+        "off-by-one"])
+def test_prediction_mutants_are_rejected_with_their_hint(tmp_path, seed, new, expected):
+    fn = load(tmp_path, FG, "predict-accesses", "predict_accesses", ((PREDICT, new),))
+    cells.rejected(checks.gemm_accesses, fn, seed, "gemm_accesses: wrong count", expected)
+
+
+# ---------------------------------------------------------------------------------------------
+# the shares of K when it is split (k_shares): the library's rule and any balanced one pass; the mistakes are named
+
+def test_the_shares_pass_200_seeds_the_solutions_and_a_balanced_one(tmp_path, capsys):
+    from flashcourse.checks.gemm_split import library_shares
+
+    def balanced(K, B_K, S):                   # the remainder one tile to each of the first programs
+        q, r = divmod(-(-K // B_K), S)
+        bounds = np.cumsum([0] + [q + (s < r) for s in range(S)]) * B_K
+        return [(min(int(lo), K), min(int(hi), K)) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    fn = load(tmp_path, FG, "k-shares", "k_shares")
+    passes_with_one_line(checks.k_shares, fn, "k_shares", capsys)
+    for s in range(200):
+        for f in (fn, balanced, library_shares):
+            checks.k_shares(f, seed=s)
+    assert capsys.readouterr().out.count("✓") == 600
+
+
+def test_the_untouched_shares_are_not_implemented(tmp_path):
+    stub = load(tmp_path, FG, "k-shares", "k_shares", exercise=True)
+    assert fails(checks.k_shares, stub, exc=NotImplementedError).startswith("k_shares is not implemented yet")
+
+
+SHARES = "return [(min(s * per, K), min((s + 1) * per, K)) for s in range(S)]"
+
+
+@pytest.mark.parametrize("replace, expected", [
+    ((("tiles = -(-K // B_K)", "tiles = K // B_K"),), "the last, partial tile of K (K % B_K rows) is in no share"),
+    (((SHARES, "return [(s * per, (s + 1) * per) for s in range(S)]"),), "a share runs past K"),
+    ((("per = -(-tiles // S) * B_K", "per = -(-K // S)"),), "a share starts inside a tile of B_K rows"),
+    (((SHARES, "return [(min(s * per, K), min((s + 1) * per, K)) for s in range(S) if s * per < K]"),),
+     "so S shares"),
+    ((("per = -(-tiles // S) * B_K", "per = max(tiles // S, 1) * B_K"),
+      (SHARES, "return [(min(s * per, K), min((s + 1) * per, K) if s < S - 1 else K) for s in range(S)]")),
+     "a share holds more than"),
+    (((SHARES, "return [(min(s * per, K), min((s + 2) * per, K)) for s in range(S)]"),), "two shares overlap"),
+], ids=["floor", "past-K", "rows-not-tiles", "fewer-than-S", "remainder-to-last", "overlap"])
+def test_share_mutants_are_rejected_with_their_hint(tmp_path, seed, replace, expected):
+    fn = load(tmp_path, FG, "k-shares", "k_shares", replace)
+    cells.rejected(checks.k_shares, fn, seed, "k_shares: wrong shares", expected)

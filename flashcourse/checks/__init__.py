@@ -45,7 +45,9 @@ The checks, by chapter:
   ``tl.atomic_add``);
 * :mod:`.gemm` (chapter 6): :func:`choose_block_n` (FlashDecoding++'s choice of B_N from the
   compute/memory ratio and the SM count, in Python) and :func:`flat_gemm_kernel` (the K loop of the
-  flat GEMM Triton kernel).
+  flat GEMM Triton kernel); :mod:`.gemm_predict`: :func:`gemm_accesses` (the tiled flat GEMM's HBM traffic,
+  predicted and counted); :mod:`.gemm_split`: :func:`k_shares` (the shares of K the programs of a column tile
+  take when K is split).
 * :mod:`.backward` (chapter 7): :func:`fa2_backward_step` (the recomputed backward step, in NumPy, run inside
   the chapter's loops) and :func:`dkdv_kernel` (the inner loop of the dK/dV kernel in Triton);
   :mod:`.backward_lse`: :func:`backward_step_dlse` (the step for a loss that uses the log-sum-exp too);

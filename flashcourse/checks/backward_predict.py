@@ -25,14 +25,12 @@ Example:
 """
 from __future__ import annotations
 
-from itertools import combinations
-
 import numpy as np
 
 from ..formulas.backward import fa1_backward_traffic, standard_backward_traffic
 from ..memory import Memory
 from ..reference.backward import fa2_backward
-from .cases import call, join_lines, number_cases, passed, require_callable, seed_of, whole_number
+from .cases import check_counts, number_cases, passed, require_callable, seed_of
 
 __all__ = ["backward_accesses"]
 
@@ -81,7 +79,6 @@ def _mistakes(N_q, N_k, d, B_r, B_c):
         return before + 2 * kv_steps * N_k * d + inner + 2 * dkdv_steps * N_k * d
     T_r = _ceil(N_q, B_r)
     standard = sum(standard_backward_traffic(N_q, d, N_k=N_k).values())
-    right = total()
     return [
         ("dQ_i is read, updated and written back in every inner step: it arrives holding the key blocks before "
          "this one, and that read is an access too", total(dq_read=False)),
@@ -106,29 +103,7 @@ def _mistakes(N_q, N_k, d, B_r, B_c):
          total(dkdv_steps=T_r)),
         ("that is the standard backward's count, which reads and writes N_q x N_k matrices (P, dP, dS); "
          "Algorithm 2 never stores one", standard),
-        ("count elements, not bytes", 2 * right),
-        ("count elements, not bytes", 4 * right),
-        ("count elements, not bytes", 8 * right),
     ]
-
-
-def _gap(got: int, traffic: dict[tuple[str, str], int]) -> str:
-    """What the gap between ``got`` and the count is made of: the counted terms (one to three) that add up to it,
-    when only one set of them does; else where to look."""
-    gap = sum(traffic.values()) - got
-    side = "short of" if gap > 0 else "over"
-    terms = sorted(traffic.items())
-    for n in (1, 2, 3):
-        found = [combo for combo in combinations(terms, n) if sum(v for _, v in combo) == abs(gap)]
-        if len(found) == 1:
-            said = " + ".join(f"{t} {'reads' if way == 'read' else 'writes'}" for (t, way), _ in found[0])
-            return (f"your count is {abs(gap)} {side} the counted, which is exactly the counted {said}: "
-                    f"{'count them' if gap > 0 else 'they are not there, or not that often'}")
-        if found:
-            break
-    return (f"your count is {abs(gap)} {side} the counted. Count by phase: the pass for D before the loops; each "
-            "outer step (K_j, V_j read, dK_j, dV_j written); each inner step (what is read and written for one "
-            "(i, j)); and how many steps there are when the blocks do not divide the sizes")
 
 
 def shown_cases():
@@ -190,16 +165,9 @@ def backward_accesses(fn, seed: int | None = None) -> None:
     seed = seed_of(seed)
     shown, hidden = shown_cases(), hidden_cases(np.random.default_rng(seed))
     replay = f"check.backward_accesses(predict_backward_accesses, seed={seed}) draws this hidden case again."
-    for case in number_cases(shown, hidden, seed, _NAMES):
-        got = whole_number(name, call(name, fn, case.inputs, case), case, "accesses")
-        traffic = counted_backward_traffic(*case.inputs)
-        expected = sum(traffic.values())
-        if got != expected:
-            known = list(dict.fromkeys(why for why, value in _mistakes(*case.inputs) if value == got))
-            hint = "; or: ".join(known) if known else _gap(got, traffic)
-            N_q, N_k, _, B_r, B_c = case.inputs
-            raise AssertionError(join_lines(f"{name}: wrong count on {case.describe()}",
-                                            f"got {got}, counted {expected} (T_r = {_ceil(N_q, B_r)} row blocks, "
-                                            f"T_c = {_ceil(N_k, B_c)} key blocks)",
-                                            f"hint: {join_lines(hint, replay if case.hidden else '')}"))
+    check_counts(name, fn, number_cases(shown, hidden, seed, _NAMES), counted_backward_traffic, _mistakes,
+                 "Count by phase: the pass for D before the loops; each outer step (K_j, V_j read, dK_j, dV_j written); "
+                 "each inner step (what is read and written for one (i, j)); and how many steps there are when the "
+                 "blocks do not divide the sizes", replay,
+                 lambda N_q, N_k, d, B_r, B_c: f"T_r = {_ceil(N_q, B_r)} row blocks, T_c = {_ceil(N_k, B_c)} key blocks")
     passed(name, len(shown), len(hidden))

@@ -56,6 +56,39 @@ def lowest_rate(start: float, width: float, counts, bounds) -> tuple[float, floa
     return float(rates[i]), float(candidates[i])
 
 
+def sides(start: float, width: float, counts, bounds, phi: float) -> tuple[float, float]:
+    """The fractions of the rows that phi sends back from above (m - phi > b: they would overflow) and from below
+    (m - phi < a: every term underflows).
+
+    Example:
+        >>> sides(0.0, 1.0, [1, 1, 1, 1], (-1.0, 1.0), 2.0)      # [0, 1) below phi + a = 1, [3, 4) above phi + b = 3
+        (0.25, 0.25)
+    """
+    a, b = bounds
+    return (rate(start, width, counts, (-np.inf, b), phi), rate(start, width, counts, (a, np.inf), phi))
+
+
+def gap(start: float, width: float, counts, bounds, phi: float) -> str:
+    """What the rows a phi sends back are made of, and what that says about phi: which side of the window they
+    leave it on, and by how much phi would have to move to bring the farthest of them back in.
+
+    Example:
+        >>> gap(0.0, 1.0, [1, 1, 1, 1], (-1.0, 10.0), 2.5)
+        'of them, 0.00% lie above phi + b (m - phi > b: they would overflow) and 37.50% below phi + a (m - phi < a: every term underflows): phi is too high for them; the lowest row maximum is 1.5 below phi + a'
+    """
+    above, below = sides(start, width, counts, bounds, phi)
+    a, b = bounds
+    lo, hi = start, start + width * len(counts)
+    said = (f"of them, {above:.2%} lie above phi + b (m - phi > b: they would overflow) and {below:.2%} below phi + a "
+            f"(m - phi < a: every term underflows)")
+    if above > 0 and below > 0:
+        return (f"{said}: the rows leave on both sides: lowering phi brings rows back from below at the price of "
+                "rows above, raising it the reverse")
+    if above > 0:
+        return f"{said}: phi is too low for them; the highest row maximum is {hi - phi - b:.3g} above phi + b"
+    return f"{said}: phi is too high for them; the lowest row maximum is {phi + a - lo:.3g} below phi + a"
+
+
 def _histogram(values, width):
     start = float(np.floor(values.min() / width) * width)
     counts = np.bincount(((values - start) // width).astype(int)).astype(np.int64)
@@ -170,6 +203,6 @@ def choose_phi(fn, seed: int | None = None) -> None:
             reach = (f"phi = {where:.3f} sends {least:.2%}" if least > target else
                      f"a phi such as {where:.3f} sends {least:.2%}")
             raise AssertionError(f"{name}: phi = {phi!r} on {case.describe()}\n  it sends {got:.2%} of the rows to "
-                                 f"the fallback, above the target {target:.1%}; {reach}"
+                                 f"the fallback, above the target {target:.1%}; {reach}\n  {gap(start, width, counts, bounds, phi)}"
                                  + (f"\n  hint: {hint}" if hint else "") + again)
     passed(name, len(shown), len(hidden))
