@@ -164,19 +164,19 @@ CELLS = [
     md(r"""
     ## Two dimensions: tiles, broadcasting, reductions
 
-    `rows[:, None]` and `cols[None, :]` broadcast as in NumPy: `x_ptr + rows[:, None] * stride + cols[None, :]`
-    is a `(BLOCK_R, BLOCK_C)` tile of pointers, and the mask combines both edges. Reductions run along an
+    `row_ids[:, None]` and `col_ids[None, :]` broadcast as in NumPy: `x_ptr + row_ids[:, None] * stride +
+    col_ids[None, :]` is a `(BLOCK_R, BLOCK_C)` tile of pointers, and the mask combines both edges. Reductions run along an
     axis: `tl.sum(x, axis=1)`, `tl.max(x, axis=1)` (one number per row), or `axis=0`.
     """, "slide", name="tiles"),
 
     code("""
     @triton.jit
     def row_sums(x_ptr, out_ptr, n_rows, n_cols, stride, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-        rows = tl.arange(0, BLOCK_R)
-        cols = tl.arange(0, BLOCK_C)
-        inside = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
-        x = tl.load(x_ptr + rows[:, None] * stride + cols[None, :], mask=inside, other=0.0)
-        tl.store(out_ptr + rows, tl.sum(x, axis=1), mask=rows < n_rows)
+        row_ids = tl.arange(0, BLOCK_R)
+        col_ids = tl.arange(0, BLOCK_C)
+        inside = (row_ids[:, None] < n_rows) & (col_ids[None, :] < n_cols)
+        x = tl.load(x_ptr + row_ids[:, None] * stride + col_ids[None, :], mask=inside, other=0.0)
+        tl.store(out_ptr + row_ids, tl.sum(x, axis=1), mask=row_ids < n_rows)
 
     x = torch.arange(35.0, device=DEVICE).reshape(5, 7)
     out = torch.empty(5, device=DEVICE)
@@ -230,10 +230,10 @@ CELLS = [
     code("""
     @triton.jit
     def long_row_sum(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
-        cols = tl.arange(0, BLOCK)
+        lanes = tl.arange(0, BLOCK)
         acc = tl.zeros((BLOCK,), dtype=tl.float32)       # one partial sum per lane
         for start in range(0, n, BLOCK):                 # n is known only at run time
-            acc += tl.load(x_ptr + start + cols, mask=start + cols < n, other=0.0)
+            acc += tl.load(x_ptr + start + lanes, mask=start + lanes < n, other=0.0)
         tl.store(out_ptr, tl.sum(acc, axis=0))
 
     x = torch.arange(1000.0, device=DEVICE)
@@ -352,8 +352,8 @@ CELLS = [
     @triton.autotune(configs=configs, key=["n"])
     @triton.jit
     def double(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(y_ptr + offs, 2 * tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+        idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y_ptr + idx, 2 * tl.load(x_ptr + idx, mask=idx < n), mask=idx < n)
 
     x = torch.randn(backend.problem_size(gpu=1 << 24, cpu=1000), device=DEVICE)
     y = torch.empty_like(x)

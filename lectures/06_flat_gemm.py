@@ -250,10 +250,11 @@ CELLS = [
     out (`...`): the exercise.
 
     * **Padding.** The tile has `BLOCK_M` = 16 rows (`DOT_MIN`), not 8 as in the paper: `tl.dot` accepts
-      any M from 1 and K ≥ 16 for float16 (Triton 3.6 and 3.9, compiled for sm_75/80/90: `lab/primer.md`),
-      but for sm_80 Triton compiles a float16 `tl.dot` to `mma.m16n8k16`, 16 rows at once, even at M = 1:
-      a smaller M is padded to 16 by the compiler anyway. Rows past M are loaded as zeros (masked by `rows < M`): they are made on chip, never
-      read from HBM, and the store writes only the rows below M.
+      any M from 1 and K ≥ 16 for float16 (Triton 3.6 and 3.9, compiled for sm_75/80/90: lab/primer.md),
+      but for sm_80 Triton compiles a float16 `tl.dot` to the tensor-core instruction *mma.m16n8k16*, 16 rows
+      at once, even at M = 1: a smaller M is padded to 16 by the compiler anyway. Rows past M are loaded as
+      zeros (masked by `rows < M`): they are made on chip, never read from HBM, and the store writes only the
+      rows below M.
     * **$B_N$.** Program `pid_n` computes the columns `pid_n * BLOCK_N + arange(BLOCK_N)` of y.
     * **The K loop** walks K in steps of `BLOCK_K`. Its body loads a tile of x and a tile of W, masked
       where K or N ends, and adds their `tl.dot` to the float32 `acc`: you write it in the exercise.

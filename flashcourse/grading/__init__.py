@@ -266,7 +266,7 @@ def verdict_job(exercise: str, cells, seed: int, checks_json: Path | str | None 
     Example:
         >>> job = verdict_job("01_online_softmax", [("c", "def merge(*a): pass")], seed=7)
         >>> [c["name"] for c in job["checks"]], job["seed"]
-        (['online_softmax', 'merge', 'softmax_kernel'], 7)
+        (['online_softmax', 'merge', 'softmax_kernel', 'softmax_bytes', 'online_cross_entropy'], 7)
     """
     checks, graded = load_canonical(checks_json)[exercise], load_grading(checks_json)[exercise]
     return {"exercise": exercise, "cells": [list(c) for c in cells], "setup": graded["setup"], "seed": int(seed),
