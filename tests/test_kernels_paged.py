@@ -23,8 +23,7 @@ def paged_inputs(lens, block_size, H_q, H_kv, d, seed, fork=False, spare=3):
     """q, the page pools, block tables and lengths on the device, and the same caches contiguous (B, H_kv, L, d)."""
     rng = np.random.default_rng(seed)
     pages = sum(-(-n // block_size) for n in lens) + spare
-    cache = PagedKVCache(pages, block_size, H_kv, d, dtype=np.float16)
-    rng.shuffle(cache.allocator._free)                        # pages handed out in a random order
+    cache = PagedKVCache(pages, block_size, H_kv, d, dtype=np.float16, order=rng.permutation(pages))  # out of order
     for b, n in enumerate(lens):
         if fork and b == 1:                                   # sequence 1 shares sequence 0's pages, then grows
             cache.fork(0, 1)

@@ -92,6 +92,7 @@ def test_a_full_pool_raises_cache_full_and_keeps_what_fitted():
     (lambda c: c.fork("nobody", "y"), "no sequence 'nobody'"),
     (lambda c: PagedKVCache(4, 0, 1, 2), "block_size must be a positive integer, got 0"),
     (lambda c: BlockAllocator(2).release(5), r"block must be an integer in \[0, 2\), got 5"),
+    (lambda c: BlockAllocator(2, order=[0, 0]), r"order must hold each block 0..1 once, got \[0, 0\]"),
     (lambda c: cache_usage([3], reserve=2), "exceeds the reservation"),
     (lambda c: cache_usage([3]), "exactly one"),
 ])
@@ -116,10 +117,9 @@ def test_usage_counts_shared_blocks_once_and_matches_cache_usage(seed):
 def _paged_case(rng, lens, block_size, heads_q, heads_kv, d, q_len=1, shared=False):
     """A cache of sequences of ``lens`` in a shuffled pool (tables out of order); with ``shared``, sequence 1
     is a fork of sequence 0 that then grew."""
-    cache = PagedKVCache(num_blocks=4 * sum(-(-n // block_size) for n in lens) + 4, block_size=block_size,
-                         heads_kv=heads_kv, d=d)
-    order = rng.permutation(cache.allocator.num_blocks).tolist()
-    cache.allocator._free = order                             # hand the blocks out in a random order
+    blocks = 4 * sum(-(-n // block_size) for n in lens) + 4
+    cache = PagedKVCache(num_blocks=blocks, block_size=block_size, heads_kv=heads_kv, d=d,
+                         order=rng.permutation(blocks))      # the blocks handed out in a random order
     for i, n in enumerate(lens):
         if shared and i == 1:
             cache.fork(0, 1)

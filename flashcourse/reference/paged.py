@@ -50,7 +50,9 @@ class CacheFull(MemoryError):
 
 
 class BlockAllocator:
-    """A pool of ``num_blocks`` blocks, each with a reference count: 0 free, 1 owned, more shared.
+    """A pool of ``num_blocks`` blocks, each with a reference count: 0 free, 1 owned, more shared. ``order``: the
+    order in which the free blocks are first handed out (default 0, 1, 2, ...; a shuffled one makes block tables
+    out of order, as a server's are after a while).
 
     Example:
         >>> pool = BlockAllocator(2)
@@ -64,9 +66,12 @@ class BlockAllocator:
         ValueError: BlockAllocator.release: block 0 is free already
     """
 
-    def __init__(self, num_blocks: int):
+    def __init__(self, num_blocks: int, order=None):
         self.num_blocks = positive_int("BlockAllocator", "num_blocks", num_blocks)
-        self._free = list(range(self.num_blocks - 1, -1, -1))      # pop() hands out block 0 first
+        order = list(range(self.num_blocks)) if order is None else [int(b) for b in order]
+        if sorted(order) != list(range(self.num_blocks)):
+            raise ValueError(f"BlockAllocator: order must hold each block 0..{self.num_blocks - 1} once, got {order}")
+        self._free = order[::-1]                                    # pop() hands out order[0] first
         self._refs = [0] * self.num_blocks
 
     @property
@@ -111,7 +116,8 @@ class PagedKVCache:
 
     ``k``, ``v``: ``(num_blocks, block_size, heads_kv, d)``. Token ``t`` of sequence ``s`` lives in page
     ``block_table(s)[t // block_size]``, row ``t % block_size``. A block held by several tables (after
-    :meth:`fork`) is never written: :meth:`append` first copies it to a block of the sequence's own.
+    :meth:`fork`) is never written: :meth:`append` first copies it to a block of the sequence's own. ``order``:
+    the pool's first order of blocks (:class:`BlockAllocator`).
 
     Example:
         >>> cache = PagedKVCache(num_blocks=4, block_size=2, heads_kv=1, d=1)
@@ -122,13 +128,13 @@ class PagedKVCache:
         4
     """
 
-    def __init__(self, num_blocks: int, block_size: int, heads_kv: int, d: int, dtype=np.float64):
+    def __init__(self, num_blocks: int, block_size: int, heads_kv: int, d: int, dtype=np.float64, order=None):
         fn = "PagedKVCache"
         self.block_size = positive_int(fn, "block_size", block_size)
         shape = (positive_int(fn, "num_blocks", num_blocks), self.block_size, positive_int(fn, "heads_kv", heads_kv),
                  positive_int(fn, "d", d))
         self.k, self.v = np.zeros(shape, dtype), np.zeros(shape, dtype)
-        self.allocator = BlockAllocator(num_blocks)
+        self.allocator = BlockAllocator(num_blocks, order)
         self._tables: dict = {}
         self._lens: dict = {}
 
