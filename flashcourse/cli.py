@@ -30,6 +30,9 @@ def main(argv=None) -> int:
     parser.add_argument("command", choices=COMMANDS, metavar="COMMAND")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the command's own arguments (see COMMAND --help)")
     ns = parser.parse_args(argv)
+    # nbformat's jsonschema without rfc3987_syntax: 1.2 s of grammars a process, for formats nbformat never names
+    # (see grading.notebook_run._PYTEST); JupyterLab (`lab`) runs in a process of its own, with it
+    sys.modules.setdefault("rfc3987_syntax", None)
     module_name, help_ = COMMANDS[ns.command]
     module = importlib.import_module(module_name)  # only the command used is imported
     sub = argparse.ArgumentParser(prog=f"flashcourse {ns.command}", description=help_)

@@ -46,6 +46,7 @@ import pytest
 import nbval.kernel
 import nbval.plugin
 
+os.environ.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)    # (see _PYTEST) the kernel starts with a practice run's environment
 RESULTS = []
 assert callable(nbval.plugin.find_comment_markers) and callable(nbval.plugin.find_metadata_tags), "nbval changed"
 nbval.plugin.find_comment_markers = lambda source: iter(())
@@ -92,6 +93,20 @@ def pytest_sessionfinish(session, exitstatus):
     with open(os.environ["FLASHCOURSE_GRADE_RESULTS"], "w") as f:
         json.dump(RESULTS, f)
 ''' % KERNEL_DIED
+
+#: The graded run's pytest, ``python -c _PYTEST ARGS``: nbval (``-p nbval``) and the plugin above, no other
+#: plugin of the installation; and jsonschema (nbval imports nbformat, nbformat jsonschema) without
+#: rfc3987_syntax, which jsonschema imports when it is installed (JupyterLab's jupyter-events pulls it in) and
+#: which compiles 39 grammars as it is imported (python-jsonschema/jsonschema#1521), for the formats "iri"
+#: and "iri-reference", which nbformat's schemas never name. The two cost 2.8 of the 3.3 s pytest took to start.
+_PYTEST = '''
+import os, sys
+sys.modules.setdefault("rfc3987_syntax", None)
+os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+import pytest
+sys.exit(pytest.main(sys.argv[1:]))
+'''
+
 
 def grading_env() -> dict:
     """The environment the graded notebook runs in: this package importable (even from a checkout that
@@ -198,7 +213,7 @@ def _run_once(nb, name: str, timeout: int, uid: int | None):
         results_path = tmp / "results.json"
         env = grading_env()
         env["FLASHCOURSE_GRADE_RESULTS"] = str(results_path)
-        cmd = [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "-p", "no:cacheprovider",
+        cmd = [sys.executable, "-c", _PYTEST, "-p", "nbval", "--nbval-lax", "--nbval-current-env", "-p", "no:cacheprovider",
                f"--nbval-cell-timeout={timeout}", "--color=no", "-q", "-c", str(tmp / "pytest.ini"),
                "--rootdir", str(tmp), str(target)]
         if uid is not None:                 # a user of its own: a home of its own, in the run's folder
