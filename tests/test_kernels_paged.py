@@ -58,6 +58,18 @@ def test_paged_decode_against_float64(device, case, fn, seed):
         assert_decode_close(o, q, k, v, seq_lens, what=f"unvalidated, seed {seed}")
 
 
+@pytest.mark.parametrize("validate", [True, False])
+def test_tables_and_lengths_given_as_views_of_one_buffer(device, seed, validate):
+    """A serving loop keeps each row's token, length and table in one int32 buffer and passes views of it: the
+    lengths a column (stride 2 + max_blocks), the tables a slice of the rows. The kernels read them as given."""
+    q, k_pool, v_pool, tables, seq_lens, k, v = paged_inputs([1, 17, 40], 16, 4, 2, 64, seed)
+    rows = torch.cat([torch.zeros_like(seq_lens)[:, None], seq_lens[:, None], tables], 1).to(torch.int32)
+    for fn in (paged_decode_taught, paged_decode):
+        kw = {} if fn is paged_decode_taught else dict(validate=validate)
+        o = fn(q, k_pool, v_pool, rows[:, 2:], rows[:, 1], **kw)
+        assert_decode_close(o, q, k, v, seq_lens, what=f"{fn.__name__} on views, seed {seed}")
+
+
 def test_the_comparison_catches_a_page_read_in_the_wrong_order(device, seed):
     """Swapping two entries of a table (pages walked out of their logical order) changes nothing when every
     key is visible -- softmax ignores the order of keys -- but reading a page past a sequence's length does:

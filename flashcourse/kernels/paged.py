@@ -114,7 +114,7 @@ def expect_paged(fn: str, q, k_cache, v_cache, block_tables, seq_lens, check_val
                          f"expected ({B}, max_blocks) and ({B},): a table and a length per sequence")
     to = dict(device=q.device, dtype=torch.int32)
     if not check_values:                         # the longest a table can hold: no synchronisation
-        return q3, block_tables.to(**to), seq_lens.to(**to), block_size * block_tables.shape[1]
+        return q3, block_tables.to(**to).contiguous(), seq_lens.to(**to).contiguous(), block_size * block_tables.shape[1]
     tables, lens = block_tables.detach().cpu(), seq_lens.detach().cpu()            # a synchronisation
     capacity = block_size * tables.shape[1]
     bad = ((lens < 1) | (lens > capacity)).nonzero()
@@ -128,8 +128,7 @@ def expect_paged(fn: str, q, k_cache, v_cache, block_tables, seq_lens, check_val
         b, j = (int(i) for i in bad[0])
         raise ValueError(f"{fn}: block_tables[{b}, {j}] is {int(tables[b, j])}, but sequence {b}'s {int(lens[b])} tokens "
                          f"need its first {int(needed[b].sum())} entries to be pages of the pool, 0..{num_blocks - 1}")
-    to = dict(device=q.device, dtype=torch.int32)
-    return q3, block_tables.to(**to), seq_lens.to(**to), int(lens.max())
+    return q3, block_tables.to(**to).contiguous(), seq_lens.to(**to).contiguous(), int(lens.max())
 
 
 def paged_decode_taught(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,

@@ -10,7 +10,9 @@ names, and read back by the course's kernels:
   just computed, which are then written to the request's pages;
 * :meth:`~LlamaRunner.decode`: one token for every request of a batch at once, attention by
   :func:`flashcourse.kernels.paged.paged_decode` over each request's pages (its tables unchecked: the
-  scheduler wrote them).
+  scheduler wrote them). On a GPU the step is replayed from a CUDA graph, one per batch-size bucket
+  (:data:`BUCKETS`): the batch is padded to its bucket with rows that read and write a scratch page no request
+  holds, and the whole step (every layer's few dozen launches) costs one launch from the host.
 
 Greedy decoding only (the next token is the argmax). The model's own attention modules are not called, so
 whatever attention implementation it was loaded with does not matter.
@@ -34,9 +36,14 @@ from __future__ import annotations
 import torch
 
 from ..kernels import flash_attention
+from ..kernels.decode_configs import partials_scratch
 from ..kernels.paged import paged_decode
 
-__all__ = ["LlamaRunner"]
+__all__ = ["LlamaRunner", "BUCKETS"]
+
+#: The batch sizes a decoding step is captured for as a CUDA graph; a batch runs in the smallest that holds it
+#: (a larger one runs without a graph).
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 
 
 def _rotate(x, cos, sin):
@@ -47,19 +54,28 @@ def _rotate(x, cos, sin):
 
 class LlamaRunner:
     """The forward pass of a ``LlamaForCausalLM`` (or a model of the same layout) over a paged KV cache of
-    ``num_blocks`` pages of ``block_size`` tokens a layer; see the module's docstring."""
+    ``num_blocks`` pages of ``block_size`` tokens a layer; see the module's docstring. A request holds at most
+    ``max_blocks`` pages (its tables are that wide in a CUDA graph); ``cuda_graphs`` (default: on a GPU) replays
+    decoding steps from graphs."""
 
-    def __init__(self, model, num_blocks: int, block_size: int):
+    def __init__(self, model, num_blocks: int, block_size: int, max_blocks: int | None = None,
+                 cuda_graphs: bool | None = None):
         config = model.config
         self.model = model
         self.layers = model.model.layers
         self.heads_q, self.heads_kv = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads_q
         self.block_size = block_size
+        self.max_blocks = num_blocks if max_blocks is None else max_blocks
         weight = model.model.embed_tokens.weight
-        shape = (len(self.layers), num_blocks, block_size, self.heads_kv, self.head_dim)
+        # one page more than the requests may hold: the scratch page the padding rows of a graph's batch use
+        self.scratch_page = num_blocks
+        shape = (len(self.layers), num_blocks + 1, block_size, self.heads_kv, self.head_dim)
         self.k_pool = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
         self.v_pool = torch.zeros_like(self.k_pool)
+        self.cuda_graphs = weight.is_cuda if cuda_graphs is None else bool(cuda_graphs and weight.is_cuda)
+        self._graphs: dict[int, tuple] = {}
+        self._graph_pool = None
 
     def _qkv(self, layer, h, positions):
         """q (B, H_q, n, d), k and v (B, H_kv, n, d) of hidden states ``h`` (B, n, hidden) at ``positions`` (B, n)."""
@@ -107,11 +123,64 @@ class LlamaRunner:
     @torch.no_grad()
     def decode(self, last_tokens, tables, seq_lens) -> list[int]:
         """One step for a batch: each request's last token ``last_tokens[b]`` at position ``seq_lens[b] - 1``
-        (its cache holding the tokens before), ``tables`` (B, max_blocks) its pages. Returns the next tokens."""
-        device = self.k_pool.device
-        ids = torch.as_tensor(last_tokens, device=device)[:, None]                      # (B, 1)
-        lens = torch.as_tensor(seq_lens, device=device, dtype=torch.int32)
-        tables = torch.as_tensor(tables, device=device, dtype=torch.int32)
+        (its cache holding the tokens before), ``tables[b]`` the list of its pages. Returns the next tokens."""
+        B = len(last_tokens)
+        bucket = next((n for n in BUCKETS if n >= B), None) if self.cuda_graphs else None
+        width = self.max_blocks if bucket else max(len(t) for t in tables)
+        pad = [0, 1] + [self.scratch_page] * width                                     # a padding row: 1 token
+        host = torch.tensor([[token, n, *table] + pad[2 + len(table):] for token, n, table in
+                             zip(last_tokens, seq_lens, tables)] + [pad] * ((bucket or B) - B), dtype=torch.int32)
+        if bucket is None:
+            step = host.to(self.k_pool.device)
+            return self._step(step[:, :1].long(), step[:, 1].contiguous(), step[:, 2:]).tolist()
+        graph, inputs, out = self._graphs.get(bucket) or self._capture(bucket)
+        inputs.copy_(host, non_blocking=True)
+        graph.replay()
+        return out[:B].tolist()
+
+    def capture(self, max_batch: int) -> int:
+        """Capture the decoding step's CUDA graph of every bucket up to ``max_batch`` rows now (largest first), so
+        that no step waits for a capture later; returns how many graphs there are (0 without CUDA graphs).
+
+        Example:
+            >>> import torch
+            >>> from transformers import LlamaConfig, LlamaForCausalLM
+            >>> config = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+            ...                      num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+            >>> LlamaRunner(LlamaForCausalLM(config).half(), num_blocks=8, block_size=16).capture(4)  # on the CPU
+            0
+        """
+        if not self.cuda_graphs:
+            return 0
+        wanted = [n for n in BUCKETS if n < max_batch] + [n for n in BUCKETS if n >= max_batch][:1]
+        for bucket in sorted(wanted, reverse=True):
+            if bucket not in self._graphs:
+                self._capture(bucket)
+        return len(self._graphs)
+
+    def _capture(self, bucket: int):
+        """The CUDA graph of a decoding step of ``bucket`` rows (captured the first time it is needed), its input
+        buffer (``bucket`` rows of token, length and table: :meth:`decode` writes them) and its output."""
+        inputs = torch.full((bucket, 2 + self.max_blocks), self.scratch_page, dtype=torch.int32, device=self.k_pool.device)
+        inputs[:, :2] = torch.tensor([0, 1], dtype=torch.int32)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):              # compile the kernels and grow the kept buffers outside the graph
+            self._step(inputs[:, :1].long(), inputs[:, 1].contiguous(), inputs[:, 2:])
+        torch.cuda.current_stream().wait_stream(side)
+        if self._graph_pool is None:
+            self._graph_pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._graph_pool):
+            out = self._step(inputs[:, :1].long(), inputs[:, 1].contiguous(), inputs[:, 2:])
+        # the graph writes the decode partials kept between calls: hold them, should a later call grow (replace) them
+        kept = partials_scratch(self.k_pool.device, 1, self.head_dim)
+        self._graphs[bucket] = (graph, inputs, out, kept)
+        return self._graphs[bucket][:3]
+
+    def _step(self, ids, lens, tables):
+        """A decoding step on device tensors: ``ids`` (B, 1), ``lens`` (B,) int32, ``tables`` (B, W) int32; the
+        next tokens (B,)."""
         positions = (lens - 1).long()[:, None]
         slots = (tables.gather(1, positions // self.block_size)[:, 0].long() * self.block_size
                  + positions[:, 0] % self.block_size)
@@ -120,5 +189,5 @@ class LlamaRunner:
             q, k, v = self._qkv(layer, layer.input_layernorm(h), positions)
             self._write(i, k[:, :, 0], v[:, :, 0], slots)
             o = paged_decode(q[:, :, 0], self.k_pool[i], self.v_pool[i], tables, lens, validate=False)  # (B, H_q, d)
-            h = self._layer_out(layer, h, o.reshape(len(last_tokens), 1, -1))
-        return self._next_tokens(h[:, 0]).tolist()
+            h = self._layer_out(layer, h, o.reshape(len(ids), 1, -1))
+        return self._next_tokens(h[:, 0])
