@@ -262,8 +262,7 @@ CELLS = [
 
     Causal, the key blocks right of the diagonal are never visited (`hi`).
 
-    Here is the whole kernel; the loop's body and the final store are left out: they are what you write
-    in the exercise (`viz.kernel_source` prints the course's kernels with an exercise's part left out).
+    The whole kernel follows, without the loop's body and the final store: the exercise asks for them.
     `kernels.fa2_taught(q, k, v)` launches it.
     """, "slide", name="kernel-md"),
     code("""
@@ -412,14 +411,13 @@ CELLS = [
     * **Against PyTorch's FlashAttention-2** (`flash`): ours is faster at every size, 1.09–1.42×
       (1.16–1.48× causal). Same algorithm, other instructions: PyTorch's flash backend is FA2's
       CUTLASS code for the A100, `mma.sync` and `cp.async` from sm_80 on
-      (`aten/src/ATen/native/transformers/cuda/flash_attn/kernel_traits.h`), Ampere code on an H100;
+      (PyTorch's `flash_attn/kernel_traits.h`), Ampere code on an H100;
       Triton gives our `tl.dot` Hopper's `wgmma`.
     * **Against cuDNN**: ours reaches 0.64–0.93 of its speed (0.66–0.98 causal). Its kernels are
       closed; what our PTX lacks is what FlashAttention-3 (below) adds. Two of its tools, tried:
       [lab notes](https://github.com/flashcourse/flashcourse/blob/main/lab/attention.md#tma-descriptors-and-warp-specialisation).
     * **Causal**: with $B_c = B_r / 2$ it visits $T_r(T_r+1)$ of the $2T_r^2$ key blocks, so it can
-      be at most $2T_r/(T_r+1)$ times faster: 1.6× at $N$ = 512, 1.98× at 16k. Short sequences fall
-      further below: their masked diagonal blocks are a large share.
+      be at most $2T_r/(T_r+1)$ times faster: 1.6× at $N$ = 512, 1.98× at 16k.
     * **Memory**: naive attention's grows like $N$ ($B \\cdot N$ fixed); FA2 needs only its output.
     """, "subslide", name="claims-notes"),
     md("""
@@ -458,8 +456,7 @@ CELLS = [
       below 132 programs, one per SM, FA1's FLOP/s falls with them, to 9.4 TFLOP/s with 16. FA2
       runs $\\lceil N/B_r \\rceil \\cdot B \\cdot H$ = 4096 ($d$ = 64) or 2048 ($d$ = 128) programs at every $N$.
 
-    (Our FA1 is chapter 2's literal Algorithm 1: 64×64 tiles, loads not pipelined. A tuned FA1 would
-    close part of the first gap, not the second.)
+
     """, "slide", name="fa1-gap-md"),
     code("""
     # NBVAL_CHECK_OUTPUT
@@ -698,15 +695,13 @@ CELLS = [
     md("""
     ## What we learned
 
-    * FA2's changes: a fifth fewer non-matmul FLOPs, parallelism over the sequence, split-Q between
-      warps. Swapping the loops makes the last two possible.
-    * The swap keeps $O_i$ on chip: $O$ is written once, $\\ell$ and $m$ never go to HBM. The re-reads
-      move to $K$ and $V$; the traffic stays $\\Theta(N^2 d^2/M)$.
-    * Causal attention skips the blocks above the diagonal and masks only the diagonal ones.
-    * Grouped-query attention: a tile packs a group's query blocks, so the $K, V$ traffic falls
-      $g$-fold; against tiles as tall, packing saves only where one head cannot fill a tile.
-    * On the H100, 5–50× over the FA1 loop order comes from the grid and $O$'s round trips; the lead
-      over PyTorch's FA2 goes with `wgmma` against its `mma.sync`. FlashAttention-3's asynchrony is what is left.
+    * FA2's changes: fewer non-matmul FLOPs, parallelism over the sequence, split-Q between warps;
+      the swapped loops make the last two possible.
+    * $O_i$ stays on chip: written once; $\\ell$ and $m$ never reach HBM; $K$ and $V$ are re-read instead.
+    * Causal: skip the blocks above the diagonal, mask the diagonal ones. GQA: one tile packs a group's
+      query blocks, and the $K, V$ traffic falls $g$-fold.
+    * On the H100, the grid and $O$'s round trips give 5–50× over FA1's loop order; `wgmma` against
+      `mma.sync` gives the lead over PyTorch's FA2.
 
     **Exercises:** `exercises/03_flashattention2.ipynb`: the deferred rescale in NumPy, the Triton
     kernel's inner loop, and its launch config from a count of shared memory and registers, set

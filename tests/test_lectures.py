@@ -43,8 +43,9 @@ def cells(path: Path) -> list[dict]:
 
 
 def words(path: Path) -> int:
-    """Markdown words of a notebook, as ``wc -w`` counts them: the title, prose, tables and notes."""
-    return sum(len("".join(c["source"]).split()) for c in cells(path) if c["cell_type"] == "markdown")
+    """Markdown words of a notebook (the title, prose, tables and notes), a word being a run of letters and digits:
+    "FlashAttention-2" is two (as a reviewer's word counter counts it; ``wc -w`` counts one)."""
+    return sum(len(re.findall(r"\w+", "".join(c["source"]))) for c in cells(path) if c["cell_type"] == "markdown")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -55,10 +56,10 @@ def test_a_lecture_is_at_most_3500_words_of_prose(path):
 
 
 def test_words_count_markdown_only(tmp_path):
-    nb = {"cells": [{"cell_type": "markdown", "source": ["# Title\n", "two  words"]},
+    nb = {"cells": [{"cell_type": "markdown", "source": ["# Title\n", "two  words, FlashAttention-2"]},
                     {"cell_type": "code", "source": ["print('not prose at all')"]}]}
     (tmp_path / "x.ipynb").write_text(json.dumps(nb))
-    assert words(tmp_path / "x.ipynb") == 4
+    assert words(tmp_path / "x.ipynb") == 5
 
 
 # ---------------------------------------------------------------------------------------------
