@@ -131,3 +131,21 @@ def test_what_the_lab_notes_say_of_the_fast_page_walk():
     assert all(1.1 <= v <= 1.5 for (B, L, _), v in ratio.items() if (B, L) == (16, 4096))
     assert all(r["ms"]["checked paged_decode"] > r["ms"][r["best"]] for r in rows)
     assert all(round(r["copy_over_best"] / 2, 2) >= 0.83 for r in rows if r["L"] == 131072)
+
+
+def test_what_the_lab_notes_say_of_the_engine():
+    """lab/paged.md's "The engine against HuggingFace generate" (lab/results/h100/paged_engine.json,
+    lab/gpu_paged_engine.py, one H100): 9.1x generate's best batching, 15.8x its batches of 64; used / reserved
+    0.96-0.98 against 0.27-0.28; CUDA graphs halve the inter-token time; 120 tokens compared, none differ."""
+    from lab_tools import lab_result
+    result = lab_result("paged_engine")
+    rows = {r["impl"]: r for r in result["rows"]}
+    engine, eager = rows["engine"], rows["engine (no graphs)"]
+    hf = {int(k.split("=")[1]): r for k, r in rows.items() if k.startswith("hf generate")}
+    assert round(engine["tokens_per_s"] / max(r["tokens_per_s"] for r in hf.values()), 1) == 9.1
+    assert round(engine["tokens_per_s"] / hf[64]["tokens_per_s"], 1) == 15.8
+    assert 0.96 <= engine["used_over_reserved_min"] <= engine["used_over_reserved_mean"] <= 0.98
+    assert all(0.26 <= r["used_over_reserved_mean"] <= 0.29 for r in hf.values())
+    assert 0.45 <= engine["inter_token_ms"]["p50"] / eager["inter_token_ms"]["p50"] <= 0.5
+    assert result["agreement"] == {"requests": 8, "tokens_compared": 120, "mismatches": 0}
+    assert result["requests"] >= 256 and engine["preemptions"] == 0

@@ -157,3 +157,25 @@ def test_the_engine_gives_each_request_what_generate_gives_it_alone(seed):
             compared += 1
     assert compared >= len(prompts) * budget // 2, compared
     assert engine.scheduler.blocks_free == 8
+
+
+def test_a_batched_prefill_writes_what_one_at_a_time_writes(seed):
+    """Prompts of 3, 17 and 9 tokens prefilled together (padded to 17 at their ends) write the K and V that each
+    prefilled alone writes, into their own pages only: the padding reaches no page and no real token's row."""
+    import torch
+
+    from flashcourse.paged_engine import LlamaRunner
+    from test_integrations import VOCAB, llama
+    model = llama(seed=1).half()
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(VOCAB - 1) for _ in range(n)] for n in (3, 17, 9)]
+    tables = [[5], [1, 7, 2, 9, 0], [8, 3, 6]]                       # pages of 4 tokens, out of order
+    together, alone = (LlamaRunner(model, num_blocks=12, block_size=4) for _ in range(2))
+    first = together.prefill(prompts, tables)
+    for prompt, table in zip(prompts, tables):
+        alone.prefill([prompt], [table])
+    for pool in ("k_pool", "v_pool"):
+        a, b = getattr(together, pool).float(), getattr(alone, pool).float()
+        assert torch.allclose(a, b, atol=2e-3, rtol=2e-3), (pool, (a - b).abs().max())
+        assert not a[:, [4, 10, 11]].any()                             # pages no table names: never written
+    assert len(first) == 3 and all(0 <= t < VOCAB for t in first)

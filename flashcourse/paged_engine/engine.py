@@ -55,7 +55,7 @@ class Engine:
         if step is None:
             return []
         if step.kind == "prefill":
-            tokens = [self.runner.prefill(r.tokens, r.blocks) for r in step.requests]
+            tokens = self.runner.prefill([r.tokens for r in step.requests], [r.blocks for r in step.requests])
         else:
             tokens = self.runner.decode([r.tokens[-1] for r in step.requests], [r.blocks for r in step.requests],
                                         [len(r.tokens) for r in step.requests])

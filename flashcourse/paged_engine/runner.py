@@ -5,8 +5,8 @@ the rotary embedding, the head) and replaces only what touches K and V: each lay
 pages, ``(num_blocks, block_size, H_kv, d)`` a layer, written token by token into the slots a request's block table
 names, and read back by the course's kernels:
 
-* :meth:`~LlamaRunner.prefill`: one request's whole sequence (its prompt, or prompt and output after a
-  preemption), attention by :func:`flashcourse.kernels.flash_attention` (FlashAttention-2, causal) on the K and V
+* :meth:`~LlamaRunner.prefill`: requests' whole sequences (each prompt, or prompt and output after a
+  preemption), a batch of them at once, attention by :func:`flashcourse.kernels.flash_attention` (FlashAttention-2, causal) on the K and V
   just computed, which are then written to the request's pages;
 * :meth:`~LlamaRunner.decode`: one token for every request of a batch at once, attention by
   :func:`flashcourse.kernels.paged.paged_decode` over each request's pages (its tables unchecked: the
@@ -26,9 +26,10 @@ Example (a random Llama with 4 query heads sharing 2 K/V heads; nothing is downl
     ...                      num_attention_heads=4, num_key_value_heads=2, head_dim=64)
     >>> model = LlamaForCausalLM(config).half().to(DEVICE).eval()
     >>> runner = LlamaRunner(model, num_blocks=8, block_size=16)
-    >>> first = runner.prefill([5, 6, 7], blocks=[3])            # the prompt's K and V go to page 3
+    >>> len(runner.prefill([[5, 6, 7], [8, 9]], tables=[[3], [5]]))   # the prompts' K and V go to pages 3 and 5
+    2
     >>> ref = model(torch.tensor([[5, 6, 7]], device=DEVICE)).logits[0, -1].argmax().item()
-    >>> first == ref
+    >>> runner.prefill([[5, 6, 7]], tables=[[3]]) == [ref]
     True
 """
 from __future__ import annotations
@@ -39,11 +40,13 @@ from ..kernels import flash_attention
 from ..kernels.decode_configs import partials_scratch
 from ..kernels.paged import paged_decode
 
-__all__ = ["LlamaRunner", "BUCKETS"]
+__all__ = ["LlamaRunner", "BUCKETS", "PREFILL_TOKENS"]
 
 #: The batch sizes a decoding step is captured for as a CUDA graph; a batch runs in the smallest that holds it
 #: (a larger one runs without a graph).
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+#: About the most tokens (padding included) one prefill batch runs.
+PREFILL_TOKENS = 16384
 
 
 def _rotate(x, cos, sin):
@@ -105,20 +108,38 @@ class LlamaRunner:
         return self.model.lm_head(self.model.model.norm(h)).argmax(-1)
 
     @torch.no_grad()
-    def prefill(self, tokens, blocks) -> int:
-        """Run one request's sequence ``tokens`` with an empty cache, write its K and V to its pages ``blocks``
-        (enough for every token), and return its next token."""
-        n = len(tokens)
-        ids = torch.as_tensor([tokens], device=self.k_pool.device)
-        positions = torch.arange(n, device=ids.device)[None]
-        slots = self._slots(blocks, positions[0])
+    def prefill(self, sequences, tables) -> list[int]:
+        """Run each request's sequence ``sequences[b]`` with an empty cache, write its K and V to its pages
+        ``tables[b]`` (enough for every token), and return each one's next token. The sequences run in batches of
+        about :data:`PREFILL_TOKENS` tokens, the shortest together, each padded at its end to the longest of its
+        batch: causal attention keeps the padding out of the real tokens' rows, and only real tokens are written."""
+        order = sorted(range(len(sequences)), key=lambda b: len(sequences[b]))
+        nxt, batch = [0] * len(sequences), []
+        for b in order + [None]:
+            if b is None or (batch and (len(batch) + 1) * len(sequences[b]) > PREFILL_TOKENS):
+                for c, token in zip(batch, self._prefill([sequences[c] for c in batch], [tables[c] for c in batch])):
+                    nxt[c] = token
+                batch = []
+            if b is not None:
+                batch.append(b)
+        return nxt
+
+    def _prefill(self, sequences, tables) -> list[int]:
+        device = self.k_pool.device
+        lens = [len(x) for x in sequences]
+        B, n = len(sequences), max(lens)
+        ids = torch.tensor([x + [0] * (n - len(x)) for x in sequences], device=device)
+        positions = torch.arange(n, device=device)[None].expand(B, n)
+        real = torch.arange(n)[None] < torch.tensor(lens)[:, None]                   # (B, n): not padding
+        slots = torch.cat([self._slots(t, torch.arange(m)) for t, m in zip(tables, lens)])
         h = self.model.model.embed_tokens(ids)
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, layer.input_layernorm(h), positions)
-            self._write(i, k[0].transpose(0, 1), v[0].transpose(0, 1), slots)
-            o = flash_attention(q, k, v, causal=True)                                   # (1, H_q, n, d)
-            h = self._layer_out(layer, h, o.transpose(1, 2).reshape(1, n, -1))
-        return int(self._next_tokens(h[:, -1])[0])
+            self._write(i, k.transpose(1, 2)[real.to(device)], v.transpose(1, 2)[real.to(device)], slots)
+            o = flash_attention(q, k, v, causal=True)                                   # (B, H_q, n, d)
+            h = self._layer_out(layer, h, o.transpose(1, 2).reshape(B, n, -1))
+        last = torch.tensor(lens, device=device) - 1
+        return self._next_tokens(h[torch.arange(B, device=device), last]).tolist()
 
     @torch.no_grad()
     def decode(self, last_tokens, tables, seq_lens) -> list[int]:
@@ -133,7 +154,7 @@ class LlamaRunner:
         if bucket is None:
             step = host.to(self.k_pool.device)
             return self._step(step[:, :1].long(), step[:, 1].contiguous(), step[:, 2:]).tolist()
-        graph, inputs, out = self._graphs.get(bucket) or self._capture(bucket)
+        graph, inputs, out, _ = self._graphs.get(bucket) or self._capture(bucket)
         inputs.copy_(host, non_blocking=True)
         graph.replay()
         return out[:B].tolist()
@@ -160,7 +181,8 @@ class LlamaRunner:
 
     def _capture(self, bucket: int):
         """The CUDA graph of a decoding step of ``bucket`` rows (captured the first time it is needed), its input
-        buffer (``bucket`` rows of token, length and table: :meth:`decode` writes them) and its output."""
+        buffer (``bucket`` rows of token, length and table: :meth:`decode` writes them), its output, and the kept
+        buffers it writes."""
         inputs = torch.full((bucket, 2 + self.max_blocks), self.scratch_page, dtype=torch.int32, device=self.k_pool.device)
         inputs[:, :2] = torch.tensor([0, 1], dtype=torch.int32)
         side = torch.cuda.Stream()
@@ -176,7 +198,7 @@ class LlamaRunner:
         # the graph writes the decode partials kept between calls: hold them, should a later call grow (replace) them
         kept = partials_scratch(self.k_pool.device, 1, self.head_dim)
         self._graphs[bucket] = (graph, inputs, out, kept)
-        return self._graphs[bucket][:3]
+        return self._graphs[bucket]
 
     def _step(self, ids, lens, tables):
         """A decoding step on device tensors: ``ids`` (B, 1), ``lens`` (B,) int32, ``tables`` (B, W) int32; the
