@@ -9,7 +9,10 @@ the tables on the host, which waits for the GPU), and once with its default chec
 paths alternated per shape. Also the time of a device copy of the cache (``torch.Tensor.copy_`` of K and V),
 the bandwidth bar.
 
-    PYTHONPATH=. python lab/gpu_paged.py OUT.json
+    PYTHONPATH=. python lab/gpu_paged.py OUT.json [--graphs]
+
+``--graphs`` times each unchecked call as the replay of a CUDA graph of it (``triton.testing.do_bench_cudagraph``):
+the GPU's time alone, without the host's launch work, which at batch 1 and short caches exceeds the kernels' own.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from flashcourse.kernels.decode_configs import num_splits  # noqa: E402
 from flashcourse.kernels.paged import paged_decode  # noqa: E402
 
 H_Q, H_KV, D = 32, 8, 128
+GRAPHS = False                                               # --graphs: time CUDA graph replays
 SETTINGS = [(64, 3), (64, 4), (128, 3), (128, 2)]             # (keys a step, stages)
 
 
@@ -59,7 +63,11 @@ def main(out):
             fns["checked paged_decode"] = lambda: paged_decode(q, pk, pv, tables, lens, num_splits=S)
             err = max((fn().float() - ref.float()).abs().max().item() for name, fn in fns.items()
                       if name.startswith("paged"))
-            ms = {name: triton.testing.do_bench(fn, warmup=25, rep=100) for name, fn in fns.items()}
+            if GRAPHS:          # GPU time alone: each call replayed from a CUDA graph (the host check cannot be)
+                ms = {name: (triton.testing.do_bench_cudagraph(fn, rep=100) if name != "checked paged_decode"
+                             else triton.testing.do_bench(fn, warmup=25, rep=100)) for name, fn in fns.items()}
+            else:
+                ms = {name: triton.testing.do_bench(fn, warmup=25, rep=100) for name, fn in fns.items()}
             best = min((n for n in ms if n.startswith("paged")), key=ms.get)          # the unchecked settings
             rows.append(dict(B=B, L=L, block_size=block_size, num_splits=S, max_abs_diff=err, ms=ms, best=best,
                              best_over_flash=ms[best] / ms["flash_decode"],
@@ -67,9 +75,11 @@ def main(out):
             print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items() if k != "ms"},
                   flush=True)
     with open(out, "w") as f:
-        json.dump({"provenance": provenance(command="PYTHONPATH=. python lab/gpu_paged.py OUT.json"), "rows": rows},
+        json.dump({"provenance": provenance(command="PYTHONPATH=. python lab/gpu_paged.py OUT.json"
+                                                     + (" --graphs" if GRAPHS else "")), "graphs": GRAPHS, "rows": rows},
                   f, indent=1)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    GRAPHS = "--graphs" in sys.argv
+    main([a for a in sys.argv[1:] if a != "--graphs"][0])

@@ -39,7 +39,7 @@ import torch
 
 from .. import backend
 
-__all__ = ["relaunch", "shape_key", "Plans", "kept"]
+__all__ = ["relaunch", "shape_key", "Plans", "kept", "kept_now"]
 
 
 def shape_key(*tensors: torch.Tensor) -> tuple:
@@ -157,3 +157,15 @@ def kept(name: str, device, *wants: tuple) -> tuple[torch.Tensor, ...]:
                      for (n, dtype, zeroed), had in zip(wants, old))
         _KEPT[key] = bufs
     return bufs
+
+
+def kept_now(device) -> tuple[torch.Tensor, ...]:
+    """Every buffer :func:`kept` holds on ``device`` now: what a CUDA graph captured with them must keep alive, since
+    a later call that needs more replaces (and frees) a kept buffer.
+
+    Example:
+        >>> part, = kept("example now", "cpu", (4, torch.float32, False))
+        >>> any(b is part for b in kept_now("cpu"))
+        True
+    """
+    return tuple(b for (name, dev), bufs in _KEPT.items() if dev == str(device) for b in bufs)

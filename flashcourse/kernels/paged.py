@@ -31,6 +31,7 @@ from ..formulas.counting import LOG2E
 from .attention import quiet
 from .decode import combine_splits, softmax_step
 from .decode_configs import combine_block, decode_config, num_splits as default_splits, partials_scratch
+from .launch import kept
 from .decode_taught import COMBINE_ROWS, combine_kernel, split_kv_step
 from .validate import expect_dot_operands, expect_num_splits, expect_sm_scale, expect_tensor
 
@@ -178,10 +179,10 @@ def paged_decode_taught(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 # waits on another within a step, so the loop can be pipelined as chapter 4's is).
 
 @triton.jit
-def paged_split_fast(Q, K_cache, V_cache, block_tables, seq_lens, O_part, LSE_part, qk_scale,
+def paged_split_fast(Q, K_cache, V_cache, block_tables, seq_lens, O, O_part, LSE_part, COUNT, qk_scale,
                      stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_bt, H_kv, G, PAGES,
                      HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_G: tl.constexpr):
+                     BLOCK_G: tl.constexpr, DIRECT: tl.constexpr, BLOCK_S: tl.constexpr):
     split = tl.program_id(0)
     bg = tl.program_id(1)                                    # b * H_kv + g
     b = bg // H_kv
@@ -208,17 +209,21 @@ def paged_split_fast(Q, K_cache, V_cache, block_tables, seq_lens, O_part, LSE_pa
         qk = tl.where(valid[None, :], tl.dot(Q_i, tl.trans(K_j)) * qk_scale, float("-inf"))
         m_i, l_i, p, alpha = softmax_step(m_i, l_i, qk, 1)
         acc = tl.dot(p.to(V_j.dtype), V_j, acc * alpha[:, None])
-    out = (b * H_kv * G + heads) * tl.num_programs(0) + split                          # (B H_q, S) rows
-    tl.store(O_part + out[:, None] * HEAD_DIM + offs_d[None, :], acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None],
-             mask=in_g[:, None])
-    tl.store(LSE_part + out, m_i + tl.math.log2(tl.where(l_i == 0.0, 1.0, l_i)), mask=in_g)   # log2 units
-
-
-@triton.jit
-def paged_combine(O_part, LSE_part, O, n_rows, S, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
-                  BLOCK_S: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    combine_splits(O_part, LSE_part, O, rows, rows < n_rows, S, HEAD_DIM, BLOCK_R, BLOCK_S, False)
+    rows = b * H_kv * G + heads                                                     # rows of (B H_q, d)
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    S = tl.num_programs(0)
+    if DIRECT:                                               # one split: its output is final
+        tl.store(O + rows[:, None] * HEAD_DIM + offs_d[None, :], (acc / l_safe[:, None]).to(O.dtype.element_ty),
+                 mask=in_g[:, None])
+    else:
+        tl.store(O_part + (rows[:, None] * S + split) * HEAD_DIM + offs_d[None, :], acc / l_safe[:, None],
+                 mask=in_g[:, None])
+        tl.store(LSE_part + rows * S + split, m_i + tl.math.log2(l_safe), mask=in_g)          # log2 units
+        # chapter 4's combine in this launch: the last of the S programs of (b, g) to finish has every partial
+        tl.debug_barrier()
+        if tl.atomic_add(COUNT + bg, 1, sem="acq_rel", scope="gpu") == S - 1:
+            tl.store(COUNT + bg, 0)                          # zeroed again for the next call
+            combine_splits(O_part, LSE_part, O, rows, in_g, S, HEAD_DIM, BLOCK_G, BLOCK_S)
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
@@ -226,7 +231,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
                  block_n: int | None = None, num_warps: int = 4, num_stages: int | None = None,
                  validate: bool = True) -> torch.Tensor:
     """Decoding attention over a paged cache, the fast way: :data:`paged_split_fast`, one program per (split,
-    sequence x KV head) serving its G query heads with ``tl.dot``, then chapter 4's combine.
+    sequence x KV head) serving its G query heads with ``tl.dot``; the last of a head's programs to finish runs
+    chapter 4's combine in the same launch (flash_decode's way), and with one split the program's output is final.
 
     Inputs and result as :func:`paged_decode_taught`'s. ``num_splits`` defaults to chapter 4's heuristic for
     B H_kv programs a split; ``block_n`` keys a step (default 64, or the page when larger), ``num_warps`` and
@@ -256,14 +262,13 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     BLOCK_N = block_n or max(launch.constexprs["BLOCK_N"], block_size)
     PAGES = triton.cdiv(triton.cdiv(triton.cdiv(longest, block_size), S) * block_size, BLOCK_N) * BLOCK_N // block_size
     o_part, lse_part = partials_scratch(q3.device, B * H_q * S, d)
+    (count,) = kept("paged counters", q3.device, (B * H_kv, torch.int32, True))      # left zeroed by each call
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     options = dict(num_warps=num_warps, num_stages=launch.num_stages if num_stages is None else num_stages)
     with quiet():
-        paged_split_fast[(S, B * H_kv)](q3, k_cache, v_cache, tables, lens, o_part, lse_part, sm_scale * LOG2E,
+        paged_split_fast[(S, B * H_kv)](q3, k_cache, v_cache, tables, lens, o, o_part, lse_part, count, sm_scale * LOG2E,
                                         q3.stride(0), q3.stride(1), k_cache.stride(0), k_cache.stride(1),
                                         k_cache.stride(2), tables.stride(0), H_kv, G, PAGES, HEAD_DIM=d,
                                         BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N, BLOCK_G=launch.constexprs["BLOCK_G"],
-                                        **options)
-        paged_combine[(triton.cdiv(B * H_q, COMBINE_ROWS),)](o_part, lse_part, o, B * H_q, S, HEAD_DIM=d,
-                                                             BLOCK_R=COMBINE_ROWS, BLOCK_S=combine_block(S))
+                                        DIRECT=S == 1, BLOCK_S=combine_block(S), **options)
     return o

@@ -3,11 +3,11 @@
 :class:`LlamaRunner` keeps the model's weights and modules (embeddings, each layer's norms, projections and MLP,
 the rotary embedding, the head) and replaces only what touches K and V: each layer's K and V live in a pool of
 pages, ``(num_blocks, block_size, H_kv, d)`` a layer, written token by token into the slots a request's block table
-names, and read back by the course's kernels:
+names (:func:`~flashcourse.kernels.paged_append.paged_append`), and read back by the course's kernels:
 
 * :meth:`~LlamaRunner.prefill`: requests' whole sequences (each prompt, or prompt and output after a
-  preemption), a batch of them at once, attention by :func:`flashcourse.kernels.flash_attention` (FlashAttention-2, causal) on the K and V
-  just computed, which are then written to the request's pages;
+  preemption), a batch of them at once, attention by :func:`flashcourse.kernels.flash_attention`
+  (FlashAttention-2, causal) on the K and V just computed, which are written to the requests' pages;
 * :meth:`~LlamaRunner.decode`: one token for every request of a batch at once, attention by
   :func:`flashcourse.kernels.paged.paged_decode` over each request's pages (its tables unchecked: the
   scheduler wrote them). On a GPU the step is replayed from a CUDA graph, one per batch-size bucket
@@ -37,8 +37,9 @@ from __future__ import annotations
 import torch
 
 from ..kernels import flash_attention
-from ..kernels.decode_configs import partials_scratch
+from ..kernels.launch import kept_now
 from ..kernels.paged import paged_decode
+from ..kernels.paged_append import paged_append
 
 __all__ = ["LlamaRunner", "BUCKETS", "PREFILL_TOKENS"]
 
@@ -90,16 +91,6 @@ class LlamaRunner:
         cos, sin = self.model.model.rotary_emb(v, positions)                          # (B, n, d)
         return _rotate(q, cos[:, None], sin[:, None]), _rotate(k, cos[:, None], sin[:, None]), v
 
-    def _write(self, i, k, v, slots):
-        """Write K and V of layer ``i`` (n, H_kv, d) into the pool's ``slots`` (n,): page * block_size + row."""
-        self.k_pool[i].view(-1, self.heads_kv, self.head_dim)[slots] = k
-        self.v_pool[i].view(-1, self.heads_kv, self.head_dim)[slots] = v
-
-    def _slots(self, blocks, positions):
-        table = torch.as_tensor(blocks, device=self.k_pool.device)
-        positions = torch.as_tensor(positions, device=self.k_pool.device)
-        return table[positions // self.block_size] * self.block_size + positions % self.block_size
-
     def _layer_out(self, layer, h, attn_out):
         h = h + layer.self_attn.o_proj(attn_out)
         return h + layer.mlp(layer.post_attention_layernorm(h))
@@ -130,12 +121,15 @@ class LlamaRunner:
         B, n = len(sequences), max(lens)
         ids = torch.tensor([x + [0] * (n - len(x)) for x in sequences], device=device)
         positions = torch.arange(n, device=device)[None].expand(B, n)
-        real = torch.arange(n)[None] < torch.tensor(lens)[:, None]                   # (B, n): not padding
-        slots = torch.cat([self._slots(t, torch.arange(m)) for t, m in zip(tables, lens)])
+        real = (torch.arange(n)[None] < torch.tensor(lens)[:, None]).to(device)      # (B, n): not padding
+        width = max(len(t) for t in tables)
+        table = torch.tensor([t + [self.scratch_page] * (width - len(t)) for t in tables], device=device)
+        rows, at = real.nonzero(as_tuple=True)                                          # each real token's row, position
         h = self.model.model.embed_tokens(ids)
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, layer.input_layernorm(h), positions)
-            self._write(i, k.transpose(1, 2)[real.to(device)], v.transpose(1, 2)[real.to(device)], slots)
+            paged_append(self.k_pool[i], self.v_pool[i], k.transpose(1, 2)[real], v.transpose(1, 2)[real], table, at,
+                         rows, validate=False)
             o = flash_attention(q, k, v, causal=True)                                   # (B, H_q, n, d)
             h = self._layer_out(layer, h, o.transpose(1, 2).reshape(B, n, -1))
         last = torch.tensor(lens, device=device) - 1
@@ -195,8 +189,8 @@ class LlamaRunner:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._graph_pool):
             out = self._step(inputs[:, :1].long(), inputs[:, 1].contiguous(), inputs[:, 2:])
-        # the graph writes the decode partials kept between calls: hold them, should a later call grow (replace) them
-        kept = partials_scratch(self.k_pool.device, 1, self.head_dim)
+        # the graph writes buffers the kernels keep between calls: hold them, should a later call replace them
+        kept = kept_now(self.k_pool.device)
         self._graphs[bucket] = (graph, inputs, out, kept)
         return self._graphs[bucket]
 
@@ -204,12 +198,10 @@ class LlamaRunner:
         """A decoding step on device tensors: ``ids`` (B, 1), ``lens`` (B,) int32, ``tables`` (B, W) int32; the
         next tokens (B,)."""
         positions = (lens - 1).long()[:, None]
-        slots = (tables.gather(1, positions // self.block_size)[:, 0].long() * self.block_size
-                 + positions[:, 0] % self.block_size)
         h = self.model.model.embed_tokens(ids)
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, layer.input_layernorm(h), positions)
-            self._write(i, k[:, :, 0], v[:, :, 0], slots)
+            paged_append(self.k_pool[i], self.v_pool[i], k[:, :, 0], v[:, :, 0], tables, positions[:, 0], validate=False)
             o = paged_decode(q[:, :, 0], self.k_pool[i], self.v_pool[i], tables, lens, validate=False)  # (B, H_q, d)
             h = self._layer_out(layer, h, o.reshape(len(ids), 1, -1))
         return self._next_tokens(h[:, 0])
