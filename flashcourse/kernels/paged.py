@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from ..formulas.counting import LOG2E
+from . import aot
 from .attention import quiet
 from .decode import combine_splits, softmax_step
 from .decode_configs import combine_block, decode_config, num_splits as default_splits, partials_scratch
@@ -268,3 +269,50 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         paged_combine[(triton.cdiv(B * H_q, COMBINE_ROWS),)](o_part, lse_part, o, B * H_q, S, HEAD_DIM=d,
                                                              BLOCK_R=COMBINE_ROWS, BLOCK_S=combine_block(S))
     return o
+
+
+# --------------------------------------------------------------------------------------------------
+# Ahead-of-time check: what the two launchers launch, on every target. A page size changes only index arithmetic
+# while a step of the fast kernel is its BLOCK_N = 64 keys (pages of 16 to 64 tokens: the engine's and the bench's),
+# so pages of 16 stand for them; bfloat16 (sm_80 and later) once, at d = 128.
+
+def _dtypes(cc):
+    return [(d, torch.float16) for d in PAGED_HEAD_DIMS] + ([(128, torch.bfloat16)] if cc >= (8, 0) else [])
+
+
+def _ptrs(dtype, *names):
+    return {n: "*bf16" if dtype == torch.bfloat16 else "*fp16" for n in names}
+
+
+def _taught_configs(cc):
+    for d, dtype in _dtypes(cc):                             # paged_decode_taught launches with Triton's defaults
+        yield aot.Launch({"HEAD_DIM": d, "BLOCK_SIZE": 16}, 4, 3, _ptrs(dtype, "Q", "K_cache", "V_cache"),
+                         "paged_split_taught", f"d={d} {str(dtype)[6:]} page 16")
+
+
+def _fast_configs(cc):
+    for d, dtype in _dtypes(cc):
+        launch = decode_config(d, 4, dtype, cc)              # G = 4: the engine's and the bench's grouping
+        yield aot.Launch({"HEAD_DIM": d, "BLOCK_SIZE": 16, "BLOCK_N": max(launch.constexprs["BLOCK_N"], 16),
+                          "BLOCK_G": launch.constexprs["BLOCK_G"]}, 4, launch.num_stages,
+                         _ptrs(dtype, "Q", "K_cache", "V_cache"), "paged_split", f"d={d} {str(dtype)[6:]} page 16")
+
+
+def _combine_configs(cc):
+    for d, dtype in _dtypes(cc):
+        yield aot.Launch({"HEAD_DIM": d, "BLOCK_R": COMBINE_ROWS, "BLOCK_S": combine_block(32)}, 4, 1,
+                         _ptrs(dtype, "O"), "paged_combine", f"d={d} {str(dtype)[6:]}")
+
+
+_TABLES = {"block_tables": "*i32", "seq_lens": "*i32", "O_part": "*fp32", "LSE_part": "*fp32"}
+aot.register("paged_split_taught", paged_split_kernel, configs=_taught_configs, signature={
+    "Q": "*fp16", "K_cache": "*fp16", "V_cache": "*fp16", **_TABLES, "sm_scale": "fp32",
+    **{f"stride_{n}": "i32" for n in ("qh", "kb", "kt", "kh", "bt")}, "H_q": "i32", "GROUP": "i32", "PAGES": "i32",
+    "HEAD_DIM": "constexpr", "BLOCK_SIZE": "constexpr"})
+aot.register("paged_split", paged_split_fast, configs=_fast_configs, signature={
+    "Q": "*fp16", "K_cache": "*fp16", "V_cache": "*fp16", **_TABLES, "qk_scale": "fp32",
+    **{f"stride_{n}": "i32" for n in ("qb", "qh", "kb", "kt", "kh", "bt")}, "H_kv": "i32", "G": "i32", "PAGES": "i32",
+    "HEAD_DIM": "constexpr", "BLOCK_SIZE": "constexpr", "BLOCK_N": "constexpr", "BLOCK_G": "constexpr"})
+aot.register("paged_combine", paged_combine, configs=_combine_configs, signature={
+    "O_part": "*fp32", "LSE_part": "*fp32", "O": "*fp16", "n_rows": "i32", "S": "i32", "HEAD_DIM": "constexpr",
+    "BLOCK_R": "constexpr", "BLOCK_S": "constexpr"})
