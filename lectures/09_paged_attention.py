@@ -39,9 +39,8 @@ CELLS = [
     print(f"the cache it keeps: {kv_bytes // 1024} KiB a token, {kv_bytes * 32768 / 2**30:.0f} GiB for 32k tokens")
     """, "fragment", name="why-cache-flops"),
     md(r"""
-    The cache turns a quadratic step into a linear one, and costs memory that grows by one token per step
-    (32 layers assumed for the bytes): a 32k-token conversation holds 4 GiB. The step is then a read of the
-    whole cache (chapter 4: about one FLOP per byte), so the cache's layout is also what the kernel reads.
+    Linear instead of quadratic, at 4 GiB for a 32k-token conversation (32 layers assumed for the bytes); and
+    each step reads the whole cache (chapter 4), so its layout is also what the kernel reads.
     """, "fragment", name="why-cache-text"),
 
     md(r"""
@@ -197,7 +196,8 @@ CELLS = [
             ref[i, h] = p @ v[:, h // 4] / p.sum()
     for fn in (paged_decode_taught, paged_decode):
         o = fn(q, k_pool, v_pool, tables, lens)
-        print(f"{fn.__name__:20s} max error against float64 < 2e-3: {float(np.abs(o.cpu().double().numpy() - ref).max()) < 2e-3}")
+        err = float(np.abs(o.cpu().double().numpy() - ref).max())
+        print(f"{fn.__name__:20s} max error against float64 < 2e-3: {err < 2e-3}")
     """, "fragment", name="kernel-demo"),
 
     md(r"""
@@ -259,7 +259,6 @@ CELLS = [
     are freed, and it is prefilled again later with what it has generated. Memory over the steps:
     """, "slide", name="engine"),
     code("""
-    # NBVAL_IGNORE_OUTPUT
     from IPython.display import display
     from transformers import LlamaConfig, LlamaForCausalLM
     from flashcourse.paged_engine import Engine
@@ -269,10 +268,13 @@ CELLS = [
     model = LlamaForCausalLM(config).half().to(DEVICE).eval()
     engine = Engine(model, num_blocks=10, block_size=4, max_batch=4)
     prompts = [[int(t) for t in torch.randint(0, 127, (n,), generator=g)] for n in (3, 11, 6, 9, 2, 7)]
+    """, "skip", name="engine-setup"),
+    code("""
+    # NBVAL_IGNORE_OUTPUT
     requests = [engine.add(p, max_new_tokens=m) for p, m in zip(prompts, (8, 5, 9, 6, 10, 4))]
-    history = []
+    history = []                                     # (used, reserved) slots after each step
     handle = display(viz.serving_memory_plot([(0, 0)], capacity=40), display_id=True)
-    while engine.scheduler.has_work():                   # one step: a prefill, or a decode of every running request
+    while engine.scheduler.has_work():               # a prefill, or a decode of every running request
         engine.step()
         history.append(engine.scheduler.usage())
         handle.update(viz.serving_memory_plot(history, capacity=40, title=f"step {len(history)}"))
@@ -287,7 +289,7 @@ CELLS = [
               f"{r.preemptions}x, same tokens as generate() alone: {r.output == alone}")
     print(f"{len(history)} steps; used / reserved over the run: {viz.serving_memory_plot(history).ratio:.0%}; "
           f"blocks free at the end: {engine.scheduler.blocks_free} of 10")
-    """, "fragment", name="engine-check"),
+    """, "subslide", name="engine-check"),
 
     md("""
     ## What we learned
