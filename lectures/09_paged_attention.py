@@ -263,7 +263,7 @@ CELLS = [
     from transformers import LlamaConfig, LlamaForCausalLM
     from flashcourse.paged_engine import Engine
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+    config = LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=1,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=64)
     model = LlamaForCausalLM(config).half().to(DEVICE).eval()
     engine = Engine(model, num_blocks=10, block_size=4, max_batch=4)
@@ -271,7 +271,7 @@ CELLS = [
     """, "skip", name="engine-setup"),
     code("""
     # NBVAL_IGNORE_OUTPUT
-    requests = [engine.add(p, max_new_tokens=m) for p, m in zip(prompts, (8, 5, 9, 6, 10, 4))]
+    requests = [engine.add(p, max_new_tokens=m) for p, m in zip(prompts, (6, 4, 6, 5, 7, 3))]
     history = []                                     # (used, reserved) slots after each step
     handle = display(viz.serving_memory_plot([(0, 0)], capacity=40), display_id=True)
     while engine.scheduler.has_work():               # a prefill, or a decode of every running request
