@@ -231,7 +231,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     sequence x KV head) serving its G query heads with ``tl.dot``, then chapter 4's combine.
 
     Inputs and result as :func:`paged_decode_taught`'s. ``num_splits`` defaults to chapter 4's heuristic for
-    B H_kv programs a split; ``block_n`` keys a step (default 64, or the page when larger), ``num_warps`` and
+    B H_kv programs a split; ``block_n`` keys a step (default chapter 4's, 64 on a GPU, whatever the page size), ``num_warps`` and
     ``num_stages`` the launch's (default: chapter 4's for this GPU). ``validate=False`` skips the check of the
     tables' and lengths' values (:func:`expect_paged`), which waits for the GPU: a serving loop's hot path, whose
     tables its own allocator wrote; the splits are then planned for the longest length a table can hold.
@@ -255,7 +255,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     sm_scale = expect_sm_scale(fn, sm_scale, d)
     S = expect_num_splits(fn, num_splits) or default_splits(B, H_kv, longest, q3.device)
     launch = decode_config(d, G, q3.dtype)
-    BLOCK_N = block_n or max(launch.constexprs["BLOCK_N"], block_size)
+    BLOCK_N = block_n or launch.constexprs["BLOCK_N"]        # a step may cover part of a page, or several
     PAGES = triton.cdiv(triton.cdiv(triton.cdiv(longest, block_size), S) * block_size, BLOCK_N) * BLOCK_N // block_size
     o_part, lse_part = partials_scratch(q3.device, B * H_q * S, d)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -272,9 +272,10 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
 
 
 # --------------------------------------------------------------------------------------------------
-# Ahead-of-time check: what the two launchers launch, on every target. A page size changes only index arithmetic
-# while a step of the fast kernel is its BLOCK_N = 64 keys (pages of 16 to 64 tokens: the engine's and the bench's),
-# so pages of 16 stand for them; bfloat16 (sm_80 and later) once, at d = 128.
+# Ahead-of-time check: what the two launchers launch, on every target. The page size changes only index arithmetic
+# (the fast kernel's step is BLOCK_N = 64 keys whatever the page; the taught kernel's block is a page, and pages of 16,
+# the engine's, stand for the bench's 64: neither uses shared memory for them), so pages of 16 stand for every page
+# size; bfloat16 (sm_80 and later) once, at d = 128.
 
 def _dtypes(cc):
     return [(d, torch.float16) for d in PAGED_HEAD_DIMS] + ([(128, torch.bfloat16)] if cc >= (8, 0) else [])
@@ -293,7 +294,7 @@ def _taught_configs(cc):
 def _fast_configs(cc):
     for d, dtype in _dtypes(cc):
         launch = decode_config(d, 4, dtype, cc)              # G = 4: the engine's and the bench's grouping
-        yield aot.Launch({"HEAD_DIM": d, "BLOCK_SIZE": 16, "BLOCK_N": max(launch.constexprs["BLOCK_N"], 16),
+        yield aot.Launch({"HEAD_DIM": d, "BLOCK_SIZE": 16, "BLOCK_N": launch.constexprs["BLOCK_N"],
                           "BLOCK_G": launch.constexprs["BLOCK_G"]}, 4, launch.num_stages,
                          _ptrs(dtype, "Q", "K_cache", "V_cache"), "paged_split", f"d={d} {str(dtype)[6:]} page 16")
 
