@@ -41,9 +41,10 @@ def paged_inputs(lens, block_size, H_q, H_kv, d, seed, fork=False, spare=3):
 
 
 # (lens, block_size, H_q, H_kv, d, num_splits, fork): a length of 1, exactly a page, a page plus one; GQA;
-# more splits than some sequences have pages (empty splits); MQA with a fork; pages of 64; d = 128
+# more splits than some sequences have pages (empty splits); MQA with a fork; pages of 64; d = 128; pages of 128,
+# longer than paged_decode's step (64 keys on a GPU, 32 in the interpreter)
 CASES = [([1, 16, 17, 40], 16, 4, 2, 64, 3, False), ([70, 9], 16, 2, 2, 64, None, False),
-         ([12, 30], 4, 4, 1, 64, 8, True), ([130], 64, 2, 1, 128, 2, False)]
+         ([12, 30], 4, 4, 1, 64, 8, True), ([130], 64, 2, 1, 128, 2, False), ([200, 1], 128, 4, 2, 64, 2, False)]
 
 
 @pytest.mark.parametrize("fn", [paged_decode_taught, paged_decode], ids=lambda f: f.__name__)
