@@ -25,8 +25,8 @@ CELLS = [
 
     Step $t$ of generation needs the keys and values of all $t$ tokens before it. Keep them, and the step
     projects one new token and attends with one query; throw them away, and it runs the whole sequence
-    again. Matmul FLOPs of one attention layer (`formulas.layer_flops`) shaped like Llama 3 8B's
-    ($d_{model}$ = 4096, 32 query heads sharing 8 K/V heads of 128):
+    again. Matmul FLOPs of one attention layer (`formulas.layer_flops`) of Llama 3 8B's shape (Meta's model card:
+    32 layers, $d_{model}$ = 4096, 32 query heads sharing 8 K/V heads of 128):
     """, "slide", name="why-cache"),
     code("""
     # NBVAL_CHECK_OUTPUT
@@ -39,7 +39,7 @@ CELLS = [
     print(f"the cache it keeps: {kv_bytes // 1024} KiB a token, {kv_bytes * 32768 / 2**30:.0f} GiB for 32k tokens")
     """, "fragment", name="why-cache-flops"),
     md(r"""
-    Linear instead of quadratic, at 4 GiB for a 32k-token conversation (32 layers assumed for the bytes); and
+    Linear instead of quadratic, at 4 GiB for a 32k-token conversation (all 32 layers' K and V); and
     each step reads the whole cache (chapter 4), so its layout is also what the kernel reads.
     """, "fragment", name="why-cache-text"),
 
