@@ -162,6 +162,10 @@ CHAPTERS: tuple[Chapter, ...] = (
             checks=("block_lists", "sparse_kernel", "band_lists", "forward_time"),
             bench="sparse", extra_modules=("formulas.sparse_masks", "kernels.sparse_taught", "kernels.sparse_configs",
                                            "checks.sparse_bands", "checks.sparse_predict")),
+    Chapter(9, "paged", "The KV cache and PagedAttention", "09_paged_attention",
+            layers=("formulas", "reference", "kernels", "bench", "viz"),
+            kernels=("paged_decode", "paged_decode_taught", "paged_append"), checks=(), bench="paged",
+            extra_modules=("kernels.paged_write",)),
 )
 
 

@@ -480,6 +480,69 @@ def test_sparse_suite_times_the_taught_kernel_beside_the_fast_path():
     assert "max |o - block_sparse_attention's|" in taught.check(o + 0.5)
 
 
+def test_paged_suite_times_every_path_on_the_same_tokens_and_checks_them():
+    """Chapter 9's suite: paged_decode (unchecked), flash_decode on the contiguous cache, the taught kernel, SDPA
+    padded and FlexAttention's paged path, on one pool whose pages hold the contiguous cache's tokens in a random
+    order; equal FLOPs and bytes (the valid tokens only); each case checked against flash_decode's output."""
+    from flashcourse.bench.paged import IMPLS, paged_inputs
+    assert IMPLS[:3] == ["kernels.paged_decode", "kernels.flash_decode", "kernels.paged_decode_taught"]
+    ws = bench.get_suite("paged").workloads(device=DEV, shapes=((2, 32),), block_sizes=(16,), ragged=(3, 40), H_q=4,
+                                            H_kv=2, d=64)
+    assert [w.label for w in ws] == ["B=2 L=32 page=16", "B=3 L<=40 ragged page=16"]
+    for w in ws:
+        cases = w.setup()
+        assert [c.impl for c in cases] == IMPLS
+        tokens = w.params["tokens"]
+        assert {c.flops for c in cases} == {4 * 4 * 64 * tokens} and {c.bytes for c in cases} == {
+            (2 * 2 * 64 * tokens + 2 * w.params["B"] * 4 * 64) * 2}
+        for c in cases:
+            if c.impl == "flex_attention (paged)" and DEV != "cuda":
+                assert c.skip
+                continue
+            o = c.fn()
+            assert c.check(o) is None, c.impl
+            assert "max |o - flash_decode's|" in c.check(o + 0.1)
+        assert cases[0].extra["validate"] is False
+    q, k, v, kp, vp, tables, lens = paged_inputs([40, 7, 33], 16, 4, 2, 64, DEV)
+    for b, n in enumerate(lens.tolist()):                         # every page holds its sequence's tokens
+        for j in range(-(-n // 16)):
+            page = int(tables[b, j])
+            assert torch.equal(kp[page], k[b, :, 16 * j:16 * (j + 1)].transpose(0, 1))
+            assert torch.equal(vp[page], v[b, :, 16 * j:16 * (j + 1)].transpose(0, 1))
+    assert sorted(tables[tables >= 0].tolist()) == list(range(kp.shape[0]))    # each page once
+
+
+def test_shipped_paged_results_measured_every_path():
+    r = bench.shipped("paged")
+    assert r.provenance["gpu"].startswith("NVIDIA H100") and all(rec.ok for rec in r.records)
+    from flashcourse.bench.paged import IMPLS
+    assert {rec.impl for rec in r.records} == set(IMPLS)
+    assert {rec.params["block_size"] for rec in r.records} == {16, 64}
+
+
+def test_the_paged_lectures_numbers_are_the_shipped_ones():
+    """What notebooks/09_paged_attention.ipynb says of the measurement (``measured-text``, ``fast-path``) and
+    INSTRUCTORS.md repeats, read off bench.shipped("paged"): each range is the rounded min and max."""
+    r = bench.shipped("paged")
+    ms = {(rec.workload, rec.impl): rec.ms for rec in r.records}
+    params = {rec.workload: rec.params for rec in r.records}
+
+    def span(num, den, keep):
+        ratios = [ms[(w, num)] / ms[(w, den)] for w, p in params.items() if keep(p)]
+        return round(min(ratios), 2), round(max(ratios), 2)
+    paged, flash = "kernels.paged_decode", "kernels.flash_decode"
+    equal = lambda p: p["lengths"] == "equal"                                  # noqa: E731
+    assert span(paged, flash, lambda p: equal(p) and p["B"] >= 64) == (0.93, 1.02)
+    assert span(paged, flash, lambda p: equal(p) and p["B"] <= 16) == (1.29, 1.46)
+    assert span(paged, flash, lambda p: not equal(p)) == (0.74, 0.76)
+    assert span("sdpa (padded)", flash, lambda p: not equal(p)) == (1.24, 1.30)
+    assert span("kernels.paged_decode_taught", paged, lambda p: True) == (2.97, 26.7)
+    assert span("flex_attention (paged)", paged, lambda p: p["block_size"] == 64) == (1.02, 1.88)
+    assert span("flex_attention (paged)", paged, lambda p: p["block_size"] == 16) == (1.05, 3.43)
+    best = max(rec.TBps for rec in r.records if rec.impl == paged)
+    assert round(best, 1) == 3.0 == round(bench.shipped("roofline").ceilings()["TBps"], 1)
+
+
 # -- no GPU: plain refusal ------------------------------------------------------------------------
 needs_cpu = pytest.mark.skipif(backend.DEVICE == "cuda", reason="checks the refusal on a CPU-only machine")
 

@@ -13,7 +13,7 @@ import torch
 
 from flashcourse import backend  # first: it decides the backend before triton is imported
 from flashcourse.kernels.paged import paged_decode, paged_decode_taught  # noqa: E402
-from flashcourse.kernels.paged_append import paged_append  # noqa: E402
+from flashcourse.kernels.paged_write import paged_append  # noqa: E402
 from flashcourse.reference.paged import PagedKVCache  # noqa: E402
 from test_kernels_decode import assert_decode_close  # noqa: E402
 
@@ -42,9 +42,10 @@ def paged_inputs(lens, block_size, H_q, H_kv, d, seed, fork=False, spare=3):
 
 
 # (lens, block_size, H_q, H_kv, d, num_splits, fork): a length of 1, exactly a page, a page plus one; GQA;
-# more splits than some sequences have pages (empty splits); MQA with a fork; pages of 64; d = 128
+# more splits than some sequences have pages (empty splits); MQA with a fork; pages of 64; d = 128; pages of 128,
+# longer than paged_decode's step (64 keys on a GPU, 32 in the interpreter)
 CASES = [([1, 16, 17, 40], 16, 4, 2, 64, 3, False), ([70, 9], 16, 2, 2, 64, None, False),
-         ([12, 30], 4, 4, 1, 64, 8, True), ([130], 64, 2, 1, 128, 2, False)]
+         ([12, 30], 4, 4, 1, 64, 8, True), ([130], 64, 2, 1, 128, 2, False), ([200, 1], 128, 4, 2, 64, 2, False)]
 
 
 @pytest.mark.parametrize("fn", [paged_decode_taught, paged_decode], ids=lambda f: f.__name__)

@@ -17,7 +17,8 @@ import nbtools  # noqa: E402
 
 #: lecture -> the kernel modules its walkthrough (the cell ``kernel-src-md``) reads
 WALKTHROUGHS = {"02_flashattention1": "attention", "04_flash_decode": "decode decode_taught",
-                "05_unified_max_decode": "decode decode_unified", "06_flat_gemm": "gemm gemm_taught"}
+                "05_unified_max_decode": "decode decode_unified", "06_flat_gemm": "gemm gemm_taught",
+                "09_paged_attention": "paged"}
 LECTURES = sorted(p.stem for p in (ROOT / "lectures").glob("0[0-9]_*.py") if not p.stem.endswith("_solutions"))
 #: what the cells before a source cell have imported by then
 PRELUDE = "import inspect\nfrom flashcourse import viz\nfrom flashcourse.kernels import decode as kernel_decode\n"
@@ -53,7 +54,7 @@ def test_a_printed_kernel_fits_a_subslide(lecture):
 
 @pytest.mark.parametrize("lecture", sorted(WALKTHROUGHS))
 def test_the_walkthrough_precedes_the_source_and_names_only_what_the_kernel_has(lecture):
-    """Chapters 2, 4, 5 and 6 print their kernel after a markdown cell that quotes its names in backticks:
+    """Chapters 2, 4, 5, 6 and 9 print their kernel after a markdown cell that quotes its names in backticks:
     every identifier quoted there is in the kernel module (a rename in the kernel shows up here)."""
     cells = cells_of(lecture)
     names = [c["metadata"].get("name") for c in cells]

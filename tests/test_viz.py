@@ -239,7 +239,42 @@ def _figures():
         "block_n_tradeoff": lambda: viz.block_n_tradeoff(Ns=[1024, 65536]),
         "padding_waste": lambda: viz.padding_waste(Ms=[1, 8, 9]),
         **_decode_figures(),
+        **_paged_figures(),
     }
+
+
+def _paged_cache():
+    from flashcourse.reference.paged import PagedKVCache
+    cache = PagedKVCache(num_blocks=8, block_size=4, heads_kv=1, d=1, order=[5, 2, 7, 0, 1, 3, 4, 6])
+    cache.append("a", np.ones((6, 1, 1)), np.ones((6, 1, 1)))
+    cache.fork("a", "b")
+    cache.append("b", np.ones((1, 1, 1)), np.ones((1, 1, 1)))      # copy-on-write of a's last block
+    return cache
+
+
+def _paged_figures():
+    from flashcourse.bench import shipped
+    return {"cache_waste": lambda: viz.cache_waste([100, 20, 7], reserve=512, block_size=16),
+            "serving_memory_plot": lambda: viz.serving_memory_plot([(3, 16), (10, 16)], capacity=64),
+            "paged_time_plot": lambda: viz.paged_time_plot(shipped("paged"))}
+
+
+def test_block_tables_draw_the_caches_tables_and_its_shared_and_free_blocks():
+    fig = viz.block_tables(_paged_cache())
+    assert fig.tables == {"a": [5, 2], "b": [5, 7]}                    # b's second block copied on write
+    assert fig.owners[5] == ["a", "b"] and fig.owners[2] == ["a"] and fig.owners[7] == ["b"]
+    assert [b for b, who in fig.owners.items() if not who] == [0, 1, 3, 4, 6]
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "5\nx2" in texts and "a: 6 tokens" in texts and "b: 7 tokens" in texts
+
+
+def test_cache_waste_and_serving_memory_plot_draw_what_they_are_given():
+    fig = viz.cache_waste([100, 20, 7], reserve=512, block_size=16)
+    contiguous, paged = fig.axes
+    assert [p.get_width() for p in contiguous.patches] == [100, 20, 7, 412, 492, 505]
+    assert [p.get_width() for p in paged.patches] == [100, 20, 7, 12, 12, 9]
+    line = viz.serving_memory_plot([(3, 16), (10, 16)]).axes[0].get_lines()[1]
+    assert list(line.get_ydata()) == [3, 10]
 
 
 @pytest.mark.parametrize("name", sorted(_figures()))
@@ -422,6 +457,7 @@ def _more_figures():
         "dram_plot": lambda: viz.dram_plot(measured("ncu_dram")),
         "warps_plot": lambda: viz.warps_plot(shipped("attention_warps")),
         "tiles_plot": lambda: viz.tiles_plot(shipped("attention_tiles", gpu="h200")),
+        "block_tables": lambda: viz.block_tables(_paged_cache()),
         "stepper frame": lambda: S.draw_frame(fa1, 3),
         "stepper strip": lambda: S.stepper_strip(fa1),
         "stepper key frames": lambda: S.stepper_strip(fa1, compact=True, legend=False),

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from ..formulas.counting import LOG2E
+from . import aot
 from .attention import quiet
 from .decode import combine_splits, softmax_step
 from .decode_configs import combine_block, decode_config, num_splits as default_splits, partials_scratch
@@ -235,7 +236,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     chapter 4's combine in the same launch (flash_decode's way), and with one split the program's output is final.
 
     Inputs and result as :func:`paged_decode_taught`'s. ``num_splits`` defaults to chapter 4's heuristic for
-    B H_kv programs a split; ``block_n`` keys a step (default 64, or the page when larger), ``num_warps`` and
+    B H_kv programs a split; ``block_n`` keys a step (default chapter 4's, 64 on a GPU, whatever the page size), ``num_warps`` and
     ``num_stages`` the launch's (default: chapter 4's for this GPU). ``validate=False`` skips the check of the
     tables' and lengths' values (:func:`expect_paged`), which waits for the GPU: a serving loop's hot path, whose
     tables its own allocator wrote; the splits are then planned for the longest length a table can hold.
@@ -259,7 +260,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     sm_scale = expect_sm_scale(fn, sm_scale, d)
     S = expect_num_splits(fn, num_splits) or default_splits(B, H_kv, longest, q3.device)
     launch = decode_config(d, G, q3.dtype)
-    BLOCK_N = block_n or max(launch.constexprs["BLOCK_N"], block_size)
+    BLOCK_N = block_n or launch.constexprs["BLOCK_N"]        # a step may cover part of a page, or several
     PAGES = triton.cdiv(triton.cdiv(triton.cdiv(longest, block_size), S) * block_size, BLOCK_N) * BLOCK_N // block_size
     o_part, lse_part = partials_scratch(q3.device, B * H_q * S, d)
     (count,) = kept("paged counters", q3.device, (B * H_kv, torch.int32, True))      # left zeroed by each call
@@ -272,3 +273,46 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
                                         BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N, BLOCK_G=launch.constexprs["BLOCK_G"],
                                         DIRECT=S == 1, BLOCK_S=combine_block(S), **options)
     return o
+
+
+# --------------------------------------------------------------------------------------------------
+# Ahead-of-time check: what the two launchers launch, on every target. The page size changes only index arithmetic
+# (the fast kernel's step is BLOCK_N = 64 keys whatever the page; the taught kernel's block is a page, and pages of 16,
+# the engine's, stand for the bench's 64: neither uses shared memory for them), so pages of 16 stand for every page
+# size; bfloat16 (sm_80 and later) once, at d = 128.
+
+def _dtypes(cc):
+    return [(d, torch.float16) for d in PAGED_HEAD_DIMS] + ([(128, torch.bfloat16)] if cc >= (8, 0) else [])
+
+
+def _ptrs(dtype, *names):
+    return {n: "*bf16" if dtype == torch.bfloat16 else "*fp16" for n in names}
+
+
+def _taught_configs(cc):
+    for d, dtype in _dtypes(cc):                             # paged_decode_taught launches with Triton's defaults
+        yield aot.Launch({"HEAD_DIM": d, "BLOCK_SIZE": 16}, 4, 3, _ptrs(dtype, "Q", "K_cache", "V_cache"),
+                         "paged_split_taught", f"d={d} {str(dtype)[6:]} page 16")
+
+
+def _fast_configs(cc):
+    for d, dtype in _dtypes(cc):
+        launch = decode_config(d, 4, dtype, cc)              # G = 4: the engine's and the bench's grouping
+        for direct in (False, True):                         # several splits, combined by the last; or one
+            yield aot.Launch({"HEAD_DIM": d, "BLOCK_SIZE": 16, "BLOCK_N": launch.constexprs["BLOCK_N"],
+                              "BLOCK_G": launch.constexprs["BLOCK_G"], "DIRECT": direct, "BLOCK_S": combine_block(32)},
+                             4, launch.num_stages, _ptrs(dtype, "Q", "K_cache", "V_cache", "O"), "paged_split",
+                             f"d={d} {str(dtype)[6:]} page 16" + (" one split" if direct else ""))
+
+
+_TABLES = {"block_tables": "*i32", "seq_lens": "*i32", "O_part": "*fp32", "LSE_part": "*fp32"}
+aot.register("paged_split_taught", paged_split_kernel, configs=_taught_configs, signature={
+    "Q": "*fp16", "K_cache": "*fp16", "V_cache": "*fp16", **_TABLES, "sm_scale": "fp32",
+    **{f"stride_{n}": "i32" for n in ("qh", "kb", "kt", "kh", "bt")}, "H_q": "i32", "GROUP": "i32", "PAGES": "i32",
+    "HEAD_DIM": "constexpr", "BLOCK_SIZE": "constexpr"})
+aot.register("paged_split", paged_split_fast, configs=_fast_configs, signature={
+    "Q": "*fp16", "K_cache": "*fp16", "V_cache": "*fp16", "block_tables": "*i32", "seq_lens": "*i32", "O": "*fp16",
+    "O_part": "*fp32", "LSE_part": "*fp32", "COUNT": "*i32", "qk_scale": "fp32",
+    **{f"stride_{n}": "i32" for n in ("qb", "qh", "kb", "kt", "kh", "bt")}, "H_kv": "i32", "G": "i32", "PAGES": "i32",
+    "HEAD_DIM": "constexpr", "BLOCK_SIZE": "constexpr", "BLOCK_N": "constexpr", "BLOCK_G": "constexpr",
+    "DIRECT": "constexpr", "BLOCK_S": "constexpr"})

@@ -3,7 +3,7 @@
 :class:`LlamaRunner` keeps the model's weights and modules (embeddings, each layer's norms, projections and MLP,
 the rotary embedding, the head) and replaces only what touches K and V: each layer's K and V live in a pool of
 pages, ``(num_blocks, block_size, H_kv, d)`` a layer, written token by token into the slots a request's block table
-names (:func:`~flashcourse.kernels.paged_append.paged_append`), and read back by the course's kernels:
+names (:func:`~flashcourse.kernels.paged_write.paged_append`), and read back by the course's kernels:
 
 * :meth:`~LlamaRunner.prefill`: requests' whole sequences (each prompt, or prompt and output after a
   preemption), a batch of them at once, attention by :func:`flashcourse.kernels.flash_attention`
@@ -39,7 +39,7 @@ import torch
 from ..kernels import flash_attention
 from ..kernels.launch import kept_now
 from ..kernels.paged import paged_decode
-from ..kernels.paged_append import paged_append
+from ..kernels.paged_write import paged_append
 
 __all__ = ["LlamaRunner", "BUCKETS", "PREFILL_TOKENS"]
 
