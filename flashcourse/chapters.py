@@ -162,6 +162,10 @@ CHAPTERS: tuple[Chapter, ...] = (
             checks=("block_lists", "sparse_kernel", "band_lists", "forward_time"),
             bench="sparse", extra_modules=("formulas.sparse_masks", "kernels.sparse_taught", "kernels.sparse_configs",
                                            "checks.sparse_bands", "checks.sparse_predict")),
+    Chapter(9, "paged", "The KV cache and PagedAttention", "09_paged_attention",
+            layers=("formulas", "reference", "kernels", "checks"),
+            checks=("cache_step", "paged_split_kernel", "requests_that_fit"),
+            extra_modules=("checks.paged_walk", "checks.paged_predict")),
 )
 
 
