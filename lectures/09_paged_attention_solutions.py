@@ -13,25 +13,20 @@ from nbtools import check, code, done, md, questions  # noqa: E402
 CELLS = [
     md("""
     A server decodes many sequences at once and cannot know how long each will grow. PagedAttention keeps
-    their K and V in fixed-size **blocks** drawn from one pool, a **block table** per sequence naming its
-    blocks in order, and lets sequences **share** blocks (a forked prompt) until one of them writes. You
-    write:
+    their K and V in fixed-size **blocks** of one pool, a **block table** per sequence naming its blocks in
+    order, and lets sequences **share** blocks (a forked prompt) until one of them writes. You write:
 
-    1. in NumPy, the cache's bookkeeping: append a token, fork a sequence, free one, with reference counts
-       and **copy-on-write** (25–35 minutes);
-    2. in Triton, the **page walk** of the decoding kernel: chapter 4's loop over keys, now over the pages
-       a block table names (20–30 minutes);
-    3. a **prediction**: how many requests fit in a cache of a given size, reserved contiguously and in
-       pages, from a model's shapes (10–15 minutes).
+    1. in NumPy, the cache's bookkeeping: append, fork, free, with reference counts and **copy-on-write**
+       (25–35 minutes);
+    2. in Triton, the **page walk** of chapter 4's decoding kernel over a block table (20–30 minutes);
+    3. a **prediction**: how many requests fit in a cache, contiguous and paged (10–15 minutes).
 
-    About 55–80 minutes in all. (Estimated, not timed on a fresh solve: the course's author solved each part
-    once from its stub, knowing the answer's shape, and scaled by chapter 8's parts of similar length, whose
-    estimates came the same way; a student's fresh solve should replace these numbers.)
+    About 55–80 minutes in all: estimated from one solve by the course's author, who knew the answers,
+    scaled as chapter 8's estimates are; not yet timed on a student's fresh solve.
 
-    Under each exercise a **check cell** runs your code on cases you can see and on hidden random ones
-    (tables out of order, blocks shared by two sequences, sequences that end exactly at a block's end,
-    length 1, an empty slot in a batch) and prints one line ending in ✓ when everything passes; when it
-    fails, the hint names the mistake your result matches. Then grade the notebook from a terminal:
+    Each **check cell** runs your code on cases you can see and on hidden ones (tables out of order, shared
+    blocks, a sequence ending exactly at a block's end, length 1, an empty slot in a batch) and prints one
+    line ending in ✓; when it fails, the hint names the mistake. Then grade the notebook:
     `flashcourse grade exercises/09_paged_attention.ipynb`.
 
     *Source: Kwon et al., "Efficient Memory Management for Large Language Model Serving with
@@ -110,13 +105,13 @@ CELLS = [
             del lens[seq]
         ### END SOLUTION
         return cache
-    """, tags=("solution",), name="cache-step"),
+    """, "subslide", tags=("solution",), name="cache-step"),
 
     md("""
     A prompt of 6 tokens in blocks of 4, forked; then the prompt and its fork each add a token. The full
     block stays shared; the shared last block is copied by the first of the two that writes to it, and the
     other, now its only holder, writes in place:
-    """, "fragment", name="cache-demo-text"),
+    """, "subslide", name="cache-demo-text"),
 
     code("""
     cache = {"pages": np.full((6, 4, 1), np.nan), "refs": np.zeros(6, int), "free": [5, 4, 3, 2, 1, 0],
@@ -184,7 +179,7 @@ CELLS = [
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)                  # an empty split: o_s = 0, lse_s = -inf
         tl.store(O_part + (bh * tl.num_programs(0) + split) * HEAD_DIM + offs_d, acc / l_safe)
         tl.store(LSE_part + bh * tl.num_programs(0) + split, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
-    """, tags=("solution",), name="paged-split-kernel"),
+    """, "subslide", tags=("solution",), name="paged-split-kernel"),
 
     code("""
     def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, num_splits=2):
@@ -201,12 +196,12 @@ CELLS = [
             H_q, H_q // H_kv, PAGES, HEAD_DIM=d, BLOCK_SIZE=block_size)
         lse = torch.logsumexp(lse_part, dim=-1, keepdim=True)
         return (torch.exp(lse_part - lse)[..., None] * o_part).sum(dim=-2).to(q.dtype)
-    """, name="paged-decode"),
+    """, "subslide", name="paged-decode"),
 
     md("""
     Two sequences of 37 and 16 tokens in a pool of 8 pages of 16 (the second ends exactly at a page's end),
     their pages out of order, 4 query heads over 2 KV heads; against the same tokens laid end to end:
-    """, "fragment", name="kernel-demo-text"),
+    """, "subslide", name="kernel-demo-text"),
 
     code("""
     g = torch.Generator().manual_seed(0)
@@ -261,7 +256,7 @@ CELLS = [
         paged = admitted([-(-n // block_size) for n in lengths], cache_bytes // (token * block_size))
         ### END SOLUTION
         return contiguous, paged
-    """, tags=("solution",), name="requests-that-fit"),
+    """, "subslide", tags=("solution",), name="requests-that-fit"),
 
     check("requests_that_fit"),
 
@@ -270,7 +265,7 @@ CELLS = [
     the course's `PagedKVCache` (one KV head of width 1 is enough to count blocks) takes each request's
     tokens until it raises `CacheFull`; `cache_usage` gives the slots that hold tokens against the slots
     reserved for the requests your prediction admits, in both layouts.
-    """, "fragment", name="count-text"),
+    """, "subslide", name="count-text"),
 
     code("""
     llama = {"layers": 32, "heads_kv": 8, "head_dim": 128, "dtype_bytes": 2}
