@@ -264,7 +264,8 @@ CELLS = [
     **Count and see.** Llama-3-8B's shapes, 4 GiB of cache, 60 requests of 50–3,000 tokens. The count:
     the course's `PagedKVCache` (one KV head of width 1 is enough to count blocks) takes each request's
     tokens until it raises `CacheFull`; `cache_usage` gives the slots that hold tokens against the slots
-    reserved for the requests your prediction admits, in both layouts.
+    reserved for the requests your prediction admits, in both layouts. On a GPU, the cell then asks your
+    function what the GPU's free memory, measured now, would hold (no model loaded: an upper bound).
     """, "subslide", name="count-text"),
 
     code("""
@@ -285,6 +286,10 @@ CELLS = [
     for what, (used, reserved) in (("contiguous", cache_usage(lengths[:contiguous], reserve=max_len)),
                                    ("paged", cache_usage(lengths[:paged], block_size=block_size))):
         print(f"{what:>10s}: {used:7d} of {reserved:7d} reserved slots hold tokens ({used / reserved:.1%})")
+    if DEVICE == "cuda":                                 # this GPU's free memory, all of it given to the cache
+        free_bytes = torch.cuda.mem_get_info()[0]
+        print(f"{torch.cuda.get_device_name()}: {free_bytes / 2 ** 30:.1f} GiB free would hold "
+              f"{requests_that_fit(lengths * 100, free_bytes, block_size, max_len, llama)} of 6,000 such requests")
     """, "fragment", name="count"),
 
     done("""

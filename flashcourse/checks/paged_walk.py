@@ -38,10 +38,10 @@ PAGED_KINDS = ("pages out of order", "a block shared by two sequences", "a seque
                "length 1", "an empty slot in the batch (seq_len 0)", "logits that jump by hundreds from page to page",
                "empty splits: a short sequence beside a long one", "GQA, stale tokens past seq_len")
 
-_PAGED_HINT = ("per page j of the split: page = block_tables[b, j] (row b of the tables: b * stride_bt); its keys are "
-               "rows offs_t of that page, K_cache + page * stride_kb + offs_t * stride_kt + g * stride_kh (+ offs_d); "
-               "rows at or past seq_len are not the sequence's (the page's row t is token j * BLOCK_SIZE + t); then "
-               "chapter 4's online-softmax update in base 2.")
+_PAGED_HINT = ("per logical block j of the split: first its page's number, from sequence b's row of the block tables; "
+               "that page's rows at KV head g are the block's keys and values; the rows at or past seq_len are not "
+               "the sequence's (a page's row t is token j * BLOCK_SIZE + t); then chapter 4's online-softmax update in "
+               "base 2, with a running maximum and both sums rescaled.")
 _PAGED_MISTAKES = [
     ("block max", "m_i is each page's own maximum: keep the running one, m_new = max(m_i, max(qk)); else alpha = "
                   "2^(m_i - m_new) overflows when a page's logits lie far below the previous page's (as here)."),
@@ -53,8 +53,8 @@ _PAGED_MISTAKES = [
                  "last token. The last token of the sequence is row seq_len - 1 - j * BLOCK_SIZE."),
     ("one short", "the sequence's last token is left out: its row is seq_len - 1 - j * BLOCK_SIZE, so the mask is "
                   "t < seq_len - j * BLOCK_SIZE, not t < seq_len - j * BLOCK_SIZE - 1."),
-    ("logical page", "the logical block j is not the page: read page = block_tables[b, j] first (the pages of a "
-                     "sequence lie anywhere in the pool, in any order)."),
+    ("logical page", "the logical block j is not the page: read the page's number from the block table first (the "
+                     "pages of a sequence lie anywhere in the pool, in any order)."),
     ("first table", "every sequence reads the first sequence's block table: sequence b's is the row at "
                     "block_tables + b * stride_bt."),
     ("kv head 0", "every query head reads KV head 0: query head h reads KV head g = h // GROUP, at g * stride_kh "
