@@ -191,6 +191,8 @@ TOKEN = 'token = 2 * model["layers"] * model["heads_kv"] * model["head_dim"] * m
                  id="skips-a-request-that-does-not-fit"),
     pytest.param((("[max_len] * len(lengths)", "lengths"),), ("reserves max_len tokens for every request",),
                  id="contiguous-reserves-the-request-s-own-length"),
+    pytest.param((("cache_bytes // (token * block_size)", "-(-cache_bytes // (token * block_size))"),),
+                 ("hidden case 3 of 6", "whole blocks (round down)"), id="a-part-of-a-block-counted-as-a-block"),
 ])
 def test_requests_that_fit_mutants_are_rejected_on_every_seed(tmp_path, seed, replace, expected):
     fn = cells.load(tmp_path, NOTEBOOK, "requests-that-fit", "requests_that_fit", replace)

@@ -136,7 +136,7 @@ def shown_cases():
 def hidden_cases(rng):
     """Hidden cases, fresh from ``rng``: random models, caches, block sizes and request mixes; in every run one
     with lengths one token either side of a block boundary, one where the queue stops at a long request, one
-    with a cache that is not a whole number of blocks.
+    with a cache that is not a whole number of blocks, whose part of a block would admit one request more.
 
     Example:
         >>> [k for k, _ in hidden_cases(np.random.default_rng(0))][:2]
@@ -160,9 +160,10 @@ def hidden_cases(rng):
     cases.append(("a long request stops the queue", (lens, tb * 16 * blocks, 16, 1 << 20, m)))
     m = model()
     bs = int(rng.choice([16, 64]))
-    cases.append(("a cache that is not a whole number of blocks",
-                  (rng.integers(1, 900, size=80).tolist(), int(token_bytes(m) * (bs * rng.integers(100, 900) +
-                                                                               rng.integers(1, bs))), bs, 2048, m)))
+    lens = rng.integers(1, 900, size=80).tolist()
+    upto = np.cumsum([-(-n // bs) for n in lens])[int(rng.integers(10, 70))]   # one block short of request i + 1,
+    cases.append(("a cache that is not a whole number of blocks",                # and part of a block more
+                  (lens, int(token_bytes(m) * (bs * (int(upto) - 1) + rng.integers(1, bs))), bs, 2048, m)))
     for kind in ("a random server", "a random server", "a random server, long contexts"):
         m = model()
         bs = int(rng.choice([1, 8, 16, 32, 128]))
