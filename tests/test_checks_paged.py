@@ -121,6 +121,15 @@ def test_paged_split_kernel_mutants_are_rejected_on_every_seed(tmp_path, seed, r
 
 
 @INTERPRETER_ONLY
+def test_a_page_walk_whose_masked_loads_have_no_other_is_rejected(tmp_path, seed):
+    """V loaded with its mask but no other=: the interpreter and most GPUs give 0 in the masked lanes, which the
+    page walk would then multiply by p = 0; the check gives them NaN, as Triton leaves them undefined."""
+    kernel = cells.load(tmp_path, NOTEBOOK, "paged-split-kernel", "paged_split_kernel",
+                        (("tl.load(V_cache + rows, mask=valid[:, None], other=0.0)", "tl.load(V_cache + rows, mask=valid[:, None])"),))
+    rejected(checks.paged_split_kernel, kernel, seed, "paged_split_kernel: wrong value on", "no other= fed the result")
+
+
+@INTERPRETER_ONLY
 def test_a_page_walk_that_loads_past_seq_len_is_rejected_by_its_loads(tmp_path, seed):
     """K and V loaded without the mask, the logits masked: right values, but stale rows read."""
     kernel = cells.load(tmp_path, NOTEBOOK, "paged-split-kernel", "paged_split_kernel",

@@ -5,7 +5,8 @@ The kernel is chapter 4's split-KV kernel whose split owns ``PAGES`` whole pages
 page's number from the sequence's block table. The check launches it on pools of pages with padded rows, tables
 out of order, a block shared by two sequences, lengths of 1 and of exactly a block, an empty slot (``seq_len``
 0), stale tokens past each sequence's end and a page of NaN that no table names; it compares the partials with
-float64 partials of the same fp16 values and, under the interpreter, counts the keys loaded. A wrong result is
+float64 partials of the same fp16 values and, under the interpreter, counts the keys loaded and gives a masked
+load's masked-out lanes NaN (a load without ``other=`` is undefined there). A wrong result is
 matched against NumPy emulations of the known mistakes (:func:`emulate_paged`: no running maximum, no rescale,
 the mask off by one or missing, the logical block used as the page, the first sequence's table, KV head 0) to
 name it.
@@ -42,6 +43,9 @@ _PAGED_HINT = ("per logical block j of the split: first its page's number, from 
                "that page's rows at KV head g are the block's keys and values; the rows at or past seq_len are not "
                "the sequence's (a page's row t is token j * BLOCK_SIZE + t); then chapter 4's online-softmax update in "
                "base 2, with a running maximum and both sums rescaled.")
+_UNDEFINED_HINT = ("a load with a mask but no other= fed the result: its masked-out lanes are undefined (Triton's "
+                   "tl.load documentation); the check gives them NaN, as a GPU may give anything, and p = 0 times NaN "
+                   "is NaN. Say what the rows past seq_len load.")
 _PAGED_MISTAKES = [
     ("block max", "m_i is each page's own maximum: keep the running one, m_new = max(m_i, max(qk)); else alpha = "
                   "2^(m_i - m_new) overflows when a page's logits lie far below the previous page's (as here)."),
@@ -272,7 +276,7 @@ def _check_paged_case(name, kernel, case, S, PAGES, first, pad, seed):
     q_t, k_t, v_t = qb[:, :d], kb[..., :d], vb[..., :d]
     args = (q_t, k_t, v_t, tb, lens_t, ob, lb, scale, q_t.stride(0), k_t.stride(0), k_t.stride(1), k_t.stride(2),
             tb.stride(0), H_q, H_q // H_kv, PAGES)
-    with InterpreterLoads() as loads:
+    with InterpreterLoads(undefined=True) as loads:                    # masked lanes without other=: NaN
         launch(name, kernel, (S, B * H_q), args, dict(HEAD_DIM=d, BLOCK_SIZE=bs), case)
     o_bits, l_bits = ob.cpu().view(torch.int32).numpy(), lb.cpu().view(torch.int32).numpy()
     o_un = (o_bits[:n_o] == POISON_F32).reshape(B * H_q, S, d)
@@ -305,6 +309,9 @@ def _check_paged_case(name, kernel, case, S, PAGES, first, pad, seed):
         if case.hidden else ""
 
     def hint_of(i):
+        got, want = np.asarray(pairs[i][1]), np.asarray(pairs[i][2])
+        if loads.undefined_loads and (np.isnan(got) & ~np.isnan(want)).any():
+            return join_lines(_UNDEFINED_HINT, replay)
         mistakes = ((h, by_head(*emulate_paged(q, k, v, tables, lens, PAGES, S, key))[::-1]) for key, h in _PAGED_MISTAKES)
         return join_lines(diagnose(mistakes, *zip(*[(p[1], p[2], p[3:]) for p in pairs]), i) or _PAGED_HINT, replay)
     compare_all(name, pairs, case, hint_of)
