@@ -134,7 +134,9 @@ CELLS = [
     max_blocks)` int32, rows `stride_bt` apart. Split `s` owns the sequence's logical blocks `first` ≤ j <
     `last`; write the loop's body, per block j:
 
-    * its page, `block_tables[b, j]`; its keys and values are the page's rows `offs_t` at KV head `g`;
+    * its page, `block_tables[b, j]` (int32: make it int64 before it meets a stride, as chapter 4's kernel
+      does, since a large pool's offsets pass 2³¹); its keys and values are the page's rows `offs_t` at KV
+      head `g`;
     * row `t` of block j is token `j · BLOCK_SIZE + t`: the rows at or past `seq_len` are not the
       sequence's (leftovers, or nothing yet), so mask them out of the loads and the logits;
     * chapter 4's online-softmax update in base 2 (`qk_scale` includes log₂e).
