@@ -31,7 +31,7 @@ import copy
 
 import numpy as np
 
-from .cases import Case, join_lines, not_implemented_message, passed, require_callable, seed_of
+from .cases import Case, call, join_lines, passed, require_callable, seed_of
 
 __all__ = ["cache_step"]
 
@@ -323,12 +323,8 @@ def cache_step(fn, seed: int | None = None) -> None:
             case = _StreamCase(kind, (), number, of, hidden, seed, (), extra)
             before = copy.deepcopy(state)
             # the student's function gets a copy (as in the grader's worker, where every call crosses a pipe)
-            try:
-                got = fn(copy.deepcopy(state), (op[0], op[1], np.array(op[2])) if op[0] == "append" else op)
-            except NotImplementedError:
-                raise NotImplementedError(not_implemented_message(name)) from None
-            except Exception as e:
-                raise AssertionError(f"{name} raised {type(e).__name__}: {e}\n  on {case.describe()}") from e
+            got = call(name, fn, (copy.deepcopy(state), (op[0], op[1], np.array(op[2])) if op[0] == "append" else op),
+                       case)
             if op[0] == "append":
                 tokens.setdefault(op[1], []).append(np.asarray(op[2], dtype=np.float64))
             elif op[0] == "fork":
