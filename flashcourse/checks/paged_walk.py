@@ -142,7 +142,7 @@ def paged_problem(rng, kind: str):
     """
     bs = int(rng.choice([4, 8, 16]))
     d = int(rng.choice([16, 32]))
-    H_kv = int(rng.choice([1, 2]))
+    H_kv = 2 if kind in ("pages out of order", "GQA, stale tokens past seq_len") else int(rng.choice([1, 2]))
     H_q = H_kv * (2 if "GQA" in kind else int(rng.choice([1, 2])))
     lens = rng.integers(1, 5 * bs, size=2)
     if kind == "a sequence ending exactly at a block's end":
