@@ -163,9 +163,10 @@ CHAPTERS: tuple[Chapter, ...] = (
             bench="sparse", extra_modules=("formulas.sparse_masks", "kernels.sparse_taught", "kernels.sparse_configs",
                                            "checks.sparse_bands", "checks.sparse_predict")),
     Chapter(9, "paged", "The KV cache and PagedAttention", "09_paged_attention",
-            layers=("formulas", "reference", "kernels", "bench", "viz"),
-            kernels=("paged_decode", "paged_decode_taught", "paged_append"), checks=(), bench="paged",
-            extra_modules=("kernels.paged_write",)),
+            layers=("formulas", "reference", "kernels", "checks", "bench", "viz"),
+            kernels=("paged_decode", "paged_decode_taught", "paged_append"),
+            checks=("cache_step", "paged_split_kernel", "requests_that_fit"), bench="paged",
+            extra_modules=("kernels.paged_write", "checks.paged_walk", "checks.paged_predict")),
 )
 
 

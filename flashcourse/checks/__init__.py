@@ -57,6 +57,10 @@ The checks, by chapter:
   mistakes it names are emulated by :mod:`.sparse_mistakes`); :mod:`.sparse_bands`: :func:`band_lists` (the
   lists of a band mask from each query's range of keys); :mod:`.sparse_predict`: :func:`forward_time` (the
   forward's time predicted from the blocks, graded against the H100's and H200's clock).
+* :mod:`.paged` (chapter 9): :func:`cache_step` (a paged KV cache's bookkeeping in NumPy: blocks, reference
+  counts, copy-on-write, driven one request at a time); :mod:`.paged_walk`: :func:`paged_split_kernel` (the
+  page walk of the split-KV kernel, in Triton); :mod:`.paged_predict`: :func:`requests_that_fit` (how many requests a cache of
+  a given size holds, reserved contiguously and in pages).
 
 Adding a check for a later chapter: a module ``STEM.py`` here (the chapter's stem, see
 :mod:`flashcourse.chapters`) with a function ``NAME(fn, seed=None)`` that refuses a non-function
