@@ -18,14 +18,14 @@ Example:
     >>> skipped_blocks(triangle, seed=0)                 # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    AssertionError: skipped_blocks: wrong count on shown case 4 of 4 ...
+    AssertionError: skipped_blocks: wrong count on shown case 4 of 5 ...
     ...
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .cases import number_check
+from .numbers import number_check
 
 __all__ = ["skipped_blocks"]
 
@@ -101,7 +101,8 @@ def shown_cases():
     return [("N_q = N_k = 64 in square blocks of 16", (64, 64, 16, 16)),
             ("ragged: N = 100 in blocks of 32 (the last of 4 rows)", (100, 100, 32, 32)),
             ("more keys than queries: a prompt of 96 keys, 32 new queries, blocks of 16", (32, 96, 16, 16)),
-            ("tall query blocks: BLOCK_M = 64, BLOCK_N = 16, N = 128", (128, 128, 64, 16))]
+            ("tall query blocks: BLOCK_M = 64, BLOCK_N = 16, N = 100", (100, 100, 64, 16)),
+            ("more queries than keys: 80 queries, 16 keys, blocks of 16 (the first rows see no key)", (80, 16, 16, 16))]
 
 
 def hidden_cases(rng):
@@ -118,7 +119,7 @@ def hidden_cases(rng):
         ("N_q = N_k, blocks dividing it", (max(M, N) * r(1, 6),) * 2 + (M, N)),
         ("N_q = N_k, ragged", (r(2, 300),) * 2 + (M, N)),
         ("more keys than queries", (r(1, 100), r(150, 500), M, N)),
-        ("more queries than keys: the first rows see no key", (r(150, 500), r(1, 100), M, N)),
+        ("more queries than keys: the first rows see no key", (lambda k: (k + M + N + r(1, 200), k))(r(1, 100)) + (M, N)),
         ("BLOCK_M > BLOCK_N", (r(100, 400), r(100, 400), 128, 16)),
         ("BLOCK_M < BLOCK_N", (r(100, 400), r(100, 400), 16, 64)),
         ("one query (decoding)", (1, r(1, 500), M, N)),
@@ -127,12 +128,12 @@ def hidden_cases(rng):
 
 def skipped_blocks(fn, seed: int | None = None) -> None:
     """Check ``fn(N_q, N_k, BLOCK_M, BLOCK_N) -> int``, the K/V blocks the causal FA2 kernel never loads over the
-    query blocks of one head (see the module's docstring): 4 shown cases and 8 hidden ones (ragged sizes, N_q and
+    query blocks of one head (see the module's docstring): 5 shown cases and 8 hidden ones (ragged sizes, N_q and
     N_k apart both ways, tall and wide blocks, one query), each compared exactly with the kernel's loop bound.
 
     Example:
         >>> skipped_blocks(count_skipped, seed=1)
-        skipped_blocks: 12 cases passed (4 shown, 8 hidden) ✓
+        skipped_blocks: 13 cases passed (5 shown, 8 hidden) ✓
     """
     number_check("skipped_blocks", "skipped_blocks", fn, seed, shown_cases(), hidden_cases, _NAMES, count_skipped,
                  _mistakes, "walk the kernel's loop for each query block: which of the ceil(N_k / BLOCK_N) K/V blocks "

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..memory import Memory
 from ..reference.attention import fa1_attention
-from .cases import number_check
+from .numbers import number_check
 
 __all__ = ["fa1_accesses"]
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..memory import Memory
 from ..reference.attention import fa1_attention, fa2_attention
-from .cases import number_check
+from .numbers import number_check
 
 __all__ = ["o_writes"]
 

@@ -30,7 +30,7 @@ import numpy as np
 from ..formulas.backward import fa1_backward_traffic, standard_backward_traffic
 from ..memory import Memory
 from ..reference.backward import fa2_backward
-from .cases import number_check
+from .numbers import number_check
 
 __all__ = ["backward_accesses"]
 

@@ -27,7 +27,7 @@ import math
 import numpy as np
 
 from ..formulas.decode import flash_decoding_traffic
-from .cases import number_check
+from .numbers import number_check
 
 __all__ = ["combine_crossover"]
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..memory import Memory
 from ..reference.gemm import flat_gemm
-from .cases import number_check
+from .numbers import number_check
 
 __all__ = ["gemm_accesses"]
 

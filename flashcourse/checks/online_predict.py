@@ -25,7 +25,7 @@ import numpy as np
 
 from ..memory import Memory
 from ..reference.online import naive_softmax, online_softmax, safe_softmax
-from .cases import number_check
+from .numbers import number_check
 
 __all__ = ["softmax_bytes"]
 
