@@ -334,7 +334,7 @@ CELLS = [
     ## 4. The blocks the causal kernel skips
 
     With `CAUSAL` your kernel ends each query block's loop early, at `hi`, so the K/V blocks right of the
-    diagonal are never loaded; the lecture drew them for square blocks and $N_q = N_k$. Write
+    diagonal are never loaded: "about half the work at large $N$", the lecture says, for $N_q = N_k$. Write
     `skipped_blocks(N_q, N_k, BLOCK_M, BLOCK_N)`: over the $\lceil N_q / \text{BLOCK\_M} \rceil$ query
     blocks of one head, how many of the $\lceil N_k / \text{BLOCK\_N} \rceil$ K/V blocks each could load
     does the kernel never load? Count from the kernel's loop, not from the picture: the check's cases have

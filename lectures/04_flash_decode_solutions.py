@@ -307,7 +307,7 @@ CELLS = [
     ## 4. When does the combine cost as much as a split?
 
     Splitting reads the cache once whatever $S$ is, but each split adds partials: the lecture counted them
-    (`count-md`). More splits make each split's read smaller and the combine's traffic larger. Write
+    (*Counting it*). More splits make each split's read smaller and the combine's traffic larger. Write
     `combine_crossover(L, d, G)`: for one KV head of $L$ keys and head dim $d$, read by $G$ query heads, the
     smallest $S$ at which the combine's HBM traffic (the partials of the $G$ query heads, written by the
     split kernel and read back by the combine) is at least one split's read (the K and V rows of a chunk of
