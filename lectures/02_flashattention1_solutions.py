@@ -25,8 +25,9 @@ CELLS = [
     prints one line ending in ✓ when everything passes. Then grade the notebook from a terminal:
     `flashcourse grade exercises/02_flashattention1.ipynb`.
 
-    Two parts: 1. the inner step (about 25 minutes); 2. a prediction of the loops' HBM accesses, counted,
-    then set beside a measurement (about 20). About 45 minutes in all, plus the questions at the end.
+    Three parts: 1. the inner step (about 25 minutes); 2. a prediction of the loops' HBM accesses, counted,
+    then set beside a measurement (about 20); 3. what swapping the loops does to the writes of $O$ (about
+    10). About 55 minutes in all, plus the questions at the end.
     (Estimated, not yet timed on a fresh solve: from the length of each answer and the hints its check
     gives, beside chapter 7's and 8's parts, which were timed; a fresh solve should replace these numbers.)
 
@@ -198,6 +199,39 @@ CELLS = [
     The FA1 kernel there is counted at 1661 MB of reads; DRAM saw 47.8 MB, because the L2 cache
     (50 MB) served the re-reads. Before you look: which of your terms would the L2 absorb?
     """, "fragment", name="measure"),
+
+    md(r"""
+    ## 3. Swap the loops: what happens to O
+
+    Chapter 3's FlashAttention-2 runs the same two loops the other way round: **Q blocks outside, K/V
+    blocks inside**, with $O_i$, $\ell_i$ and $m_i$ kept on chip for the whole inner loop. Before you
+    read it, count what that does to the output alone. Write `o_writes(loop_order, N_q, N_k, d, B_r, B_c)`:
+    the number of elements of $O$ written to HBM by Algorithm 1 in FlashAttention-1's order
+    (`loop_order == "fa1"`, the loops you ran above) and in FlashAttention-2's (`"fa2"`), for blocks of
+    $B_r$ queries and $B_c$ keys that need not divide $N_q$ and $N_k$. The check runs both papers'
+    Algorithm 1 on the counted memory and compares.
+    """, "slide", name="writes-intro"),
+
+    code("""
+    def o_writes(loop_order, N_q, N_k, d, B_r, B_c):
+        \"\"\"Elements of O written to HBM by FlashAttention-1's loop order ("fa1") or FlashAttention-2's ("fa2").\"\"\"
+        ### BEGIN SOLUTION
+        if loop_order == "fa2":
+            return N_q * d                          # each O_i once, after its last K/V block
+        T_c = -(-N_k // B_c)                        # outer steps, the last one partial
+        return (1 + T_c) * N_q * d                  # line 2's zeros, then every O_i after every K/V block
+        ### END SOLUTION
+    """, tags=("solution",), name="o-writes"),
+
+    md("At the lecture's sizes (N = 4096, d = 64, blocks of 64 keys), how many times more FA1's order writes:",
+       "fragment", name="writes-demo-text"),
+
+    code("""
+    fa1, fa2 = (o_writes(order, 4096, 4096, 64, 64, 64) for order in ("fa1", "fa2"))
+    print(f"FA1 order: {fa1:,} elements of O written, FA2 order: {fa2:,}; {fa1 // fa2}x")
+    """, "fragment", name="writes-demo"),
+
+    check("o_writes"),
 
     done("""
     Next, FlashAttention-2 swaps the two loops, so that $O_i$ stays on chip, and defers the division

@@ -22,9 +22,10 @@ CELLS = [
     2. the same loop body inside a Triton kernel, which runs on a GPU — or, without one, in Triton's
        interpreter on the CPU (about 30);
     3. the kernel's launch config — tiles, warps, pipeline stages — for a GPU, from a count of what
-       one program asks of an SM; then you compare your choice with a measurement (about 20).
+       one program asks of an SM; then you compare your choice with a measurement (about 20);
+    4. how many K/V blocks the causal kernel skips, counted from its loop for any sizes (about 10).
 
-    About 75 minutes in all, plus the questions at the end. (Estimated, not yet timed on a fresh solve:
+    About 85 minutes in all, plus the questions at the end. (Estimated, not yet timed on a fresh solve:
     from the length of each answer and the hints its check gives, beside chapter 7's and 8's parts,
     which were timed; a fresh solve should replace these numbers.)
 
@@ -201,8 +202,9 @@ CELLS = [
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)                   # a row that saw no key: O = 0
         tl.store(O_ptrs, (acc / l_safe[:, None]).to(tl.float16), mask=rows[:, None] < N_q)
         ### END SOLUTION
+    """, tags=("solution",), name="fa2-kernel"),
 
-
+    code("""
     def flash_attention(q, k, v, causal=False, BLOCK_M=16, BLOCK_N=16):
         \"\"\"softmax(q k^T / sqrt(d)) v with fa2_kernel; q is (B, H, N_q, d), k and v (B, H, N_k, d), fp16.\"\"\"
         B, H, N_q, d = q.shape
@@ -214,7 +216,7 @@ CELLS = [
                          v3.stride(0), v3.stride(1), o.stride(0), o.stride(1), N_q, N_k,
                          HEAD_DIM=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=causal)
         return o.reshape(B, H, N_q, d)
-    """, tags=("solution",), name="fa2-kernel"),
+    """, name="fa2-launcher"),
 
     md("""
     Two heads, 50 queries and 70 keys (neither a multiple of 16), causal, in fp16; the error against
@@ -327,6 +329,46 @@ CELLS = [
     else:
         print("no GPU here: the H200's measurements above are the measure")
     """, "fragment", name="tiles-live"),
+
+    md(r"""
+    ## 4. The blocks the causal kernel skips
+
+    With `CAUSAL` your kernel ends each query block's loop early, at `hi`, so the K/V blocks right of the
+    diagonal are never loaded: "about half the work at large $N$", the lecture says, for $N_q = N_k$. Write
+    `skipped_blocks(N_q, N_k, BLOCK_M, BLOCK_N)`: over the $\lceil N_q / \text{BLOCK\_M} \rceil$ query
+    blocks of one head, how many of the $\lceil N_k / \text{BLOCK\_N} \rceil$ K/V blocks each could load
+    does the kernel never load? Count from the kernel's loop, not from the picture: the check's cases have
+    blocks that are not square, $N_k > N_q$ (a prompt before new queries) and $N_q > N_k$, and sizes that
+    the blocks do not divide.
+    """, "slide", name="skip-intro"),
+
+    code("""
+    def skipped_blocks(N_q, N_k, BLOCK_M, BLOCK_N):
+        \"\"\"The K/V blocks the causal fa2_kernel never loads, over the query blocks of one head.\"\"\"
+        ### BEGIN SOLUTION
+        T_r, T_c, offset = -(-N_q // BLOCK_M), -(-N_k // BLOCK_N), N_k - N_q
+        loaded = 0
+        for i in range(T_r):
+            hi = min(N_k, (i + 1) * BLOCK_M + offset)            # the kernel's loop bound
+            loaded += max(0, -(-hi // BLOCK_N))                  # range(0, hi, BLOCK_N); none when hi <= 0
+        return T_r * T_c - loaded
+        ### END SOLUTION
+    """, tags=("solution",), name="skipped-blocks"),
+
+    md("""
+    What share of the blocks that is at the lecture's sizes, with 128 × 64 tiles: the most a causal run can
+    save by skipping (the masked diagonal blocks still cost a full block each):
+    """, "fragment", name="skip-demo-text"),
+
+    code("""
+    for N in (256, 1024, 4096, 16384):
+        total = -(-N // 128) * -(-N // 64)
+        skipped = skipped_blocks(N, N, 128, 64)
+        print(f"N = {N:5d}: {skipped:5d} of {total:5d} blocks skipped ({skipped / total:.1%}), "
+              f"at most {total / (total - skipped):.2f}x less work than non-causal")
+    """, "fragment", name="skip-demo"),
+
+    check("skipped_blocks"),
 
     done("""
     The lecture's kernel goes two steps further: it runs the blocks left of the diagonal in a loop

@@ -23,9 +23,10 @@ CELLS = [
     2. the loop over one chunk's keys, and the partial's store, inside the split-KV Triton kernel
        (about 30);
     3. the choice of the number of splits, then what it does to the grid and what an H100 measured
-       (about 20).
+       (about 20);
+    4. the split count at which the combine's traffic reaches one split's read (about 10).
 
-    About 65 minutes in all, plus the questions at the end. (Estimated, not yet timed on a fresh solve:
+    About 75 minutes in all, plus the questions at the end. (Estimated, not yet timed on a fresh solve:
     from the length of each answer and the hints its check gives, beside chapter 7's and 8's parts,
     which were timed; a fresh solve should replace these numbers.)
 
@@ -184,8 +185,9 @@ CELLS = [
         tl.store(O_ptrs, acc / l_safe)
         tl.store(LSE_ptr, (m_i + tl.log2(l_safe)) * 0.6931471805599453)
         ### END SOLUTION
+    """, tags=("solution",), name="split-kv-kernel"),
 
-
+    code("""
     def flash_decode(q, k_cache, v_cache, kv_lens, num_splits, BLOCK_N=16):
         \"\"\"Decode attention with split_kv_kernel and the log-sum-exp combine: q (B, H_q, d), caches
         (B, H_kv, L, d) fp16, each contiguous, kv_lens (B,) int32; returns o (B, H_q, d).\"\"\"
@@ -200,7 +202,7 @@ CELLS = [
             H_q, H_q // H_kv, CHUNK, HEAD_DIM=d, BLOCK_N=BLOCK_N)
         lse = torch.logsumexp(lse_part, dim=-1, keepdim=True)    # the combine, as in exercise 1
         return (torch.exp(lse_part - lse)[..., None] * o_part).sum(dim=-2).to(q.dtype)
-    """, tags=("solution",), name="split-kv-kernel"),
+    """, name="split-kv-launcher"),
 
     md("""
     Two sequences of 100 and 37 tokens, 4 query heads sharing 2 KV heads, 4 splits of 32 keys (the
@@ -300,6 +302,42 @@ CELLS = [
                 us = {S: time_ms(lambda: flash_decode(q, k, v, num_splits=S)) * 1e3 for S in sorted({1, mine, 2 * mine})}
                 print(f"{H_kv:4d} {L:6d} {mine:5d} " + "  ".join(f"S = {S}: {t:6.1f}us" for S, t in us.items()))
     """, "fragment", name="splits-measure"),
+
+    md(r"""
+    ## 4. When does the combine cost as much as a split?
+
+    Splitting reads the cache once whatever $S$ is, but each split adds partials: the lecture counted them
+    (*Counting it*). More splits make each split's read smaller and the combine's traffic larger. Write
+    `combine_crossover(L, d, G)`: for one KV head of $L$ keys and head dim $d$, read by $G$ query heads, the
+    smallest $S$ at which the combine's HBM traffic (the partials of the $G$ query heads, written by the
+    split kernel and read back by the combine) is at least one split's read (the K and V rows of a chunk of
+    $\lceil L / S \rceil$ keys). Count elements, as the lecture does. The check compares with the chapter's
+    count (`formulas.flash_decoding_traffic`) at every size.
+    """, "slide", name="crossover-intro"),
+
+    code("""
+    def combine_crossover(L, d, G):
+        \"\"\"The smallest split count S at which the combine moves as much as one split reads.\"\"\"
+        ### BEGIN SOLUTION
+        S = 1
+        while 2 * G * S * (d + 1) < 2 * d * -(-L // S):     # partials written and read vs a chunk's K and V
+            S += 1
+        return S
+        ### END SOLUTION
+    """, tags=("solution",), name="combine-crossover"),
+
+    md("""
+    Beside the split counts the course's heuristic chose in the H100 sweep above (`sweep`):
+    """, "fragment", name="crossover-demo-text"),
+
+    code("""
+    for r in sweep["rows"]:
+        S = combine_crossover(r["L"], r["d"], r["H_q"] // r["H_kv"])
+        print(f"H_kv = {r['H_kv']:2d}, L = {r['L']:6d}: the combine reaches a split's read at S = {S:4d}; "
+              f"the heuristic chose {r['heuristic']}")
+    """, "fragment", name="crossover-demo"),
+
+    check("combine_crossover"),
 
     done("""
     Your kernel is the library's `kernels.flash_decode_taught`, the one the lecture prints. The fast path,

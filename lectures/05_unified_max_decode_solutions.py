@@ -295,8 +295,9 @@ CELLS = [
         out = ((t > b) | (t < a)).to(tl.int32)
         tl.atomic_max(FLAGS + h, out)
         ### END SOLUTION
+    """, tags=("solution",), name="partials-kernel"),
 
-
+    code("""
     def unified_max_partials_gpu(q, k_cache, v_cache, phi, a=-60.0, b=60.0, chunk=256, BLOCK_N=64):
         \"\"\"(ACC (B H_q, d), LSUM (B H_q,), FLAGS (B H_q,)) with partials_kernel, for one query token a head,
         q (B, H_q, d), and the caches (B, H_kv, L, d), fp16 and contiguous.\"\"\"
@@ -309,7 +310,7 @@ CELLS = [
             q, k_cache, v_cache, acc, lsum, flags, L, d ** -0.5, phi, a, b, q.stride(1), k_cache.stride(1),
             k_cache.stride(2), v_cache.stride(1), v_cache.stride(2), H_q // H_kv, chunk, HEAD_DIM=d, BLOCK_N=BLOCK_N)
         return acc, lsum, flags
-    """, tags=("solution",), name="partials-kernel"),
+    """, name="partials-launcher"),
 
     md("""
     One sequence, three heads of 1000 keys in chunks of 256, $\\varphi = 3$; in head 2 one key lines up

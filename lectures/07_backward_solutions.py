@@ -293,8 +293,9 @@ CELLS = [
         out = h * stride_dkh + cols[:, None] * stride_dkn + dims[None, :]
         tl.store(DK + out, dK_j * sm_scale, mask=in_k[:, None])
         tl.store(DV + out, dV_j, mask=in_k[:, None])
+    """, tags=("solution",), name="dkdv-kernel"),
 
-
+    code("""
     def dkdv(q, k, v, do, lse, delta, causal=False, BLOCK_M=16, BLOCK_N=16):
         \"\"\"dK, dV (float32) with dkdv_kernel: q, do (H, N_q, d), k, v (H, N_k, d) fp16; lse, delta (H, N_q) fp32.\"\"\"
         H, N_q, d = q.shape
@@ -306,7 +307,7 @@ CELLS = [
                                                     k.stride(1), dk.stride(0), dk.stride(1), HEAD_DIM=d,
                                                     BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=causal)
         return dk, dv
-    """, tags=("solution",), name="dkdv-kernel"),
+    """, name="dkdv-launcher"),
 
     md("""
     Two heads, 50 queries and 70 keys, causal, fp16; $L$ and $D$ from the course's forward; the error

@@ -177,8 +177,9 @@ CELLS = [
         O_i = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]     # a row that saw no key: 0
         tl.store(O + h * stride_qh + rows[:, None] * stride_qm + dims[None, :],   # O has Q's strides
                  O_i.to(O.dtype.element_ty), mask=rows[:, None] < N_q)
+    """, tags=("solution",), name="sparse-kernel"),
 
-
+    code("""
     def sparse_attention(q, k, v, bm):
         \"\"\"O with sparse_kernel: q (H, N_q, d), k, v (H, N_k, d) fp16 (contiguous), bm from create_block_mask.\"\"\"
         H, N_q, d = q.shape
@@ -190,7 +191,7 @@ CELLS = [
                                         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
                                         HEAD_DIM=d, BLOCK_M=B_r, BLOCK_N=B_c)
         return o
-    """, tags=("solution",), name="sparse-kernel"),
+    """, name="sparse-launcher"),
 
     md("""
     Two heads, 100 tokens of three documents, blocks of 16; the error against float64 attention with the same

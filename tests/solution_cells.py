@@ -151,7 +151,7 @@ def given_and_library_lines(notebook: str, name: str, kernel) -> tuple[list[str]
     nb = json.loads((ROOT / "solutions" / f"{notebook}.ipynb").read_text(encoding="utf-8"))
     cell = next("".join(c["source"]) for c in nb["cells"] if f"def {name}(" in "".join(c["source"]))
     given, inside = [], False
-    for line in cell[cell.index("@triton.jit"):cell.index("\n\n\ndef ")].splitlines():
+    for line in cell[cell.index("@triton.jit"):].split("\n\n\ndef ")[0].splitlines():
         if "### BEGIN SOLUTION" in line or "### END SOLUTION" in line:
             inside = "BEGIN" in line
         elif not inside:

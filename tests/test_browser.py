@@ -21,7 +21,10 @@ What is checked, per lecture notebook:
   content (all its fragments shown) is at most :data:`FIT` of the screen's height, the height past
   which RISE makes a slide a scroll box, and every fragment is on the screen when it appears (RISE
   never scrolls to one). A slide too tall is saved as a screenshot, ``NOTEBOOK-tall-H-V.png``. The
-  chapters not yet fitted (``tests/test_lectures.py``'s ``FITTED``) are expected to fail.
+  chapters not yet fitted (``tests/test_lectures.py``'s ``FITTED``) are expected to fail;
+* per **exercise** notebook, shown the same way: every cell the student writes (tagged ``solution``) is
+  at most :data:`FIT` of the screen's height on its own (issue 31: a graded kernel with its launcher in
+  the same cell was 727-913 px in five of the nine exercises; the launcher is a given cell now).
 
 The heights of every slide of every lecture, for whoever fits one::
 
@@ -48,6 +51,7 @@ from test_lectures import FITTED
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("FLASHCOURSE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 LECTURES = [Path(c.notebook).name for c in CHAPTERS]
+EXERCISES = [Path(c.exercise).name for c in CHAPTERS if c.exercise]
 STEPPERS = {name for name in LECTURES if "show_stepper(" in (ROOT / "notebooks" / name).read_text()}
 #: An expression that is true when a cell's element is on the slide shown and not a hidden fragment.
 ON_SLIDE = ("el => { const s = el.closest('section'); const f = el.closest('.fragment');"
@@ -89,9 +93,11 @@ def shots(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """JupyterLab (with RISE) on a copy of notebooks/, no token, its own workspace folder: its URL and root."""
+    """JupyterLab (with RISE) on a copy of notebooks/ and exercises/, no token, its own workspace folder: its URL
+    and root."""
     root = tmp_path_factory.mktemp("lab")
-    shutil.copytree(ROOT / "notebooks", root / "notebooks")
+    for folder in ("notebooks", "exercises"):
+        shutil.copytree(ROOT / folder, root / folder)
     for plugin, value in SETTINGS.items():
         path = root / "settings" / f"{plugin.replace(':', '/')}.jupyterlab-settings"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -288,25 +294,28 @@ MEASURE = """() => {
   const wide = [...leaf.querySelectorAll('.cm-scroller, .jp-OutputArea-output pre, .jp-OutputArea-output img')]
     .filter(e => e.tagName === 'IMG' ? e.getBoundingClientRect().right > innerWidth + 1 : e.scrollWidth > e.clientWidth + 2)
     .map(e => (e.closest('.jp-Cell') || e).getAttribute('data-windowed-list-index'));
-  return {slide: location.hash.split('/').slice(0, 2).join('/'), id: leaf.id, wide,
+  const cells = [...leaf.querySelectorAll('.jp-Cell')].filter(c => c.offsetHeight > 0)
+    .map(c => [Number(c.getAttribute('data-windowed-list-index')), Math.round(c.offsetHeight * scale)]);
+  return {slide: location.hash.split('/').slice(0, 2).join('/'), id: leaf.id, wide, cells,
           height: Math.round(parts.length ? (bottom - top) * scale : 0), scrolls: leaf.scrollHeight > leaf.clientHeight + 1,
           shown: [...leaf.querySelectorAll('.fragment.visible')].map(f => {
             const r = f.getBoundingClientRect(); return [Math.round(r.top), Math.round(r.bottom), Math.round(view)]; })};
 }"""
 
 
-def slide_heights(page, url: str, name: str, shots: Path | None = None) -> dict:
-    """Open ``name`` as RISE slides on :data:`SCREEN`, step through every slide and fragment.
+def slide_heights(page, url: str, name: str, shots: Path | None = None, folder: str = "notebooks") -> dict:
+    """Open ``folder/name`` as RISE slides on :data:`SCREEN`, step through every slide and fragment.
 
-    Returns ``{slide address: {"height": px, "unseen": [fragments below the screen], "wide": n, "shot": path}}``,
-    in the slides' order: the content's height in screen pixels with all its fragments, each fragment
+    Returns ``{slide address: {"height": px, "unseen": [fragments below the screen], "wide": n, "shot": path,
+    "cells": {cell index: px}}}``, in the slides' order: the content's height in screen pixels with all its
+    fragments, each cell's own height (its input and output), each fragment
     (numbered from 1 on its slide) that appeared outside what the screen (or the slide's scroll box)
     shows, and how many of its code cells, printed outputs and figures are wider than the slide (code
     and text that scroll sideways, a figure past the right edge). With ``shots``, a slide taller than :data:`FIT` of the screen is saved there as a
     screenshot with all its fragments shown.
     """
     limit = FIT * SCREEN["height"]
-    page.goto(f"{url}/rise/notebooks/{name}")
+    page.goto(f"{url}/rise/{folder}/{name}")
     page.wait_for_selector(".reveal .slides section", state="attached")
     page.add_style_tag(content=NO_TRANSITIONS)
     page.wait_for_function("() => [...document.images].every(i => i.complete)")
@@ -315,15 +324,18 @@ def slide_heights(page, url: str, name: str, shots: Path | None = None) -> dict:
     for _ in range(1000):
         m = page.evaluate(MEASURE)
         if m is not None:
-            s = slides.setdefault(m["slide"], {"height": 0, "unseen": [], "scrolls": False, "shot": None, "wide": 0})
+            s = slides.setdefault(m["slide"], {"height": 0, "unseen": [], "scrolls": False, "shot": None, "wide": 0,
+                                               "cells": {}})
             s["height"] = max(s["height"], m["height"])
+            for index, px in m["cells"]:
+                s["cells"][index] = max(s["cells"].get(index, 0), px)
             s["wide"] = max(s["wide"], len(m["wide"]))
             s["scrolls"] |= m["scrolls"]
             for k, (top, bottom, view) in enumerate(m["shown"], 1):
                 if (bottom > view + 1 or top < -1) and k not in s["unseen"]:
                     s["unseen"].append(k)
             if shots is not None and m["height"] > limit:  # each step again: the last one shows every fragment
-                s["shot"] = shots / f"{Path(name).stem}-tall-{m['slide'].split('-', 1)[-1].replace('-', '.')}.png"
+                s["shot"] = shots / f"{'' if folder == 'notebooks' else folder + '-'}{Path(name).stem}-tall-{m['slide'].split('-', 1)[-1].replace('-', '.')}.png"
                 page.screenshot(path=str(s["shot"]))
         where = page.evaluate(POSITION)
         page.keyboard.press("Space")
@@ -336,7 +348,7 @@ def slide_heights(page, url: str, name: str, shots: Path | None = None) -> dict:
 
 
 #: Measured once per notebook, for the test and the report alike.
-_MEASURED: dict[str, dict] = {}
+_MEASURED: dict[tuple[str, str], dict] = {}
 
 
 @pytest.fixture
@@ -348,10 +360,10 @@ def screen(browser):
     context.close()
 
 
-def _measured(server, screen, shots, name) -> dict:
-    if name not in _MEASURED:
-        _MEASURED[name] = slide_heights(screen, server[0], name, shots)
-    return _MEASURED[name]
+def _measured(server, screen, shots, name, folder: str = "notebooks") -> dict:
+    if (folder, name) not in _MEASURED:
+        _MEASURED[folder, name] = slide_heights(screen, server[0], name, shots, folder)
+    return _MEASURED[folder, name]
 
 
 def _too_tall(slides: dict) -> list[str]:
@@ -375,14 +387,52 @@ def test_every_slide_fits_the_screen(server, screen, shots, name):
     assert not bad, f"{name} at {SCREEN['width']}x{SCREEN['height']} (limit {FIT * SCREEN['height']:.0f} px): " + "; ".join(bad)
 
 
-def test_report_slide_heights(server, screen, shots, capsys):
-    """Print every lecture's slide heights on a 1280 x 720 screen (``-k heights -s``); asserts nothing."""
+def graded_cells(name: str) -> dict[int, str]:
+    """The cells of ``exercises/name`` that the student writes (tagged ``solution``): ``{cell index: cell name}``."""
+    nb = json.loads((ROOT / "exercises" / name).read_text(encoding="utf-8"))
+    return {k: c["metadata"].get("name", str(k)) for k, c in enumerate(nb["cells"])
+            if "solution" in c["metadata"].get("tags", [])}
+
+
+def cell_heights(slides: dict) -> dict[int, int]:
+    """Each measured cell's height in screen pixels, its largest over the slides it was on."""
+    heights: dict[int, int] = {}
+    for s in slides.values():
+        for index, px in s["cells"].items():
+            heights[index] = max(heights.get(index, 0), px)
+    return heights
+
+
+@pytest.mark.parametrize("name", EXERCISES)
+def test_every_graded_cell_fits_the_screen(server, screen, shots, name):
+    """The cells a student writes, presented as slides in class, fit the screen on their own (issue 31): a
+    graded kernel holds what the student writes and what it needs in view, its launcher is a given cell of
+    its own. (The exercises' prose is not yet fitted to slides: only the graded cells are held to it.)"""
+    heights = cell_heights(_measured(server, screen, shots, name, "exercises"))
+    graded = graded_cells(name)
+    assert graded, f"exercises/{name} has no cell tagged solution"
+    missing = [graded[k] for k in graded if k not in heights]
+    assert not missing, f"exercises/{name}: cells never shown on a slide: {missing}"
     limit = FIT * SCREEN["height"]
-    for name in LECTURES:
-        slides = _measured(server, screen, shots, name)
+    tall = [f"{graded[k]} is {heights[k]} px tall" for k in graded if heights[k] > limit]
+    assert not tall, f"exercises/{name} at {SCREEN['width']}x{SCREEN['height']} (limit {limit:.0f} px): " + "; ".join(tall)
+
+
+def test_report_slide_heights(server, screen, shots, capsys):
+    """Print every lecture's slide heights and every exercise's graded cells' heights on a 1280 x 720 screen
+    (``-k heights -s``); asserts nothing."""
+    limit = FIT * SCREEN["height"]
+    for name in EXERCISES:
+        heights = cell_heights(_measured(server, screen, shots, name, "exercises"))
+        with capsys.disabled():
+            print(f"\nexercises/{name}, the graded cells: " + ", ".join(
+                f"{cell} {heights.get(k, 0)} px{' TOO TALL' if heights.get(k, 0) > limit else ''}"
+                for k, cell in graded_cells(name).items()))
+    for folder, name in [("notebooks", n) for n in LECTURES]:
+        slides = _measured(server, screen, shots, name, folder)
         tall = [s for s in slides.values() if s["height"] > limit]
         with capsys.disabled():
-            print(f"\n{name}: {len(slides)} slides, {len(tall)} taller than {limit:.0f} px, tallest "
+            print(f"\n{folder}/{name}: {len(slides)} slides, {len(tall)} taller than {limit:.0f} px, tallest "
                   f"{max((s['height'] for s in slides.values()), default=0)} px")
             for k, s in slides.items():
                 flag = " TOO TALL" if s["height"] > limit else ""

@@ -188,7 +188,7 @@ V_LOAD = "V_j = tl.load(V_ptrs + cols[:, None] * stride_vn, mask=cols[:, None] <
     # no guard for rows that have seen no key
     ((("m_safe = tl.where(m_new == float(\"-inf\"), 0.0, m_new)", "m_safe = m_new"),), ("shown case 4 of 8", "nan")),
     # the store not masked: writes rows past N_q
-    ((("mask=rows[:, None] < N_q)\n", ")\n"),), "wrote past the end of O"),
+    ((("mask=rows[:, None] < N_q)", ")"),), "wrote past the end of O"),   # the store, the cell's last line
 ])
 def test_fa2_kernel_rejects_wrong_kernels(tmp_path, replace, expected):
     kernel = load(tmp_path, FA2, "fa2-kernel", "fa2_kernel", replace)
@@ -199,7 +199,7 @@ def test_fa2_kernel_stub_is_not_implemented_and_the_launcher_is_refused(tmp_path
     kernel = load(tmp_path, FA2, "fa2-kernel", "fa2_kernel", exercise=True)   # both regions are `pass`
     msg = fails(checks.fa2_kernel, kernel, "wrote nothing to O", "not implemented yet", exc=NotImplementedError)
     assert msg.startswith("fa2_kernel")
-    launcher = load(tmp_path, FA2, "fa2-kernel", "flash_attention")
+    launcher = load(tmp_path, FA2, ["fa2-kernel", "fa2-launcher"], "flash_attention")
     fails(checks.fa2_kernel, launcher, "expects the @triton.jit function itself")
 
 
@@ -221,8 +221,9 @@ def test_fa2_kernel_tolerance_is_well_above_the_solution_error(tmp_path, monkeyp
 # ---------------------------------------------------------------------------------------------
 # the generated exercises, and grading one of them
 
-@pytest.mark.parametrize("name, checks_expected", [(FA1, ["fa1_step", "fa1_accesses"]),
-                                                    (FA2, ["fa2_attention", "fa2_kernel", "choose_fa2_config"])])
+@pytest.mark.parametrize("name, checks_expected", [(FA1, ["fa1_step", "fa1_accesses", "o_writes"]),
+                                                    (FA2, ["fa2_attention", "fa2_kernel", "choose_fa2_config",
+                                                           "skipped_blocks"])])
 def test_exercises_hide_the_solutions_and_keep_the_checks(name, checks_expected):
     sol = nbformat.read(ROOT / "solutions" / f"{name}.ipynb", as_version=4)
     ex = nbformat.read(ROOT / "exercises" / f"{name}.ipynb", as_version=4)
@@ -253,7 +254,8 @@ def test_grade_reports_the_untouched_exercise_as_not_implemented(graded):
     assert not report.passed
     assert [(c.name, c.status) for c in report.checks] == [("fa2_attention", "not implemented"),
                                                          ("fa2_kernel", "not implemented"),
-                                                         ("choose_fa2_config", "not implemented")], report.format()
+                                                         ("choose_fa2_config", "not implemented"),
+                                                         ("skipped_blocks", "not implemented")], report.format()
     assert report.checks[0].message.startswith("fa2_attention is not implemented yet")
     assert "fa2_kernel wrote nothing to O: not implemented yet?" in report.checks[1].message
 
@@ -263,7 +265,7 @@ def test_grade_passes_the_completed_exercise(graded):
     report = graded[1]
     assert report.passed, report.format()
     assert [(c.name, c.status) for c in report.checks] == [("fa2_attention", "passed"), ("fa2_kernel", "passed"),
-                                                         ("choose_fa2_config", "passed")]
+                                                         ("choose_fa2_config", "passed"), ("skipped_blocks", "passed")]
     assert report.other_failures == [] and report.notes == []
 
 

@@ -187,10 +187,10 @@ def test_split_kv_kernel_stub_is_not_implemented_and_the_launcher_is_refused(tmp
     assert msg.startswith("split_kv_kernel")
     # the loop written, the store forgotten: nothing written either (the second region)
     src = solution_source(FD, "split-kv-kernel")
-    store = src[src.index("    l_safe = "):src.index("\n\n\ndef flash_decode")]
+    store = src[src.index("    l_safe = "):].rstrip("\n")
     kernel = load(tmp_path, FD, "split-kv-kernel", "split_kv_kernel", ((store, "    pass"),))
     fails(checks.split_kv_kernel, kernel, "wrote nothing", exc=NotImplementedError)
-    launcher = load(tmp_path, FD, "split-kv-kernel", "flash_decode")
+    launcher = load(tmp_path, FD, ["split-kv-kernel", "split-kv-launcher"], "flash_decode")
     fails(checks.split_kv_kernel, launcher, "expects the @triton.jit function itself")
 
 
@@ -289,7 +289,8 @@ def test_unified_max_partials_not_implemented_and_bad_returns(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # the generated exercises, and grading them
 
-@pytest.mark.parametrize("name, checks_expected", [(FD, ["lse_combine", "split_kv_kernel", "choose_num_splits"]),
+@pytest.mark.parametrize("name, checks_expected", [(FD, ["lse_combine", "split_kv_kernel", "choose_num_splits",
+                                                          "combine_crossover"]),
                                                    (UM, ["unified_max_partials", "choose_phi", "partials_kernel"])])
 def test_exercises_hide_the_solutions_and_keep_the_checks(name, checks_expected):
     sol = nbformat.read(ROOT / "solutions" / f"{name}.ipynb", as_version=4)
@@ -324,7 +325,8 @@ def test_grade_reports_the_untouched_exercises_as_not_implemented(graded):
     assert not report.passed
     assert [(c.name, c.status) for c in report.checks] == [("lse_combine", "not implemented"),
                                                          ("split_kv_kernel", "not implemented"),
-                                                         ("choose_num_splits", "not implemented")], report.format()
+                                                         ("choose_num_splits", "not implemented"),
+                                                         ("combine_crossover", "not implemented")], report.format()
     assert report.checks[0].message.startswith("lse_combine is not implemented yet")
     assert "split_kv_kernel wrote nothing to O_part or LSE_part: not implemented yet?" in report.checks[1].message
     report = graded[UM, "untouched"]
@@ -336,7 +338,7 @@ def test_grade_reports_the_untouched_exercises_as_not_implemented(graded):
 
 @pytest.mark.slow
 def test_grade_passes_the_completed_exercises(graded):
-    for name, names in ((FD, ["lse_combine", "split_kv_kernel", "choose_num_splits"]),
+    for name, names in ((FD, ["lse_combine", "split_kv_kernel", "choose_num_splits", "combine_crossover"]),
                         (UM, ["unified_max_partials", "choose_phi", "partials_kernel"])):
         report = graded[name, "completed"]
         assert report.passed, report.format()

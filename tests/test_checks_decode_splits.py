@@ -3,8 +3,9 @@
 The mutants are textual mutations of the solutions notebook's own cell, each rejected under a fixed
 seed and three fresh ones, with the rule it breaks (and the hint, where the mistake is a known one).
 """
-import io
 import contextlib
+import io
+import math
 
 import pytest
 
@@ -89,3 +90,52 @@ def test_every_run_has_both_sides_of_the_full_wave_and_of_a_chunk_boundary(seed)
     assert B * H == 0.8 * sms and verdict(B, H, L, sms, mc, 1) == "" and verdict(B, H, L, sms, mc, 5)
     assert cases["L one key past k chunks of min_chunk"][2] % cases["L one key past k chunks of min_chunk"][4] == 1
     assert verdict(1, 8, 32768, 132, 256, 15) == "" and verdict(1, 8, 32768, 132, 256, True)
+
+
+# ---------------------------------------------------------------------------------------------
+# combine_crossover: the split count at which the combine's traffic reaches one split's read
+
+from flashcourse.checks import decode_combine as X  # noqa: E402
+
+
+def crossover(tmp_path, *replace):
+    return cells.load(tmp_path, NOTEBOOK, "combine-crossover", "combine_crossover", replace)
+
+
+def test_the_crossover_solution_passes_and_both_counts_are_the_chapters(tmp_path, seed, capsys):
+    from flashcourse.formulas.decode import flash_decoding_accesses
+    fn = crossover(tmp_path)
+    for s in seeds_of(seed):
+        checks.combine_crossover(fn, seed=s)
+    assert capsys.readouterr().out.count("✓") == 4
+    # the combine's count is what splitting adds to the chapter's total beyond the extra reads of q
+    for L, d, G, S in ((4096, 128, 4, 8), (1025, 64, 1, 33), (50, 64, 4, 7)):
+        chunks = -(-L // -(-L // S))
+        added = flash_decoding_accesses(1, G, 1, L, d, S) - flash_decoding_accesses(1, G, 1, L, d, 1)
+        assert X.combine_traffic(L, d, G, S) - X.combine_traffic(L, d, G, 1) == added - G * d * (chunks - 1)
+
+
+CROSS = "while 2 * G * S * (d + 1) < 2 * d * -(-L // S):"
+
+
+@pytest.mark.parametrize("replace, hint", [
+    ([(CROSS, "while G * S * (d + 1) < 2 * d * -(-L // S):")], "reads every partial back"),
+    ([(CROSS, "while 2 * G * S * d < 2 * d * -(-L // S):")], "d + 1 per query head"),
+    ([(CROSS, "while 2 * S * (d + 1) < 2 * d * -(-L // S):")], "G query heads"),
+    ([(CROSS, "while 2 * G * S * (d + 1) < 2 * d * L:")], "not the whole cache"),
+    ([(CROSS, "while 2 * G * S * (d + 1) < d * -(-L // S):")], "the K and the V rows"),
+    ([(CROSS, "while 2 * G * S * (d + 1) < 2 * d * (L // S):")], "L // S undercounts"),
+    ([(CROSS, "while 2 * G * S * (d + 1) <= 2 * d * -(-L // S):")], ">=, not >"),
+    ([("    return S", "    return S - 1")], "the last S below it"),
+    (lambda L, d, G: round(math.sqrt(L * d / (G * (d + 1)))), "smooth curves cross"),
+    (lambda L, d, G: math.floor(math.sqrt(L * d / (G * (d + 1)))), "smooth curves cross"),
+], ids=["writes-only", "no-lse", "no-G", "whole-cache", "K-only", "floor", "strict", "one-below", "rounded", "floored"])
+def test_crossover_mutants_are_rejected_and_named(tmp_path, seed, replace, hint):
+    fn = replace if callable(replace) else crossover(tmp_path, *replace)
+    rejected(checks.combine_crossover, fn, seed, "combine_crossover: wrong split count", hint)
+
+
+def test_the_crossover_as_given_is_not_implemented_yet(tmp_path):
+    stub = cells.load(tmp_path, NOTEBOOK, "combine-crossover", "combine_crossover", exercise=True)
+    with pytest.raises(NotImplementedError, match="^combine_crossover is not implemented yet"):
+        checks.combine_crossover(stub)

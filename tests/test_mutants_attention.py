@@ -164,7 +164,7 @@ K_PREPASS = K_LOOP + """        K_j = tl.load(K_ptrs + cols[:, None] * stride_kn
                  ("shown case 2 of 8 (ragged", KERNEL_MISTAKES["ragged mask one too far"]), id="ragged-<=-N_k"),
     pytest.param((("visible = cols[None, :] < N_k", "visible = cols[None, :] < N_k - 1"),),
                  (KERNEL_MISTAKES["last key dropped"],), id="ragged-<-N_k-1"),
-    pytest.param((("mask=rows[:, None] < N_q)\n", "mask=rows[:, None] <= N_q)\n"),), ("wrote past the end of O",),
+    pytest.param((("mask=rows[:, None] < N_q)", "mask=rows[:, None] <= N_q)"),), ("wrote past the end of O",),
                  id="store-<=-N_q"),
     pytest.param(((K_LOOP, K_PREPASS),), ("loaded K[0, 0, 0] 2 times, where one pass loads it 1 time(s)",
                                           "a first pass for the row maximum"), id="two-passes",

@@ -32,12 +32,15 @@ The checks, by chapter:
 * :mod:`.attention` (chapters 2 and 3): :func:`fa1_step` (FlashAttention-1's inner step, run
   inside FA1's loops), :func:`fa2_attention` (FlashAttention-2's deferred rescale, in NumPy) and
   :func:`fa2_kernel` (the inner loop of the FA2 Triton kernel); :mod:`.attention_predict`:
-  :func:`fa1_accesses` (FA1's HBM traffic, predicted and counted); :mod:`.attention_tiles`:
+  :func:`fa1_accesses` (FA1's HBM traffic, predicted and counted); :mod:`.attention_writes`: :func:`o_writes`
+  (O's writes to HBM in each loop order, counted); :mod:`.attention_causal`: :func:`skipped_blocks` (the K/V
+  blocks the causal kernel never loads); :mod:`.attention_tiles`:
   :func:`choose_fa2_config` (the FA2 kernel's tiles, warps and stages for a GPU, from a count of what
   one program asks of an SM);
 * :mod:`.decode` (chapter 4): :func:`lse_combine` (Flash-Decoding's log-sum-exp combine, in
   NumPy) and :func:`split_kv_kernel` (the per-chunk loop of the split-KV Triton kernel);
-  :mod:`.decode_splits`: :func:`choose_num_splits` (how many splits, by the wave model);
+  :mod:`.decode_splits`: :func:`choose_num_splits` (how many splits, by the wave model); :mod:`.decode_combine`:
+  :func:`combine_crossover` (the split count at which the combine moves as much as a split reads);
   :mod:`.decode_unified`: :func:`unified_max_partials` (FlashDecoding++'s unified-max partials and
   their overflow detection); :mod:`.decode_phi`: :func:`choose_phi` (the unified maximum for a target
   fallback rate);

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..memory import Memory
 from ..reference.attention import fa1_attention
-from .cases import call, join_lines, number_cases, passed, require_callable, seed_of, whole_number
+from .numbers import number_check
 
 __all__ = ["fa1_accesses"]
 
@@ -127,20 +127,8 @@ def fa1_accesses(fn, seed: int | None = None) -> None:
         >>> checks.fa1_accesses(counted_fa1_accesses)
         fa1_accesses: 12 cases passed (4 shown, 8 hidden) ✓
     """
-    name = "fa1_accesses"
-    require_callable(name, fn, "check.fa1_accesses(predict_fa1_accesses)")
-    seed = seed_of(seed)
-    shown, hidden = shown_cases(), hidden_cases(np.random.default_rng(seed))
-    cases = number_cases(shown, hidden, seed, _NAMES)
-    replay = f"check.fa1_accesses(predict_fa1_accesses, seed={seed}) draws this hidden case again."
-    for case in cases:
-        got = whole_number(name, call(name, fn, case.inputs, case), case, "accesses")
-        expected = counted_fa1_accesses(*case.inputs)
-        if got != expected:
-            known = [why for why, value in _mistakes(*case.inputs) if value == int(got)]
-            hint = "; or: ".join(known) if known else ("count per outer step (one block K_j, V_j): what is read, what is written; "
-                                           "then the steps, then what happens once (K, V read; O, l, m set up)")
-            raise AssertionError(join_lines(f"{name}: wrong count on {case.describe()}",
-                                            f"got {int(got)}, counted {expected} (B_c = {_ceil(case.inputs[3], 4 * case.inputs[2])})",
-                                            f"hint: {join_lines(hint, replay if case.hidden else '')}"))
-    passed(name, len(shown), len(hidden))
+    number_check("fa1_accesses", "predict_fa1_accesses", fn, seed, shown_cases(), hidden_cases, _NAMES,
+                 counted_fa1_accesses, _mistakes,
+                 "count per outer step (one block K_j, V_j): what is read, what is written; then the steps, then what "
+                 "happens once (K, V read; O, l, m set up)",
+                 sizes=lambda N, N_k, d, M: f"B_c = {_ceil(M, 4 * d)}")

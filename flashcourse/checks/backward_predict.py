@@ -30,7 +30,7 @@ import numpy as np
 from ..formulas.backward import fa1_backward_traffic, standard_backward_traffic
 from ..memory import Memory
 from ..reference.backward import fa2_backward
-from .cases import check_counts, number_cases, passed, require_callable, seed_of
+from .numbers import number_check
 
 __all__ = ["backward_accesses"]
 
@@ -160,14 +160,9 @@ def backward_accesses(fn, seed: int | None = None) -> None:
         >>> checks.backward_accesses(counted_backward_accesses)
         backward_accesses: 12 cases passed (4 shown, 8 hidden) ✓
     """
-    name = "backward_accesses"
-    require_callable(name, fn, "check.backward_accesses(predict_backward_accesses)")
-    seed = seed_of(seed)
-    shown, hidden = shown_cases(), hidden_cases(np.random.default_rng(seed))
-    replay = f"check.backward_accesses(predict_backward_accesses, seed={seed}) draws this hidden case again."
-    check_counts(name, fn, number_cases(shown, hidden, seed, _NAMES), counted_backward_traffic, _mistakes,
+    number_check("backward_accesses", "predict_backward_accesses", fn, seed, shown_cases(), hidden_cases, _NAMES,
+                 counted_backward_traffic, _mistakes,
                  "Count by phase: the pass for D before the loops; each outer step (K_j, V_j read, dK_j, dV_j written); "
                  "each inner step (what is read and written for one (i, j)); and how many steps there are when the "
-                 "blocks do not divide the sizes", replay,
-                 lambda N_q, N_k, d, B_r, B_c: f"T_r = {_ceil(N_q, B_r)} row blocks, T_c = {_ceil(N_k, B_c)} key blocks")
-    passed(name, len(shown), len(hidden))
+                 "blocks do not divide the sizes", counts=True,
+                 sizes=lambda N_q, N_k, d, B_r, B_c: f"T_r = {_ceil(N_q, B_r)} row blocks, T_c = {_ceil(N_k, B_c)} key blocks")

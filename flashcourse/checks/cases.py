@@ -390,61 +390,6 @@ def whole_number(name: str, got, case: Case, what: str) -> int:
     return int(got)
 
 
-def counted_gap(got: int, traffic: dict[tuple[str, str], int], otherwise: str, most: int = 3) -> str:
-    """What the gap between a predicted count ``got`` and the counted ``traffic`` (``(tensor, direction)`` ->
-    accesses) is made of: the counted terms (one to ``most``) that add up to it, when only one set of them does;
-    else ``otherwise``, after the size of the gap.
-
-    Example:
-        >>> counted_gap(10, {("X", "read"): 4, ("Y", "write"): 2}, "look again")
-        'your count is 4 over the counted, which is exactly the counted X reads: they are not there, or not that often'
-        >>> counted_gap(3, {("X", "read"): 4, ("Y", "write"): 2}, "look again")
-        'your count is 3 short of the counted. look again'
-    """
-    from itertools import combinations
-    gap = sum(traffic.values()) - got
-    side = "short of" if gap > 0 else "over"
-    terms = sorted(traffic.items())
-    for n in range(1, most + 1):
-        found = [combo for combo in combinations(terms, n) if sum(v for _, v in combo) == abs(gap)]
-        if len(found) == 1:
-            said = " + ".join(f"{t} {'reads' if way == 'read' else 'writes'}" for (t, way), _ in found[0])
-            return (f"your count is {abs(gap)} {side} the counted, which is exactly the counted {said}: "
-                    f"{'count them' if gap > 0 else 'they are not there, or not that often'}")
-        if found:
-            break
-    return f"your count is {abs(gap)} {side} the counted. {otherwise}"
-
-
-def check_counts(name: str, fn, cases, count, mistakes, otherwise: str, replay: str, sizes, most: int = 3) -> None:
-    """The loop of a *predict* check whose truth is a count: for each case, ``fn(*case.inputs)`` must be a whole
-    number equal to ``sum(count(*inputs).values())``; a wrong one is named by the ``mistakes(*inputs)`` (``(why,
-    value)`` pairs) it equals, or as bytes (2, 4 or 8 times the count), else by :func:`counted_gap`;
-    ``sizes(*inputs)`` says what the count is made of.
-
-    Example:
-        >>> c = number_cases([("two", (2,))], [], 0, ("n",))
-        >>> check_counts("f", lambda n: n + 1, c, lambda n: {("X", "read"): n}, lambda n: [("one too many", n + 1)],
-        ...              "look again", "", lambda n: f"{n} elements")     # doctest: +ELLIPSIS
-        Traceback (most recent call last):
-        ...
-        AssertionError: f: wrong count on shown case 1 of 1 (two), n = 2
-          got 3, counted 2 (2 elements)
-          hint: one too many
-    """
-    for case in cases:
-        got = whole_number(name, call(name, fn, case.inputs, case), case, "accesses")
-        traffic = count(*case.inputs)
-        expected = sum(traffic.values())
-        if got != expected:
-            wrong = mistakes(*case.inputs) + [("count elements, not bytes", k * expected) for k in (2, 4, 8)]
-            known = list(dict.fromkeys(why for why, value in wrong if value == got))
-            hint = "; or: ".join(known) if known else counted_gap(got, traffic, otherwise, most)
-            raise AssertionError(join_lines(f"{name}: wrong count on {case.describe()}",
-                                            f"got {got}, counted {expected} ({sizes(*case.inputs)})",
-                                            f"hint: {join_lines(hint, replay if case.hidden else '')}"))
-
-
 def join_lines(*parts: str) -> str:
     """The non-empty ``parts`` of a message or a hint, each on a line of its own, indented as the
     lines of a check's AssertionError are.

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..memory import Memory
 from ..reference.gemm import flat_gemm
-from .cases import check_counts, number_cases, passed, require_callable, seed_of
+from .numbers import number_check
 
 __all__ = ["gemm_accesses"]
 
@@ -140,14 +140,9 @@ def gemm_accesses(fn, seed: int | None = None) -> None:
         >>> checks.gemm_accesses(counted_gemm_accesses)
         gemm_accesses: 12 cases passed (4 shown, 8 hidden) ✓
     """
-    name = "gemm_accesses"
-    require_callable(name, fn, "check.gemm_accesses(predict_accesses)")
-    seed = seed_of(seed)
-    shown, hidden = shown_cases(), hidden_cases(np.random.default_rng(seed))
-    replay = f"check.gemm_accesses(predict_accesses, seed={seed}) draws this hidden case again."
-    check_counts(name, fn, number_cases(shown, hidden, seed, _NAMES), counted_gemm_traffic, _mistakes,
+    number_check("gemm_accesses", "predict_accesses", fn, seed, shown_cases(), hidden_cases, _NAMES,
+                 counted_gemm_traffic, _mistakes,
                  "Count by tensor: how many times each program reads x, how many programs there are when B_N does not "
-                 "divide N, what of W each program reads, and y", replay,
-                 lambda M, K, N, B_N, B_K: f"{_ceil(N, B_N)} programs of B_N columns, {_ceil(K, B_K)} K tiles each",
+                 "divide N, what of W each program reads, and y", counts=True,
+                 sizes=lambda M, K, N, B_N, B_K: f"{_ceil(N, B_N)} programs of B_N columns, {_ceil(K, B_K)} K tiles each",
                  most=2)
-    passed(name, len(shown), len(hidden))

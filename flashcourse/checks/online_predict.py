@@ -25,7 +25,7 @@ import numpy as np
 
 from ..memory import Memory
 from ..reference.online import naive_softmax, online_softmax, safe_softmax
-from .cases import call, join_lines, number_cases, passed, require_callable, seed_of, whole_number
+from .numbers import number_check
 
 __all__ = ["softmax_bytes"]
 
@@ -141,18 +141,7 @@ def softmax_bytes(fn, seed: int | None = None) -> None:
         >>> checks.softmax_bytes(counted_softmax_bytes)
         softmax_bytes: 14 cases passed (4 shown, 10 hidden) ✓
     """
-    name = "softmax_bytes"
-    require_callable(name, fn, "check.softmax_bytes(predict_softmax_bytes)")
-    seed = seed_of(seed)
-    shown, hidden = shown_cases(), hidden_cases(np.random.default_rng(seed))
-    replay = f"check.softmax_bytes(predict_softmax_bytes, seed={seed}) draws this hidden case again."
-    for case in number_cases(shown, hidden, seed, _NAMES):
-        got = whole_number(name, call(name, fn, case.inputs, case), case, "bytes")
-        expected = counted_softmax_bytes(*case.inputs)
-        if got != expected:
-            known = list(dict.fromkeys(why for why, value in _mistakes(*case.inputs) if value == got))
-            hint = "; or: ".join(known) if known else _gap(got, expected, *case.inputs[1:])
-            raise AssertionError(join_lines(f"{name}: wrong count on {case.describe()}",
-                                            f"got {got}, counted {expected} bytes",
-                                            f"hint: {join_lines(hint, replay if case.hidden else '')}"))
-    passed(name, len(shown), len(hidden))
+    number_check("softmax_bytes", "predict_softmax_bytes", fn, seed, shown_cases(), hidden_cases, _NAMES,
+                 counted_softmax_bytes, _mistakes,
+                 lambda got, *inputs: _gap(got, counted_softmax_bytes(*inputs), *inputs[1:]), unit="bytes",
+                 shown_unit="bytes")
