@@ -138,7 +138,9 @@ def test_the_engine_gives_each_request_what_generate_gives_it_alone(seed):
     reference = copy.deepcopy(model)
     reference.set_attn_implementation("sdpa")
     rng = random.Random(seed)
-    prompts = [[rng.randrange(VOCAB - 1) for _ in range(n)] for n in (3, 17, 9, 22)]
+    # 8 requests of 3 tokens: a near tie stops a request's comparison (about 1 token in 8 here), so that at least 6
+    # tokens are compared fails about once in 10,000 runs (with 4 requests, once in 20)
+    prompts = [[rng.randrange(VOCAB - 1) for _ in range(n)] for n in (3, 17, 9, 22, 1, 12, 5, 16)]
     budget = 3
     engine = Engine(model, num_blocks=8, block_size=4, max_batch=3)
     outputs = engine.generate(prompts, budget)
@@ -155,7 +157,7 @@ def test_the_engine_gives_each_request_what_generate_gives_it_alone(seed):
                 break
             assert got[t] == expected[t], (prompt, got, expected)
             compared += 1
-    assert compared >= len(prompts) * budget // 2, compared
+    assert compared >= 6, f"only {compared} tokens compared before near ties"
     assert engine.scheduler.blocks_free == 8
 
 
