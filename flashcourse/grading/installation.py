@@ -100,8 +100,13 @@ class Installation:
         return cls._current
 
     def under_roots(self, path: str) -> bool:
-        real = Path(os.path.realpath(path))
-        return any(real == r or r in real.parents for r in self.roots)
+        real = os.path.realpath(path)
+        return any(real == r or real.startswith(prefix) for r, prefix in self._prefixes)
+
+    @property
+    def _prefixes(self) -> list[tuple[str, str]]:
+        """Each root as a string, and the prefix of the paths under it (a string test: Path.parents is slow)."""
+        return [(str(r), str(r) if str(r).endswith(os.sep) else str(r) + os.sep) for r in self.roots]
 
     def mark(self) -> int:
         """A moment to compare with: the ctime of a file made now (the kernel's own clock, as every file's), once
