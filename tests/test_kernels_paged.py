@@ -222,3 +222,17 @@ def test_what_the_lab_notes_say_of_the_engine():
     assert round(eager["inter_token_ms"]["p50"] / engine["inter_token_ms"]["p50"], 1) == 3.4
     assert result["agreement"] == {"requests": 8, "tokens_compared": 120, "mismatches": 0}
     assert result["requests"] >= 256 and engine["preemptions"] == 0 and round(engine["ttft_ms"]["p50"]) == 374
+
+
+def test_what_the_lab_notes_say_of_prefetching_page_numbers():
+    """lab/paged.md's "Prefetching the next step's page numbers" (lab/results/h100/paged_prefetch.json, one H100,
+    graph replays, lab/paged_prefetch.diff applied): within 5% of flash_decode at 1 x 128k, at batch 64-256 and in
+    three of four batch-16 rows; 1.05-1.09x at 1 x 32k; batch 1 with 4k keys stays 1.22-1.28x."""
+    from lab_tools import ROOT, lab_result
+    assert (ROOT / "lab" / "paged_prefetch.diff").read_text().count("nxt") >= 2
+    ratio = {(r["B"], r["L"], r["block_size"]): r["best_over_flash"] for r in lab_result("paged_prefetch")["rows"]}
+    assert all(1.015 <= v <= 1.045 for (B, L, _), v in ratio.items() if (B, L) == (1, 131072))
+    assert all(0.915 <= v <= 1.01 for (B, _, _), v in ratio.items() if B >= 64)
+    assert sorted(round(v, 2) for (B, _, _), v in ratio.items() if B == 16) == [1.01, 1.03, 1.05, 1.06]
+    assert all(1.05 <= v <= 1.095 for (B, L, _), v in ratio.items() if (B, L) == (1, 32768))
+    assert all(1.215 <= v <= 1.285 for (B, L, _), v in ratio.items() if (B, L) == (1, 4096))
