@@ -6,7 +6,7 @@ requests arrive in the order of ``lengths`` (each the number of tokens it will h
 and answer), and a server admits them first come, first served into a KV cache of ``cache_bytes`` bytes, until
 the next one does not fit (it waits; none after it jumps the queue). ``model`` is a dict of ``layers``,
 ``heads_kv``, ``head_dim`` and ``dtype_bytes``: one token's cache is its K *and* V in every layer,
-``2 layers heads_kv head_dim dtype_bytes`` bytes -- the step the lecture leaves to the student.
+``2 x layers x heads_kv x head_dim x dtype_bytes`` bytes -- the step the lecture leaves to the student.
 
 * **contiguous**: each request reserves ``max_len`` tokens up front (the longest a request may grow), end to
   end in the cache's ``cache_bytes // token_bytes`` slots;
@@ -37,7 +37,7 @@ LLAMA3_8B = {"layers": 32, "heads_kv": 8, "head_dim": 128, "dtype_bytes": 2}
 
 
 def token_bytes(model: dict) -> int:
-    """Bytes of K and V one token holds in the cache: ``2 layers heads_kv head_dim dtype_bytes``.
+    """Bytes of K and V one token holds in the cache: ``2 x layers x heads_kv x head_dim x dtype_bytes``.
 
     Example:
         >>> token_bytes(LLAMA3_8B)
@@ -86,10 +86,10 @@ def _mistakes(lengths, cache_bytes, block_size, max_len, model):
         if used + need <= blocks:
             used, skip = used + need, skip + 1
     out = []
-    for why, size in (("a token's cache holds K and V: 2 layers heads_kv head_dim dtype_bytes bytes, not half that",
+    for why, size in (("a token's cache holds K and V: 2 x layers x heads_kv x head_dim x dtype_bytes bytes, not half that",
                        k_only),
                       ("a token's K and V are stored in every layer: multiply by layers", one_layer),
-                      ("a token's bytes are 2 layers heads_kv head_dim dtype_bytes: count dtype_bytes too",
+                      ("a token's bytes are 2 x layers x heads_kv x head_dim x dtype_bytes: count dtype_bytes too",
                        tb // model["dtype_bytes"])):
         out.append((why, admitted([max_len] * n, cache_bytes // size),
                     admitted(pages, cache_bytes // (size * block_size))))
