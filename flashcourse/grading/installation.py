@@ -67,6 +67,8 @@ class Installation:
             from .serve import python_of  # noqa: F401  (and the worker's)
             verify_dependencies()      # NumPy's, torch's and Triton's files as pip installed them
         self.roots = import_roots() if roots is None else [Path(r).resolve() for r in roots]
+        # each root as a string, and the prefix of the paths under it (under_roots: a string test, Path.parents is slow)
+        self._prefixes = [(str(r), str(r) if str(r).endswith(os.sep) else str(r) + os.sep) for r in self.roots]
         self.files = set()
         self.sources = {os.path.realpath(p): Path(p).read_bytes() for p in keep}
         for module in list(sys.modules.values()):
@@ -102,11 +104,6 @@ class Installation:
     def under_roots(self, path: str) -> bool:
         real = os.path.realpath(path)
         return any(real == r or real.startswith(prefix) for r, prefix in self._prefixes)
-
-    @property
-    def _prefixes(self) -> list[tuple[str, str]]:
-        """Each root as a string, and the prefix of the paths under it (a string test: Path.parents is slow)."""
-        return [(str(r), str(r) if str(r).endswith(os.sep) else str(r) + os.sep) for r in self.roots]
 
     def mark(self) -> int:
         """A moment to compare with: the ctime of a file made now (the kernel's own clock, as every file's), once

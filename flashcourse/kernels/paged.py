@@ -231,9 +231,8 @@ def paged_split_fast(Q, K_cache, V_cache, block_tables, seq_lens, O, O_part, LSE
 def paged_steps(programs: int, num_splits: int, d: int, dtype, cc) -> tuple[int, int]:
     """``(BLOCK_N, num_stages)`` of :func:`paged_decode`'s launch: chapter 4's (64 keys a step) unless, on an H100
     (``cc`` (9, 0)), the grid has fewer programs than the GPU has SMs or splits a sequence: then 128 keys a step,
-    3 stages, so that each program keeps more bytes in flight (measured: lab/paged.md, "The combine in the same
-    launch": 1.06-1.25x flash_decode's GPU time at batch 1-16 against 1.34-1.48x with 64; at batch 64-256, 64 is
-    the faster). Other targets keep chapter 4's steps (not measured; 128-key steps at d = 128 do not fit a T4).
+    3 stages, so that each program keeps more bytes in flight (why, and by how much: lab/paged.md, "The combine in
+    the same launch"). Other targets keep chapter 4's steps (128-key steps at d = 128 do not fit a T4).
 
     Example:
         >>> import torch

@@ -181,14 +181,15 @@ class LlamaRunner:
         inputs[:, :2] = torch.tensor([0, 1], dtype=torch.int32)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
+        step = lambda: self._step(inputs[:, :1].long(), inputs[:, 1].contiguous(), inputs[:, 2:])  # noqa: E731
         with torch.cuda.stream(side):              # compile the kernels and grow the kept buffers outside the graph
-            self._step(inputs[:, :1].long(), inputs[:, 1].contiguous(), inputs[:, 2:])
+            step()
         torch.cuda.current_stream().wait_stream(side)
         if self._graph_pool is None:
             self._graph_pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._graph_pool):
-            out = self._step(inputs[:, :1].long(), inputs[:, 1].contiguous(), inputs[:, 2:])
+            out = step()
         # the graph writes buffers the kernels keep between calls: hold them, should a later call replace them
         kept = kept_now(self.k_pool.device)
         self._graphs[bucket] = (graph, inputs, out, kept)
