@@ -208,7 +208,7 @@ CELLS = [
     head; a step takes 64 keys from one page or several, their page numbers loaded together, so that no load
     waits on another and the loop pipelines as chapter 4's does. Its input check copies the tables to the host,
     which waits for the GPU: a server whose own allocator wrote the tables passes `validate=False`, as the
-    bench does. On one H100 (`bench.shipped("paged")`), the printed kernel takes 3.6-38.5x its time.
+    bench does. On one H100 (`bench.shipped("paged")`), the printed kernel takes 3.8-41.6x its time.
     """, "slide", name="fast-path"),
 
     md(r"""
@@ -240,11 +240,12 @@ CELLS = [
     md(f"""
     At batch 64-256, `paged_decode` takes 0.93-1.01x `flash_decode`'s time and reads the cache at up to
     3.0 TB/s, the H100's copy bandwidth (`bench.shipped("roofline")`): the pages cost nothing there. At batch
-    1-16 it takes 1.04-1.21x: with few programs, each step's page numbers are a load its keys wait for, and little
-    else runs meanwhile; steps of 128 keys there keep more bytes in flight ([lab notes]({LAB}#the-combine-in-the-same-launch-and-gpu-time-alone)).
-    On ragged lengths (batch 64, up to 16k) it takes 0.74-0.87x: `flash_decode` then checks its lengths on the
-    host and SDPA reads the padded cache (1.27-1.46x). FlexAttention's paged path takes 1.04-2.29x
-    `paged_decode`'s time with pages of 64 and 1.12-4.17x with pages of 16.
+    1-16 it takes 1.02-1.19x: with few programs, each step's page numbers are a load its keys wait for, and little
+    else runs meanwhile; there it takes steps of 128 keys and loads each step's page numbers during the step before
+    ([lab notes]({LAB}#the-combine-in-the-same-launch-and-gpu-time-alone)).
+    On ragged lengths (batch 64, up to 16k) it takes 0.73-0.86x: `flash_decode` then checks its lengths on the
+    host and SDPA reads the padded cache (1.24-1.47x). FlexAttention's paged path takes 1.04-2.37x
+    `paged_decode`'s time with pages of 64 and 1.11-4.39x with pages of 16.
     """, "fragment", name="measured-text"),
 
     md(r"""

@@ -129,18 +129,31 @@ def completed(name: str):
     return ex
 
 
-def grade_untouched_and_completed(tmp_path_factory, name: str) -> dict:
-    """``flashcourse grade`` on exercise ``name`` as given and as completed with the solutions, side by side:
-    ``{"untouched": report, "completed": report}``."""
+def grade_side_by_side(notebooks: dict) -> dict:
+    """``flashcourse grade`` on each of ``notebooks`` (key -> path), all at once: ``{key: report}``. The grades share
+    one session taken before any runs, and each has a slot of its own, as a batch's do: a grade that took its own
+    session while another ran would compile the installation's missing ``__pycache__`` files, which the other grade
+    sees as new (on a machine whose libraries were installed without them), and refuses."""
     from concurrent.futures import ThreadPoolExecutor
 
     from flashcourse.grading import grade
-    tmp = tmp_path_factory.mktemp(f"grade-{name}")
-    nbformat.write(completed(name), tmp / f"{name}.ipynb")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        jobs = {state: pool.submit(grade, folder / f"{name}.ipynb")
-                for state, folder in {"untouched": ROOT / "exercises", "completed": tmp}.items()}
-        return {state: job.result() for state, job in jobs.items()}
+    from flashcourse.grading.session import Session
+    session = Session.start()
+    with ThreadPoolExecutor(max_workers=len(notebooks)) as pool:
+        jobs = {key: pool.submit(grade, path, slot=slot, session=session)
+                for slot, (key, path) in enumerate(notebooks.items())}
+        return {key: job.result() for key, job in jobs.items()}
+
+
+def grade_untouched_and_completed(tmp_path_factory, *names: str) -> dict:
+    """``flashcourse grade`` on exercises ``names`` as given and as completed with the solutions, side by side:
+    ``{"untouched": report, "completed": report}`` for one name, ``{(name, state): report}`` for several."""
+    tmp = tmp_path_factory.mktemp(f"grade-{names[0]}")
+    for name in names:
+        nbformat.write(completed(name), tmp / f"{name}.ipynb")
+    reports = grade_side_by_side({(name, state): folder / f"{name}.ipynb" for name in names
+                                  for state, folder in {"untouched": ROOT / "exercises", "completed": tmp}.items()})
+    return {state: r for (_, state), r in reports.items()} if len(names) == 1 else reports
 
 
 def given_and_library_lines(notebook: str, name: str, kernel) -> tuple[list[str], list[str]]:

@@ -6,7 +6,6 @@ the student is asked to write. The kernel runs under Triton's interpreter on a m
 The last tests grade exercises/03 with ``flashcourse grade``, untouched and completed.
 """
 import json
-from concurrent.futures import ThreadPoolExecutor
 
 import nbformat
 import numpy as np
@@ -15,9 +14,8 @@ import pytest
 import flashcourse  # noqa: F401  (before triton: switches on the interpreter without a GPU)
 from flashcourse import checks
 from flashcourse.checks import attention as attention_checks
-from flashcourse.grading import grade
 import solution_cells as cells
-from solution_cells import ROOT, SUCCESS, completed, fails, fails_on_a_hidden_case, passes_with_one_line, load, solution_source  # noqa: F401
+from solution_cells import ROOT, SUCCESS, completed, grade_untouched_and_completed, fails, fails_on_a_hidden_case, passes_with_one_line, load, solution_source  # noqa: F401
 
 FA1, FA2 = "02_flashattention1", "03_flashattention2"
 
@@ -240,12 +238,8 @@ def test_exercises_hide_the_solutions_and_keep_the_checks(name, checks_expected)
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("grade-fa2")
-    nbformat.write(completed(FA2), tmp / f"{FA2}.ipynb")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        untouched = pool.submit(grade, ROOT / "exercises" / f"{FA2}.ipynb")
-        done = pool.submit(grade, tmp / f"{FA2}.ipynb")
-        return untouched.result(), done.result()
+    reports = grade_untouched_and_completed(tmp_path_factory, FA2)
+    return reports["untouched"], reports["completed"]
 
 
 @pytest.mark.slow

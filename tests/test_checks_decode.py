@@ -7,7 +7,6 @@ without a GPU. The last tests grade exercises/04 and exercises/05 with ``flashco
 untouched and completed, four notebook runs started together.
 """
 import json
-from concurrent.futures import ThreadPoolExecutor
 
 import nbformat
 import numpy as np
@@ -17,9 +16,8 @@ import flashcourse  # noqa: F401  (before triton: switches on the interpreter wi
 from flashcourse import checks
 from flashcourse.checks import decode as decode_checks
 from flashcourse.checks import decode_cases
-from flashcourse.grading import grade
 import solution_cells as cells
-from solution_cells import ROOT, SUCCESS, completed, fails, fails_on_a_hidden_case, passes_with_one_line, load, solution_source  # noqa: F401
+from solution_cells import ROOT, SUCCESS, completed, grade_untouched_and_completed, fails, fails_on_a_hidden_case, passes_with_one_line, load, solution_source  # noqa: F401
 
 FD, UM = "04_flash_decode", "05_unified_max_decode"
 
@@ -309,14 +307,7 @@ def test_exercises_hide_the_solutions_and_keep_the_checks(name, checks_expected)
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("grade-decode")
-    for name in (FD, UM):
-        nbformat.write(completed(name), tmp / f"{name}.ipynb")
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        folders = {"untouched": ROOT / "exercises", "completed": tmp}
-        jobs = {(name, state): pool.submit(grade, folder / f"{name}.ipynb")
-                for name in (FD, UM) for state, folder in folders.items()}
-        return {key: job.result() for key, job in jobs.items()}
+    return grade_untouched_and_completed(tmp_path_factory, FD, UM)
 
 
 @pytest.mark.slow

@@ -184,7 +184,7 @@ def paged_decode_taught(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 def paged_split_fast(Q, K_cache, V_cache, block_tables, seq_lens, O, O_part, LSE_part, COUNT, qk_scale,
                      stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_bt, H_kv, G, PAGES,
                      HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_G: tl.constexpr, DIRECT: tl.constexpr, BLOCK_S: tl.constexpr):
+                     BLOCK_G: tl.constexpr, DIRECT: tl.constexpr, BLOCK_S: tl.constexpr, AHEAD: tl.constexpr):
     split = tl.program_id(0)
     bg = tl.program_id(1)                                    # b * H_kv + g
     b = bg // H_kv
@@ -201,11 +201,17 @@ def paged_split_fast(Q, K_cache, V_cache, block_tables, seq_lens, O, O_part, LSE
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
+    table = block_tables + b * stride_bt
+    if AHEAD:                                                # the first step's page numbers, before the loop
+        page = tl.load(table + (lo + offs_n) // BLOCK_SIZE, mask=lo + offs_n < hi, other=0).to(tl.int64)
     for start in range(lo, hi, BLOCK_N):
         cols = start + offs_n                                # logical key positions
         valid = cols < hi
-        page = tl.load(block_tables + b * stride_bt + cols // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+        if not AHEAD:
+            page = tl.load(table + cols // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
         rows = page * stride_kb + (cols % BLOCK_SIZE) * stride_kt + g * stride_kh      # (BLOCK_N,)
+        if AHEAD:                                            # the next step's, loaded while this one runs
+            page = tl.load(table + (cols + BLOCK_N) // BLOCK_SIZE, mask=cols + BLOCK_N < hi, other=0).to(tl.int64)
         K_j = tl.load(K_cache + rows[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
         V_j = tl.load(V_cache + rows[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
         qk = tl.where(valid[None, :], tl.dot(Q_i, tl.trans(K_j)) * qk_scale, float("-inf"))
@@ -228,36 +234,39 @@ def paged_split_fast(Q, K_cache, V_cache, block_tables, seq_lens, O, O_part, LSE
             combine_splits(O_part, LSE_part, O, rows, in_g, S, HEAD_DIM, BLOCK_G, BLOCK_S)
 
 
-def paged_steps(programs: int, num_splits: int, d: int, dtype, cc) -> tuple[int, int]:
-    """``(BLOCK_N, num_stages)`` of :func:`paged_decode`'s launch: chapter 4's (64 keys a step) unless, on an H100
-    (``cc`` (9, 0)), the grid has fewer programs than the GPU has SMs or splits a sequence: then 128 keys a step,
-    3 stages, so that each program keeps more bytes in flight (why, and by how much: lab/paged.md, "The combine in
-    the same launch"). Other targets keep chapter 4's steps (128-key steps at d = 128 do not fit a T4).
+def paged_steps(programs: int, num_splits: int, d: int, dtype, cc) -> tuple[int, int, bool]:
+    """``(BLOCK_N, num_stages, AHEAD)`` of :func:`paged_decode`'s launch: chapter 4's (64 keys a step, each step's
+    page numbers loaded in it) unless, on an H100 (``cc`` (9, 0)), the grid has fewer programs than the GPU has SMs
+    or splits a sequence: then 128 keys a step, 3 stages, and each step's page numbers loaded during the step before
+    (``AHEAD``), so that each program keeps more bytes in flight (why, and by how much: lab/paged.md, "The combine in
+    the same launch" and "Page numbers a step ahead"). Other targets keep chapter 4's steps (128-key steps at
+    d = 128 do not fit a T4).
 
     Example:
         >>> import torch
         >>> paged_steps(programs=8, num_splits=15, d=128, dtype=torch.float16, cc=(9, 0))
-        (128, 3)
+        (128, 3, True)
         >>> paged_steps(programs=512, num_splits=1, d=128, dtype=torch.float16, cc=(9, 0))
-        (64, 3)
+        (64, 3, False)
     """
     launch = decode_config(d, 4, dtype, cc)
     if cc is not None and cc >= (9, 0) and (num_splits > 1 or programs < backend.num_sms()):
-        return 128, 3
-    return launch.constexprs["BLOCK_N"], launch.num_stages
+        return 128, 3, True
+    return launch.constexprs["BLOCK_N"], launch.num_stages, False
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  seq_lens: torch.Tensor, num_splits: int | None = None, sm_scale: float | None = None, *,
                  block_n: int | None = None, num_warps: int = 4, num_stages: int | None = None,
-                 validate: bool = True) -> torch.Tensor:
+                 ahead: bool | None = None, validate: bool = True) -> torch.Tensor:
     """Decoding attention over a paged cache, the fast way: :data:`paged_split_fast`, one program per (split,
     sequence x KV head) serving its G query heads with ``tl.dot``; the last of a head's programs to finish runs
     chapter 4's combine in the same launch (flash_decode's way), and with one split the program's output is final.
 
     Inputs and result as :func:`paged_decode_taught`'s. ``num_splits`` defaults to chapter 4's heuristic for
     B H_kv programs a split; ``block_n`` keys a step (default chapter 4's, 64 on a GPU, whatever the page size), ``num_warps`` and
-    ``num_stages`` the launch's (default: chapter 4's for this GPU). ``validate=False`` skips the check of the
+    ``num_stages`` the launch's (default: chapter 4's for this GPU), ``ahead`` whether a step's page numbers are loaded
+    during the step before (default: :func:`paged_steps`'s choice). ``validate=False`` skips the check of the
     tables' and lengths' values (:func:`expect_paged`), which waits for the GPU: a serving loop's hot path, whose
     tables its own allocator wrote; the splits are then planned for the longest length a table can hold.
 
@@ -280,7 +289,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     sm_scale = expect_sm_scale(fn, sm_scale, d)
     S = expect_num_splits(fn, num_splits) or default_splits(B, H_kv, longest, q3.device)
     launch = decode_config(d, G, q3.dtype)
-    steps, stages = paged_steps(B * H_kv, S, d, q3.dtype, None if backend.INTERPRET else backend.cached_compute_capability())
+    steps, stages, plan_ahead = paged_steps(B * H_kv, S, d, q3.dtype,
+                                            None if backend.INTERPRET else backend.cached_compute_capability())
     BLOCK_N = block_n or steps                               # a step may cover part of a page, or several
     PAGES = triton.cdiv(triton.cdiv(triton.cdiv(longest, block_size), S) * block_size, BLOCK_N) * BLOCK_N // block_size
     o_part, lse_part = partials_scratch(q3.device, B * H_q * S, d)
@@ -292,7 +302,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
                                         q3.stride(0), q3.stride(1), k_cache.stride(0), k_cache.stride(1),
                                         k_cache.stride(2), tables.stride(0), H_kv, G, PAGES, HEAD_DIM=d,
                                         BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N, BLOCK_G=launch.constexprs["BLOCK_G"],
-                                        DIRECT=S == 1, BLOCK_S=combine_block(S), **options)
+                                        DIRECT=S == 1, BLOCK_S=combine_block(S),
+                                        AHEAD=plan_ahead if ahead is None else bool(ahead), **options)
     return o
 
 
@@ -320,9 +331,9 @@ def _fast_configs(cc):
     for d, dtype in _dtypes(cc):
         block_g = decode_config(d, 4, dtype, cc).constexprs["BLOCK_G"]     # G = 4: the engine's and the bench's
         steps = {paged_steps(programs, 1, d, dtype, cc) for programs in (1, 1 << 20)}   # few programs, or many
-        for (block_n, stages), direct in ((s, direct) for s in sorted(steps) for direct in (False, True)):
+        for (block_n, stages, ahead), direct in ((s, direct) for s in sorted(steps) for direct in (False, True)):
             yield aot.Launch({"HEAD_DIM": d, "BLOCK_SIZE": 16, "BLOCK_N": block_n, "BLOCK_G": block_g, "DIRECT": direct,
-                              "BLOCK_S": combine_block(32)}, 4, stages, _ptrs(dtype, "Q", "K_cache", "V_cache", "O"),
+                              "BLOCK_S": combine_block(32), "AHEAD": ahead}, 4, stages, _ptrs(dtype, "Q", "K_cache", "V_cache", "O"),
                              "paged_split", f"d={d} {str(dtype)[6:]} page 16 n{block_n}" + (" one split" if direct else ""))
 
 
@@ -336,4 +347,4 @@ aot.register("paged_split", paged_split_fast, configs=_fast_configs, signature={
     "O_part": "*fp32", "LSE_part": "*fp32", "COUNT": "*i32", "qk_scale": "fp32",
     **{f"stride_{n}": "i32" for n in ("qb", "qh", "kb", "kt", "kh", "bt")}, "H_kv": "i32", "G": "i32", "PAGES": "i32",
     "HEAD_DIM": "constexpr", "BLOCK_SIZE": "constexpr", "BLOCK_N": "constexpr", "BLOCK_G": "constexpr",
-    "DIRECT": "constexpr", "BLOCK_S": "constexpr"})
+    "DIRECT": "constexpr", "BLOCK_S": "constexpr", "AHEAD": "constexpr"})
