@@ -1,5 +1,6 @@
 """The ranks of tests/test_distributed_ring.py: ``python tests/ring_ranks.py WORLD OUT SEED`` forks WORLD processes
-into a gloo group (the course imported once, before the fork), runs every case of :data:`CASES` on the ring, and
+into a gloo group (the course imported once, before the fork; on GPUs it spawns them into an NCCL group, one GPU a
+rank), runs every case of :data:`CASES` on the ring, and
 rank 0 writes OUT (``torch.save``): for each case the inputs, the ring's output and gradients gathered back into whole
 sequences, the single-process ``flash_attention``'s, and the bytes each rank posted forward and backward (counted by
 wrapping ``torch.distributed.batch_isend_irecv``); then the ValueErrors of bad shards."""
@@ -13,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from flashcourse import backend  # noqa: F401  (the interpreter, before triton)
+from flashcourse import backend  # the interpreter, before triton
 from flashcourse.distributed import ring_attention, shard, unshard
 from flashcourse.kernels import flash_attention
 
@@ -21,6 +22,7 @@ from flashcourse.kernels import flash_attention
 CASES = [(N, H, H_kv, d, causal) for causal in (False, True) for (N, H, H_kv, d) in ((64, 2, 2, 16), (64, 2, 1, 32))]
 
 POSTED = {"bytes": 0}
+DEVICE = backend.DEVICE
 
 
 def counting(original):
@@ -42,13 +44,14 @@ def run_case(case, rank, world, seed):
     g = torch.Generator().manual_seed(seed + N + 7 * H_kv + d + int(causal))
     q, do = (torch.randn(1, H, N, d, generator=g).half() for _ in range(2))
     k, v = (torch.randn(1, H_kv, N, d, generator=g).half() for _ in range(2))
+    q, k, v, do = (t.to(DEVICE) for t in (q, k, v, do))
     mine = [shard(t, rank, world, causal).requires_grad_(t is not do) for t in (q, k, v, do)]
     POSTED["bytes"] = 0
     o = ring_attention(*mine[:3], causal=causal)
     forward = POSTED["bytes"]
     o.backward(mine[3])
     backward = POSTED["bytes"] - forward
-    counts = torch.tensor([forward, backward])
+    counts = torch.tensor([forward, backward], device=DEVICE)
     out = [unshard(gather(t, world), causal) for t in (o.detach(), mine[0].grad, mine[1].grad, mine[2].grad)]
     counts = gather(counts, world)
     if rank:
@@ -56,14 +59,15 @@ def run_case(case, rank, world, seed):
     whole = [t.clone().requires_grad_() for t in (q, k, v)]
     o1 = flash_attention(*whole, causal=causal)
     o1.backward(do)
-    return {"case": case, "inputs": (q, k, v, do), "ring": out,
-            "single": [o1.detach(), *(t.grad for t in whole)], "bytes": torch.stack(counts).tolist()}
+    cpu = lambda ts: [t.detach().cpu() for t in ts]
+    return {"case": case, "inputs": cpu((q, k, v, do)), "ring": cpu(out),
+            "single": cpu([o1, *(t.grad for t in whole)]), "bytes": torch.stack(counts).tolist()}
 
 
 def bad_shards(rank, world):
     """What ring_attention says to shards it must refuse (the messages, rank 0's)."""
     said = {}
-    q = torch.randn(1, 2, 8 if rank == 0 else 12, 16).half()             # a different N/p on rank 0
+    q = torch.randn(1, 2, 8 if rank == 0 else 12, 16).half().to(DEVICE)             # a different N/p on rank 0
     for name, args, kw in (("mismatched", (q, q, q), {}),
                            ("odd", (q[:, :, :7], q[:, :, :7], q[:, :, :7]), {"causal": True}),
                            ("heads", (q[:, :2], q[:, :1].expand(1, 3, -1, -1), q[:, :1].expand(1, 3, -1, -1)), {}),
@@ -79,7 +83,9 @@ def bad_shards(rank, world):
 def rank_main(rank, world, port, out, seed):
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    if DEVICE == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo", rank=rank, world_size=world)
     dist.batch_isend_irecv = counting(dist.batch_isend_irecv)
     try:
         results = [run_case(c, rank, world, seed) for c in CASES]
@@ -98,4 +104,5 @@ def free_port() -> int:
 
 if __name__ == "__main__":
     world, out, seed = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-    mp.start_processes(rank_main, args=(world, free_port(), out, seed), nprocs=world, start_method="fork")
+    mp.start_processes(rank_main, args=(world, free_port(), out, seed), nprocs=world,
+                       start_method="spawn" if DEVICE == "cuda" else "fork")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flashcourse import backend  # noqa: F401
+from flashcourse import backend
 
 from flashcourse.checks.fp16_rule import error_rule  # noqa: E402
 from flashcourse.formulas import ring as formulas  # noqa: E402
@@ -26,7 +26,8 @@ from flashcourse.reference.backward import attention_backward_float64  # noqa: E
 from test_kernels_backward import torch_grads  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-WORLDS = (2, 4)
+#: Rings of 2 and 4 processes: gloo on the CPU; on GPUs NCCL, one GPU a rank, so only the rings this machine holds.
+WORLDS = tuple(w for w in (2, 4) if backend.DEVICE == "cpu" or w <= torch.cuda.device_count())
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +35,8 @@ def rings(tmp_path_factory):
     """{world: what rank 0 of that ring wrote}, each ring run once for the whole module."""
     out = {}
     seed = int(torch.randint(0, 2**31 - 1, ()).item())
+    if not WORLDS:
+        pytest.skip("ring attention on NCCL needs 2 GPUs or more")
     for world in WORLDS:
         path = tmp_path_factory.mktemp("ring") / f"world{world}.pt"
         run = subprocess.run([sys.executable, str(HERE / "ring_ranks.py"), str(world), str(path), str(seed)],
@@ -100,7 +103,7 @@ def test_the_bytes_posted_are_the_counted_ones(rings, world):
 
 
 def test_bad_shards_get_value_errors(rings):
-    said = rings[2]["errors"]
+    said = rings[WORLDS[0]]["errors"]
     assert "differ across ranks" in said["mismatched"] and "rank 1 has q (1, 2, 12, 16)" in said["mismatched"]
     assert "expected an even number with causal=True" in said["odd"]
     assert "multiple of H_kv" in said["heads"]
