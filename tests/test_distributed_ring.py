@@ -108,3 +108,17 @@ def test_bad_shards_get_value_errors(rings):
     assert "expected an even number with causal=True" in said["odd"]
     assert "multiple of H_kv" in said["heads"]
     assert "dtype" in said["dtype"]
+
+
+def test_the_combine_in_launches_that_keep_offsets_in_int32(monkeypatch):
+    """Past 2^31 elements of partials (B H N d >= 2^31: N = 512k, d = 128 at B H = 32) the combine runs in pieces."""
+    from flashcourse.distributed import ring
+    o_part = torch.randn(1, 3, 40, 3, 16).half().to(backend.DEVICE)
+    lse_part = torch.randn(1, 3, 40, 3).to(backend.DEVICE)
+    lse_part[0, 0, :5, 1] = float("-inf")                                  # a partial that saw no key
+    whole = ring.combine_partials(o_part, lse_part)
+    monkeypatch.setattr(ring, "MAX_OFFSET", 16 * 3 * 16 * 2)               # 32 rows a launch: 4 launches of 120 rows
+    pieces = ring.combine_partials(o_part, lse_part)
+    assert torch.equal(whole[0], pieces[0]) and torch.equal(whole[1], pieces[1])
+    w = torch.softmax(lse_part, -1)[..., None]
+    assert (whole[0].float() - (w * o_part.float()).sum(-2)).abs().max().item() < 2e-3

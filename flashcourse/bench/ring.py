@@ -49,6 +49,7 @@ from .harness import provenance
 __all__ = ["parse_args", "main", "Silent", "summarise"]
 
 IMPLS = ("ring", "ring compute", "ring comm", "context_parallel", "1 GPU")
+_MESHES: dict = {}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -161,7 +162,9 @@ def context_parallel_step(q, k, v, do, causal: bool, backward: bool, rotate: str
     from torch.distributed.tensor.experimental._attention import set_rotate_method
     from torch.nn.attention import SDPBackend, sdpa_kernel
     set_rotate_method(rotate)
-    mesh = init_device_mesh(q.device.type, (dist.get_world_size(),))
+    if q.device.type not in _MESHES:                   # one mesh for the run: each would make a process group
+        _MESHES[q.device.type] = init_device_mesh(q.device.type, (dist.get_world_size(),))
+    mesh = _MESHES[q.device.type]
     if k.shape[1] != q.shape[1]:                       # context_parallel's SDPA takes as many K/V heads as q's
         g = q.shape[1] // k.shape[1]
         k, v = (t.repeat_interleave(g, 1) for t in (k, v))
@@ -262,10 +265,15 @@ def run(a: argparse.Namespace) -> dict:
     dist.all_gather_object(gpus, torch.cuda.get_device_name() if device == "cuda" else "cpu (interpreter)")
     prov = provenance(" ".join(["torchrun", f"--nproc-per-node {world}", "-m flashcourse.bench.ring", *sys.argv[1:]]))
     prov.update(gpus=gpus, world=world, dist_backend=dist.get_backend(),
-                nccl=".".join(map(str, torch.cuda.nccl.version())) if device == "cuda" else None)
+                nccl=_nccl_version() if device == "cuda" else None)
     params = {k: v for k, v in vars(a).items() if k != "out"}
     return {"suite": "ring", "provenance": prov, "params": params, "records": records,
             "summary": summarise(records, world)}
+
+
+def _nccl_version() -> str:
+    v = torch.cuda.nccl.version()
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
 
 
 def _comm_only(k, v, backward: bool):

@@ -45,6 +45,8 @@ __all__ = ["ring_attention", "RingAttention", "ring_forward", "ring_backward", "
 
 KV_TAG, GRAD_TAG = 0, 1
 DTYPE_CODES = {torch.float16: 1, torch.bfloat16: 2}
+#: The combine kernel's offsets are int32: :func:`combine_partials` launches it on at most this many elements.
+MAX_OFFSET = 2**31 - 1
 
 
 def combine_partials(o_part: torch.Tensor, lse_part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,10 +69,13 @@ def combine_partials(o_part: torch.Tensor, lse_part: torch.Tensor) -> tuple[torc
     o_part, lse_part = o_part.contiguous(), lse_part.contiguous()
     o = torch.empty((*rows, d), dtype=o_part.dtype, device=o_part.device)
     n_rows = o.numel() // d if d else 0
-    if n_rows:
+    o_2, o_part3, lse_part2 = o.view(n_rows, d), o_part.view(n_rows, S, d), lse_part.view(n_rows, S)
+    step = max(COMBINE_ROWS, MAX_OFFSET // (S * d) // COMBINE_ROWS * COMBINE_ROWS)    # rows a launch
+    for r0 in range(0, n_rows, step):
+        n = min(step, n_rows - r0)
         with quiet():
-            combine_kernel[(triton.cdiv(n_rows, COMBINE_ROWS),)](o_part, lse_part, o, n_rows, S, HEAD_DIM=d,
-                                                                  BLOCK_R=COMBINE_ROWS, BLOCK_S=combine_block(S))
+            combine_kernel[(triton.cdiv(n, COMBINE_ROWS),)](o_part3[r0:], lse_part2[r0:], o_2[r0:], n, S, HEAD_DIM=d,
+                                                             BLOCK_R=COMBINE_ROWS, BLOCK_S=combine_block(S))
     return o, torch.logsumexp(lse_part, dim=-1)
 
 
