@@ -18,7 +18,8 @@ Each time is the median over ``--reps`` calls of the slowest rank's time (CUDA e
 lined up by a barrier before each). The summary gives ``ring / context_parallel`` (the speed-up), the scaling
 efficiency ``t_1GPU / (p t_ring)``, and the fraction of the communication hidden under compute,
 ``1 - (t_ring - t_compute) / t_comm`` (1: all of it). Provenance: every rank's GPU, torch, Triton, NCCL, the command.
-``--cpu-smoke`` runs it all on gloo with the kernels in Triton's interpreter at a tiny N (no timing worth reading):
+One ring call of each case at ``--timeline-N`` is profiled into a timeline per rank (the kernels, compute and
+communication, ``records[i]["timeline"]``). ``--cpu-smoke`` runs it all on gloo with the kernels in Triton's interpreter at a tiny N (no timing worth reading):
 that the script runs end to end.
 
 Example:
@@ -76,11 +77,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--cp-rotate", choices=("allgather", "alltoall"), default="allgather",
                    help="how context_parallel moves K/V (its default: allgather)")
+    p.add_argument("--timeline-N", type=int, default=131072, help="the N at which one ring call of each case is "
+                   "profiled into a timeline of kernels per rank, compute and communication (0: none; an N not in "
+                   "--Ns: the first)")
     p.add_argument("--cpu-smoke", action="store_true", help="gloo on the CPU, tiny N, d = 16: that it runs")
     a = p.parse_args(argv)
     if a.cpu_smoke:
         a.Ns, a.d, a.heads, a.warmup, a.reps = "64", 16, 2, 0, 1
     a.Ns = [int(n) for n in str(a.Ns).split(",")]
+    if a.timeline_N and a.timeline_N not in a.Ns:
+        a.timeline_N = a.Ns[0]
     a.heads_kv = a.heads_kv or a.heads
     a.passes = [s.strip() for s in a.passes.split(",")]
     a.causal = [s.strip().lower() == "true" for s in a.causal.split(",")]
@@ -182,6 +188,33 @@ def context_parallel_step(q, k, v, do, causal: bool, backward: bool, rotate: str
     return _step(sdpa, *bufs[:3], bufs[3], backward), ctx
 
 
+def timeline(fn, device: str, min_us: float = 10.0, most: int = 400) -> list[dict]:
+    """One call of ``fn`` under torch.profiler: the GPU's kernels of at least ``min_us`` (on the CPU, the operators of
+    at least 1 ms), each ``{"name", "kind", "start_us", "us"}``, ``kind`` "comm" for NCCL's (or gloo's sends and
+    receives) and "compute" for the rest, times from the first; at most ``most`` of them, the longest.
+
+    Example:
+        >>> rows = timeline(lambda: torch.ones(4).sum(), "cpu", min_us=0.0)
+        >>> sorted(rows[0])
+        ['kind', 'name', 'start_us', 'us']
+    """
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    _sync(device)
+    with profile(activities=activities) as prof:
+        fn()
+        _sync(device)
+    want = "CUDA" if device == "cuda" else "CPU"
+    floor = min_us if device == "cuda" else max(min_us, 1000.0) if min_us else 0.0
+    events = [e for e in prof.events() if e.device_type.name == want and e.time_range.elapsed_us() >= floor]
+    events = sorted(events, key=lambda e: -e.time_range.elapsed_us())[:most]
+    t0 = min((e.time_range.start for e in events), default=0)
+    comm = ("nccl", "send", "recv", "c10d")
+    return sorted(({"name": e.name[:80], "kind": "comm" if any(c in e.name.lower() for c in comm) else "compute",
+                    "start_us": round(e.time_range.start - t0, 1), "us": round(e.time_range.elapsed_us(), 1)}
+                   for e in events), key=lambda r: r["start_us"])
+
+
 def summarise(records, world: int) -> list[dict]:
     """One row per (N, causal, pass): ring and the others' times, ``vs_context_parallel`` (their time / ring's),
     ``scaling_efficiency`` (t_1GPU / (p t_ring)) and ``hidden`` (the fraction of the communication hidden).
@@ -255,9 +288,14 @@ def run(a: argparse.Namespace) -> dict:
                     if impl == "ring comm":
                         b = ring_bytes(N, a.heads_kv, a.d, world, dtype.itemsize, a.batch)
                         rec["bytes_per_rank"] = b["forward"] + (b["backward"] if bwd else 0)
+                    if impl == "ring" and N == a.timeline_N and "error" not in rec:
+                        rows = timeline(calls[impl](), device)
+                        every = [None] * world
+                        dist.all_gather_object(every, rows)
+                        rec["timeline"] = every               # one list of kernels a rank
                     records.append(rec)
                     if rank == 0:
-                        print(json.dumps(rec), flush=True)
+                        print(json.dumps({k: v for k, v in rec.items() if k != "timeline"}), flush=True)
             del q, k, v, do, mine
             if device == "cuda":
                 torch.cuda.empty_cache()
