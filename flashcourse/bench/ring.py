@@ -47,7 +47,7 @@ from ..formulas.ring import ring_bytes
 from ..kernels import flash_attention
 from .harness import provenance
 
-__all__ = ["parse_args", "main", "Silent", "summarise"]
+__all__ = ["parse_args", "main", "Silent", "summarise", "timeline"]
 
 IMPLS = ("ring", "ring compute", "ring comm", "context_parallel", "1 GPU")
 _MESHES: dict = {}
@@ -116,7 +116,7 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def time_ms(fn, device: str, warmup: int, reps: int, alone: bool = False) -> float:
+def _time_ms(fn, device: str, warmup: int, reps: int, alone: bool = False) -> float:
     """The median over ``reps`` calls of ``fn`` of the slowest rank's time in ms; every rank calls it (``alone``:
     only rank 0 runs ``fn``, the others wait)."""
     runs = (dist.get_rank() == 0) or not alone
@@ -160,7 +160,7 @@ def _step(attend, q, k, v, do, backward: bool):
     return call
 
 
-def context_parallel_step(q, k, v, do, causal: bool, backward: bool, rotate: str):
+def _context_parallel_step(q, k, v, do, causal: bool, backward: bool, rotate: str):
     """PyTorch's context parallelism: SDPA (flash) under ``context_parallel``, which shards q, k, v (and do) in place
     along the sequence, load-balanced when causal; returns the call. ``q``..``do`` are the whole sequence."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -243,7 +243,7 @@ def summarise(records, world: int) -> list[dict]:
     return out
 
 
-def run(a: argparse.Namespace) -> dict:
+def _run(a: argparse.Namespace) -> dict:
     """Every case on every rank; returns what rank 0 writes."""
     device = "cuda" if torch.cuda.is_available() and not a.cpu_smoke else "cpu"
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -273,13 +273,13 @@ def run(a: argparse.Namespace) -> dict:
                     rec = {"N": N, "causal": causal, "pass": pass_, "impl": impl, "flops": flops}
                     try:
                         if impl == "context_parallel":
-                            fn, ctx = context_parallel_step(q, k, v, do, causal, bwd, a.cp_rotate)
+                            fn, ctx = _context_parallel_step(q, k, v, do, causal, bwd, a.cp_rotate)
                             try:
-                                rec["ms"] = time_ms(fn, device, a.warmup, a.reps)
+                                rec["ms"] = _time_ms(fn, device, a.warmup, a.reps)
                             finally:
                                 ctx.__exit__(None, None, None)
                         else:
-                            rec["ms"] = time_ms(calls[impl](), device, a.warmup, a.reps, alone=impl == "1 GPU")
+                            rec["ms"] = _time_ms(calls[impl](), device, a.warmup, a.reps, alone=impl == "1 GPU")
                         if impl != "ring comm":
                             rec["tflops"] = flops / rec["ms"] / 1e9
                     except Exception as e:           # a baseline that cannot run here is data, not the end of the run
@@ -334,7 +334,14 @@ def _comm_only(k, v, backward: bool):
 
 def main(argv=None) -> None:
     """Parse, join the process group torchrun set up (NCCL on GPUs, gloo with ``--cpu-smoke``), run, and write the
-    JSON on rank 0."""
+    JSON on rank 0.
+
+    Example:
+        >>> main(["--out", "x.json", "--impls", "ring,flash"])         # refused before any process group
+        Traceback (most recent call last):
+            ...
+        SystemExit: 2
+    """
     a = parse_args(argv)
     cuda = torch.cuda.is_available() and not a.cpu_smoke
     if not cuda and not a.cpu_smoke:
@@ -345,7 +352,7 @@ def main(argv=None) -> None:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl" if cuda else "gloo")
     try:
-        result = run(a)
+        result = _run(a)
         if dist.get_rank() == 0:
             with open(a.out, "w") as f:
                 json.dump(result, f, indent=1)
