@@ -165,7 +165,10 @@ def _context_parallel_step(q, k, v, do, causal: bool, backward: bool, rotate: st
     along the sequence, load-balanced when causal; returns the call. ``q``..``do`` are the whole sequence."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.experimental import context_parallel
-    from torch.distributed.tensor.experimental._attention import set_rotate_method
+    try:
+        from torch.distributed.tensor.experimental._attention import set_rotate_method
+    except ImportError:                                # where a torch keeps it in its own module
+        from torch.distributed.tensor.experimental._context_parallel._attention import set_rotate_method
     from torch.nn.attention import SDPBackend, sdpa_kernel
     set_rotate_method(rotate)
     if q.device.type not in _MESHES:                   # one mesh for the run: each would make a process group
