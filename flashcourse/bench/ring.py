@@ -10,7 +10,8 @@ and forward + backward, it times, with the same inputs (B, H, N, d = 128, fp16 o
 * ``ring``: :func:`flashcourse.distributed.ring_attention` on each rank's shard (N/p rows);
 * ``ring compute``: the same steps with nothing sent (each rank attends its own K/V shard p times): the compute
   alone; and ``ring comm``: the sends alone (the K/V shards, p - 1 steps; backward, and their dK/dV p steps);
-* ``context_parallel``: ``torch.distributed.tensor.experimental.context_parallel`` over SDPA (its flash backend),
+* ``context_parallel``: ``torch.distributed.tensor.experimental.context_parallel`` over SDPA (its flash backend, or
+  ``--cp-backend``'s),
   with its own load balancing of the causal mask, the shards it cuts itself;
 * ``1 GPU``: :func:`flashcourse.kernels.flash_attention` on the whole sequence, on rank 0 alone.
 
@@ -77,6 +78,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--cp-rotate", choices=("allgather", "alltoall"), default="allgather",
                    help="how context_parallel moves K/V (its default: allgather)")
+    p.add_argument("--cp-backend", choices=("flash", "cudnn", "efficient", "default"), default="flash",
+                   help="the SDPA backend under context_parallel (default: flash; 'default': SDPA's own choice)")
     p.add_argument("--timeline-N", type=int, default=131072, help="the N at which one ring call of each case is "
                    "profiled into a timeline of kernels per rank, compute and communication (0: none; an N not in "
                    "--Ns: the first)")
@@ -160,7 +163,7 @@ def _step(attend, q, k, v, do, backward: bool):
     return call
 
 
-def _context_parallel_step(q, k, v, do, causal: bool, backward: bool, rotate: str):
+def _context_parallel_step(q, k, v, do, causal: bool, backward: bool, rotate: str, sdpa_backend: str = "flash"):
     """PyTorch's context parallelism: SDPA (flash) under ``context_parallel``, which shards q, k, v (and do) in place
     along the sequence, load-balanced when causal; returns the call. ``q``..``do`` are the whole sequence."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -178,10 +181,15 @@ def _context_parallel_step(q, k, v, do, causal: bool, backward: bool, rotate: st
         g = q.shape[1] // k.shape[1]
         k, v = (t.repeat_interleave(g, 1) for t in (k, v))
     bufs = [t.detach().clone() for t in (q, k, v, do)]          # it resizes them in place: no grad yet
-    backend_ = SDPBackend.FLASH_ATTENTION if q.device.type == "cuda" else SDPBackend.MATH
+    names = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
+    chosen = getattr(SDPBackend, names[sdpa_backend]) if sdpa_backend in names else None
+    if q.device.type != "cuda":
+        chosen = SDPBackend.MATH
 
     def sdpa(q, k, v):
-        with sdpa_kernel(backend_):
+        if chosen is None:
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        with sdpa_kernel(chosen):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
     ctx = context_parallel(mesh, buffers=bufs, buffer_seq_dims=[2, 2, 2, 2], no_restore_buffers=set(bufs))
@@ -276,7 +284,7 @@ def _run(a: argparse.Namespace) -> dict:
                     rec = {"N": N, "causal": causal, "pass": pass_, "impl": impl, "flops": flops}
                     try:
                         if impl == "context_parallel":
-                            fn, ctx = _context_parallel_step(q, k, v, do, causal, bwd, a.cp_rotate)
+                            fn, ctx = _context_parallel_step(q, k, v, do, causal, bwd, a.cp_rotate, a.cp_backend)
                             try:
                                 rec["ms"] = _time_ms(fn, device, a.warmup, a.reps)
                             finally:
