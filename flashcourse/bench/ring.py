@@ -16,7 +16,8 @@ and forward + backward, it times, with the same inputs (B, H, N, d = 128, fp16 o
 * ``1 GPU``: :func:`flashcourse.kernels.flash_attention` on the whole sequence, on rank 0 alone.
 
 Each time is the median over ``--reps`` calls of the slowest rank's time (CUDA events around a call, the ranks
-lined up by a barrier before each). The summary gives ``ring / context_parallel`` (the speed-up), the scaling
+lined up by a barrier before each). Before timing, at the first N, the ring's output and gradients are compared with one GPU's (``checks``: the
+largest differences). The summary gives ``ring / context_parallel`` (the speed-up), the scaling
 efficiency ``t_1GPU / (p t_ring)``, and the fraction of the communication hidden under compute,
 ``1 - (t_ring - t_compute) / t_comm`` (1: all of it). Provenance: every rank's GPU, torch, Triton, NCCL, the command.
 One ring call of each case at ``--timeline-N`` is profiled into a timeline per rank (the kernels, compute and
@@ -41,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from .. import backend
-from ..distributed import Ring, RingAttention, Transfer, ring_attention, shard
+from ..distributed import Ring, RingAttention, Transfer, ring_attention, shard, unshard
 from ..formulas.attention import attention_flops
 from ..formulas.backward import backward_flops
 from ..formulas.ring import ring_bytes
@@ -259,14 +260,16 @@ def _run(a: argparse.Namespace) -> dict:
     device = "cuda" if torch.cuda.is_available() and not a.cpu_smoke else "cpu"
     rank, world = dist.get_rank(), dist.get_world_size()
     dtype = getattr(torch, a.dtype)
-    records = []
+    records, checks = [], []
     for N in a.Ns:
         for causal in a.causal:
-            g = torch.Generator(device="cpu").manual_seed(N)
-            q, do = (torch.randn(a.batch, a.heads, N, a.d, generator=g).to(device, dtype) for _ in range(2))
-            k, v = (torch.randn(a.batch, a.heads_kv, N, a.d, generator=g).to(device, dtype) for _ in range(2))
+            g = torch.Generator(device=device).manual_seed(N)          # the same draw on every rank, on the GPU
+            q, do = (torch.randn(a.batch, a.heads, N, a.d, generator=g, device=device, dtype=dtype) for _ in "qo")
+            k, v = (torch.randn(a.batch, a.heads_kv, N, a.d, generator=g, device=device, dtype=dtype) for _ in "kv")
             mine = [shard(t, rank, world, causal).requires_grad_(t is not do) for t in (q, k, v, do)]
             scale = a.d ** -0.5
+            if N == a.Ns[0]:
+                checks.append({"N": N, "causal": causal, **_check(q, k, v, do, mine, causal, world)})
             for pass_ in a.passes:
                 bwd = pass_ == "fwd+bwd"
                 flops = attention_flops(N, a.d, heads=a.batch * a.heads, causal=causal)
@@ -316,8 +319,31 @@ def _run(a: argparse.Namespace) -> dict:
     prov.update(gpus=gpus, world=world, dist_backend=dist.get_backend(),
                 nccl=_nccl_version() if device == "cuda" else None)
     params = {k: v for k, v in vars(a).items() if k != "out"}
-    return {"suite": "ring", "provenance": prov, "params": params, "records": records,
+    return {"suite": "ring", "provenance": prov, "params": params, "checks": checks, "records": records,
             "summary": summarise(records, world)}
+
+
+def _check(q, k, v, do, mine, causal: bool, world: int) -> dict:
+    """Ring attention against flash_attention on one GPU, before anything is timed: the largest difference of the
+    output and of each gradient (rank 0's; every rank takes part)."""
+    for t in mine[:3]:
+        t.grad = None
+    o = ring_attention(*mine[:3], causal=causal)
+    o.backward(mine[3])
+    got = []
+    for t in (o.detach(), *(t.grad for t in mine[:3])):
+        parts = [torch.empty_like(t) for _ in range(world)]
+        dist.all_gather(parts, t.contiguous())
+        got.append(unshard(parts, causal))
+    for t in mine[:3]:
+        t.grad = None
+    if dist.get_rank():
+        return {}
+    whole = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    one = flash_attention(*whole, causal=causal)
+    one.backward(do)
+    return {f"max_diff_{name}": float((g.float() - w.float()).abs().max())
+            for name, g, w in zip(("o", "dq", "dk", "dv"), got, (one, *(t.grad for t in whole)))}
 
 
 def _nccl_version() -> str:
