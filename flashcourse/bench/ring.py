@@ -122,31 +122,38 @@ def _sync(device):
 
 def _time_ms(fn, device: str, warmup: int, reps: int, alone: bool = False) -> float:
     """The median over ``reps`` calls of ``fn`` of the slowest rank's time in ms; every rank calls it (``alone``:
-    only rank 0 runs ``fn``, the others wait)."""
+    only rank 0 runs ``fn``, the others wait). A call that raises on one rank (out of memory on one GPU) raises on
+    every rank after the same collectives, so the ranks stay in step for the next case."""
     runs = (dist.get_rank() == 0) or not alone
-    times = []
+    times, failed = [], None
     for i in range(warmup + reps):
         dist.barrier()
         _sync(device)
+        t0 = time.perf_counter()
         if device == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            if runs:
+        if runs and failed is None:
+            try:
                 fn()
+            except Exception as e:
+                failed = e
+        if device == "cuda":
             end.record()
             end.synchronize()
             ms = start.elapsed_time(end)
         else:
-            t0 = time.perf_counter()
-            if runs:
-                fn()
             ms = (time.perf_counter() - t0) * 1e3
         if i >= warmup:
             times.append(ms)
-    mine = torch.tensor([statistics.median(times)], dtype=torch.float64,
+    mine = torch.tensor([statistics.median(times) if times else 0.0, float(failed is not None)], dtype=torch.float64,
                         device=device if device == "cuda" else "cpu")
     dist.all_reduce(mine, op=dist.ReduceOp.MAX)
-    return float(mine.item())
+    if failed is not None:
+        raise failed
+    if mine[1].item():
+        raise RuntimeError("failed on another rank")
+    return float(mine[0].item())
 
 
 def _step(attend, q, k, v, do, backward: bool):
@@ -298,7 +305,6 @@ def _run(a: argparse.Namespace) -> dict:
                             rec["tflops"] = flops / rec["ms"] / 1e9
                     except Exception as e:           # a baseline that cannot run here is data, not the end of the run
                         rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
-                        dist.barrier()
                     if impl == "ring comm":
                         b = ring_bytes(N, a.heads_kv, a.d, world, dtype.itemsize, a.batch)
                         rec["bytes_per_rank"] = b["forward"] + (b["backward"] if bwd else 0)
