@@ -1,9 +1,9 @@
-"""The ranks of tests/test_distributed_ring.py: ``python tests/ring_ranks.py WORLD OUT SEED`` forks WORLD processes
-into a gloo group (the course imported once, before the fork; on GPUs it spawns them into an NCCL group, one GPU a
-rank), runs every case of :data:`CASES` on the ring, and
-rank 0 writes OUT (``torch.save``): for each case the inputs, the ring's output and gradients gathered back into whole
-sequences, the single-process ``flash_attention``'s, and the bytes each rank posted forward and backward (counted by
-wrapping ``torch.distributed.batch_isend_irecv``); then the ValueErrors of bad shards."""
+"""The ranks of tests/test_distributed_ring.py: ``python tests/ring_ranks.py OUT SEED WORLD...`` forks, for each
+WORLD in turn, WORLD processes into a gloo group (the course imported once, before the forks; on GPUs it spawns them
+into an NCCL group, one GPU a rank) and runs every case of :data:`CASES` on that ring. Rank 0 writes OUT, formatted
+with the world size (``torch.save``): for each case the inputs, the ring's output and gradients gathered back into
+whole sequences, the single-process ``flash_attention``'s, and the bytes each rank posted forward and backward
+(counted by wrapping ``torch.distributed.batch_isend_irecv``); then the ValueErrors of bad shards."""
 from __future__ import annotations
 
 import os
@@ -103,6 +103,7 @@ def free_port() -> int:
 
 
 if __name__ == "__main__":
-    world, out, seed = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-    mp.start_processes(rank_main, args=(world, free_port(), out, seed), nprocs=world,
-                       start_method="spawn" if DEVICE == "cuda" else "fork")
+    out, seed, worlds = sys.argv[1], int(sys.argv[2]), [int(w) for w in sys.argv[3:]]
+    for world in worlds:                                   # one import of the course for every ring
+        mp.start_processes(rank_main, args=(world, free_port(), out.format(world=world), seed), nprocs=world,
+                           start_method="spawn" if DEVICE == "cuda" else "fork")

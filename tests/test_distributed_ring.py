@@ -39,12 +39,12 @@ def rings(tmp_path_factory):
     seed = out["seed"]
     if not WORLDS:
         pytest.skip("ring attention on NCCL needs 2 GPUs or more")
+    path = tmp_path_factory.mktemp("ring") / "world{world}.pt"
+    run = subprocess.run([sys.executable, str(HERE / "ring_ranks.py"), str(path), str(seed), *map(str, WORLDS)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, f"seed {seed}:\n{run.stderr[-3000:]}"
     for world in WORLDS:
-        path = tmp_path_factory.mktemp("ring") / f"world{world}.pt"
-        run = subprocess.run([sys.executable, str(HERE / "ring_ranks.py"), str(world), str(path), str(seed)],
-                             capture_output=True, text=True, timeout=300)
-        assert run.returncode == 0, f"world {world} (seed {seed}):\n{run.stderr[-3000:]}"
-        out[world] = torch.load(path, weights_only=False)
+        out[world] = torch.load(str(path).format(world=world), weights_only=False)
     return out
 
 
