@@ -23,7 +23,8 @@ MAY_IMPORT = {
     "reference": GROUND,
     "kernels": GROUND,
     "checks": GROUND | {"reference", "kernels"},
-    "bench": GROUND | {"kernels"},
+    "distributed": GROUND | {"kernels"},
+    "bench": GROUND | {"kernels", "distributed"},
     "viz": GROUND | {"reference"},
 }
 
