@@ -30,8 +30,9 @@ def test_every_registered_kernel_compiles_and_fits(results):
     assert not failures, "\n" + aot.report(results)
     for name in aot.registered():
         for cc in CCS:
-            n = sum(1 for r in results if r.name == name and r.cc == cc)
-            assert n == len(aot.configs_of(name, cc)) > 0, f"{name} on sm_{cc[0]}{cc[1]}: {n} results"
+            mine = [r for r in results if r.name == name and r.cc == cc]
+            assert len(mine) == len(aot.configs_of(name, cc)) > 0, f"{name} on sm_{cc[0]}{cc[1]}: {len(mine)} results"
+            assert [r.assembled for r in mine] == [True] + [False] * (len(mine) - 1)   # ptxas: the first launch
 
 
 @pytest.mark.slow
@@ -150,3 +151,38 @@ def test_timeout_must_be_positive():
         aot.check(["softmax_one_pass"], [(7, 5)], timeout=0)
     with pytest.raises(ValueError, match="timeout"):
         aot.check(["softmax_one_pass"], [(7, 5)], timeout="10")
+
+
+TWO_TILES = textwrap.dedent('''
+    import flashcourse
+    import triton
+    import triton.language as tl
+    from flashcourse.kernels import aot
+
+    @triton.jit
+    def two_tiles(X, Y, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(Y + offs, tl.exp2(tl.load(X + offs).to(tl.float32)).to(tl.float16))
+
+    aot.register("two_tiles", two_tiles, signature={"X": "*fp16", "Y": "*fp16", "BLOCK": "constexpr"},
+                 configs=lambda cc: [aot.Launch({"BLOCK": 128}), aot.Launch({"BLOCK": 256}, num_warps=2)])
+''')
+
+
+def test_ptxas_assembles_the_first_launch_and_ptx_only_compiles_stay_out_of_the_cache(tmp_path, monkeypatch):
+    """assemble="first": ptxas assembles a kernel's first launch on a target, the second stops at PTX with the same
+    shared memory; the PTX-only compile's empty cubin lies in the cache's ptx-only folder, never where a launch looks."""
+    path = tmp_path / "two_tiles.py"
+    path.write_text(TWO_TILES)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    first = aot.check(["two_tiles"], [(8, 0)], files=[path])
+    every = aot.check(["two_tiles"], [(8, 0)], files=[path], assemble="all")
+    assert [r.assembled for r in first] == [True, False] and [r.assembled for r in every] == [True, True]
+    assert [r.shared for r in first] == [r.shared for r in every] and all(r.ok for r in first + every)
+    cubins = {}
+    for p in (tmp_path / "cache").rglob("*.cubin"):
+        cubins.setdefault(p.relative_to(tmp_path / "cache").parts[0] == "ptx-only", []).append(p.stat().st_size)
+    assert len(cubins[False]) == 2 and min(cubins[False]) > 0, cubins     # what a launch may load: assembled
+    assert cubins[True] == [0], cubins
+    with pytest.raises(ValueError, match="assemble"):
+        aot.check(["two_tiles"], [(8, 0)], files=[path], assemble="some")
