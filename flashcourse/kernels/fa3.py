@@ -35,6 +35,7 @@ Example:
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -100,6 +101,11 @@ def fa3_unavailable(device=None) -> str | None:
         return (f"fa3_forward needs an sm_90 GPU (H100 or H200) and Triton >= 3.6 with Gluon; this GPU is "
                 f"{name} (sm_{cc[0]}{cc[1]}): wgmma and this kernel's TMA pipeline are Hopper's; use fa2_forward")
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def _unavailable_on(device):
+    return fa3_unavailable(device)       # once a device: the check costs a launch's worth of host time
 
 
 def fa3_config(d: int, variant: str = "pingpong_overlap") -> aot.Launch:
@@ -408,7 +414,7 @@ def fa3_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool 
         ...     except RuntimeError as e:
         ...         assert "needs an sm_90 GPU" in str(e) or "Triton >= 3.6" in str(e)
     """
-    why = fa3_unavailable(q.device if isinstance(q, torch.Tensor) and q.is_cuda else None)
+    why = _unavailable_on(q.device.index if isinstance(q, torch.Tensor) and q.is_cuda else None)
     if why is not None:
         raise RuntimeError(why)
     q, k, v = expect_qkv("fa3_forward", q, k, v, head_dims=HEAD_DIMS, grouped=True)
