@@ -300,7 +300,9 @@ if gluon is not None:
             rows_s = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
             gl.store(LSE + base + rows_s, lse, mask=rows_s < N_q)
 
-    @gluon.jit
+    # N_q, N_k and GROUP only bound loops and masks: one compile serves every length (Triton would otherwise
+    # compile again for 1, for multiples of 16 and for the rest)
+    @gluon.jit(do_not_specialize=["N_q", "N_k", "GROUP"])
     def _fa3_fwd(q_desc, k_desc, v_desc, O, LSE, qk_scale, N_q, N_k, GROUP,
                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                  CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, WARP_SPECIALIZE: gl.constexpr,
@@ -389,7 +391,8 @@ def _as_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def fa3_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                sm_scale: float | None = None, return_lse: bool = False, *, variant: str = "pingpong_overlap"):
+                sm_scale: float | None = None, return_lse: bool = False, *, variant: str = "pingpong_overlap",
+                launch: aot.Launch | None = None):
     """softmax(Q K^T * sm_scale) V by FlashAttention-3's pipeline on an H100 or H200 (sm_90): ``O`` of q's shape.
 
     ``q``: (B, H, N_q, d), ``k`` and ``v``: (B, H_kv, N_k, d), SDPA's layout, H a multiple of H_kv (grouped-query
@@ -397,8 +400,8 @@ def fa3_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool 
     that is not contiguous is copied first. ``causal`` masks keys after the query, aligned bottom-right;
     ``sm_scale`` defaults to 1/sqrt(d). With ``return_lse`` also returns each row's log-sum-exp, (B, H, N_q)
     float32, natural log (``-inf`` for a row that sees no key, whose output is 0). ``variant`` picks a step of
-    the chapter (:data:`VARIANTS`). Forward only. Raises RuntimeError off an sm_90 GPU
-    (:func:`fa3_unavailable` says why).
+    the chapter (:data:`VARIANTS`); ``launch`` runs that config instead of :func:`fa3_config`'s (for tuning: its
+    ``HEAD_DIM`` must be d). Forward only. Raises RuntimeError off an sm_90 GPU (:func:`fa3_unavailable` says why).
 
     Example:
         >>> import torch
@@ -421,9 +424,17 @@ def fa3_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool 
     if q.dtype not in _GL_DTYPES:
         raise ValueError(f"fa3_forward: q is {q.dtype}; expected float16 or bfloat16")
     sm_scale = expect_sm_scale("fa3_forward", sm_scale, q.shape[-1])
-    launch = fa3_config(q.shape[-1], variant)
     B, H, N_q, d = q.shape
     H_kv, N_k = k.shape[1], k.shape[2]
+    if launch is None:
+        launch = fa3_config(d, variant)
+    elif not isinstance(launch, aot.Launch) or launch.constexprs.get("HEAD_DIM") != d:
+        raise ValueError(f"fa3_forward: launch is {launch!r}; expected an aot.Launch with HEAD_DIM = {d} (q's head "
+                         "dim), such as fa3_config returns")
+    if q.numel() == 0 or N_k == 0:                # nothing to load (a TMA descriptor needs every dimension > 0)
+        o = torch.zeros((B, H, N_q, d), dtype=q.dtype, device=q.device)
+        lse = torch.full((B, H, N_q), -math.inf, dtype=torch.float32, device=q.device)
+        return (o, lse) if return_lse else o
     c = launch.constexprs
     rows = c["BLOCK_M"] // (2 if c["WARP_SPECIALIZE"] else 1)
     q_desc = _descriptor(_as_rows(q), rows, d)
