@@ -142,6 +142,11 @@ def time_shape(variant, dtype, d, causal, B, H, N):
 def child(variant: str, seed: int) -> int:
     def emit(kind, row):
         print(json.dumps({"kind": kind, **row}), flush=True)
+    from flashcourse.kernels.fa3 import fa3_config
+    for d in (64, 128):
+        launch = fa3_config(d, variant)
+        emit("config", {"variant": variant, "d": d, **launch.constexprs, "num_warps": launch.num_warps,
+                        "maxnreg": launch.maxnreg})
     # a small case first: a deadlock shows here, before the long runs
     emit("smoke", check_case(variant, (1, 2, 2, 300, 300), "fp16", 64, True, seed))
     for dtype in DTYPES:
@@ -210,7 +215,7 @@ def run_child(variant, seed, first_line_s, total_s):
         except json.JSONDecodeError:
             continue
         rows.append(row)
-        if row["kind"] == "smoke":
+        if row.get("kind") == "smoke":
             print(f"  {variant}: small case {'ok' if row.get('ok') else row.get('failed') or row}", flush=True)
     if proc.poll() is None:
         os.killpg(proc.pid, 9)
@@ -274,7 +279,7 @@ def main(argv=None) -> int:
                       "rule, and the log-sum-exp within %g), then TFLOP/s beside cuDNN's SDPA and fa2_forward (with "
                       "the LSE), fp16/bf16, d 64/128, causal and not, 16k tokens, hidden 2048" % LSE_TOL,
               **provenance("python lab/gpu_fa3.py --out $OUT/fa3.json"), "variants": variants, "seed": args.seed,
-              "unavailable": fa3_unavailable(), "status": {}, "stderr": {}, "correctness": [], "timing": []}
+              "unavailable": fa3_unavailable(), "status": {}, "stderr": {}, "configs": [], "correctness": [], "timing": []}
     if result["unavailable"]:
         print(result["unavailable"])
         write(result, args.out)
@@ -291,9 +296,9 @@ def main(argv=None) -> int:
         result["status"][variant] = status
         if err.strip():
             result["stderr"][variant] = err
-        result["correctness"] += [{k: v for k, v in r.items() if k != "kind"} for r in rows if r["kind"] != "time"]
-        result["timing"] += [{k: v for k, v in r.items() if k != "kind"} for r in rows if r["kind"] == "time"]
-        checks = [r for r in rows if r["kind"] != "time"]
+        for kind, key in (("config", "configs"), ("smoke", "correctness"), ("check", "correctness"), ("time", "timing")):
+            result[key] += [{k: v for k, v in r.items() if k != "kind"} for r in rows if r["kind"] == kind]
+        checks = [r for r in rows if r["kind"] in ("smoke", "check")]
         bad = [r for r in checks if not r.get("ok")]
         print(f"  {status}; {len(checks) - len(bad)}/{len(checks)} checks pass"
               + (f"; first failure: {json.dumps(bad[0])}" if bad else ""), flush=True)

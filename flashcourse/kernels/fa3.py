@@ -374,9 +374,13 @@ if gluon is not None:
                       HEAD_DIM, BLOCK_N, STAGES, CAUSAL, STORE_LSE, WARP_SPECIALIZE, PINGPONG, OVERLAP, 0)
 
 
+@functools.lru_cache(maxsize=None)
+def _smem_layout(rows: int, d: int, dtype):     # the swizzled layout TMA writes and wgmma reads (12 us to build)
+    return gl.NVMMASharedLayout.get_default_for([rows, d], _GL_DTYPES[dtype])
+
+
 def _descriptor(x2d: torch.Tensor, rows: int, d: int):
-    layout = gl.NVMMASharedLayout.get_default_for([rows, d], _GL_DTYPES[x2d.dtype])
-    return TensorDescriptor.from_tensor(x2d, [rows, d], layout)
+    return TensorDescriptor.from_tensor(x2d, [rows, d], _smem_layout(rows, d, x2d.dtype))
 
 
 _GL_DTYPES = {} if gluon is None else {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
