@@ -89,8 +89,9 @@ def fa3_unavailable(device=None) -> str | None:
     import triton
     version = tuple(int(x) for x in triton.__version__.split(".")[:2] if x.isdigit())
     if version < (3, 6) or gluon is None:
-        return (f"fa3_forward needs Triton >= 3.6 with Gluon (triton.experimental.gluon); this is Triton "
-                f"{triton.__version__}" + (f" ({_GLUON_ERROR})" if _GLUON_ERROR else ""))
+        return (f"fa3_forward needs an sm_90 GPU (H100 or H200) and Triton >= 3.6 with Gluon "
+                f"(triton.experimental.gluon); this is Triton {triton.__version__}"
+                + (f" ({_GLUON_ERROR})" if _GLUON_ERROR else "") + ": use fa2_forward here")
     from .. import backend
     if backend.INTERPRET or not torch.cuda.is_available():
         return ("fa3_forward needs an sm_90 GPU (H100 or H200) and Triton >= 3.6 with Gluon; this machine has no "
