@@ -2,6 +2,7 @@
 float64 and timed beside cuDNN and the course's fa2_forward, in one run.
 
     python lab/gpu_fa3.py --out $OUT/fa3.json          # on an sm_90 GPU with Triton 3.6
+    python lab/gpu_fa3.py --sweep --out $OUT/fa3_sweep.json   # then, to tune: key/value block and stages
     python lab/gpu_fa3.py --aot                        # on a CPU: compile all eight configs for sm_90, read the PTX
 
 1. Correctness of every variant (fa3.VARIANTS), fp16 and bf16, d 64 and 128, causal and not, on a grid of shapes
@@ -11,6 +12,9 @@ float64 and timed beside cuDNN and the course's fa2_forward, in one run.
 2. Timing, TFLOP/s by the course's convention (4 B H N^2 d, halved when causal; do_bench medians, 25 ms warm-up,
    100 ms of repetitions): cuDNN's SDPA, fa2_forward and each variant with return_lse, fp16 and bf16, d 64 and
    128, causal and not, B N = 16k tokens, hidden 2048 (H = 2048 / d), N 1k-16k.
+
+3. ``--sweep`` (a second run): the pipeline and pingpong_overlap with other key/value blocks (B_c) and stages,
+   fp16, causal and not, N 4k and 16k: TFLOP/s and the largest difference from the default config's output.
 
 Each variant runs in a process of its own (a deadlock in its barriers, or a crash, is killed and recorded with
 what it printed before; the others still run); a compile or runtime error is recorded with its text. The JSON
@@ -43,6 +47,9 @@ CASES = [(2, 3, 3, 1, 1), (2, 3, 3, 17, 17), (2, 2, 2, 113, 113), (1, 2, 2, 256,
          (1, 2, 2, 2048, 2048), (2, 2, 2, 17, 300), (2, 2, 2, 300, 17), (1, 2, 2, 1000, 2048), (1, 2, 2, 2048, 1000),
          (1, 8, 2, 1000, 1000), (2, 4, 1, 333, 333)]
 TIMED_N = (1024, 2048, 4096, 8192, 16384)
+#: --sweep: (B_c, STAGES) per head dim, the default first (all compile for sm_90 within its shared memory)
+SWEEP = {64: [(128, 3), (128, 2), (64, 4), (256, 2)], 128: [(128, 2), (128, 3), (64, 4)]}
+SWEEP_VARIANTS = ("pipeline", "pingpong_overlap")
 TOKENS, HIDDEN = 16384, 2048
 LSE_TOL = 2e-3
 
@@ -139,9 +146,42 @@ def time_shape(variant, dtype, d, causal, B, H, N):
     return row
 
 
-def child(variant: str, seed: int) -> int:
+def sweep(variant, emit):
+    import dataclasses
+
+    from flashcourse.kernels.fa3 import fa3_config, fa3_forward
+    for d, configs in SWEEP.items():
+        for causal in (False, True):
+            for N in (4096, 16384):
+                B, H = TOKENS // N, HIDDEN // d
+                try:
+                    q, k, v = inputs(B, H, H, N, N, d, "fp16", seed=N)
+                except Exception as e:  # noqa: BLE001
+                    emit("sweep", {"variant": variant, "d": d, "causal": causal, "N": N, "failed": error_text(e)})
+                    continue
+                want = None
+                for block_n, stages in configs:
+                    base = fa3_config(d, variant)
+                    launch = dataclasses.replace(base, constexprs={**base.constexprs, "BLOCK_N": block_n, "STAGES": stages})
+                    row = {"variant": variant, "d": d, "causal": causal, "N": N, "B": B, "H": H, "BLOCK_N": block_n,
+                           "STAGES": stages}
+                    try:
+                        o = fa3_forward(q, k, v, causal=causal, return_lse=True, launch=launch)[0]
+                        want = o if want is None else want
+                        ms = bench_ms(lambda: fa3_forward(q, k, v, causal=causal, return_lse=True, launch=launch))
+                        row.update(ms=round(ms, 4), tflops=round(tflops(B, H, N, d, causal, ms), 1),
+                                   max_diff=float((o.float() - want.float()).abs().max()))
+                    except Exception as e:  # noqa: BLE001
+                        row.update(failed=error_text(e))
+                    emit("sweep", row)
+
+
+def child(variant: str, seed: int, tune: bool = False) -> int:
     def emit(kind, row):
         print(json.dumps({"kind": kind, **row}), flush=True)
+    if tune:
+        sweep(variant, emit)
+        return 0
     from flashcourse.kernels.fa3 import fa3_config
     for d in (64, 128):
         launch = fa3_config(d, variant)
@@ -189,10 +229,10 @@ def _cudnn(F, sdpa_kernel, SDPBackend, q, k, v, causal):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
-def run_child(variant, seed, first_line_s, total_s):
+def run_child(variant, seed, first_line_s, total_s, tune=False):
     """Run the child for ``variant``; return (rows, status). A child silent for ``first_line_s`` seconds at the start
     (compile + the small case), or running past ``total_s``, is killed: its barriers most likely deadlocked."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", variant, "--seed", str(seed)]
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", variant, "--seed", str(seed)] + (["--sweep"] if tune else [])
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
@@ -267,11 +307,12 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, default=540, help="seconds for the whole run (the baselines first)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--aot", action="store_true", help="compile every config for sm_90 on this machine (no GPU)")
+    p.add_argument("--sweep", action="store_true", help="time other key/value blocks and stages instead")
     args = p.parse_args(argv)
     if args.aot:
         return aot_check()
     if args.child:
-        return child(args.child, args.seed)
+        return child(args.child, args.seed, tune=args.sweep)
     from flashcourse.bench.harness import provenance
     from flashcourse.kernels.fa3 import VARIANTS, fa3_unavailable
     variants = args.variants or list(VARIANTS)
@@ -285,6 +326,20 @@ def main(argv=None) -> int:
         write(result, args.out)
         return 2
     t0 = time.monotonic()
+    if args.sweep:
+        result.update(what="issue 34: fa3_forward's pipeline and pingpong_overlap with other key/value blocks and "
+                           "stages (TFLOP/s; max_diff: from the default config's output), fp16", sweep=[],
+                      command="python lab/gpu_fa3.py --sweep --out $OUT/fa3_sweep.json")
+        for i, variant in enumerate(SWEEP_VARIANTS):
+            share = (args.budget - (time.monotonic() - t0)) / (len(SWEEP_VARIANTS) - i)
+            rows, status, err = run_child(variant, args.seed, first_line_s=min(150, share), total_s=share, tune=True)
+            result["status"][variant], result["sweep"] = status, result["sweep"] + rows
+            if err.strip():
+                result["stderr"][variant] = err
+            write(result, args.out)
+            for r in rows:
+                print(json.dumps({k: v for k, v in r.items() if k != "kind"}), flush=True)
+        return 0
     print("baselines: cuDNN and fa2_forward", flush=True)
     result["timing"] += baselines(t0 + args.budget * 0.3)
     write(result, args.out)
