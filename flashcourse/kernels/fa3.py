@@ -59,7 +59,6 @@ VARIANTS = {
 LN2 = math.log(2.0)
 LOG2E = 1.0 / LN2
 BLOCK_M = 128          # query rows a program owns (two warpgroups of 64)
-WG_ROWS = 64           # query rows a consumer warpgroup owns when warp-specialised
 
 try:   # Gluon is experimental: the module still imports where this Triton has none (fa3_forward then says so)
     from triton.experimental import gluon
@@ -112,8 +111,8 @@ def _unavailable_on(device):
 def fa3_config(d: int, variant: str = "pingpong_overlap") -> aot.Launch:
     """The launch of :func:`fa3_forward` at head dim ``d`` for one of :data:`VARIANTS`.
 
-    Key/value blocks of B_c = 128 rows in a ring of 3 stages at d = 64, 2 at d = 128 (3 would need 224 KiB
-    of shared memory, at the limit); 8 warps for the pipeline; for the warp-specialised variants 4 warps
+    Key/value blocks of B_c = 128 rows in a ring of 3 stages at d = 64, 2 at d = 128 (3 stages there need
+    224 KiB of the 227 KiB a block may have; lab/gpu_fa3.py --sweep times them); 8 warps for the pipeline; for the warp-specialised variants 4 warps
     (the first consumer warpgroup) plus workers of 4 (the second) and 1 (the producer), under a register cap
     of 168 a thread that ``setmaxnreg`` redistributes: 240 to each consumer, 24 to the producer.
 
