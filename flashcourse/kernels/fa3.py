@@ -31,7 +31,7 @@ Example:
     >>> sorted(VARIANTS)
     ['pingpong', 'pingpong_overlap', 'pipeline', 'ws']
     >>> fa3_config(128, "pingpong_overlap").constexprs["STAGES"], fa3_config(128, "pipeline").num_warps
-    (2, 8)
+    (3, 8)
 """
 from __future__ import annotations
 
@@ -111,8 +111,11 @@ def _unavailable_on(device):
 def fa3_config(d: int, variant: str = "pingpong_overlap") -> aot.Launch:
     """The launch of :func:`fa3_forward` at head dim ``d`` for one of :data:`VARIANTS`.
 
-    Key/value blocks of B_c = 128 rows in a ring of 3 stages at d = 64, 2 at d = 128 (3 stages there need
-    224 KiB of the 227 KiB a block may have; lab/gpu_fa3.py --sweep times them); 8 warps for the pipeline; for the warp-specialised variants 4 warps
+    Key/value blocks of B_c = 128 rows in a ring of 3 stages (at d = 128, 224 KiB of the 227 KiB of shared
+    memory a block may have). Three, not two: a stage is handed back once both its products have retired, and
+    with the intra-warpgroup overlap P_j V_j retires at the end of step j + 1, so with two stages the copy of
+    K_{j+2} would start only then, just when S_{j+2} needs it; with three it has a step to land.
+    lab/gpu_fa3.py --sweep times two (and four of B_c = 64). 8 warps for the pipeline; for the warp-specialised variants 4 warps
     (the first consumer warpgroup) plus workers of 4 (the second) and 1 (the producer), under a register cap
     of 168 a thread that ``setmaxnreg`` redistributes: 240 to each consumer, 24 to the producer.
 
@@ -130,7 +133,7 @@ def fa3_config(d: int, variant: str = "pingpong_overlap") -> aot.Launch:
     if variant not in VARIANTS:
         raise ValueError(f"fa3_config: variant {variant!r} is not one of {', '.join(VARIANTS)}")
     switches = VARIANTS[variant]
-    constexprs = {"HEAD_DIM": d, "BLOCK_M": BLOCK_M, "BLOCK_N": 128, "STAGES": 3 if d == 64 else 2, **switches}
+    constexprs = {"HEAD_DIM": d, "BLOCK_M": BLOCK_M, "BLOCK_N": 128, "STAGES": 3, **switches}
     if switches["WARP_SPECIALIZE"]:
         return aot.Launch(constexprs, num_warps=4, num_stages=1, maxnreg=168, kernel="_fa3_fwd", note=variant)
     return aot.Launch(constexprs, num_warps=8, num_stages=1, kernel="_fa3_fwd", note=variant)
