@@ -36,11 +36,13 @@ fa3.register_aot()          # until chapter 10's row lists the module (then its 
 out = {"targets": aot.targets_of("fa3_fwd"),
        "elsewhere": {f"{a}{b}": len(aot.configs_of("fa3_fwd", (a, b))) for a, b in aot.TARGETS},
        "notes": [l.note for l in aot.configs_of("fa3_fwd", (9, 0))], "ptx": {}}
-if fa3.fa3_unavailable() is None:      # an sm_90 GPU: a small causal case of each variant against SDPA
+if fa3.fa3_unavailable() is None:      # an sm_90 GPU: a small causal case of each variant, the course's rule
+    sdpa = torch.nn.functional.scaled_dot_product_attention
     q, k, v = torch.randn(3, 1, 2, 300, 64, device="cuda").half()
-    want = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
-    out["gpu"] = {name: float((fa3.fa3_forward(q, k, v, causal=True, variant=name).float() - want).abs().max())
-                  for name in fa3.VARIANTS}
+    want = sdpa(q.double(), k.double(), v.double(), is_causal=True)
+    bound = 2 * float((sdpa(q, k, v, is_causal=True).double() - want).abs().max()) + 1e-3
+    out["gpu"] = {name: [float((fa3.fa3_forward(q, k, v, causal=True, variant=name).double() - want).abs().max()),
+                         bound] for name in fa3.VARIANTS}
 else:
     try:
         fa3.fa3_forward(*torch.randn(3, 1, 2, 100, 64).half())
@@ -81,7 +83,7 @@ def test_fa3_compiles_for_sm90_into_wgmma_tma_and_mbarriers():
     assert sorted(out["notes"]) == sorted(f"{v} d={d}" for v in ("pipeline", "ws", "pingpong", "pingpong_overlap")
                                           for d in (64, 128))
     if "gpu" in out:                   # on an H100 (lab/gpu_fa3.py checks the whole grid against float64)
-        assert all(err < 2e-3 for err in out["gpu"].values()), out["gpu"]
+        assert all(err <= bound for err, bound in out["gpu"].values()), out["gpu"]
     else:
         assert "needs an sm_90 GPU" in out["cpu_error"] and "Triton >= 3.6" in out["cpu_error"]
     assert set(out["ptx"]) == set(CHECKED)

@@ -148,14 +148,16 @@ def fa3_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool 
     Example:
         >>> import torch
         >>> from flashcourse.backend import DEVICE
-        >>> q = torch.randn(1, 2, 300, 64, device=DEVICE).half()
-        >>> if fa3_unavailable() is None:                   # an H100: the kernel against SDPA
-        ...     o = fa3_forward(q, q, q, causal=True)
-        ...     ref = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
-        ...     assert (o.float() - ref.float()).abs().max().item() < 2e-3
+        >>> q, k, v = torch.randn(3, 1, 2, 300, 64, device=DEVICE).half()
+        >>> if fa3_unavailable() is None:                   # an H100: the kernel against SDPA in float32
+        ...     o, lse = fa3_forward(q, k, v, return_lse=True)
+        ...     ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
+        ...     assert (o.float() - ref).abs().max().item() < 2e-3
+        ...     s = (q.float() @ k.float().transpose(-1, -2)) / 64 ** 0.5
+        ...     assert (lse - torch.logsumexp(s, -1)).abs().max().item() < 1e-3
         ... else:                                           # elsewhere: it says what it needs
         ...     try:
-        ...         fa3_forward(q, q, q)
+        ...         fa3_forward(q, k, v)
         ...     except RuntimeError as e:
         ...         assert "needs an sm_90 GPU" in str(e) or "Triton >= 3.6" in str(e)
     """
