@@ -29,10 +29,13 @@ def test_every_registered_kernel_compiles_and_fits(results):
     failures = [r for r in results if not r.ok]
     assert not failures, "\n" + aot.report(results)
     for name in aot.registered():
-        for cc in CCS:
+        for cc in CCS:   # every target the kernel is built for (a Gluon kernel for Hopper: sm_90 only)
             mine = [r for r in results if r.name == name and r.cc == cc]
-            assert len(mine) == len(aot.configs_of(name, cc)) > 0, f"{name} on sm_{cc[0]}{cc[1]}: {len(mine)} results"
-            assert [r.assembled for r in mine] == [True] + [False] * (len(mine) - 1)   # ptxas: the first launch
+            if cc in aot.targets_of(name):
+                assert len(mine) == len(aot.configs_of(name, cc)) > 0, f"{name} on sm_{cc[0]}{cc[1]}: {len(mine)} results"
+                assert [r.assembled for r in mine] == [True] + [False] * (len(mine) - 1)   # ptxas: the first launch
+            else:
+                assert len(mine) == 0 == len(aot.configs_of(name, cc)), f"{name} on sm_{cc[0]}{cc[1]}: {len(mine)} results"
 
 
 @pytest.mark.slow

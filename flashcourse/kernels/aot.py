@@ -51,7 +51,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-__all__ = ["Launch", "Result", "TARGETS", "SHARED_LIMIT", "register", "registered", "kernel_of", "configs_of",
+__all__ = ["Launch", "Result", "TARGETS", "SHARED_LIMIT", "register", "registered", "kernel_of", "targets_of", "configs_of",
            "compile_launch", "ptx_of", "error_summary", "check", "stop_processes", "report", "main"]
 
 #: Compute capabilities the course promises to run on, and a GPU of each.
@@ -68,7 +68,8 @@ class Launch:
 
     ``signature`` holds the argument types this launch changes from the registered signature
     (e.g. ``{"X": "*fp32"}``); ``kernel`` says which kernel an entry point picked; ``note`` is what
-    a report shows (e.g. the row width that chose it).
+    a report shows (e.g. the row width that chose it); ``maxnreg`` caps the registers a thread (a
+    warp-specialised Gluon kernel's budget, which ``setmaxnreg`` redistributes among its partitions).
 
     Example:
         >>> Launch({"BLOCK": 1024}, num_warps=4).options()
@@ -80,13 +81,15 @@ class Launch:
     signature: dict = field(default_factory=dict)
     kernel: str = ""
     note: str = ""
+    maxnreg: int | None = None
 
     def options(self) -> dict:
-        return {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        extra = {} if self.maxnreg is None else {"maxnreg": self.maxnreg}
+        return {"num_warps": self.num_warps, "num_stages": self.num_stages, **extra}
 
     def key(self):
         return (tuple(sorted(self.constexprs.items())), self.num_warps, self.num_stages,
-                tuple(sorted(self.signature.items())))
+                tuple(sorted(self.signature.items())), self.maxnreg)
 
 
 @dataclass
@@ -95,6 +98,7 @@ class _Entry:
     kernel: object
     signature: dict
     configs: Callable
+    targets: tuple | None = None
 
 
 @dataclass
@@ -123,12 +127,15 @@ class Result:
 _REGISTRY: dict[str, _Entry] = {}
 
 
-def register(name: str, kernel, *, signature: dict, configs: Callable[[tuple], Iterable[Launch]]):
-    """Register ``kernel`` (a ``@triton.jit`` function) under ``name`` for the ahead-of-time check.
+def register(name: str, kernel, *, signature: dict, configs: Callable[[tuple], Iterable[Launch]],
+             targets: Iterable[tuple] | None = None):
+    """Register ``kernel`` (a ``@triton.jit`` or ``@gluon.jit`` function) under ``name`` for the ahead-of-time check.
 
     ``signature`` maps every argument to a Triton type (``"*fp16"``, ``"i32"``, ``"fp32"``,
-    ``"constexpr"``); ``configs(cc)`` returns the :class:`Launch` list the entry point may use on
-    a GPU of compute capability ``cc`` (a tuple such as ``(7, 5)``). Returns ``kernel``.
+    ``"constexpr"``, a Gluon tensor descriptor's ``"tensordesc<...>"``); ``configs(cc)`` returns the
+    :class:`Launch` list the entry point may use on a GPU of compute capability ``cc`` (a tuple such
+    as ``(7, 5)``). ``targets`` limits the kernel to those compute capabilities (a Gluon kernel written
+    for Hopper: ``[(9, 0)]``); the check skips the others. Returns ``kernel``.
 
     Example:
         >>> from flashcourse.kernels import aot
@@ -136,7 +143,8 @@ def register(name: str, kernel, *, signature: dict, configs: Callable[[tuple], I
         >>> "demo" in aot.registered(); aot.unregister("demo")
         True
     """
-    _REGISTRY[name] = _Entry(name, kernel, dict(signature), configs)  # re-registering replaces
+    targets = None if targets is None else tuple(tuple(cc) for cc in targets)
+    _REGISTRY[name] = _Entry(name, kernel, dict(signature), configs, targets)  # re-registering replaces
     return kernel
 
 
@@ -160,8 +168,19 @@ def kernel_of(name: str):
     return _REGISTRY[name].kernel
 
 
+def targets_of(name: str) -> list[tuple]:
+    """The compute capabilities kernel ``name`` is built for (all of :data:`TARGETS` unless it registered fewer).
+
+    Example:
+        >>> targets_of("softmax_one_pass") == list(TARGETS)
+        True
+    """
+    return list(_REGISTRY[name].targets or TARGETS)
+
+
 def configs_of(name: str, cc: tuple) -> list[Launch]:
-    """The distinct launches kernel ``name`` may use on a GPU of compute capability ``cc``.
+    """The distinct launches kernel ``name`` may use on a GPU of compute capability ``cc`` (none on a target
+    it is not built for).
 
     Example:
         >>> from flashcourse.kernels import aot
@@ -169,7 +188,10 @@ def configs_of(name: str, cc: tuple) -> list[Launch]:
         True
     """
     seen, out = set(), []
-    for launch in _REGISTRY[name].configs(tuple(cc)):
+    entry = _REGISTRY[name]
+    if entry.targets is not None and tuple(cc) not in entry.targets:
+        return out
+    for launch in entry.configs(tuple(cc)):
         if launch.key() not in seen:
             seen.add(launch.key())
             out.append(launch)
@@ -223,6 +245,8 @@ def _compiled(name: str, cc: tuple, launch: Launch, assemble: bool = True):
     # then pipelines loads through shared memory: give the same hints, or the count is too low.
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
              if str(signature.get(a, "")).startswith("*") or a.lower().startswith("stride")}
+    if getattr(fn, "is_gluon", lambda: False)():      # a Gluon kernel: its own AST source, same compile
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     src = ASTSource(fn, signature, dict(launch.constexprs), attrs)
     target = GPUTarget("cuda", cc[0] * 10 + cc[1], 32)
     if assemble:
@@ -362,6 +386,7 @@ def check(names: Iterable[str] | None = None, ccs: Iterable[tuple] = tuple(TARGE
             cmd = [*child, "--json", "--jobs", "1", "--assemble", assemble, "--cc", *[f"{a}{b}" for a, b in group]]
             for f in files:
                 cmd += ["--file", f]
+
             if names is not None:
                 cmd += ["--names", *names]
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,

@@ -1,0 +1,247 @@
+"""FlashAttention-3's forward on Hopper (sm_90), written in Gluon: the pipeline, then its two ideas one at a time.
+
+Chapter 3's FA2 kernel leaves the pipeline to Triton's compiler. FlashAttention-3 (Shah et al., 2024) writes it
+by hand, and so does this module, in Gluon (``triton.experimental.gluon``), where layouts, shared memory,
+barriers and the warps' roles are explicit. One kernel (:mod:`flashcourse.kernels.fa3_gluon`'s ``fa3_kernel``)
+with constexpr switches, so that the lecture can show each step on its own (:data:`VARIANTS`):
+
+* ``"pipeline"`` -- the pipeline alone: ``Q_i`` loaded once by TMA (Hopper's tensor-copy engine), ``K_j`` and
+  ``V_j`` by TMA into a ring of ``STAGES`` shared-memory stages, each guarded by an mbarrier that the copy
+  completes; ``S = Q_i K_j^T`` and ``O_i += P V_j`` by ``warpgroup_mma`` (wgmma), the online softmax in
+  registers (``exp2``, the rescale deferred to the end, as chapter 3's kernel). One partition of 8 warps
+  (two warpgroups, 64 rows of the 128-row tile each) computes and refills each stage once both finished it.
+* ``"ws"`` -- + warp specialisation: a producer warp only issues the TMA copies; two consumer warpgroups
+  (64 rows each) only compute, and hand each stage back through an "empty" mbarrier.
+* ``"pingpong"`` -- + ping-pong (FA3 section 3.1): the two consumer warpgroups take turns issuing their
+  matrix products (a pair of mbarriers passes the turn), so one's softmax runs under the other's wgmma.
+* ``"pingpong_overlap"`` -- + intra-warpgroup overlap (FA3 section 3.2, Algorithm 2): a warpgroup issues
+  ``S_{j+1} = Q_i K_{j+1}^T`` and ``O_i += P_j V_j`` together and computes the softmax of ``S_{j+1}`` while
+  ``P_j V_j`` is still running on the tensor cores. :func:`fa3_forward`'s default.
+
+Conventions are the course's (:func:`flashcourse.kernels.fa2_forward`'s): ``e^x = 2^(x log2 e)``; causal
+masking aligned bottom-right (query ``i`` sees key ``j`` when ``j <= i + N_k - N_q``); a row that sees no key
+outputs 0 and has log-sum-exp ``-inf``; the log-sum-exp is returned in natural log. Grouped-query K/V are read
+in place: query head ``h`` reads K/V head ``h // (H / H_kv)``.
+
+Gluon runs only on a GPU (no interpreter): on a CPU, or a GPU other than sm_90, :func:`fa3_forward` raises.
+The kernels still compile ahead of time on a CPU (:mod:`flashcourse.kernels.aot`, sm_90 only), which is how
+the course checks them without a GPU.
+
+Example:
+    >>> sorted(VARIANTS)
+    ['pingpong', 'pingpong_overlap', 'pipeline', 'ws']
+    >>> fa3_config(128, "pingpong_overlap").constexprs["STAGES"], fa3_config(128, "pipeline").num_warps
+    (3, 8)
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from . import aot
+from .fa3_gluon import GL_DTYPES, GLUON_ERROR, descriptor, fa3_kernel
+from .validate import expect_qkv, expect_sm_scale
+
+__all__ = ["fa3_forward", "fa3_config", "fa3_unavailable", "register_aot", "VARIANTS", "HEAD_DIMS"]
+
+#: Head dims the kernel is built for.
+HEAD_DIMS = (64, 128)
+
+#: The named steps of the chapter: constexpr switches of the one kernel.
+VARIANTS = {
+    "pipeline": {"WARP_SPECIALIZE": False, "PINGPONG": False, "OVERLAP": False},
+    "ws": {"WARP_SPECIALIZE": True, "PINGPONG": False, "OVERLAP": False},
+    "pingpong": {"WARP_SPECIALIZE": True, "PINGPONG": True, "OVERLAP": False},
+    "pingpong_overlap": {"WARP_SPECIALIZE": True, "PINGPONG": True, "OVERLAP": True},
+}
+
+LN2 = math.log(2.0)
+LOG2E = 1.0 / LN2
+BLOCK_M = 128          # query rows a program owns (two warpgroups of 64)
+
+def fa3_unavailable(device=None) -> str | None:
+    """Why :func:`fa3_forward` cannot run here (``None`` when it can): it needs Triton >= 3.6 with Gluon's
+    Hopper API and a CUDA GPU of compute capability 9.0 (H100, H200).
+
+    Example:
+        >>> import torch
+        >>> torch.cuda.is_available() or "sm_90" in fa3_unavailable()
+        True
+    """
+    import triton
+    version = tuple(int(x) for x in triton.__version__.split(".")[:2] if x.isdigit())
+    if version < (3, 6) or fa3_kernel is None:
+        return (f"fa3_forward needs an sm_90 GPU (H100 or H200) and Triton >= 3.6 with Gluon "
+                f"(triton.experimental.gluon); this is Triton {triton.__version__}"
+                + (f" ({GLUON_ERROR})" if GLUON_ERROR else "") + ": use fa2_forward here")
+    from .. import backend
+    if backend.INTERPRET or not torch.cuda.is_available():
+        return ("fa3_forward needs an sm_90 GPU (H100 or H200) and Triton >= 3.6 with Gluon; this machine has no "
+                "CUDA GPU (Gluon kernels do not run in Triton's interpreter): use fa2_forward here")
+    cc = torch.cuda.get_device_capability(device)
+    if cc != (9, 0):
+        name = torch.cuda.get_device_name(device)
+        return (f"fa3_forward needs an sm_90 GPU (H100 or H200) and Triton >= 3.6 with Gluon; this GPU is "
+                f"{name} (sm_{cc[0]}{cc[1]}): wgmma and this kernel's TMA pipeline are Hopper's; use fa2_forward")
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _unavailable_on(device):
+    return fa3_unavailable(device)       # once a device: the check costs a launch's worth of host time
+
+
+def fa3_config(d: int, variant: str = "pingpong_overlap") -> aot.Launch:
+    """The launch of :func:`fa3_forward` at head dim ``d`` for one of :data:`VARIANTS`.
+
+    Key/value blocks of B_c = 128 rows in a ring of 3 stages (at d = 128, 224 KiB of the 227 KiB of shared
+    memory a block may have). Three, not two: a stage is handed back once both its products have retired, and
+    with the intra-warpgroup overlap P_j V_j retires at the end of step j + 1, so with two stages the copy of
+    K_{j+2} would start only then, just when S_{j+2} needs it; with three it has a step to land.
+    lab/gpu_fa3.py --sweep times two (and four of B_c = 64). 8 warps for the pipeline; for the warp-specialised
+    variants 4 warps (the first consumer warpgroup) plus workers of 4 (the second) and 1 (the producer), under a
+    register cap of 168 a thread that ``setmaxnreg`` redistributes: 240 to each consumer, 24 to the producer.
+
+    Example:
+        >>> launch = fa3_config(64, "ws")
+        >>> launch.constexprs["BLOCK_N"], launch.constexprs["STAGES"], launch.num_warps, launch.maxnreg
+        (128, 3, 4, 168)
+        >>> fa3_config(96)
+        Traceback (most recent call last):
+            ...
+        ValueError: fa3_config: head dim 96 is not one of 64, 128
+    """
+    if d not in HEAD_DIMS:
+        raise ValueError(f"fa3_config: head dim {d} is not one of {', '.join(map(str, HEAD_DIMS))}")
+    if variant not in VARIANTS:
+        raise ValueError(f"fa3_config: variant {variant!r} is not one of {', '.join(VARIANTS)}")
+    switches = VARIANTS[variant]
+    constexprs = {"HEAD_DIM": d, "BLOCK_M": BLOCK_M, "BLOCK_N": 128, "STAGES": 3, **switches}
+    if switches["WARP_SPECIALIZE"]:
+        return aot.Launch(constexprs, num_warps=4, num_stages=1, maxnreg=168, kernel="fa3_kernel", note=variant)
+    return aot.Launch(constexprs, num_warps=8, num_stages=1, kernel="fa3_kernel", note=variant)
+
+
+def _as_rows(x: torch.Tensor) -> torch.Tensor:
+    # (B, H, N, d) -> (B*H*N, d) rows for a TMA descriptor: contiguous, 16-byte aligned
+    x = x.contiguous()
+    if x.data_ptr() % 16:
+        x = x.clone()
+    return x.view(-1, x.shape[-1])
+
+
+def fa3_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                sm_scale: float | None = None, return_lse: bool = False, *, variant: str = "pingpong_overlap",
+                launch: aot.Launch | None = None):
+    """softmax(Q K^T * sm_scale) V by FlashAttention-3's pipeline on an H100 or H200 (sm_90): ``O`` of q's shape.
+
+    ``q``: (B, H, N_q, d), ``k`` and ``v``: (B, H_kv, N_k, d), SDPA's layout, H a multiple of H_kv (grouped-query
+    K/V read in place); float16 or bfloat16; d 64 or 128; any N (the last key block is masked). A tensor
+    that is not contiguous is copied first. ``causal`` masks keys after the query, aligned bottom-right;
+    ``sm_scale`` defaults to 1/sqrt(d). With ``return_lse`` also returns each row's log-sum-exp, (B, H, N_q)
+    float32, natural log (``-inf`` for a row that sees no key, whose output is 0). ``variant`` picks a step of
+    the chapter (:data:`VARIANTS`); ``launch`` runs that config instead of :func:`fa3_config`'s (for tuning: its
+    ``HEAD_DIM`` must be d). Forward only. Raises RuntimeError off an sm_90 GPU (:func:`fa3_unavailable` says why).
+
+    Example:
+        >>> import torch
+        >>> from flashcourse.backend import DEVICE
+        >>> q, k, v = torch.randn(3, 1, 2, 300, 64, device=DEVICE).half()
+        >>> if fa3_unavailable() is None:                   # an H100: the kernel against SDPA in float32
+        ...     o, lse = fa3_forward(q, k, v, return_lse=True)
+        ...     ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
+        ...     assert (o.float() - ref).abs().max().item() < 2e-3
+        ...     s = (q.float() @ k.float().transpose(-1, -2)) / 64 ** 0.5
+        ...     assert (lse - torch.logsumexp(s, -1)).abs().max().item() < 1e-3
+        ... else:                                           # elsewhere: it says what it needs
+        ...     try:
+        ...         fa3_forward(q, k, v)
+        ...     except RuntimeError as e:
+        ...         assert "needs an sm_90 GPU" in str(e) or "Triton >= 3.6" in str(e)
+    """
+    why = _unavailable_on(q.device.index if isinstance(q, torch.Tensor) and q.is_cuda else None)
+    if why is not None:
+        raise RuntimeError(why)
+    q, k, v = expect_qkv("fa3_forward", q, k, v, head_dims=HEAD_DIMS, grouped=True)
+    if q.dtype not in GL_DTYPES:
+        raise ValueError(f"fa3_forward: q is {q.dtype}; expected float16 or bfloat16")
+    sm_scale = expect_sm_scale("fa3_forward", sm_scale, q.shape[-1])
+    B, H, N_q, d = q.shape
+    H_kv, N_k = k.shape[1], k.shape[2]
+    if launch is None:
+        launch = fa3_config(d, variant)
+    elif not isinstance(launch, aot.Launch) or launch.constexprs.get("HEAD_DIM") != d:
+        raise ValueError(f"fa3_forward: launch is {launch!r}; expected an aot.Launch with HEAD_DIM = {d} (q's head "
+                         "dim), such as fa3_config returns")
+    if q.numel() == 0 or N_k == 0:                # nothing to load (a TMA descriptor needs every dimension > 0)
+        o = torch.zeros((B, H, N_q, d), dtype=q.dtype, device=q.device)
+        lse = torch.full((B, H, N_q), -math.inf, dtype=torch.float32, device=q.device)
+        return (o, lse) if return_lse else o
+    c = launch.constexprs
+    rows = c["BLOCK_M"] // (2 if c["WARP_SPECIALIZE"] else 1)
+    q_desc = descriptor(_as_rows(q), rows, d)
+    k_desc = descriptor(_as_rows(k), c["BLOCK_N"], d)
+    v_desc = descriptor(_as_rows(v), c["BLOCK_N"], d)
+    o = torch.empty((B, H, N_q, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, N_q), dtype=torch.float32, device=q.device) if return_lse else o
+    grid = (triton_cdiv(N_q, c["BLOCK_M"]), B * H)
+    extra = {"maxnreg": launch.maxnreg} if launch.maxnreg else {}
+    fa3_kernel[grid](q_desc, k_desc, v_desc, o, lse, sm_scale * LOG2E, N_q, N_k, H // H_kv,
+                   CAUSAL=bool(causal), STORE_LSE=bool(return_lse), **c, num_warps=launch.num_warps, **extra)
+    return (o, lse) if return_lse else o
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# --------------------------------------------------------------------------------------------------
+# Ahead-of-time check: sm_90 only (wgmma, TMA and setmaxnreg are Hopper's)
+
+def _aot_configs(cc):
+    if fa3_kernel is None or tuple(cc) != (9, 0):
+        return
+    from triton.runtime.jit import mangle_type
+    for variant in VARIANTS:
+        for d in HEAD_DIMS:
+            launch = fa3_config(d, variant)
+            c = launch.constexprs
+            rows = c["BLOCK_M"] // (2 if c["WARP_SPECIALIZE"] else 1)
+            x = torch.empty(256, d, dtype=torch.float16)          # CPU tensors: only the descriptor's type is used
+            sig = {"q_desc": mangle_type(descriptor(x, rows, d)), "k_desc": mangle_type(descriptor(x, c["BLOCK_N"], d)),
+                   "v_desc": mangle_type(descriptor(x, c["BLOCK_N"], d))}
+            yield aot.Launch({**c, "CAUSAL": True, "STORE_LSE": True}, launch.num_warps, launch.num_stages,
+                             sig, launch.kernel, f"{variant} d={d}", launch.maxnreg)
+
+
+def register_aot() -> None:
+    """Register the kernel with :mod:`flashcourse.kernels.aot` for sm_90 (every variant at d = 64 and 128).
+
+    Done on import once :mod:`flashcourse.chapters` lists this module (every registered kernel belongs to a
+    chapter); until then a caller that wants the check calls it.
+
+    Example:
+        >>> from flashcourse.kernels import aot
+        >>> register_aot(); aot.targets_of("fa3_fwd"), len(aot.configs_of("fa3_fwd", (8, 0)))
+        ([(9, 0)], 0)
+        >>> aot.unregister("fa3_fwd")
+    """
+    if fa3_kernel is None:
+        return
+    aot.register("fa3_fwd", fa3_kernel, targets=[(9, 0)], configs=_aot_configs,
+                 signature={"q_desc": "tensordesc", "k_desc": "tensordesc", "v_desc": "tensordesc",
+                            "O": "*fp16", "LSE": "*fp32", "qk_scale": "fp32", "N_q": "i32", "N_k": "i32",
+                            "GROUP": "i32", "HEAD_DIM": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
+                            "STAGES": "constexpr", "CAUSAL": "constexpr", "STORE_LSE": "constexpr",
+                            "WARP_SPECIALIZE": "constexpr", "PINGPONG": "constexpr", "OVERLAP": "constexpr"})
+
+
+def _in_a_chapter() -> bool:
+    from .. import chapters
+    return __name__.rsplit(".", 1)[-1] in chapters.layer_modules("kernels")
+
+
+if _in_a_chapter():
+    register_aot()

@@ -1,0 +1,299 @@
+"""The Gluon kernel of :mod:`flashcourse.kernels.fa3` (FlashAttention-3's forward on sm_90) and its TMA descriptors.
+
+:data:`fa3_kernel` is one ``@gluon.jit`` kernel whose constexpr switches (``WARP_SPECIALIZE``, ``PINGPONG``,
+``OVERLAP``) give the chapter's steps, :data:`flashcourse.kernels.fa3.VARIANTS`; its helpers are the roles of
+FlashAttention-3's pipeline: the producer (:func:`_producer`: Q_i once, then K_j and V_j by TMA into a ring of
+mbarrier-guarded stages), a consumer warpgroup (:func:`_consumer`: wgmma for S = Q_i K_j^T and O_i += P V_j, the
+online softmax in registers), the hand-back of a stage (:func:`_release`) and the ping-pong turn
+(:func:`_take_turn`, :func:`_pass_turn`). :func:`descriptor` makes the host's TMA descriptor of a (rows, d) tensor.
+
+Gluon is experimental; this module uses what Triton 3.6 (the course's GPUs) and 3.9 (CI) share, with shims for
+the two names that moved. Where the installed Triton has no Gluon, :data:`fa3_kernel` is None and
+:data:`GLUON_ERROR` says why.
+
+Example:
+    >>> fa3_kernel is None or fa3_kernel.__name__ == "fa3_kernel"
+    True
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+__all__ = ["fa3_kernel", "descriptor", "GLUON_ERROR", "GL_DTYPES"]
+
+try:   # Gluon is experimental: the module still imports where this Triton has none (fa3_forward then says so)
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                                  warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    # Gluon's names changed between the Triton on the course's GPUs (3.6) and CI's (3.9): the CTA-wide
+    # barrier (thread_barrier -> barrier) and the TMA load (async_copy_global_to_shared -> async_load)
+    _cta_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+    _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+    GLUON_ERROR = None
+except Exception as e:  # noqa: BLE001 - reported by fa3.fa3_unavailable()
+    gluon = None
+    GLUON_ERROR = f"{type(e).__name__}: {e}"
+
+#: torch dtype -> Gluon dtype of the tiles the kernel reads
+GL_DTYPES = {} if gluon is None else {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+fa3_kernel = None
+
+if gluon is not None:
+
+    @gluon.jit
+    def _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, s, row):
+        # One key/value block into stage s: each copy completes its own barrier (S = Q K^T may start before V lands)
+        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+        _tma_load(k_desc, [row, 0], k_ready.index(s), k_smem.index(s))
+        mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+        _tma_load(v_desc, [row, 0], v_ready.index(s), v_smem.index(s))
+
+    @gluon.jit
+    def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, empty,
+                  q_row, kv_row, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+        # The producer warp: Q_i once, then K_j, V_j into stage j % STAGES as soon as both consumers released it
+        ROWS: gl.constexpr = q_desc.block_type.shape[0]
+        for c in gl.static_range(CONSUMERS):
+            mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
+            _tma_load(q_desc, [q_row + c * ROWS, 0], q_bars.index(c), q_smem.index(c))
+        for j in range(n_blocks):
+            s = j % STAGES
+            # a fresh mbarrier counts as having completed the phase before phase 0: the first lap waits for nothing
+            mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1)
+            _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, s, kv_row + j * BLOCK_N)
+
+    @gluon.jit
+    def _release(j, k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, empty, kv_row, n_blocks,
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, WARP_SPECIALIZE: gl.constexpr):
+        # This consumer has finished reading K_j and V_j (their wgmma were waited for): the stage may be refilled
+        s = j % STAGES
+        if WARP_SPECIALIZE:
+            mbarrier.arrive(empty.index(s), count=1)          # one arrival per consumer partition
+        else:
+            _cta_barrier()                                    # both warpgroups of the one partition are done with it
+            nxt = j + STAGES
+            if nxt < n_blocks:
+                _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, s, kv_row + nxt * BLOCK_N)
+
+    @gluon.jit
+    def _take_turn(turn, t, WG: gl.constexpr, PINGPONG: gl.constexpr):
+        # Ping-pong: warpgroup 0 issues its t-th group of matrix products after warpgroup 1 issued its (t-1)-th,
+        # warpgroup 1 its t-th after warpgroup 0's t-th. Phases: 0 waits (t & 1) ^ 1 (its first wait passes),
+        # 1 waits t & 1; the turns alternate strictly, so no barrier is ever a phase ahead of its waiter.
+        if PINGPONG:
+            mbarrier.wait(turn.index(WG), (t & 1) ^ (1 - WG))
+
+    @gluon.jit
+    def _pass_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
+        if PINGPONG:
+            mbarrier.arrive(turn.index(1 - WG), count=1)
+
+    @gluon.jit
+    def _scores(S, j, n_full, row0, offset, N_k, qk_scale,
+                s_layout: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        # S_ij in log2 units; the mask only on the blocks that need one (the ragged last block, the causal diagonal)
+        S = S * qk_scale
+        if j >= n_full:
+            ROWS: gl.constexpr = S.shape[0]
+            cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
+            visible = gl.expand_dims(cols < N_k, 0)
+            if CAUSAL:
+                visible = visible & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1) + offset)
+            S = gl.where(visible, S, -float("inf"))
+        return S
+
+    @gluon.jit
+    def _softmax(S, m_i, l_i):
+        # the online softmax of chapter 1: m_i, l_i updated, P~ = 2^(S - m_new) and alpha = 2^(m_old - m_new)
+        m_new = gl.maximum(m_i, gl.max(S, 1))
+        m_shift = gl.where(m_new == -float("inf"), 0.0, m_new)     # a row that saw nothing yet: shift by 0, no nan
+        P = gl.exp2(S - gl.expand_dims(m_shift, 1))
+        alpha = gl.exp2(m_i - m_shift)
+        l_i = l_i * alpha + gl.sum(P, 1)
+        return P, alpha, m_new, l_i
+
+    @gluon.jit
+    def _consumer(q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, empty, turn, k_desc, v_desc,
+                  O, LSE, qk_scale, N_q, N_k, bh, row0, kv_row, n_blocks, n_full,
+                  HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                  STORE_LSE: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, PINGPONG: gl.constexpr,
+                  OVERLAP: gl.constexpr, WG: gl.constexpr):
+        # One consumer: its ROWS query rows Q_i (from row0 of head bh) against K_0 .. K_{n_blocks - 1}.
+        ROWS: gl.constexpr = q_smem.shape[1]
+        W: gl.constexpr = gl.num_warps()
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        dtype: gl.constexpr = k_smem.dtype
+        offset = N_k - N_q
+        q = q_smem.index(WG)
+        m_i = gl.full([ROWS], -float("inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
+        acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
+        zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
+        mbarrier.wait(q_bars.index(WG), 0)
+        if n_blocks > 0:
+            if OVERLAP:
+                # FA3's Algorithm 2: S_0 first; then each turn issues S_j and P_{j-1} V_{j-1} together and
+                # computes softmax(S_j) while P_{j-1} V_{j-1} runs
+                mbarrier.wait(k_ready.index(0), 0)
+                _take_turn(turn, 0, WG, PINGPONG)
+                S = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                _pass_turn(turn, WG, PINGPONG)
+                S = warpgroup_mma_wait(num_outstanding=0, deps=(S,))
+                S = _scores(S, 0, n_full, row0, offset, N_k, qk_scale, s_layout, BLOCK_N, CAUSAL)
+                P, alpha, m_i, l_i = _softmax(S, m_i, l_i)
+                p = gl.convert_layout(P.to(dtype), p_layout)
+                for j in range(1, n_blocks):
+                    s = j % STAGES
+                    prev = (j - 1) % STAGES
+                    mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
+                    mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+                    _take_turn(turn, j, WG, PINGPONG)
+                    S = warpgroup_mma(q, k_smem.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                    acc = warpgroup_mma(p, v_smem.index(prev), acc, is_async=True)
+                    _pass_turn(turn, WG, PINGPONG)
+                    S = warpgroup_mma_wait(num_outstanding=1, deps=(S,))            # S_j done, P_{j-1} V_{j-1} may run
+                    S = _scores(S, j, n_full, row0, offset, N_k, qk_scale, s_layout, BLOCK_N, CAUSAL)
+                    P, alpha, m_i, l_i = _softmax(S, m_i, l_i)
+                    acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))   # keeps P_{j-1}'s registers alive
+                    _release(j - 1, k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, empty, kv_row, n_blocks,
+                             BLOCK_N, STAGES, WARP_SPECIALIZE)
+                    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+                    p = gl.convert_layout(P.to(dtype), p_layout)
+                last = n_blocks - 1
+                mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+                _take_turn(turn, n_blocks, WG, PINGPONG)
+                acc = warpgroup_mma(p, v_smem.index(last % STAGES), acc, is_async=True)
+                _pass_turn(turn, WG, PINGPONG)
+                acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
+                _release(last, k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, empty, kv_row, n_blocks,
+                         BLOCK_N, STAGES, WARP_SPECIALIZE)
+            else:
+                for j in range(n_blocks):
+                    s = j % STAGES
+                    phase = (j // STAGES) & 1
+                    mbarrier.wait(k_ready.index(s), phase)
+                    _take_turn(turn, j, WG, PINGPONG)
+                    S = warpgroup_mma(q, k_smem.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                    _pass_turn(turn, WG, PINGPONG)
+                    S = warpgroup_mma_wait(num_outstanding=0, deps=(S,))
+                    S = _scores(S, j, n_full, row0, offset, N_k, qk_scale, s_layout, BLOCK_N, CAUSAL)
+                    P, alpha, m_i, l_i = _softmax(S, m_i, l_i)
+                    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+                    p = gl.convert_layout(P.to(dtype), p_layout)
+                    mbarrier.wait(v_ready.index(s), phase)
+                    acc = warpgroup_mma(p, v_smem.index(s), acc, is_async=True)
+                    acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
+                    _release(j, k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, empty, kv_row, n_blocks,
+                             BLOCK_N, STAGES, WARP_SPECIALIZE)
+        # O_i = acc / l_i (0 for a row that saw no key); L_i = m_i + log2(l_i), stored in natural log
+        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+        o = acc / gl.expand_dims(gl.where(l_o == 0.0, 1.0, l_o), 1)
+        rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
+        dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        base = bh.to(gl.int64) * N_q
+        ptrs = O + (base + gl.expand_dims(rows, 1)) * HEAD_DIM + gl.expand_dims(dims, 0)
+        gl.store(ptrs, o.to(O.dtype.element_ty), mask=gl.expand_dims(rows < N_q, 1))
+        if STORE_LSE:
+            lse = gl.where(l_i == 0.0, -float("inf"), (m_i + gl.log2(l_i)) * 0.6931471805599453)
+            rows_s = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
+            gl.store(LSE + base + rows_s, lse, mask=rows_s < N_q)
+
+    # N_q, N_k and GROUP only bound loops and masks: one compile serves every length (Triton would otherwise
+    # compile again for 1, for multiples of 16 and for the rest)
+    @gluon.jit(do_not_specialize=["N_q", "N_k", "GROUP"])
+    def fa3_kernel(q_desc, k_desc, v_desc, O, LSE, qk_scale, N_q, N_k, GROUP,
+                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                 CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, WARP_SPECIALIZE: gl.constexpr,
+                 PINGPONG: gl.constexpr, OVERLAP: gl.constexpr):
+        # grid: (cdiv(N_q, BLOCK_M), B * H). q_desc: (B*H*N_q, d) in blocks of ROWS rows; k_desc, v_desc:
+        # (B*H_kv*N_k, d) in blocks of BLOCK_N rows; O: (B, H, N_q, d) contiguous; LSE: (B, H, N_q) fp32
+        CONSUMERS: gl.constexpr = 2 if WARP_SPECIALIZE else 1
+        ROWS: gl.constexpr = BLOCK_M // CONSUMERS
+        gl.static_assert(q_desc.block_type.shape[0] == ROWS)
+        pid_m = gl.program_id(0)
+        if CAUSAL:   # the longest rows (most key blocks) start first
+            pid_m = gl.num_programs(0) - 1 - pid_m
+        bh = gl.program_id(1)
+        m_start = pid_m * BLOCK_M
+        q_row = bh * N_q + m_start
+        kv_row = (bh // GROUP) * N_k          # grouped-query attention: K/V head h // GROUP, read in place
+        offset = N_k - N_q
+        hi = N_k                              # keys this tile's rows may see: [0, hi)
+        if CAUSAL:
+            hi = gl.minimum(N_k, gl.maximum(m_start + BLOCK_M + offset, 0))
+        n_blocks = gl.cdiv(hi, BLOCK_N)
+
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, ROWS, HEAD_DIM], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+        q_bars = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for c in gl.static_range(CONSUMERS):
+            mbarrier.init(q_bars.index(c), count=1)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(s), count=1)
+            mbarrier.init(v_ready.index(s), count=1)
+            mbarrier.init(empty.index(s), count=CONSUMERS)
+        for w in gl.static_range(2):
+            mbarrier.init(turn.index(w), count=1)
+        fence_async_shared()                  # the barriers' initialisation, before the copy engine uses them
+
+        # key blocks every row of a consumer sees whole (no mask): below the causal diagonal and not ragged
+        n_full0 = N_k // BLOCK_N
+        n_full1 = N_k // BLOCK_N
+        if CAUSAL:
+            n_full0 = gl.minimum(n_full0, gl.maximum(m_start + offset + 1, 0) // BLOCK_N)
+            n_full1 = gl.minimum(n_full1, gl.maximum(m_start + ROWS + offset + 1, 0) // BLOCK_N)
+
+        if WARP_SPECIALIZE:
+            gl.warp_specialize([
+                (_consumer, (q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, empty, turn, k_desc, v_desc,
+                             O, LSE, qk_scale, N_q, N_k, bh, m_start, kv_row, n_blocks, n_full0,
+                             HEAD_DIM, BLOCK_N, STAGES, CAUSAL, STORE_LSE, WARP_SPECIALIZE, PINGPONG, OVERLAP, 0)),
+                (_consumer, (q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, empty, turn, k_desc, v_desc,
+                             O, LSE, qk_scale, N_q, N_k, bh, m_start + ROWS, kv_row, n_blocks, n_full1,
+                             HEAD_DIM, BLOCK_N, STAGES, CAUSAL, STORE_LSE, WARP_SPECIALIZE, PINGPONG, OVERLAP, 1)),
+                (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, empty,
+                             q_row, kv_row, n_blocks, BLOCK_N, STAGES, CONSUMERS)),
+            ], [4, 1], [240, 24])
+        else:
+            # the pipeline alone: this partition fills the ring, then refills stage j % STAGES with block
+            # j + STAGES each time both warpgroups are done with block j (_release)
+            mbarrier.expect(q_bars.index(0), q_desc.block_type.nbytes)
+            _tma_load(q_desc, [q_row, 0], q_bars.index(0), q_smem.index(0))
+            for j in gl.static_range(STAGES):
+                if j < n_blocks:
+                    _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, j, kv_row + j * BLOCK_N)
+            _consumer(q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, empty, turn, k_desc, v_desc,
+                      O, LSE, qk_scale, N_q, N_k, bh, m_start, kv_row, n_blocks, n_full0,
+                      HEAD_DIM, BLOCK_N, STAGES, CAUSAL, STORE_LSE, WARP_SPECIALIZE, PINGPONG, OVERLAP, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_layout(rows: int, d: int, dtype):     # the swizzled layout TMA writes and wgmma reads (12 us to build)
+    return gl.NVMMASharedLayout.get_default_for([rows, d], GL_DTYPES[dtype])
+
+
+def descriptor(x2d: torch.Tensor, rows: int, d: int):
+    """The host's TMA descriptor of ``x2d`` (n, d), copied in blocks of ``rows`` x ``d`` into the 128-byte-swizzled
+    shared-memory layout that wgmma reads (Gluon's ``TensorDescriptor``; needs Gluon).
+
+    Example:
+        >>> import torch
+        >>> x = torch.zeros(300, 64, dtype=torch.float16)
+        >>> fa3_kernel is None or descriptor(x, 128, 64).block_shape
+        [128, 64]
+    """
+    return TensorDescriptor.from_tensor(x2d, [rows, d], _smem_layout(rows, d, x2d.dtype))
