@@ -173,15 +173,16 @@ def _step(attend, q, k, v, do, backward: bool):
 
 def _context_parallel_step(q, k, v, do, causal: bool, backward: bool, rotate: str, sdpa_backend: str = "flash"):
     """PyTorch's context parallelism: SDPA (flash) under ``context_parallel``, which shards q, k, v (and do) in place
-    along the sequence, load-balanced when causal; returns the call. ``q``..``do`` are the whole sequence."""
+    along the sequence, load-balanced when causal (plain shards otherwise); returns the call. ``q``..``do`` are the whole sequence."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.experimental import context_parallel
     try:
-        from torch.distributed.tensor.experimental._attention import set_rotate_method
+        from torch.distributed.tensor.experimental._attention import _cp_options, set_rotate_method
     except ImportError:                                # where a torch keeps it in its own module
-        from torch.distributed.tensor.experimental._context_parallel._attention import set_rotate_method
+        from torch.distributed.tensor.experimental._context_parallel._attention import _cp_options, set_rotate_method
     from torch.nn.attention import SDPBackend, sdpa_kernel
     set_rotate_method(rotate)
+    _cp_options.enable_load_balance = causal           # its load balancing refuses a non-causal SDPA
     if q.device.type not in _MESHES:                   # one mesh for the run: each would make a process group
         _MESHES[q.device.type] = init_device_mesh(q.device.type, (dist.get_world_size(),))
     mesh = _MESHES[q.device.type]
