@@ -49,7 +49,7 @@ from ..formulas.ring import ring_bytes
 from ..kernels import flash_attention
 from .harness import provenance
 
-__all__ = ["parse_args", "main", "Silent", "summarise", "timeline"]
+__all__ = ["parse_args", "main", "Silent", "summarise", "timeline", "hidden_by_compute"]
 
 IMPLS = ("ring", "ring compute", "ring comm", "context_parallel", "1 GPU")
 _MESHES: dict = {}
@@ -208,6 +208,36 @@ def _context_parallel_step(q, k, v, do, causal: bool, backward: bool, rotate: st
     return _step(sdpa, *bufs[:3], bufs[3], backward), ctx
 
 
+def _union(intervals) -> list[tuple[float, float]]:
+    merged = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
+
+
+def hidden_by_compute(rows: list[dict]) -> float | None:
+    """The fraction of one rank's communication time (its "comm" kernels of a :func:`timeline`) during which a
+    "compute" kernel ran on the same GPU: what the ring's overlap hid, read off the GPU's own timeline. None when the
+    rank sent nothing.
+
+    Example:
+        >>> rows = [{"kind": "comm", "start_us": 0.0, "us": 10.0}, {"kind": "comm", "start_us": 0.0, "us": 10.0},
+        ...         {"kind": "compute", "start_us": 4.0, "us": 20.0}]
+        >>> hidden_by_compute(rows)
+        0.6
+    """
+    spans = {kind: _union((r["start_us"], r["start_us"] + r["us"]) for r in rows if r["kind"] == kind)
+             for kind in ("comm", "compute")}
+    total = sum(b - a for a, b in spans["comm"])
+    if not total:
+        return None
+    both = sum(max(0.0, min(b, d) - max(a, c)) for a, b in spans["comm"] for c, d in spans["compute"])
+    return both / total
+
+
 def timeline(fn, device: str, min_us: float = 10.0, most: int = 400) -> list[dict]:
     """One call of ``fn`` under torch.profiler: the GPU's kernels of at least ``min_us`` (on the CPU, the operators of
     at least 1 ms), each ``{"name", "kind", "start_us", "us"}``, ``kind`` "comm" for NCCL's (or gloo's sends and
@@ -314,6 +344,7 @@ def _run(a: argparse.Namespace) -> dict:
                         every = [None] * world
                         dist.all_gather_object(every, rows)
                         rec["timeline"] = every               # one list of kernels a rank
+                        rec["hidden_by_compute"] = [hidden_by_compute(r) for r in every]
                     records.append(rec)
                     if rank == 0:
                         print(json.dumps({k: v for k, v in rec.items() if k != "timeline"}), flush=True)
