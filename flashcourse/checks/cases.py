@@ -121,12 +121,18 @@ def fmt(v) -> str:
 
 
 def _show(v, limit: int = 12) -> str:
-    """An input as the student would type it when short, else a summary of it."""
+    """An input as the student would type it when short (a whole number as one), else a summary of it.
+
+    Example:
+        >>> _show(4096), _show(np.array([0, 8])), _show(2.0)
+        ('4096', '[0, 8]', '2.0')
+    """
     a = np.asarray(v)
+    whole = a.dtype.kind in "iu"
     if a.ndim == 0:
-        return fmt(a)
+        return str(int(a)) if whole else fmt(a)
     if a.size <= limit and a.ndim == 1:
-        return "[" + ", ".join(fmt(t) for t in a) + "]"
+        return "[" + ", ".join(str(int(t)) if whole else fmt(t) for t in a) + "]"
     if a.dtype == bool:  # a mask: in full when small, else how much of it is True
         if a.size <= limit:
             return repr(a.tolist())
