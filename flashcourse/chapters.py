@@ -123,7 +123,7 @@ CHAPTERS: tuple[Chapter, ...] = (
             layers=("formulas", "reference", "kernels", "checks", "bench"),
             kernels=("softmax", "safe_softmax_3pass", "softmax_taught"),
             checks=("online_softmax", "merge", "softmax_kernel", "softmax_bytes", "online_cross_entropy"),
-            bench="online", extra_modules=("checks.online_predict", "checks.online_entropy"),
+            bench="online", extra_modules=("reference.online_blocks", "checks.online_predict", "checks.online_entropy"),
             former_names=("01_softmax",)),
     Chapter(2, "attention", "FlashAttention-1: tiles, and the order of the loops", "02_flashattention1",
             layers=_ALL, kernels=("fa1_forward",), checks=("fa1_step", "fa1_accesses", "o_writes"),

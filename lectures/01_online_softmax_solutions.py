@@ -308,9 +308,10 @@ CELLS = [
     A language model's last layer ends in a softmax over the vocabulary (rows of 50k-256k logits, the
     widths of part 4) and training wants only one number of it per row: the cross-entropy
     $-\log \mathrm{softmax}(x)_t$ of the target token $t$. Work out what it is in terms of the merge
-    rule's $(m, \ell)$, then write `online_cross_entropy(blocks, target)`: `blocks` is a list of
-    `(start, x_b)`, the columns `start:start + width` of every row (`x_b` is `(rows, width)`), in order;
-    read it **once**, as a kernel streaming the row would, keeping what you need as the blocks pass.
+    rule's $(m, \ell)$, then write `online_cross_entropy(blocks, target)`: `blocks` streams
+    `(start, x_b)`, the columns `start:start + width` of every row (`x_b` is `(rows, width)`), in order.
+    It is read **once**, as a kernel streams a row: a second pass raises, and each `x_b` is overwritten
+    by the next block, so keep what you need as the blocks pass.
     `target` holds each row's target column. Return the loss of every row, `(rows,)`. Your `merge` is defined. The
     check has logits that jump by thousands between blocks, `-inf` entries, and a target whose logit is
     `-inf` (its probability is 0: the loss is `inf`).
@@ -335,13 +336,14 @@ CELLS = [
         ### END SOLUTION
     """, tags=("solution",), name="online-cross-entropy"),
 
-    md("Two rows of the lecture's logits, read in blocks of 3:", "fragment", name="entropy-demo-text"),
+    md("Two rows of the lecture's logits, streamed in blocks of 3 by `row_blocks`, as the check streams its cases:",
+       "fragment", name="entropy-demo-text"),
 
     code("""
-    from flashcourse.checks.online_entropy import blocks_of
+    from flashcourse.reference import row_blocks
     x = np.array([[3.01, 0.09, 2.48, 1.95, 0.5], [1.0, 2.0, 3.0, 4.0, 5.0]])
     t = np.array([0, 4])
-    mine = online_cross_entropy(blocks_of(x, 3), t)
+    mine = online_cross_entropy(row_blocks(x, 3), t)
     whole = -np.log(np.exp(x[[0, 1], t]) / np.exp(x).sum(axis=1))
     mine.round(4), bool(np.allclose(mine, whole))
     """, "fragment", name="entropy-demo"),

@@ -16,7 +16,7 @@ standard library, a folder with copies of :mod:`.serve` and :mod:`.wire`, and :f
 directories without the course. Of the set-up it runs what needs no course (imports, definitions);
 what does (``DEVICE = flashcourse.backend.DEVICE``) runs here and is sent as its value
 (:func:`split_setup`). A chapter 8 mask crosses as a stand-in that asks this side for its values
-(:meth:`Worker.call`).
+(:meth:`Worker.call`); chapter 1's stream of row blocks as its array, built again there as a stream.
 
 Example:
     >>> import numpy as np
@@ -56,8 +56,10 @@ COURSE = "flashcourse"
 #: The time the worker is given, besides the per-call limit, to import and run the set-up (importing
 #: torch alone takes seconds).
 SETUP_SECONDS = 30
-#: The worker's own modules, copied into a folder of its own (a package named :data:`_RUNTIME`).
-_RUNTIME, _RUNTIME_FILES = "graderworker", ("serve.py", "wire.py")
+#: The worker's own modules, copied into a folder of its own (a package named :data:`_RUNTIME`), by their path in
+#: the course: the grading process's two, and chapter 1's stream of row blocks (NumPy only), which a check hands
+#: the student's function.
+_RUNTIME, _RUNTIME_FILES = "graderworker", ("grading/serve.py", "grading/wire.py", "reference/online_blocks.py")
 
 
 class WorkerDied(RuntimeError):
@@ -213,7 +215,7 @@ class Worker:
         runtime.mkdir(parents=True)
         (runtime / "__init__.py").write_text("")
         for name in _RUNTIME_FILES:
-            shutil.copyfile(Path(__file__).with_name(name), runtime / name)
+            shutil.copyfile(Path(__file__).parents[1] / name, runtime / Path(name).name)
         view = site_view(self.home / "lib")
         (self.home / "work").mkdir()
         if self.uid is not None:
@@ -269,10 +271,15 @@ class Worker:
             return {"error": f"{type(e).__name__}: {e}"[:2000]}
 
     def _plain_mask(self, value):
+        """A chapter 8 mask as a stand-in that asks for its values; chapter 1's stream of row blocks as its
+        array and width, from which the worker builds its own (:mod:`flashcourse.reference.online_blocks`)."""
         from ..formulas.sparse import Mask
+        from ..reference.online_blocks import RowBlocks
         if isinstance(value, Mask):
             self.masks.append(value)
             return "mask", {"id": len(self.masks) - 1, "name": value.name, "length": value.length}
+        if isinstance(value, RowBlocks):
+            return "row blocks", value.plain()
         return None
 
     def call(self, name: str, *args):
