@@ -114,6 +114,13 @@ ROWS = "rows = page * stride_kb + offs_t[:, None] * stride_kt + g * stride_kh + 
     pytest.param(((PAGE, PAGE.replace("b * stride_bt + ", "")),), ("the first sequence's block table",),
                  id="first-sequence-s-table"),
     pytest.param(((ROWS, ROWS.replace(" + g * stride_kh", "")),), ("reads KV head 0",), id="kv-head-0"),
+    pytest.param(((ROWS, ROWS.replace("g * stride_kh", "(bh % H_q) * stride_kh")),),
+                 ("the query head h was used as the KV head",), id="query-head-as-kv-head"),
+    pytest.param((('qk = tl.where(valid, tl.sum(q[None, :] * K_j, 1) * qk_scale, float("-inf"))',
+                   "qk = tl.sum(q[None, :] * K_j, 1) * qk_scale"),), ("Their logits must be -inf",),
+                 id="logits-past-seq-len-not-inf"),
+    pytest.param((("acc = acc * alpha + ", "acc = acc + "),), ("acc is not rescaled when the maximum rises",),
+                 id="acc-not-rescaled"),
 ])
 def test_paged_split_kernel_mutants_are_rejected_on_every_seed(tmp_path, seed, replace, expected):
     kernel = cells.load(tmp_path, NOTEBOOK, "paged-split-kernel", "paged_split_kernel", replace)
