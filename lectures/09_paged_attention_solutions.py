@@ -67,7 +67,8 @@ CELLS = [
 
     A block held by two tables is never written: an append whose last block is shared first copies the
     rows written so far into a free block of its own (**copy-on-write**). Work out for yourself when an
-    append needs a new block, and when a shared last block needs no copy at all.
+    append needs a new block, and when a shared last block needs no copy at all. An append that needs a
+    block when `free` is empty raises `CacheFull` (imported above).
     """, "slide", name="cache-intro"),
 
     code("""
@@ -80,6 +81,8 @@ CELLS = [
             _, seq, x = op
             table, n = tables.setdefault(seq, []), lens.get(seq, 0)
             row = n % block_size
+            if not free and (row == 0 or refs[table[-1]] > 1):   # a block is needed and none is left
+                raise CacheFull(f"no free block for token {n} of {seq!r}")
             if row == 0:                                # the last block is full, or there is none
                 table.append(free.pop())
                 refs[table[-1]] = 1

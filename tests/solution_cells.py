@@ -18,7 +18,7 @@ from flashcourse.exercises import strip_solutions
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = ("import math\nimport numpy as np\nimport torch\nimport flashcourse\nimport triton\n"
-          "import triton.language as tl\n\n")
+          "import triton.language as tl\nfrom flashcourse.reference.paged import CacheFull\n\n")
 SUCCESS = re.compile(r"^(\w+): (\d+) cases passed \((\d+) shown, (\d+) hidden\) ✓$")
 _count = count()
 

@@ -156,6 +156,13 @@ def test_a_student_exception_comes_back_as_its_own_kind():
             with pytest.raises(kind) as e:
                 w.call(name, 0)
             assert type(e.value).__name__ in (kind.__name__, "Mine") and str(e.value).strip("\"") == text
+    # an exception class of the course's set-up (chapter 9's CacheFull) is made again in the worker, by name and base
+    cells = [("a", "def full(x):\n    raise CacheFull('no block')\ndef kind(x):\n    return issubclass(CacheFull, MemoryError)")]
+    with Worker("from flashcourse.reference.paged import CacheFull", cells) as w:
+        with pytest.raises(Exception) as e:
+            w.call("full", 0)
+        assert type(e.value).__name__ == "CacheFull" and str(e.value).strip("'\"") == "no block"
+        assert w.call("kind", 0) is True
 
 
 # ---------------------------------------------------------------------------------------------
