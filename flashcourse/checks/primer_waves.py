@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cases import Case, call, join_lines, passed, require_callable, seed_of
+from .cases import call, join_lines, number_cases, passed, require_callable, seed_of
 
 __all__ = ["grid_waves"]
 
@@ -177,10 +177,7 @@ def grid_waves(fn, seed: int | None = None) -> None:
     require_callable(name, fn, "check.grid_waves(grid_waves)")
     seed = seed_of(seed)
     shown, hidden = shown_cases(), hidden_cases(np.random.default_rng(seed))
-    cases = [Case(k, a, number=i + 1, of=len(shown), names=_NAMES) for i, (k, a) in enumerate(shown)]
-    cases += [Case(k, a, number=i + 1, of=len(hidden), hidden=True, seed=seed, names=_NAMES)
-              for i, (k, a) in enumerate(hidden)]
-    for case in cases:
+    for case in number_cases(shown, hidden, seed, _NAMES):
         try:
             got = _answer(name, call(name, fn, case.inputs, case), case)
         except AssertionError as e:
