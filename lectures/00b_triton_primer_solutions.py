@@ -27,7 +27,9 @@ CELLS = [
     | 7 | `predict_rms_norm` | predict the bytes and the time, then count and measure | 10 |
     | 8 | `grid_waves` | occupancy from an SM's limits, waves and the last wave | 8 |
     | 9 | `rms_norm_looped_kernel` | a loop over blocks, a mask and a reduction together | 15 |
+    """, "slide", name="title"),
 
+    md(r"""
     About 95 minutes in all. *How these were estimated:* the author wrote the solutions of 1–7 and 9, with
     their specs, in about 12 minutes altogether (1–3 minutes each, every check passing the first time), and
     `grid_waves`, added later, in about 2; the minutes above are those times four to five, rounded, for
@@ -37,7 +39,7 @@ CELLS = [
     Each check runs your kernel on cases you can see and on hidden random ones (fresh each run; a failure
     prints the seed that draws it again), and prints one line ending in ✓. Then grade the notebook from a
     terminal: `flashcourse grade exercises/00b_triton_primer.ipynb`.
-    """, "slide", name="title"),
+    """, "subslide", name="how-long"),
 
     code("""
     import math
@@ -164,9 +166,9 @@ CELLS = [
         rms_norm_kernel[(x.shape[0],)](x, w, y, x.shape[1], x.stride(0), y.stride(0), eps,
                                        BLOCK=triton.next_power_of_2(x.shape[1]))
         return y
-    """, tags=("solution",), name="rms-norm-kernel"),
+    """, "subslide", tags=("solution",), name="rms-norm-kernel"),
 
-    md("Three rows of 100 columns (a block of 128), against PyTorch's own RMSNorm:", "fragment",
+    md("Three rows of 100 columns (a block of 128), against PyTorch's own RMSNorm:", "subslide",
        name="kernel-demo-text"),
 
     code("""
@@ -272,7 +274,7 @@ CELLS = [
     smallest shape: the three H100 times fit DRAM bytes / 3.07 TB/s + 6.7 µs (a least-squares fit of the
     shipped measurements, `fixed_cost_fit` in `checks/primer_predict.py`), so bytes / bandwidth alone is
     5–22% low there, which is why the check allows 25%.
-    """, "fragment", name="measure-text"),
+    """, "subslide", name="measure-text"),
 
     code("""
     # NBVAL_IGNORE_OUTPUT
@@ -285,7 +287,8 @@ CELLS = [
         except NotImplementedError:
             print("write predict_rms_norm above first")
             break
-        line = f"{rows:>6d} x {n_cols:<5d} {counted / 1e6:7.1f} MB touched, predicted {predicted:6.1f} us, H100 {h100_us:6.1f} us"
+        line = (f"{rows:>6d} x {n_cols:<5d} {counted / 1e6:7.1f} MB touched, "
+                f"predicted {predicted:6.1f} us, H100 {h100_us:6.1f} us")
         if not backend.INTERPRET:
             x = torch.randn(rows, n_cols, device=DEVICE, dtype=torch.float16)
             w = torch.randn(n_cols, device=DEVICE, dtype=torch.float16)
@@ -321,7 +324,7 @@ CELLS = [
     """, tags=("solution",), name="grid-waves"),
 
     md("The lecture's measured launch (32 registers a thread, no shared memory) one program past a wave:",
-       "fragment", name="waves-demo-text"),
+       "subslide", name="waves-demo-text"),
 
     code("""
     for num_warps in (1, 4, 8):

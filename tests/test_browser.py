@@ -24,7 +24,9 @@ What is checked, per lecture notebook:
   chapters not yet fitted (``tests/test_lectures.py``'s ``FITTED``) are expected to fail;
 * per **exercise** notebook, shown the same way: every cell the student writes (tagged ``solution``) is
   at most :data:`FIT` of the screen's height on its own (issue 31: a graded kernel with its launcher in
-  the same cell was 727-913 px in five of the nine exercises; the launcher is a given cell now).
+  the same cell was 727-913 px in five of the nine exercises; the launcher is a given cell now); and
+  every slide of the exercises in :data:`EXERCISES_FITTED` fits as a lecture's does (the others are
+  expected to fail until their prose is split into slides).
 
 The heights of every slide of every lecture, for whoever fits one::
 
@@ -416,6 +418,24 @@ def test_every_graded_cell_fits_the_screen(server, screen, shots, name):
     limit = FIT * SCREEN["height"]
     tall = [f"{graded[k]} is {heights[k]} px tall" for k in graded if heights[k] > limit]
     assert not tall, f"exercises/{name} at {SCREEN['width']}x{SCREEN['height']} (limit {limit:.0f} px): " + "; ".join(tall)
+
+
+#: The exercises whose every slide (prose, given cells and graded cells) fits the screen; the others are
+#: held only to their graded cells (above) until their prose is split into slides and sub-slides.
+EXERCISES_FITTED = {"00b_triton_primer", "01_online_softmax"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if Path(n).stem in EXERCISES_FITTED
+                                                else pytest.mark.xfail(reason="its prose not yet fitted to slides "
+                                                                       "(EXERCISES_FITTED)", strict=False))
+                                  for n in EXERCISES])
+def test_every_exercise_slide_fits_the_screen(server, screen, shots, name):
+    """An exercise presented as slides in class: every slide, all its fragments shown, fits the screen as a
+    lecture's must (issue 31: the exercises' prose slides were 700-2000 px tall)."""
+    slides = _measured(server, screen, shots, name, "exercises")
+    assert slides, f"no slide of exercises/{name} was measured"
+    bad = _too_tall(slides)
+    assert not bad, f"exercises/{name} at {SCREEN['width']}x{SCREEN['height']} (limit {FIT * SCREEN['height']:.0f} px): " + "; ".join(bad)
 
 
 def test_report_slide_heights(server, screen, shots, capsys):
