@@ -422,7 +422,8 @@ def test_every_graded_cell_fits_the_screen(server, screen, shots, name):
 
 #: The exercises whose every slide (prose, given cells and graded cells) fits the screen; the others are
 #: held only to their graded cells (above) until their prose is split into slides and sub-slides.
-EXERCISES_FITTED = {"00b_triton_primer", "01_online_softmax", "02_flashattention1", "03_flashattention2"}
+EXERCISES_FITTED = {"00b_triton_primer", "01_online_softmax", "02_flashattention1", "03_flashattention2", "04_flash_decode",
+                    "05_unified_max_decode", "06_flat_gemm"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if Path(n).stem in EXERCISES_FITTED
