@@ -22,11 +22,11 @@ What is checked, per lecture notebook:
   which RISE makes a slide a scroll box, and every fragment is on the screen when it appears (RISE
   never scrolls to one). A slide too tall is saved as a screenshot, ``NOTEBOOK-tall-H-V.png``. The
   chapters not yet fitted (``tests/test_lectures.py``'s ``FITTED``) are expected to fail;
-* per **exercise** notebook, shown the same way: every cell the student writes (tagged ``solution``) is
-  at most :data:`FIT` of the screen's height on its own (issue 31: a graded kernel with its launcher in
-  the same cell was 727-913 px in five of the nine exercises; the launcher is a given cell now); and
-  every slide of the exercises in :data:`EXERCISES_FITTED` fits as a lecture's does (the others are
-  expected to fail until their prose is split into slides).
+* per **exercise** notebook, shown the same way: every slide fits as a lecture's does (issue 31: the prose
+  slides were 700-2100 px tall; long intros, graded code, launchers and demos are sub-slides of their own
+  now), and every cell the student writes (tagged ``solution``) is at most :data:`FIT` of the screen's
+  height on its own (a graded kernel with its launcher in the same cell was 727-913 px in five of the nine
+  exercises; the launcher is a given cell now).
 
 The heights of every slide of every lecture, for whoever fits one::
 
@@ -409,7 +409,7 @@ def cell_heights(slides: dict) -> dict[int, int]:
 def test_every_graded_cell_fits_the_screen(server, screen, shots, name):
     """The cells a student writes, presented as slides in class, fit the screen on their own (issue 31): a
     graded kernel holds what the student writes and what it needs in view, its launcher is a given cell of
-    its own. (The exercises' prose is not yet fitted to slides: only the graded cells are held to it.)"""
+    its own."""
     heights = cell_heights(_measured(server, screen, shots, name, "exercises"))
     graded = graded_cells(name)
     assert graded, f"exercises/{name} has no cell tagged solution"
@@ -420,16 +420,7 @@ def test_every_graded_cell_fits_the_screen(server, screen, shots, name):
     assert not tall, f"exercises/{name} at {SCREEN['width']}x{SCREEN['height']} (limit {limit:.0f} px): " + "; ".join(tall)
 
 
-#: The exercises whose every slide (prose, given cells and graded cells) fits the screen; the others are
-#: held only to their graded cells (above) until their prose is split into slides and sub-slides.
-EXERCISES_FITTED = {"00b_triton_primer", "01_online_softmax", "02_flashattention1", "03_flashattention2", "04_flash_decode",
-                    "05_unified_max_decode", "06_flat_gemm"}
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=() if Path(n).stem in EXERCISES_FITTED
-                                                else pytest.mark.xfail(reason="its prose not yet fitted to slides "
-                                                                       "(EXERCISES_FITTED)", strict=False))
-                                  for n in EXERCISES])
+@pytest.mark.parametrize("name", EXERCISES)
 def test_every_exercise_slide_fits_the_screen(server, screen, shots, name):
     """An exercise presented as slides in class: every slide, all its fragments shown, fits the screen as a
     lecture's must (issue 31: the exercises' prose slides were 700-2000 px tall)."""
