@@ -24,7 +24,7 @@ CELLS = [
     md(r"""
     Instructor notes: about 40 minutes. Every cell runs on a CPU (the interpreter) in a few seconds;
     on a GPU the cells that differ show the GPU's behaviour live, and on a CPU they show the H100's,
-    shipped. The exercise (`exercises/00b_triton_primer.ipynb`) is eight graded puzzles, about 85 minutes.
+    shipped. The exercise (`exercises/00b_triton_primer.ipynb`) is nine graded puzzles, about 95 minutes.
     """, "notes", name="notes-intro"),
 
     code("""
@@ -433,9 +433,9 @@ CELLS = [
     md(r"""
     ## Where next
 
-    * **The exercise**: `exercises/00b_triton_primer.ipynb` — eight short puzzles, from a masked
+    * **The exercise**: `exercises/00b_triton_primer.ipynb` — nine short puzzles, from a masked
       `axpy` through `tl.where`, RMSNorm, a log-sum-exp with `exp2`, a `tl.dot` tile and a prediction
-      of RMSNorm's bytes and time, to an RMSNorm that loops over the blocks of long rows.
+      of RMSNorm's bytes and time, the waves of a grid, to an RMSNorm that loops over the blocks of long rows.
     * **More practice**: Sasha Rush's *Triton-Puzzles* (github.com/srush/Triton-Puzzles, runs in the
       interpreter) and Triton's tutorials (vector addition, fused softmax, matrix multiplication) at
       triton-lang.org.

@@ -23,6 +23,9 @@ CELLS = [
     4. a prediction of the bytes each softmax moves, counted, then set beside the H100's time (about 10);
     5. the cross-entropy loss of rows read once, in blocks, which the lecture does not derive (about 15).
 
+    """, "slide", name="title"),
+
+    md("""
     About 80 minutes in all, plus the questions at the end. (Estimated, not yet timed on a fresh solve:
     from the length of each answer and the hints its check gives, beside chapter 7's and 8's parts,
     which were timed; part 3 is the primer's RMSNorm exercise plus a loop and a running state, and its
@@ -37,7 +40,7 @@ CELLS = [
 
     *Sources: Milakov & Gimelshein, "Online normalizer calculation for softmax" (2018); Dao et al.,
     "FlashAttention" (2022), §3.1.*
-    """, "slide", name="title"),
+    """, "subslide", name="how-long"),
 
     code("""
     import numpy as np
@@ -91,7 +94,7 @@ CELLS = [
         for x_j in x:                    # pass 1: one element at a time
             m, d = online_step(m, d, x_j)
         return np.exp(x - m) / d         # pass 2: write
-    """, tags=("solution",), name="online-softmax"),
+    """, "subslide", tags=("solution",), name="online-softmax"),
 
     md("The row from the lecture: the largest logit takes about half of the mass.", "fragment",
        name="online-demo-text"),
@@ -134,7 +137,7 @@ CELLS = [
     With `merge`, a row can be cut into blocks of any size: fold each block's statistics into the
     running ones, then read the row a second time to write the result. This is the loop the kernel
     below runs.
-    """, "fragment", name="blocked-text"),
+    """, "subslide", name="blocked-text"),
 
     code("""
     def blocked_softmax(x, block_size):
@@ -207,9 +210,9 @@ CELLS = [
         y = torch.empty_like(x)
         softmax_kernel[(x.shape[0],)](x, y, x.shape[1], x.stride(0), y.stride(0), BLOCK=BLOCK)
         return y
-    """, tags=("solution",), name="softmax-kernel"),
+    """, "subslide", tags=("solution",), name="softmax-kernel"),
 
-    md("A row of 100 columns is read in four blocks of 32; compare with PyTorch:", "fragment",
+    md("A row of 100 columns is read in four blocks of 32; compare with PyTorch:", "subslide",
        name="kernel-demo-text"),
 
     code("""
@@ -241,7 +244,7 @@ CELLS = [
         ### END SOLUTION
     """, tags=("solution",), name="predict-softmax-bytes"),
 
-    md("**Count.** Your prediction beside the counted memory, for a (3, 8) input of fp16:", "fragment",
+    md("**Count.** Your prediction beside the counted memory, for a (3, 8) input of fp16:", "subslide",
        name="count-text"),
 
     code("""
@@ -290,7 +293,7 @@ CELLS = [
                 ms = do_bench(lambda: fn(x, block_size=stream_block(cols)))
                 tbps = predict_softmax_bytes(variant, *x.shape, 2) / ms / 1e9
                 print(f"{cols:7d} {variant:6s} {ms * 1e3:5.0f} us {tbps:5.2f} TB/s")
-    """, "fragment", name="measure"),
+    """, "subslide", name="measure"),
 
     md("""
     Up to 32k columns both kernels would need more than the H100 has: 3.7-4.4 TB/s for the online
@@ -300,7 +303,7 @@ CELLS = [
     flight outgrow the L2, both kernels need 2.9-3.4 TB/s, about the ceiling, and the pass the online
     softmax saves shows in the time: the 3-pass kernel takes 1.34-1.39x as long. Your count is what the
     algorithm asks of memory; what DRAM sees depends on the caches between.
-    """, "fragment", name="measure-moral"),
+    """, "subslide", name="measure-moral"),
 
     md(r"""
     ## 5. The loss, in one pass
@@ -308,9 +311,10 @@ CELLS = [
     A language model's last layer ends in a softmax over the vocabulary (rows of 50k-256k logits, the
     widths of part 4) and training wants only one number of it per row: the cross-entropy
     $-\log \mathrm{softmax}(x)_t$ of the target token $t$. Work out what it is in terms of the merge
-    rule's $(m, \ell)$, then write `online_cross_entropy(blocks, target)`: `blocks` is a list of
-    `(start, x_b)`, the columns `start:start + width` of every row (`x_b` is `(rows, width)`), in order;
-    read it **once**, as a kernel streaming the row would, keeping what you need as the blocks pass.
+    rule's $(m, \ell)$, then write `online_cross_entropy(blocks, target)`: `blocks` streams
+    `(start, x_b)`, the columns `start:start + width` of every row (`x_b` is `(rows, width)`), in order.
+    It is read **once**, as a kernel streams a row: a second pass raises, and each `x_b` is overwritten
+    by the next block, so keep what you need as the blocks pass.
     `target` holds each row's target column. Return the loss of every row, `(rows,)`. Your `merge` is defined. The
     check has logits that jump by thousands between blocks, `-inf` entries, and a target whose logit is
     `-inf` (its probability is 0: the loss is `inf`).
@@ -335,13 +339,14 @@ CELLS = [
         ### END SOLUTION
     """, tags=("solution",), name="online-cross-entropy"),
 
-    md("Two rows of the lecture's logits, read in blocks of 3:", "fragment", name="entropy-demo-text"),
+    md("Two rows of the lecture's logits, streamed in blocks of 3 by `row_blocks`, as the check streams its cases:",
+       "subslide", name="entropy-demo-text"),
 
     code("""
-    from flashcourse.checks.online_entropy import blocks_of
+    from flashcourse.reference import row_blocks
     x = np.array([[3.01, 0.09, 2.48, 1.95, 0.5], [1.0, 2.0, 3.0, 4.0, 5.0]])
     t = np.array([0, 4])
-    mine = online_cross_entropy(blocks_of(x, 3), t)
+    mine = online_cross_entropy(row_blocks(x, 3), t)
     whole = -np.log(np.exp(x[[0, 1], t]) / np.exp(x).sum(axis=1))
     mine.round(4), bool(np.allclose(mine, whole))
     """, "fragment", name="entropy-demo"),

@@ -24,7 +24,9 @@ CELLS = [
     on tiles whose maximum lies over 1000 above or below the others' (where $e^{1000}$ overflows). It
     prints one line ending in ✓ when everything passes. Then grade the notebook from a terminal:
     `flashcourse grade exercises/02_flashattention1.ipynb`.
+    """, "slide", name="title"),
 
+    md("""
     Three parts: 1. the inner step (about 25 minutes); 2. a prediction of the loops' HBM accesses, counted,
     then set beside a measurement (about 20); 3. what swapping the loops does to the writes of $O$ (about
     10). About 55 minutes in all, plus the questions at the end.
@@ -33,7 +35,7 @@ CELLS = [
 
     *Source: Dao et al., "FlashAttention: Fast and Memory-Efficient Exact Attention with IO-Awareness"
     (2022), Algorithm 1.*
-    """, "slide", name="title"),
+    """, "subslide", name="how-long"),
 
     code("""
     import math
@@ -66,7 +68,9 @@ CELLS = [
     the inside: multiplying by $\ell_i$ undoes the old normalisation, $e^{m_i - m_i^{\text{new}}}$ moves
     the old sum to the new maximum, the tile's own contribution is added, and the result is divided by
     the new normaliser. This is chapter 1's merge rule, applied to whole rows of $O$.
+    """, "slide", name="step-intro"),
 
+    md(r"""
     `mask` is a $B_r \times B_c$ boolean array, `False` where a query may not see a key (a causal
     mask): those scores are $-\infty$. Two traps, both met in chapter 1:
 
@@ -76,7 +80,7 @@ CELLS = [
       only where $\ell_i^{\text{new}} > 0$.
 
     Use NumPy's elementwise functions (`np.maximum`, `np.where`, `np.exp`) and `axis=1` for rows.
-    """, "slide", name="step-intro"),
+    """, "subslide", name="step-traps"),
 
     code("""
     def fa1_step(Q_i, K_j, V_j, O_i, l_i, m_i, mask, sm_scale):
@@ -99,7 +103,7 @@ CELLS = [
     md("""
     From the start ($O_i = 0$, $\\ell_i = 0$, $m_i = -\\infty$) one step is plain attention over that
     one tile:
-    """, "fragment", name="step-demo-text"),
+    """, "subslide", name="step-demo-text"),
 
     code("""
     rng = np.random.default_rng(0)
@@ -138,7 +142,7 @@ CELLS = [
                 O[i:i + B_r], l[i:i + B_r], m[i:i + B_r] = fa1_step(
                     Q[i:i + B_r], K_j, V_j, O[i:i + B_r], l[i:i + B_r], m[i:i + B_r], mask, sm_scale)
         return O
-    """, "fragment", name="fa1-attention"),
+    """, "subslide", name="fa1-attention"),
 
     md("""
     Ragged sizes, more queries than keys, a causal mask, and an SRAM of 256 floats
@@ -177,7 +181,7 @@ CELLS = [
         ### END SOLUTION
     """, tags=("solution",), name="predict-fa1-accesses"),
 
-    md("**Count.** Your prediction beside the counted memory, for a few SRAM sizes:", "fragment",
+    md("**Count.** Your prediction beside the counted memory, for a few SRAM sizes:", "subslide",
        name="count-text"),
 
     code("""

@@ -24,7 +24,9 @@ CELLS = [
     3. the kernel's launch config — tiles, warps, pipeline stages — for a GPU, from a count of what
        one program asks of an SM; then you compare your choice with a measurement (about 20);
     4. how many K/V blocks the causal kernel skips, counted from its loop for any sizes (about 10).
+    """, "slide", name="title"),
 
+    md("""
     About 85 minutes in all, plus the questions at the end. (Estimated, not yet timed on a fresh solve:
     from the length of each answer and the hints its check gives, beside chapter 7's and 8's parts,
     which were timed; a fresh solve should replace these numbers.)
@@ -37,7 +39,7 @@ CELLS = [
 
     *Source: Dao, "FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning"
     (2023), Algorithm 1; the Triton tutorial `06-fused-attention.py`.*
-    """, "slide", name="title"),
+    """, "subslide", name="how-long"),
 
     code("""
     import math
@@ -70,7 +72,9 @@ CELLS = [
     and after the last block, once: $O_i = \mathrm{diag}(\ell_i)^{-1}\,\mathrm{acc}$. Compared with
     FlashAttention-1 there is no $\mathrm{diag}(\ell)^{-1}$ and no $\mathrm{diag}(\ell)$ in the loop:
     fewer non-matmul operations per tile.
+    """, "slide", name="fa2-intro"),
 
+    md(r"""
     **Causal.** Query $r$ sees keys $c \le r + \text{offset}$, $\text{offset} = N_k - N_q$ (aligned
     bottom-right: the last query sees every key). The loop already stops after the last block that
     some row of $Q_i$ can see; blocks to the left of the diagonal need no mask. You mask only the
@@ -80,7 +84,7 @@ CELLS = [
     With $N_q > N_k$ some rows see no key at all. Such a row keeps $m_i = -\infty$, and
     $e^{-\infty - (-\infty)}$ is `nan`: subtract 0 wherever $m^{\text{new}}$ is $-\infty$. At the end
     its $\ell_i$ is 0 and its output must be 0: divide only where $\ell_i > 0$.
-    """, "slide", name="fa2-intro"),
+    """, "subslide", name="fa2-causal"),
 
     code("""
     def fa2_attention(Q, K, V, B_r, B_c, causal=False, sm_scale=None):
@@ -113,10 +117,10 @@ CELLS = [
             O[i:i + B_r] = acc / np.where(l_i == 0, 1.0, l_i)[:, None]            # rows that saw no key: 0
             ### END SOLUTION
         return O
-    """, tags=("solution",), name="fa2-attention"),
+    """, "subslide", tags=("solution",), name="fa2-attention"),
 
     md("Causal, more keys than queries, blocks that do not divide N; compare with float64 attention:",
-       "fragment", name="fa2-demo-text"),
+       "subslide", name="fa2-demo-text"),
 
     code("""
     rng = np.random.default_rng(0)
@@ -138,7 +142,9 @@ CELLS = [
     so `qk_scale = sm_scale * log2(e)` multiplies the scores once and every exponential is the cheap
     `tl.exp2`. And $\tilde P_{ij}$ is cast to fp16 before the second matmul, `tl.dot(p.to(tl.float16), V_j)`,
     so that both matmuls run on tensor cores with fp32 accumulation.
+    """, "slide", name="kernel-intro"),
 
+    md(r"""
     Write the body of the K/V loop, and the end. What it must do:
 
     * read each K/V block once, in one pass (under the interpreter the check counts the loads: a first
@@ -154,7 +160,7 @@ CELLS = [
 
     `tl.dot`, `tl.trans`, `tl.maximum`, `tl.max`, `tl.sum`, `tl.where` and `tl.exp2` are all it takes
     (the Triton primer, chapter 0b, shows each).
-    """, "slide", name="kernel-intro"),
+    """, "subslide", name="kernel-tasks"),
 
     code("""
     @triton.jit
@@ -202,7 +208,7 @@ CELLS = [
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)                   # a row that saw no key: O = 0
         tl.store(O_ptrs, (acc / l_safe[:, None]).to(tl.float16), mask=rows[:, None] < N_q)
         ### END SOLUTION
-    """, tags=("solution",), name="fa2-kernel"),
+    """, "subslide", tags=("solution",), name="fa2-kernel"),
 
     code("""
     def flash_attention(q, k, v, causal=False, BLOCK_M=16, BLOCK_N=16):
@@ -216,7 +222,7 @@ CELLS = [
                          v3.stride(0), v3.stride(1), o.stride(0), o.stride(1), N_q, N_k,
                          HEAD_DIM=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=causal)
         return o.reshape(B, H, N_q, d)
-    """, name="fa2-launcher"),
+    """, "subslide", name="fa2-launcher"),
 
     md("""
     Two heads, 50 queries and 70 keys (neither a multiple of 16), causal, in fp16; the error against
@@ -273,7 +279,7 @@ CELLS = [
                         return B_r, B_c, num_warps, stages
         ### END SOLUTION
         raise ValueError(f"no config fits {smem_bytes} bytes of shared memory at d = {d}")
-    """, tags=("solution",), name="choose-fa2-config"),
+    """, "subslide", tags=("solution",), name="choose-fa2-config"),
 
     check("choose_fa2_config"),
 
@@ -282,7 +288,7 @@ CELLS = [
     hidden 2048, N = 4096; `lab/gpu_attention_warps.py --tiles`, shipped as
     `bench.shipped("attention_tiles", gpu="h200")`). Filled points keep your rules, hollow ones break
     them, the ring is your choice:
-    """, "fragment", name="tiles-measure-text"),
+    """, "subslide", name="tiles-measure-text"),
 
     code("""
     from flashcourse import bench, viz
@@ -309,7 +315,7 @@ CELLS = [
     md("""
     On a GPU, the same kernel with your config and with the course's (`fa2_config`), on this GPU's
     shared memory, side by side (skipped on the CPU: the interpreter has no clock worth reading):
-    """, "fragment", name="tiles-live-text"),
+    """, "subslide", name="tiles-live-text"),
 
     code("""
     from flashcourse.kernels import aot, fa2_config, fa2_forward
@@ -358,7 +364,7 @@ CELLS = [
     md("""
     What share of the blocks that is at the lecture's sizes, with 128 × 64 tiles: the most a causal run can
     save by skipping (the masked diagonal blocks still cost a full block each):
-    """, "fragment", name="skip-demo-text"),
+    """, "subslide", name="skip-demo-text"),
 
     code("""
     for N in (256, 1024, 4096, 16384):

@@ -26,6 +26,9 @@ CELLS = [
        (about 20);
     4. the split count at which the combine's traffic reaches one split's read (about 10).
 
+    """, "slide", name="title"),
+
+    md("""
     About 75 minutes in all, plus the questions at the end. (Estimated, not yet timed on a fresh solve:
     from the length of each answer and the hints its check gives, beside chapter 7's and 8's parts,
     which were timed; a fresh solve should replace these numbers.)
@@ -37,7 +40,7 @@ CELLS = [
     `flashcourse grade exercises/04_flash_decode.ipynb`.
 
     *Source: Dao, Haziza, Massa, Sizov, "Flash-Decoding for long-context inference" (2023).*
-    """, "slide", name="title"),
+    """, "subslide", name="how-long"),
 
     code("""
     import math
@@ -90,12 +93,12 @@ CELLS = [
         o = (w[..., None] * o_s).sum(axis=0) / np.where(total == 0, 1.0, total)[..., None]
         ### END SOLUTION
         return o, lse
-    """, tags=("solution",), name="lse-combine"),
+    """, "subslide", tags=("solution",), name="lse-combine"),
 
     md("""
     One head, ten keys in chunks of four (the last chunk holds two): partials by hand, combined, against
     the softmax over all ten keys at once:
-    """, "fragment", name="combine-demo-text"),
+    """, "subslide", name="combine-demo-text"),
 
     code("""
     def chunk_partials(x, V, chunk):
@@ -131,8 +134,11 @@ CELLS = [
     The program keeps the running maximum `m_i`, normaliser `l_i` (scalars) and the accumulator `acc`
     (`HEAD_DIM`,) in fp32, in base 2 as in chapter 3 (`qk_scale = sm_scale · log2 e`). One query means no
     matrix product: a block's logits are `tl.sum(q[None, :] * K_j, 1)`, and its values add up as
-    `tl.sum(p[:, None] * V_j, 0)`. Write the body of the loop over the chunk's key blocks, and the end.
-    What it must do:
+    `tl.sum(p[:, None] * V_j, 0)`.
+    """, "slide", name="kernel-intro"),
+
+    md(r"""
+    Write the body of the loop over the chunk's key blocks, and the end. What it must do:
 
     * read each key of the chunk once (the check counts the loads), and nothing at or past `hi`: the
       last block of a chunk is usually partial, and `CHUNK` need not be a multiple of `BLOCK_N`;
@@ -142,7 +148,7 @@ CELLS = [
       which runs no iteration), at `O_ptrs`, and its log-sum-exp at `LSE_ptr` — in natural log, as
       exercise 1's combine expects (`-inf` for an empty split). The partials are `(B·H_q, S, d)` and
       `(B·H_q, S)`: a head's S partials side by side, as the combine reads them.
-    """, "slide", name="kernel-intro"),
+    """, "subslide", name="kernel-tasks"),
 
     code("""
     @triton.jit
@@ -185,7 +191,7 @@ CELLS = [
         tl.store(O_ptrs, acc / l_safe)
         tl.store(LSE_ptr, (m_i + tl.log2(l_safe)) * 0.6931471805599453)
         ### END SOLUTION
-    """, tags=("solution",), name="split-kv-kernel"),
+    """, "subslide", tags=("solution",), name="split-kv-kernel"),
 
     code("""
     def flash_decode(q, k_cache, v_cache, kv_lens, num_splits, BLOCK_N=16):
@@ -202,12 +208,12 @@ CELLS = [
             H_q, H_q // H_kv, CHUNK, HEAD_DIM=d, BLOCK_N=BLOCK_N)
         lse = torch.logsumexp(lse_part, dim=-1, keepdim=True)    # the combine, as in exercise 1
         return (torch.exp(lse_part - lse)[..., None] * o_part).sum(dim=-2).to(q.dtype)
-    """, name="split-kv-launcher"),
+    """, "subslide", name="split-kv-launcher"),
 
     md("""
     Two sequences of 100 and 37 tokens, 4 query heads sharing 2 KV heads, 4 splits of 32 keys (the
     second sequence leaves two splits empty); against float64 attention written out in NumPy:
-    """, "fragment", name="kernel-demo-text"),
+    """, "subslide", name="kernel-demo-text"),
 
     code("""
     def decode_float64(q, k, v, kv_lens):
@@ -268,7 +274,7 @@ CELLS = [
         best = max(efficiency(S) for S in allowed)
         return min(S for S in allowed if efficiency(S) >= 0.85 * best)
         ### END SOLUTION
-    """, tags=("solution",), name="choose-num-splits"),
+    """, "subslide", tags=("solution",), name="choose-num-splits"),
 
     check("choose_num_splits"),
 
@@ -278,7 +284,7 @@ CELLS = [
     `bench.measured("decode_splits")`, from `lab/gpu_sweeps.py`): shipped numbers, on any machine. On a
     GPU the cell then times your choice beside one split and twice yours on that GPU, with its own
     number of SMs.
-    """, "fragment", name="splits-measure-text"),
+    """, "subslide", name="splits-measure-text"),
 
     code("""
     from flashcourse import bench
@@ -288,7 +294,8 @@ CELLS = [
         us = {int(S): t for S, t in r["us"].items()}
         mine, best = choose_num_splits(r["B"], r["H_kv"], r["L"], r["sms"]), min(us, key=us.get)
         timed = f"{us[mine]:7.1f}us" if mine in us else "not timed"
-        print(f"{r['H_kv']:4d} {r['L']:6d} {mine:5d} {r['B'] * r['H_kv'] * mine:8d} {timed:>9s} {best:7d} {us[best]:6.1f}us")
+        print(f"{r['H_kv']:4d} {r['L']:6d} {mine:5d} {r['B'] * r['H_kv'] * mine:8d} {timed:>9s} "
+              f"{best:7d} {us[best]:6.1f}us")
     if DEVICE == "cuda":
         from flashcourse.bench.timers import read_flush_timer
         from flashcourse.kernels import flash_decode
@@ -299,9 +306,10 @@ CELLS = [
                 q = torch.randn(1, 32, 128, device=DEVICE, dtype=torch.float16)
                 k, v = (torch.randn(1, H_kv, L, 128, device=DEVICE, dtype=torch.float16) for _ in range(2))
                 mine = choose_num_splits(1, H_kv, L, sms)
-                us = {S: time_ms(lambda: flash_decode(q, k, v, num_splits=S)) * 1e3 for S in sorted({1, mine, 2 * mine})}
+                us = {S: time_ms(lambda: flash_decode(q, k, v, num_splits=S)) * 1e3
+                      for S in sorted({1, mine, 2 * mine})}
                 print(f"{H_kv:4d} {L:6d} {mine:5d} " + "  ".join(f"S = {S}: {t:6.1f}us" for S, t in us.items()))
-    """, "fragment", name="splits-measure"),
+    """, "subslide", name="splits-measure"),
 
     md(r"""
     ## 4. When does the combine cost as much as a split?
@@ -328,7 +336,7 @@ CELLS = [
 
     md("""
     Beside the split counts the course's heuristic chose in the H100 sweep above (`sweep`):
-    """, "fragment", name="crossover-demo-text"),
+    """, "subslide", name="crossover-demo-text"),
 
     code("""
     for r in sweep["rows"]:

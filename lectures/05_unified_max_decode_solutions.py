@@ -26,6 +26,9 @@ CELLS = [
        then what a fallback costs on the GPU (25–35 minutes);
     3. the partials as a Triton kernel in which every chunk adds into the same sums (25–40 minutes).
 
+    """, "slide", name="title"),
+
+    md("""
     About 60–90 minutes in all, plus the questions at the end. How these were estimated: not by timing
     students. Each part's code and the ideas it needs were set against the primer's RMSNorm exercise, which
     a strong student solving it fresh took 20–30 minutes for (issue 31): part 1 is a third of its code with
@@ -38,7 +41,7 @@ CELLS = [
     passes. Then grade the notebook from a terminal: `flashcourse grade exercises/05_unified_max_decode.ipynb`.
 
     *Source: Hong et al., "FlashDecoding++: Faster Large Language Model Inference on GPUs" (2023), §3.*
-    """, "slide", name="title"),
+    """, "subslide", name="how-long"),
 
     code("""
     import numpy as np
@@ -68,7 +71,9 @@ CELLS = [
     $x_i - \phi$ is far below, every term underflows and $\ell$ is 0 or has lost its digits. The paper
     measured that over 99.99 % of Llama2-7B's softmax inputs lie in $[-16.8, 6.5]$, so a $\phi$ near the
     top of that range rarely fails — but a model such as OPT-6.7B has a wider spread, and then it does.
+    """, "slide", name="partials-intro"),
 
+    md(r"""
     Return `(acc, l, overflow)`, where `overflow` is `True` when the chunk's **largest** $x_i - \phi$
     lies outside $[a, b]$ (a single flag for the chunk: `bool(...)`). Only the largest one matters:
     above $b$ it is the one that overflows first; below $a$ it means every term has lost its digits.
@@ -77,7 +82,7 @@ CELLS = [
     would only cost a needless recompute. (FlashDecoding++ states the check for *any* $x_i - \phi$;
     the course's rule, `flashcourse.reference.decode.needs_fallback`, is this one.) When `overflow` is
     `True` the partials are thrown away, so they may be anything, `inf` included.
-    """, "slide", name="partials-intro"),
+    """, "subslide", name="partials-overflow"),
 
     code("""
     def unified_max_partials(x, V, phi, a, b):
@@ -89,7 +94,7 @@ CELLS = [
         acc, l = e @ V, e.sum()
         ### END SOLUTION
         return acc, l, overflow
-    """, tags=("solution",), name="unified-max-partials"),
+    """, "subslide", tags=("solution",), name="unified-max-partials"),
 
     md("""
     The driver is given. Per head it sends every chunk to `unified_max_partials`; if no chunk
@@ -121,7 +126,7 @@ CELLS = [
     Four heads of 200 keys with $\\phi = 6$. In head 2 one key lines up with the query far better than
     the rest (its logit is 150); in head 3 every logit is about 80 lower than usual, far below $\\phi$. Both are
     recomputed; the others are not, and every head matches float64:
-    """, "fragment", name="driver-demo-text"),
+    """, "subslide", name="driver-demo-text"),
 
     code("""
     rng = np.random.default_rng(0)
@@ -175,24 +180,27 @@ CELLS = [
         middle = (ok.min() + ok.max()) / 2                   # a margin on both sides, if it is good too
         return float(middle if sent_back(middle) <= limit else ok[np.argmin(np.abs(ok - middle))])
         ### END SOLUTION
-    """, tags=("solution",), name="choose-phi"),
+    """, "subslide", tags=("solution",), name="choose-phi"),
 
     check("choose_phi"),
 
     md("""
     **Count.** Your $\\varphi$ on MiniLM-L6, beside the course's (`reference.decode_scores.choose_phi`,
     which the lecture used), with the kernel's window and with fp16's:
-    """, "fragment", name="phi-count-text"),
+    """, "subslide", name="phi-count-text"),
 
     code("""
     from flashcourse.formulas.decode import DEFAULT_BOUNDS
     from flashcourse.reference import decode_scores as scores
     stats = scores.shipped_minilm_scores()
     h = stats["overall"]["row_max"]["hist"]
-    for label, bounds, target in (("kernel's window", DEFAULT_BOUNDS, 0.0), ("fp16's window", scores.FP16_BOUNDS, 0.02)):
-        mine, course = choose_phi(h["start"], h["width"], h["counts"], bounds, target), scores.choose_phi(stats, bounds, target)
-        print(f"{label:15s} target {target:.0%}: yours phi = {mine:6.2f} sends {scores.fallback_rate(stats, mine, bounds):.2%}"
-              f" back; the course's phi = {course.phi:6.2f} sends {course.fallback_rate:.2%}")
+    for label, bounds, target in (("kernel's window", DEFAULT_BOUNDS, 0.0),
+                                  ("fp16's window", scores.FP16_BOUNDS, 0.02)):
+        mine = choose_phi(h["start"], h["width"], h["counts"], bounds, target)
+        course = scores.choose_phi(stats, bounds, target)
+        print(f"{label:15s} target {target:.0%}: yours phi = {mine:6.2f} sends "
+              f"{scores.fallback_rate(stats, mine, bounds):.2%} back; "
+              f"the course's phi = {course.phi:6.2f} sends {course.fallback_rate:.2%}")
     """, "fragment", name="phi-count"),
 
     md("""
@@ -201,7 +209,7 @@ CELLS = [
     flush="read")`, the chapter's bench suite: fp16, 32 query heads, $d$ = 128, 16k keys). Before you run it:
     how much slower do you predict the step with 12.5% of its heads recomputed? Without a GPU the cell prints
     the shipped H100 times; on a GPU it also times two of the runs on yours.
-    """, "fragment", name="phi-measure-text"),
+    """, "subslide", name="phi-measure-text"),
 
     code("""
     from flashcourse import bench
@@ -228,14 +236,14 @@ CELLS = [
             print(f"this GPU ({torch.cuda.get_device_name()}), H_kv = 32, B = {B:2d}: {t0:8.1f}us, "
                   f"{t1:8.1f}us with 1/8 falling back ({t1 / t0 - 1:+.0%})")
             del q, k, v, q_hot
-    """, "fragment", name="phi-measure"),
+    """, "subslide", name="phi-measure"),
 
     md("""
     On the H100 every run paid more than the 12.5% of heads it recomputed: 18% with 1024 programs, 39% to 72%
     with 256 or fewer (the kernel runs one program per chunk of a KV head and sequence; the H100 has 132 SMs).
     Question 4 asks why the same fraction costs more when there are fewer programs. With fp16's window no
     $\\varphi$ sends fewer than 1.32% of MiniLM's rows back: a price paid at every decoding step.
-    """, "fragment", name="phi-measure-moral"),
+    """, "subslide", name="phi-measure-moral"),
 
     md(r"""
     ## 3. The partials on the GPU: every chunk adds into the same sums
@@ -295,7 +303,7 @@ CELLS = [
         out = ((t > b) | (t < a)).to(tl.int32)
         tl.atomic_max(FLAGS + h, out)
         ### END SOLUTION
-    """, tags=("solution",), name="partials-kernel"),
+    """, "subslide", tags=("solution",), name="partials-kernel"),
 
     code("""
     def unified_max_partials_gpu(q, k_cache, v_cache, phi, a=-60.0, b=60.0, chunk=256, BLOCK_N=64):
@@ -310,13 +318,13 @@ CELLS = [
             q, k_cache, v_cache, acc, lsum, flags, L, d ** -0.5, phi, a, b, q.stride(1), k_cache.stride(1),
             k_cache.stride(2), v_cache.stride(1), v_cache.stride(2), H_q // H_kv, chunk, HEAD_DIM=d, BLOCK_N=BLOCK_N)
         return acc, lsum, flags
-    """, name="partials-launcher"),
+    """, "subslide", name="partials-launcher"),
 
     md("""
     One sequence, three heads of 1000 keys in chunks of 256, $\\varphi = 3$; in head 2 one key lines up
     with the query far better than the rest (its logit is 90, so $x - \\varphi = 87 > b$). The safe
     heads' output $\\mathrm{ACC} / \\mathrm{LSUM}$ matches float64 attention, and only head 2 is flagged:
-    """, "fragment", name="kernel-demo-text"),
+    """, "subslide", name="kernel-demo-text"),
 
     code("""
     rng = np.random.default_rng(1)

@@ -24,6 +24,9 @@ CELLS = [
     3. the K loop of the flat GEMM Triton kernel: masked tiles of `x` and `W`, multiplied with
        `tl.dot` into a float32 accumulator (20–30 minutes).
 
+    """, "slide", name="title"),
+
+    md("""
     About 55–80 minutes in all, plus the questions at the end. How these were estimated: not by timing
     students. Each part's code and ideas were set against the primer's RMSNorm exercise, which a strong
     student solving it fresh took 20–30 minutes for (issue 31): the choice is three lines that follow the
@@ -38,7 +41,7 @@ CELLS = [
     `flashcourse grade exercises/06_flat_gemm.ipynb`.
 
     *Source: Hong et al., "FlashDecoding++: Faster Large Language Model Inference on GPUs" (2023), §4.*
-    """, "slide", name="title"),
+    """, "subslide", name="how-long"),
 
     code("""
     import math
@@ -84,7 +87,7 @@ CELLS = [
 
 
     [round(ratio(8, 4096, b), 2) for b in (16, 64, 256)]
-    """, "fragment", name="ratio"),
+    """, "subslide", name="ratio"),
 
     code("""
     def choose_block_n(M, K, N, num_sms, candidates=(16, 32, 64, 128, 256)):
@@ -100,7 +103,7 @@ CELLS = [
     md("""
     Llama-2-7B's MLP weight (N = 11008) and an attention projection (N = 4096), on an H100 (132 SMs),
     an A100 (108) and a T4 (40):
-    """, "fragment", name="block-n-demo-text"),
+    """, "subslide", name="block-n-demo-text"),
 
     code("""
     for N in (4096, 11008):
@@ -117,7 +120,7 @@ CELLS = [
     out from the loops (`flashcourse.reference.flat_gemm`, the lecture's count): what each program reads and
     writes, and how many programs there are. The check runs the tiling on the counted memory for each case and
     compares exactly: the count is a whole number, the same on every run.
-    """, "fragment", name="predict-intro"),
+    """, "subslide", name="predict-intro"),
 
     code("""
     def predict_accesses(M, K, N, B_N, B_K):
@@ -148,18 +151,20 @@ CELLS = [
     how much do the worst choices cost? The last column is your count at your choice, in fp16 bytes, over
     the measured time. Before you run it: what fraction of the H100's copy bandwidth (3.0 TB/s, chapter 0)
     do you expect? On a GPU, the next cell times one shape on yours.
-    """, "fragment", name="block-n-measure-text"),
+    """, "subslide", name="block-n-measure-text"),
 
     code("""
     from flashcourse import bench
     sweep = bench.measured("gemm_block_n")
-    print(f"{'M':>2s} {'K x N':>12s} {'yours':>6s} {'time':>8s} {'best':>5s} {'time':>8s} {'worst':>8s} {'your count':>11s}")
+    print(f"{'M':>2s} {'K x N':>12s} {'yours':>6s} {'time':>8s} {'best':>5s} {'time':>8s} {'worst':>8s} "
+          f"{'your count':>11s}")
     for r in sweep["rows"]:
         us = {int(b): t for b, t in r["us"].items()}
         mine, best = choose_block_n(r["M"], r["K"], r["N"], r["sms"], tuple(sweep["block_ns"])), min(us, key=us.get)
         moved = 2 * predict_accesses(r["M"], r["K"], r["N"], mine, 64)            # bytes, fp16
-        print(f"{r['M']:2d} {r['K']:5d} x {r['N']:5d} {mine!s:>6s} {us.get(mine, float('nan')):6.1f}us {best:5d} {us[best]:6.1f}us "
-              f"{max(us.values()):6.1f}us {moved / us.get(mine, float('nan')) / 1e6:6.2f} TB/s")
+        print(f"{r['M']:2d} {r['K']:5d} x {r['N']:5d} {mine!s:>6s} {us.get(mine, float('nan')):6.1f}us "
+              f"{best:5d} {us[best]:6.1f}us {max(us.values()):6.1f}us "
+              f"{moved / us.get(mine, float('nan')) / 1e6:6.2f} TB/s")
     if DEVICE == "cuda":
         from flashcourse.bench.timers import read_flush_timer
         from flashcourse.kernels import flat_gemm as library_flat_gemm
@@ -170,7 +175,7 @@ CELLS = [
             t = timer(lambda: library_flat_gemm(x, w, block_n=b, block_k=64, split_k=1, num_stages=3)) * 1e3
             print(f"this GPU, 1 x 4096 x 11008, B_N = {b:3d}: {t:6.1f} us"
                   + ("  <- yours" if b == choose_block_n(1, 4096, 11008, sms, tuple(sweep["block_ns"])) else ""))
-    """, "fragment", name="block-n-measure"),
+    """, "subslide", name="block-n-measure"),
 
     md("""
     The count and the clock disagree, and the disagreement teaches. At M = 8 and $B_N$ = 16 the count is
@@ -178,7 +183,7 @@ CELLS = [
     re-reads cost no time that shows; at 176 KB at most, x fits the 50 MB L2 many times over. The weight's bytes must come from DRAM,
     yet they arrive at 2.2 TB/s at best (K x N = 4096 x 11008), and W's 8 MB at N = 1024 take 28 µs
     (0.3 TB/s): a time that does not shrink with the bytes is a fixed cost, not bandwidth.
-    """, "fragment", name="block-n-measure-moral"),
+    """, "subslide", name="block-n-measure-moral"),
 
     md(r"""
     ## 2. Splitting K
@@ -268,12 +273,12 @@ CELLS = [
             x, w, y, M, N, K, x.stride(0), stride_wk, stride_wn, y.stride(0),
             BLOCK_M=16, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K)
         return y
-    """, tags=("solution",), name="flat-gemm-kernel"),
+    """, "subslide", tags=("solution",), name="flat-gemm-kernel"),
 
     md("""
     Five token rows, K = 100 and N = 70 (neither a multiple of 32), with `W` stored both ways — an
     `nn.Linear`'s weight is `(N, K)` — against float64:
-    """, "fragment", name="kernel-demo-text"),
+    """, "subslide", name="kernel-demo-text"),
 
     code("""
     g = torch.Generator().manual_seed(0)

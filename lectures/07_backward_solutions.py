@@ -23,6 +23,9 @@ CELLS = [
     4. the inner loop of the Triton kernel that computes $dK$ and $dV$, one program per block of keys
        (about 30).
 
+    """, "slide", name="title"),
+
+    md("""
     About 85 minutes in all, plus the questions at the end.
 
     Under each exercise a **check cell** runs your code on cases you can see and on hidden random ones
@@ -33,7 +36,7 @@ CELLS = [
 
     *Source: Dao, "FlashAttention-2" (2023), Algorithm 2; Dao et al., "FlashAttention" (2022), §3.1 and
     Appendix B; the Triton tutorial `06-fused-attention.py`.*
-    """, "slide", name="title"),
+    """, "subslide", name="how-long"),
 
     code("""
     import math
@@ -90,10 +93,10 @@ CELLS = [
         dK_j = dK_j + tau * dS_ij.T @ Q_i
         ### END SOLUTION
         return dQ_i, dK_j, dV_j
-    """, tags=("solution",), name="fa2-backward-step"),
+    """, "subslide", tags=("solution",), name="fa2-backward-step"),
 
     md("The loops with your step, causal, $N_q \\ne N_k$, blocks that do not divide $N$; against float64:",
-       "fragment", name="step-demo-text"),
+       "subslide", name="step-demo-text"),
 
     code("""
     rng = np.random.default_rng(0)
@@ -132,7 +135,7 @@ CELLS = [
         ### END SOLUTION
     """, tags=("solution",), name="backward-step-dlse"),
 
-    md("The check's loops with your step, causal, against float64 gradients of both outputs:", "fragment",
+    md("The check's loops with your step, causal, against float64 gradients of both outputs:", "subslide",
        name="dlse-demo-text"),
 
     code("""
@@ -173,7 +176,7 @@ CELLS = [
     """, tags=("solution",), name="predict-backward-accesses"),
 
     md("**Count.** Your prediction beside the counted memory, for a few block sizes, and the standard backward's:",
-       "fragment", name="count-text"),
+       "subslide", name="count-text"),
 
     code("""
     from flashcourse.memory import Memory
@@ -219,7 +222,7 @@ CELLS = [
             cells = [f"{2 * heads * n / 1e9:5.1f} GB {2 * heads * n / bandwidth * 1e3:6.2f} ms" for n in moved.values()]
             matmuls = backward_flops(N, d, heads=heads) * 7 / 5 / peaks["fp16 matmul"] * 1e3
             print(f"{d:3d} {N:5d} {B_c:3d} | " + " | ".join(cells) + f" | {matmuls:6.2f} ms | {r.ms:6.2f} ms")
-    """, "fragment", name="measure"),
+    """, "subslide", name="measure"),
 
     md("""
     At $d$ = 64 the backward took 2.6-2.7x less time than the standard backward's traffic alone needs at
@@ -229,7 +232,7 @@ CELLS = [
     The L2 (50 MB) served them, as it served FlashAttention-1's re-reads in chapter 3's Nsight measurement:
     a count says what an algorithm asks of memory, not what DRAM sees. (Your count is Algorithm 2's; the
     kernels replace its round trips of $dQ$ by a second kernel that reads $K$ and $V$ once per query block.)
-    """, "fragment", name="measure-moral"),
+    """, "subslide", name="measure-moral"),
 
     md(r"""
     ## 4. The dK/dV kernel
@@ -293,7 +296,7 @@ CELLS = [
         out = h * stride_dkh + cols[:, None] * stride_dkn + dims[None, :]
         tl.store(DK + out, dK_j * sm_scale, mask=in_k[:, None])
         tl.store(DV + out, dV_j, mask=in_k[:, None])
-    """, tags=("solution",), name="dkdv-kernel"),
+    """, "subslide", tags=("solution",), name="dkdv-kernel"),
 
     code("""
     def dkdv(q, k, v, do, lse, delta, causal=False, BLOCK_M=16, BLOCK_N=16):
@@ -307,12 +310,12 @@ CELLS = [
                                                     k.stride(1), dk.stride(0), dk.stride(1), HEAD_DIM=d,
                                                     BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=causal)
         return dk, dv
-    """, name="dkdv-launcher"),
+    """, "subslide", name="dkdv-launcher"),
 
     md("""
     Two heads, 50 queries and 70 keys, causal, fp16; $L$ and $D$ from the course's forward; the error
     against float64 gradients is at the level of fp16 rounding:
-    """, "fragment", name="kernel-demo-text"),
+    """, "subslide", name="kernel-demo-text"),
 
     code("""
     from flashcourse.kernels import fa2_forward

@@ -23,6 +23,9 @@ CELLS = [
     4. a **prediction** of the kernel's time on a GPU from its blocks, then the count and the clock
        (10–15 minutes).
 
+    """, "slide", name="title"),
+
+    md("""
     About 70–105 minutes in all. How these were estimated: each part solved once, fresh from its stub, by
     the course's author (parts 1, 3 and 4 in a few minutes each: one measurement, of someone who knew the
     answer's shape), then scaled to a student meeting the chapter for the first time by the primer's
@@ -37,7 +40,7 @@ CELLS = [
     `flashcourse grade exercises/08_block_sparse.ipynb`.
 
     *Source: Dao et al., "FlashAttention" (2022), §3.3 and Algorithm 5; Dong et al., "FlexAttention" (2024).*
-    """, "slide", name="title"),
+    """, "subslide", name="how-long"),
 
     code("""
     import math
@@ -92,7 +95,7 @@ CELLS = [
     """, tags=("solution",), name="block-lists"),
 
     md("A window of 40 keys in blocks of 16 (2.5 blocks wide), and three documents packed into 100 tokens:",
-       "fragment", name="lists-demo-text"),
+       "subslide", name="lists-demo-text"),
 
     code("""
     for mask in (sliding_window(40), documents([30, 50, 20])):
@@ -120,13 +123,15 @@ CELLS = [
     them into `m_i`, `l_i`, `acc` as chapter 3's kernel does (`qk_scale` is `sm_scale * log2(e)`, for
     `tl.exp2`). A full block needs no mask at all. A partial block may reach past $N_k$ (mask those loads),
     and its scores are $-\infty$ wherever its tile's bit is 0 — a row may then have seen no key yet, or never.
+    """, "slide", name="kernel-intro"),
 
+    md(r"""
     Such a row's running maximum is still $-\infty$ after the block, and `exp2(qk - m)` would be
     `exp2(-inf - -inf)`, NaN: chapter 3's exercise met the same rows (causal, more queries than keys) and
     guarded them in its kernel's loop (`m_safe`, the maximum to subtract); the partial loop here needs the
     same guard, the full loop does not (a full block gives every row keys). The final division is guarded
     for you.
-    """, "slide", name="kernel-intro"),
+    """, "subslide", name="kernel-guard"),
 
     code("""
     @triton.jit
@@ -177,7 +182,7 @@ CELLS = [
         O_i = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]     # a row that saw no key: 0
         tl.store(O + h * stride_qh + rows[:, None] * stride_qm + dims[None, :],   # O has Q's strides
                  O_i.to(O.dtype.element_ty), mask=rows[:, None] < N_q)
-    """, tags=("solution",), name="sparse-kernel"),
+    """, "subslide", tags=("solution",), name="sparse-kernel"),
 
     code("""
     def sparse_attention(q, k, v, bm):
@@ -191,12 +196,12 @@ CELLS = [
                                         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
                                         HEAD_DIM=d, BLOCK_M=B_r, BLOCK_N=B_c)
         return o
-    """, name="sparse-launcher"),
+    """, "subslide", name="sparse-launcher"),
 
     md("""
     Two heads, 100 tokens of three documents, blocks of 16; the error against float64 attention with the same
     mask is at the level of fp16 rounding:
-    """, "fragment", name="kernel-demo-text"),
+    """, "subslide", name="kernel-demo-text"),
 
     code("""
     g = torch.Generator().manual_seed(0)
@@ -249,7 +254,7 @@ CELLS = [
     """, tags=("solution",), name="band-lists"),
 
     md("A prefix-LM of 40 prompt tokens, 128 tokens in blocks of 32, against `block_lists` on its mask function:",
-       "fragment", name="bands-demo-text"),
+       "subslide", name="bands-demo-text"),
 
     code("""
     P, N = 40, 128
@@ -291,7 +296,7 @@ CELLS = [
     md("""
     **Count.** The suite's runs, their blocks counted by your `band_lists` from each mask's ranges (its
     documents are `bench.sparse.document_lengths(N)`), beside the counts the suite recorded:
-    """, "fragment", name="count-text"),
+    """, "subslide", name="count-text"),
 
     code("""
     from flashcourse import bench
@@ -324,7 +329,7 @@ CELLS = [
     **Measure.** Your prediction from two runs (causal and the window of 256 at $N$ = 16k) against the clock,
     for every run. Without a GPU these are the shipped H100 numbers (the lecture's table); on a GPU the cell
     also times four masks on yours and predicts two of them from the other two.
-    """, "fragment", name="measure-text"),
+    """, "subslide", name="measure-text"),
 
     code("""
     calibration = [r for r in runs if r["N"] == 16384 and r["mask"] in ("causal", "sliding_window(256)")]
@@ -349,15 +354,16 @@ CELLS = [
         print(f"this GPU: {torch.cuda.get_device_name()}, tiles {bm.block_size}")
         for r in here[2:]:
             mine = predict_forward_us(r, here[:2])
-            print(f"N = {N} {r['mask']:22s} predicted {mine:5.0f} µs, measured {r['us']:5.0f} µs ({mine / r['us'] - 1:+.0%})")
-    """, "fragment", name="measure"),
+            print(f"N = {N} {r['mask']:22s} predicted {mine:5.0f} µs, measured {r['us']:5.0f} µs "
+                  f"({mine / r['us'] - 1:+.0%})")
+    """, "subslide", name="measure"),
 
     md("""
     Where the prediction misses, the gap is what the model leaves out: a partial block's bit tile and masking
     cost a little more than a full block, and the programs of unequal length fall into waves over the SMs
     unevenly. Proportional to causal attention's blocks, with no fixed cost, the window of 1024 at 16k would be
     predicted 21% short (323 µs for 408).
-    """, "fragment", name="measure-gap"),
+    """, "subslide", name="measure-gap"),
 
     done("""
     Your kernel is the course's `sparse_kernel` (`flashcourse.kernels.block_sparse_taught` launches it), which

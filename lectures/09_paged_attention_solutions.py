@@ -21,6 +21,9 @@ CELLS = [
     2. in Triton, the **page walk** of chapter 4's decoding kernel over a block table (20–30 minutes);
     3. a **prediction**: how many requests fit in a cache, contiguous and paged (10–15 minutes).
 
+    """, "slide", name="title"),
+
+    md("""
     About 55–80 minutes in all: estimated from one solve by the course's author, who knew the answers,
     scaled as chapter 8's estimates are; not yet timed on a student's fresh solve.
 
@@ -31,7 +34,7 @@ CELLS = [
 
     *Source: Kwon et al., "Efficient Memory Management for Large Language Model Serving with
     PagedAttention" (SOSP 2023).*
-    """, "slide", name="title"),
+    """, "subslide", name="how-long"),
 
     code("""
     import math
@@ -67,7 +70,8 @@ CELLS = [
 
     A block held by two tables is never written: an append whose last block is shared first copies the
     rows written so far into a free block of its own (**copy-on-write**). Work out for yourself when an
-    append needs a new block, and when a shared last block needs no copy at all.
+    append needs a new block, and when a shared last block needs no copy at all. An append that needs a
+    block when `free` is empty raises `CacheFull` (imported above).
     """, "slide", name="cache-intro"),
 
     code("""
@@ -80,6 +84,8 @@ CELLS = [
             _, seq, x = op
             table, n = tables.setdefault(seq, []), lens.get(seq, 0)
             row = n % block_size
+            if not free and (row == 0 or refs[table[-1]] > 1):   # a block is needed and none is left
+                raise CacheFull(f"no free block for token {n} of {seq!r}")
             if row == 0:                                # the last block is full, or there is none
                 table.append(free.pop())
                 refs[table[-1]] = 1
@@ -292,7 +298,7 @@ CELLS = [
         free_bytes = torch.cuda.mem_get_info()[0]
         print(f"{torch.cuda.get_device_name()}: {free_bytes / 2 ** 30:.1f} GiB free would hold "
               f"{requests_that_fit(lengths * 100, free_bytes, block_size, max_len, llama)} of 6,000 such requests")
-    """, "fragment", name="count"),
+    """, "subslide", name="count"),
 
     done("""
     Your kernel is the library's `kernels.paged.paged_split_kernel`, which `paged_decode_taught` launches. The fast

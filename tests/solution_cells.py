@@ -18,7 +18,7 @@ from flashcourse.exercises import strip_solutions
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = ("import math\nimport numpy as np\nimport torch\nimport flashcourse\nimport triton\n"
-          "import triton.language as tl\n\n")
+          "import triton.language as tl\nfrom flashcourse.reference.paged import CacheFull\n\n")
 SUCCESS = re.compile(r"^(\w+): (\d+) cases passed \((\d+) shown, (\d+) hidden\) ✓$")
 _count = count()
 
@@ -71,14 +71,20 @@ def seeds_of(seed) -> list[int]:
     return [FIXED_SEED, seed, (seed + 1) % 2 ** 32, (seed + 2) % 2 ** 32]
 
 
-def rejected(check, fn, seed, *expected, exc=AssertionError):
-    """``check(fn, seed=s)`` fails for the fixed seed and three fresh ones, each message containing ``expected``."""
+def rejected(check, fn, seed, *expected, exc=AssertionError, first_hint: str | None = None, absent=()):
+    """``check(fn, seed=s)`` fails for the fixed seed and three fresh ones, each message containing ``expected``,
+    its first ``hint:`` line containing ``first_hint`` (when given) and no text of ``absent``."""
     for s in seeds_of(seed):
         with pytest.raises(exc) as info:
             check(fn, seed=s)
         msg = str(info.value)
         for text in expected:
             assert text in msg, f"seed {s}: {text!r} not in the message:\n{msg}"
+        if first_hint is not None:
+            hints = [line for line in msg.splitlines() if line.strip().startswith("hint:")]
+            assert hints and first_hint in hints[0], f"seed {s}: the first hint is not {first_hint!r}:\n{msg}"
+        for text in absent:
+            assert text not in msg, f"seed {s}: {text!r} in the message:\n{msg}"
 
 
 def refused_by_the_gpu_compiler(name: str) -> tuple[str, ...]:

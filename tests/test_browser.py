@@ -22,9 +22,11 @@ What is checked, per lecture notebook:
   which RISE makes a slide a scroll box, and every fragment is on the screen when it appears (RISE
   never scrolls to one). A slide too tall is saved as a screenshot, ``NOTEBOOK-tall-H-V.png``. The
   chapters not yet fitted (``tests/test_lectures.py``'s ``FITTED``) are expected to fail;
-* per **exercise** notebook, shown the same way: every cell the student writes (tagged ``solution``) is
-  at most :data:`FIT` of the screen's height on its own (issue 31: a graded kernel with its launcher in
-  the same cell was 727-913 px in five of the nine exercises; the launcher is a given cell now).
+* per **exercise** notebook, shown the same way: every slide fits as a lecture's does (issue 31: the prose
+  slides were 700-2100 px tall; long intros, graded code, launchers and demos are sub-slides of their own
+  now), and every cell the student writes (tagged ``solution``) is at most :data:`FIT` of the screen's
+  height on its own (a graded kernel with its launcher in the same cell was 727-913 px in five of the nine
+  exercises; the launcher is a given cell now).
 
 The heights of every slide of every lecture, for whoever fits one::
 
@@ -407,7 +409,7 @@ def cell_heights(slides: dict) -> dict[int, int]:
 def test_every_graded_cell_fits_the_screen(server, screen, shots, name):
     """The cells a student writes, presented as slides in class, fit the screen on their own (issue 31): a
     graded kernel holds what the student writes and what it needs in view, its launcher is a given cell of
-    its own. (The exercises' prose is not yet fitted to slides: only the graded cells are held to it.)"""
+    its own."""
     heights = cell_heights(_measured(server, screen, shots, name, "exercises"))
     graded = graded_cells(name)
     assert graded, f"exercises/{name} has no cell tagged solution"
@@ -416,6 +418,16 @@ def test_every_graded_cell_fits_the_screen(server, screen, shots, name):
     limit = FIT * SCREEN["height"]
     tall = [f"{graded[k]} is {heights[k]} px tall" for k in graded if heights[k] > limit]
     assert not tall, f"exercises/{name} at {SCREEN['width']}x{SCREEN['height']} (limit {limit:.0f} px): " + "; ".join(tall)
+
+
+@pytest.mark.parametrize("name", EXERCISES)
+def test_every_exercise_slide_fits_the_screen(server, screen, shots, name):
+    """An exercise presented as slides in class: every slide, all its fragments shown, fits the screen as a
+    lecture's must (issue 31: the exercises' prose slides were 700-2000 px tall)."""
+    slides = _measured(server, screen, shots, name, "exercises")
+    assert slides, f"no slide of exercises/{name} was measured"
+    bad = _too_tall(slides)
+    assert not bad, f"exercises/{name} at {SCREEN['width']}x{SCREEN['height']} (limit {FIT * SCREEN['height']:.0f} px): " + "; ".join(bad)
 
 
 def test_report_slide_heights(server, screen, shots, capsys):

@@ -301,6 +301,8 @@ TOTAL = "return (reads + writes) * rows * cols * itemsize"
                  ("that is the safe softmax's count",), id="online-as-safe"),
     pytest.param(((READS, 'reads = {"naive": 1, "safe": 3, "online": 2}[variant]'),),
                  ("the naive softmax still reads x twice",), id="naive-once"),
+    pytest.param(((READS, 'reads = {"naive": 2, "safe": 3, "online": 1}[variant]'),),
+                 ("the online softmax still reads x twice",), id="online-once"),
     pytest.param(((TOTAL, "return (reads + 2 * writes) * rows * cols * itemsize"),),
                  ("a store is one pass of writes, not a read and a write",), id="write-as-read-and-write"),
     pytest.param(((TOTAL, "return (reads + writes) * rows * cols * itemsize + 2"),),
@@ -308,7 +310,7 @@ TOTAL = "return (reads + writes) * rows * cols * itemsize"
 ])
 def test_softmax_bytes_rejects_wrong_predictions_with_their_hint(tmp_path, seed, replace, expected):
     from solution_cells import rejected
-    rejected(checks.softmax_bytes, predict(tmp_path, *replace), seed, "hint:", *expected)
+    rejected(checks.softmax_bytes, predict(tmp_path, *replace), seed, "hint:", *expected, absent=("; or:",))
 
 
 def test_softmax_bytes_as_given_is_not_implemented_and_a_float_or_a_string_is_refused(tmp_path):
@@ -329,7 +331,7 @@ def test_online_cross_entropy_accepts_the_solution_on_200_seeds(tmp_path, seed, 
     fn = entropy(tmp_path)
     for s in range(seed, seed + 200):
         checks.online_cross_entropy(fn, seed=s % 2 ** 32)
-    assert set(capsys.readouterr().out.splitlines()) == {"online_cross_entropy: 13 cases passed (5 shown, 8 hidden) ✓"}
+    assert set(capsys.readouterr().out.splitlines()) == {"online_cross_entropy: 14 cases passed (6 shown, 8 hidden) ✓"}
 
 
 LOSS = "return m + np.log(l) - x_t"
@@ -345,11 +347,37 @@ PICK = "x_t[here] = x_b[rows[here], target[here] - start]"
     pytest.param((("m, l = merge(m, l, m_b, l_b)", "m, l = m_b, l_b"),), ("only the last block's (m, l)",),
                  id="no-merge"),
     pytest.param((("l_b = np.exp(x_b - np.where(m_b == -np.inf, 0.0, m_b)[:, None]).sum(axis=1)",
-                   "l_b = np.exp(x_b).sum(axis=1)"),), ("first wrong element",), id="no-max-in-block"),
+                   "l_b = np.exp(x_b).sum(axis=1)"),), ("measured against the block's own maximum",),
+                 id="no-max-in-block"),
+    pytest.param(((PICK, PICK + " - m[here]"), (LOSS, "return np.log(l) - x_t")),
+                 ("shown case 2 of 6", "a stale m"), id="stale-max"),
+    pytest.param((("m, l = merge(m, l, m_b, l_b)", "m_new = np.maximum(m, m_b)\n"
+                   "        l, m = l + l_b * np.exp(m_b - np.where(m_new == -np.inf, 0.0, m_new)), m_new"),),
+                 ("l was never rescaled",), id="no-rescale"),
+    pytest.param((("m, l = merge(m, l, m_b, l_b)", "m, l = np.maximum(m, m_b), l + l_b"),),
+                 ("each block's sum was added as it is",), id="sums-added"),
 ])
 def test_online_cross_entropy_rejects_wrong_losses_with_their_hint(tmp_path, seed, replace, expected):
     from solution_cells import rejected
-    rejected(checks.online_cross_entropy, entropy(tmp_path, *replace), seed, *expected)
+    rejected(checks.online_cross_entropy, entropy(tmp_path, *replace), seed, *expected,
+             absent=("an exponential overflowed",))
+
+
+def test_online_cross_entropy_holds_the_student_to_one_pass(seed):
+    """The blocks stream once: a second pass raises, and blocks kept past the stream hold another block."""
+    from solution_cells import rejected
+
+    def two_passes(blocks, target):
+        m = np.max([x_b.max(axis=1) for _, x_b in blocks], axis=0)
+        l = sum(np.exp(x_b - m[:, None]).sum(axis=1) for _, x_b in blocks)
+        return m + np.log(l)
+
+    def kept(blocks, target):
+        x = np.concatenate([x_b for _, x_b in blocks], axis=1)
+        m = x.max(axis=1)
+        return m + np.log(np.exp(x - m[:, None]).sum(axis=1)) - x[np.arange(len(x)), target]
+    rejected(checks.online_cross_entropy, two_passes, seed, "raised RuntimeError", "read once already")
+    rejected(checks.online_cross_entropy, kept, seed, "the blocks were kept and read after the stream moved on")
 
 
 def test_online_cross_entropy_as_given_is_not_implemented(tmp_path):

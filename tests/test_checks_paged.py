@@ -39,6 +39,8 @@ def test_the_solutions_pass_on_fresh_seeds_and_the_stubs_are_not_implemented(tmp
 NEW_BLOCK = "        if row == 0:                                # the last block is full, or there is none\n"
 SHARED = "        elif refs[table[-1]] > 1:                   # shared: copy it first\n"
 FREE_BACK = "            refs[b] -= 1\n            if refs[b] == 0:\n                free.append(b)\n"
+FULL = ("        if not free and (row == 0 or refs[table[-1]] > 1):   # a block is needed and none is left\n"
+        "            raise CacheFull(f\"no free block for token {n} of {seq!r}\")\n")
 COPY_FULL = ("        if table and refs[table[-1]] > 1:           # shared, full or not: copied\n"
              "            own = free.pop()\n            refs[own] = 1\n"
              "            pages[own, :row] = pages[table[-1], :row]\n            refs[table[-1]] -= 1\n"
@@ -68,6 +70,11 @@ COPY_FULL = ("        if table and refs[table[-1]] > 1:           # shared, full
                  id="copies-a-full-shared-block"),
     pytest.param((("        del lens[seq]\n", ""),), ("shown case 5 of 6", "free removes the sequence"),
                  id="free-keeps-the-length"),
+    pytest.param(((FULL, ""),), ("hidden case 7 of 7 (the pool runs out", "raised IndexError", "raise CacheFull"),
+                 id="pops-an-empty-free-list"),
+    pytest.param(((FULL, FULL.replace("raise CacheFull(f\"no free block for token {n} of {seq!r}\")", "return cache")),),
+                 ("hidden case 7 of 7", "returned a cache though the append needed a block", "raise CacheFull"),
+                 id="full-pool-returns-quietly"),
 ])
 def test_cache_step_mutants_are_rejected_on_every_seed(tmp_path, seed, replace, expected):
     rejected(checks.cache_step, cells.load(tmp_path, NOTEBOOK, "cache-step", "cache_step", replace), seed,
@@ -81,7 +88,7 @@ def test_the_cache_streams_hold_the_cases_they_exist_for_on_every_seed(tmp_path)
     for seed in range(200):
         rng = np.random.default_rng(seed)
         cow = boundary_after_fork = 0
-        for kind in paged_checks.HIDDEN_KINDS:
+        for kind in paged_checks.HIDDEN_KINDS[:-1]:                 # (the last: a full pool, below)
             nb, bs, d, order, ops = paged_checks.random_stream(rng, kind)
             cache = paged_checks.new_cache(nb, bs, d, order)
             for op in ops:
@@ -114,6 +121,13 @@ ROWS = "rows = page * stride_kb + offs_t[:, None] * stride_kt + g * stride_kh + 
     pytest.param(((PAGE, PAGE.replace("b * stride_bt + ", "")),), ("the first sequence's block table",),
                  id="first-sequence-s-table"),
     pytest.param(((ROWS, ROWS.replace(" + g * stride_kh", "")),), ("reads KV head 0",), id="kv-head-0"),
+    pytest.param(((ROWS, ROWS.replace("g * stride_kh", "(bh % H_q) * stride_kh")),),
+                 ("the query head h was used as the KV head",), id="query-head-as-kv-head"),
+    pytest.param((('qk = tl.where(valid, tl.sum(q[None, :] * K_j, 1) * qk_scale, float("-inf"))',
+                   "qk = tl.sum(q[None, :] * K_j, 1) * qk_scale"),), ("Their logits must be -inf",),
+                 id="logits-past-seq-len-not-inf"),
+    pytest.param((("acc = acc * alpha + ", "acc = acc + "),), ("acc is not rescaled when the maximum rises",),
+                 id="acc-not-rescaled"),
 ])
 def test_paged_split_kernel_mutants_are_rejected_on_every_seed(tmp_path, seed, replace, expected):
     kernel = cells.load(tmp_path, NOTEBOOK, "paged-split-kernel", "paged_split_kernel", replace)

@@ -120,6 +120,12 @@ def test_the_worker_has_nothing_of_the_course():
             return modules, alive, DEVICE
         def dense(mask, n):
             return mask.dense(n, n), mask(np.arange(n)[:, None], np.arange(n)[None, :]), repr(mask), mask.length
+        def stream(blocks):
+            seen = [(start, x_b.copy()) for start, x_b in blocks]
+            try:
+                list(blocks)
+            except RuntimeError as e:
+                return seen, str(e), type(blocks).__module__
         """)))
     with Worker(setup=setup, cells=cells) as w:
         for name in COURSE_CHEATS:
@@ -134,6 +140,12 @@ def test_the_worker_has_nothing_of_the_course():
         got_dense, got_call, name, length = w.call("dense", mask, 6)
         assert np.array_equal(got_dense, mask.dense(6, 6)) and np.array_equal(got_call, mask.dense(6, 6))
         assert name == repr(mask) and length is None
+        # chapter 1's stream of row blocks is built again there, by the worker's copy: read once, as here
+        from flashcourse.reference import row_blocks
+        x = np.arange(10.0).reshape(2, 5)
+        seen, refused, module = w.call("stream", row_blocks(x, 2))
+        assert [start for start, _ in seen] == [0, 2, 4] and np.array_equal(np.concatenate([b for _, b in seen], 1), x)
+        assert "read once already" in refused and not module.startswith("flashcourse")
 
 
 def test_a_student_exception_comes_back_as_its_own_kind():
@@ -144,6 +156,13 @@ def test_a_student_exception_comes_back_as_its_own_kind():
             with pytest.raises(kind) as e:
                 w.call(name, 0)
             assert type(e.value).__name__ in (kind.__name__, "Mine") and str(e.value).strip("\"") == text
+    # an exception class of the course's set-up (chapter 9's CacheFull) is made again in the worker, by name and base
+    cells = [("a", "def full(x):\n    raise CacheFull('no block')\ndef kind(x):\n    return issubclass(CacheFull, MemoryError)")]
+    with Worker("from flashcourse.reference.paged import CacheFull", cells) as w:
+        with pytest.raises(Exception) as e:
+            w.call("full", 0)
+        assert type(e.value).__name__ == "CacheFull" and str(e.value).strip("'\"") == "no block"
+        assert w.call("kind", 0) is True
 
 
 # ---------------------------------------------------------------------------------------------

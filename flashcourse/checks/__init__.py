@@ -25,6 +25,7 @@ The checks, by chapter:
   :func:`pad_scores_kernel` (blocks and masks, a 2-D grid, ``tl.where``); :mod:`.primer_tiles`:
   :func:`logsumexp_kernel` (a reduction along an axis, ``exp2``) and :func:`dot_tile_kernel` (``tl.dot``);
   :mod:`.primer_predict`: :func:`predict_rms_norm` (RMSNorm's bytes and its H100 time, predicted);
+  :mod:`.primer_waves`: :func:`grid_waves` (the programs an SM holds under its limits, and a grid's waves);
 * :mod:`.online` (chapter 1): :func:`online_softmax` (the online normaliser's step, driven one element
   at a time), :func:`merge`, :func:`softmax_kernel`; :mod:`.online_predict`: :func:`softmax_bytes` (the
   bytes each softmax moves through HBM, predicted and counted); :mod:`.online_entropy`:

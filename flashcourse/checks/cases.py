@@ -121,12 +121,18 @@ def fmt(v) -> str:
 
 
 def _show(v, limit: int = 12) -> str:
-    """An input as the student would type it when short, else a summary of it."""
+    """An input as the student would type it when short (a whole number as one), else a summary of it.
+
+    Example:
+        >>> _show(4096), _show(np.array([0, 8])), _show(2.0)
+        ('4096', '[0, 8]', '2.0')
+    """
     a = np.asarray(v)
+    whole = a.dtype.kind in "iu"
     if a.ndim == 0:
-        return fmt(a)
+        return str(int(a)) if whole else fmt(a)
     if a.size <= limit and a.ndim == 1:
-        return "[" + ", ".join(fmt(t) for t in a) + "]"
+        return "[" + ", ".join(str(int(t)) if whole else fmt(t) for t in a) + "]"
     if a.dtype == bool:  # a mask: in full when small, else how much of it is True
         if a.size <= limit:
             return repr(a.tolist())
@@ -265,10 +271,11 @@ def as_array(name: str, what: str, got, shape, case: Case, dtype_note: str = _FR
 
 
 def compare(name: str, what: str, got, expected: np.ndarray, case: Case, rtol: float, atol: float,
-            hint: str = "", dtype_note: str = _FRACTIONS) -> None:
+            hint: str = "", dtype_note: str = _FRACTIONS, nan_hint: bool = True) -> None:
     """Raise an AssertionError at the first element of ``got`` that differs from ``expected`` by more
     than ``atol + rtol |expected|``, giving its index, both values, how many elements are wrong and
-    the ``hint``; return None when every element is close. ``got`` is first checked by
+    the ``hint``; return None when every element is close. A nan where a number was expected (or the
+    reverse) adds the usual causes after the hint, unless ``nan_hint`` is False (the check knows the cause). ``got`` is first checked by
     :func:`as_array`. nan must match nan (a row that is entirely -inf gives nan, as in torch.softmax);
     inf must match inf.
 
@@ -295,14 +302,16 @@ def compare(name: str, what: str, got, expected: np.ndarray, case: Case, rtol: f
            f"  first wrong element: {where} = {fmt(g)}, expected {fmt(e)}"
            f" ({len(bad)} of {expected.size} element{'s' if expected.size > 1 else ''} wrong; "
            f"allowed error {rtol:g} relative + {atol:g} absolute)"]
-    if np.isnan(g) and not np.isnan(e):
+    if hint:
+        msg.append(f"  hint: {hint}")
+    if not nan_hint:
+        pass
+    elif np.isnan(g) and not np.isnan(e):
         msg.append("  hint: nan where the answer is a number: an exponential overflowed (inf / inf), or "
                    "-inf - (-inf) was computed while everything seen so far was -inf.")
     elif np.isnan(e) and not np.isnan(g):
         msg.append("  hint: the input is entirely -inf, so softmax is 0 / 0: the reference (like "
                    "torch.softmax) gives nan there. Don't special-case it.")
-    if hint:
-        msg.append(f"  hint: {hint}")
     raise AssertionError("\n".join(msg))
 
 

@@ -54,33 +54,64 @@ def counted_softmax_bytes(variant: str, rows: int, cols: int, itemsize: int) -> 
     return mem.bytes_read() + mem.bytes_written()
 
 
-def _mistakes(variant, rows, cols, itemsize):
-    """(what went wrong, the count it gives) for the known mistakes, on this case."""
+def _mistakes(variant, rows, cols, itemsize, fn=None):
+    """(what went wrong, the count it gives) for the known mistakes, on this case. A store counted wrong (left
+    out, or as a read and a write) gives the same number as a read of x too few or too many; with the student's
+    ``fn`` at hand, its counts of the other variants on the same shape tell how it counts the store
+    (:func:`_store_passes`), and only the mistake that is its own is named."""
     reads, writes = _PASSES[variant]
     n = rows * cols
     right = (reads + writes) * n * itemsize
+    store = {0: ("the result is written to HBM too: one pass of writes of y, as many bytes as x", reads * n * itemsize),
+             2: ("y is only written, never read back: a store is one pass of writes, not a read and a write",
+                 (reads + writes + 1) * n * itemsize)}
     out = [
-        ("the result is written to HBM too: one pass of writes of y, as many bytes as x", reads * n * itemsize),
+        store[0],
         ("count bytes, not elements: each element takes itemsize bytes", (reads + writes) * n),
         ("count bytes, not bits", 8 * right),
         ("every row makes its passes: multiply by the number of rows", (reads + writes) * cols * itemsize),
         ("an element takes itemsize bytes, which is 2 only for fp16", (reads + writes) * n * 2),
-        ("that is the least any softmax moves (x read once, y written once), not what this algorithm moves",
-         2 * n * itemsize),
-        ("y is only written, never read back: a store is one pass of writes, not a read and a write",
-         (reads + writes + 1) * n * itemsize),
+        store[2],
     ]
     if variant == "safe":
         out.append(("that is the online softmax's count: the safe softmax reads x three times (its maximum, its "
                     "sum of e^(x - m), then once more to write y)", 3 * n * itemsize))
+        out.append(("that is the least any softmax moves (x read once, y written once), not what this algorithm "
+                    "moves", 2 * n * itemsize))
     else:
         out.append((f"that is the safe softmax's count: the {variant} softmax reads x twice, "
                     + ("its maximum and sum in one pass, then once more to write y" if variant == "online" else
                        "once for its sum of e^x, then once more to write y"), 4 * n * itemsize))
-    if variant == "naive":
-        out.append(("the naive softmax still reads x twice: once for its sum of e^x, then again to write y",
+        out.append(("the online softmax still reads x twice: its maximum and sum in one pass, then once more to "
+                    "write y" if variant == "online" else
+                    "the naive softmax still reads x twice: once for its sum of e^x, then again to write y",
                     2 * n * itemsize))
+    passes = _store_passes(fn, variant, rows, cols, itemsize) if fn is not None else None
+    if passes == 1:                     # the other variants' counts store y right: neither store mistake is it
+        out = [m for m in out if m not in store.values()]
+    elif passes in store:               # they count the store so too: that is the mistake, not a read of x
+        out = [(why, value) for why, value in out if value != store[passes][1] or (why, value) == store[passes]]
     return [(why, value) for why, value in out if value != right]
+
+
+def _store_passes(fn, variant, rows, cols, itemsize):
+    """How many passes the student's ``fn`` counts for the store of y (0, 1 or 2), read from its counts of the
+    other variants on the same shape that are their reads plus 0, 1 or 2 passes; None when none is (or it raised).
+    """
+    one_pass = rows * cols * itemsize
+    for other in _PASSES:
+        if other == variant:
+            continue
+        try:
+            got = fn(other, rows, cols, itemsize)
+        except Exception:  # noqa: BLE001 - the student's code on another variant: it tells nothing then
+            continue
+        if isinstance(got, bool) or not isinstance(got, (int, np.integer)):
+            continue
+        for passes in (1, 0, 2):
+            if got == (_PASSES[other][0] + passes) * one_pass:
+                return passes
+    return None
 
 
 def _gap(got: int, expected: int, rows: int, cols: int, itemsize: int) -> str:
@@ -142,6 +173,6 @@ def softmax_bytes(fn, seed: int | None = None) -> None:
         softmax_bytes: 14 cases passed (4 shown, 10 hidden) ✓
     """
     number_check("softmax_bytes", "predict_softmax_bytes", fn, seed, shown_cases(), hidden_cases, _NAMES,
-                 counted_softmax_bytes, _mistakes,
+                 counted_softmax_bytes, lambda *inputs: _mistakes(*inputs, fn=fn),
                  lambda got, *inputs: _gap(got, counted_softmax_bytes(*inputs), *inputs[1:]), unit="bytes",
                  shown_unit="bytes")

@@ -48,6 +48,9 @@ _COW_HINT = ("copy-on-write: before writing a token into a block that another ta
              "1), take a free block, copy the rows already written into it, put it in the sequence's table in "
              "place of the shared one, and let the shared one go (its count drops by one). Never write into a "
              "shared block.")
+_FULL_HINT = ("when an append needs a block (a new one, or one to copy a shared block into) and the free list is "
+              "empty, the pool is full: raise CacheFull (imported at the top), and the caller waits, preempts a "
+              "sequence or fails the request.")
 _FREED_SHARED_HINT = ("a block goes back to the free list only when no table holds it any more (its count drops to "
                       "0); while another sequence (a fork) still holds it, freeing one sequence only lowers the count.")
 
@@ -94,7 +97,87 @@ def shown_streams():
 
 HIDDEN_KINDS = ("random requests, blocks of 1 token", "random requests, pages out of order",
                 "random requests with many forks", "random requests with many frees",
-                "random requests, blocks of 8 tokens", "random requests, pages out of order")
+                "random requests, blocks of 8 tokens", "random requests, pages out of order",
+                "the pool runs out: the append that needs a block raises CacheFull")
+
+
+def needs_block(cache: dict, op) -> bool:
+    """Whether request ``op`` takes a block from the free list: an append whose sequence has no room in its last
+    block (it is full, or there is none), or whose last block another table holds too (copy-on-write).
+
+    Example:
+        >>> c = new_cache(2, 2, 1)
+        >>> needs_block(c, ("append", "a", [1.0])), needs_block(c, ("fork", "a", "b"))
+        (True, False)
+    """
+    if op[0] != "append":
+        return False
+    n, table = cache["lens"].get(op[1], 0), cache["tables"].get(op[1], [])
+    return n % cache["pages"].shape[1] == 0 or cache["refs"][table[-1]] > 1
+
+
+def full_pool_stream(rng):
+    """A hidden case of :func:`cache_step`: ``(num_blocks, block_size, d, order, ops)``, appends and forks on a pool
+    of 3-6 blocks until an append needs a block that is not there (the last request, which must raise CacheFull).
+
+    Example:
+        >>> nb, bs, d, order, ops = full_pool_stream(np.random.default_rng(0))
+        >>> cache = new_cache(nb, bs, d, order)
+        >>> for op in ops[:-1]:
+        ...     assert not (needs_block(cache, op) and not cache["free"])
+        ...     cache = apply_request(cache, op)
+        >>> needs_block(cache, ops[-1]) and not cache["free"]
+        True
+    """
+    nb, bs, d = int(rng.integers(3, 7)), int(rng.choice([2, 3, 4])), int(rng.integers(1, 4))
+    order = rng.permutation(nb).tolist()
+    cache, names, ops = new_cache(nb, bs, d, order), iter(f"s{i}" for i in range(100)), []
+    while True:
+        lens = cache["lens"]
+        if lens and len(lens) < 4 and rng.random() < 0.2:
+            op = ("fork", str(rng.choice(sorted(lens))), next(names))
+        else:
+            seq = next(names) if not lens or rng.random() < 0.15 else str(rng.choice(sorted(lens)))
+            op = ("append", seq, rng.normal(size=d).round(3))
+        ops.append(op)
+        if needs_block(cache, op) and not cache["free"]:
+            return nb, bs, d, order, ops
+        cache = apply_request(cache, op)
+
+
+def apply_request(cache: dict, op) -> dict:
+    """``op`` applied to a copy of ``cache`` by the rules :func:`cache_step` holds a student to (blocks taken with
+    ``free.pop()``); what the hidden streams are built with, never what a student's cache is compared with.
+
+    Example:
+        >>> c = apply_request(new_cache(2, 2, 1), ("append", "a", [1.0]))
+        >>> c["tables"], c["lens"], c["refs"].tolist()
+        ({'a': [0]}, {'a': 1}, [1, 0])
+    """
+    cache = copy.deepcopy(cache)
+    pages, refs, free, tables, lens = (cache[k] for k in _KEYS)
+    if op[0] == "append":
+        table, n = tables.setdefault(op[1], []), lens.get(op[1], 0)
+        row = n % pages.shape[1]
+        if row == 0 or refs[table[-1]] > 1:
+            own = free.pop()
+            refs[own] = 1
+            if row:
+                pages[own, :row] = pages[table[-1], :row]
+                refs[table[-1]] -= 1
+                table[-1] = own
+            else:
+                table.append(own)
+        pages[table[-1], row], lens[op[1]] = op[2], n + 1
+    elif op[0] == "fork":
+        tables[op[2]], lens[op[2]] = list(tables[op[1]]), lens[op[1]]
+        refs[tables[op[2]]] += 1
+    else:
+        for b in tables.pop(op[1]):
+            refs[b] -= 1
+            free += [b] if refs[b] == 0 else []
+        del lens[op[1]]
+    return cache
 
 
 def random_stream(rng, kind: str):
@@ -106,6 +189,8 @@ def random_stream(rng, kind: str):
         >>> len(ops), sorted(order) == list(range(nb))
         (40, True)
     """
+    if kind.startswith("the pool runs out"):
+        return full_pool_stream(rng)
     block_size = 1 if "1 token" in kind else 8 if "8 tokens" in kind else int(rng.choice([2, 3, 4, 5]))
     d = int(rng.integers(1, 4))
     p_fork, p_free = (0.25, 0.08) if "forks" in kind else (0.1, 0.2) if "frees" in kind else (0.12, 0.08)
@@ -269,6 +354,21 @@ def _content_hint(op, seq, t, bs, b_tables, b_refs, b_pages, block, row, x, toke
     return "a fork or a free writes no token; the rows of the blocks stay as they are"
 
 
+def _raises_cache_full(name, fn, state, op, case, replay) -> None:
+    """The append ``op`` needs a block and the free list is empty: ``fn`` must raise CacheFull (by name: under a
+    grade the worker's CacheFull is its own class of that name)."""
+    try:
+        call(name, fn, (copy.deepcopy(state), (op[0], op[1], np.array(op[2]))), case)
+    except AssertionError as e:
+        cause = e.__cause__
+        if type(cause).__name__ == "CacheFull":
+            return
+        raise _bad(name, case, f"raised {type(cause).__name__}: {cause} where the append needed a block and the free "
+                               f"list was empty", _FULL_HINT, replay) from cause
+    raise _bad(name, case, "returned a cache though the append needed a block and the free list was empty",
+               _FULL_HINT, replay)
+
+
 def cache_step(fn, seed: int | None = None) -> None:
     """Check ``fn(cache, op) -> cache``, one request to a paged KV cache (see the module's docstring for the
     cache): ``("append", seq, x)`` writes ``x`` (d,) as ``seq``'s next token (a new sequence starts empty), taking
@@ -276,9 +376,10 @@ def cache_step(fn, seed: int | None = None) -> None:
     (copy-on-write); ``("fork", parent, child)`` gives ``child`` the parent's blocks, shared; ``("free", seq)``
     drops ``seq``, each of its blocks returning to the free list once no table holds it.
 
-    6 shown streams of requests and 6 hidden ones of 40 requests each (blocks of 1 to 8 tokens, pools handed
-    out in a shuffled order, many forks, many frees); after every request the cache is held to the rules, with
-    the sequence of requests so far in the message.
+    6 shown streams of requests and 7 hidden ones: 6 of 40 requests each (blocks of 1 to 8 tokens, pools handed
+    out in a shuffled order, many forks, many frees), and one on a small pool that ends with an append that needs
+    a block when none is free, which must raise ``CacheFull``; after every request the cache is held to the rules,
+    with the sequence of requests so far in the message.
 
     Example:
         >>> def no_copy_on_write(cache, op):               # appends in place, shared or not; forks; frees
@@ -321,6 +422,9 @@ def cache_step(fn, seed: int | None = None) -> None:
             extra = dict(num_blocks=nb, block_size=bs, d=d, step=step + 1, steps=len(ops), op=_show_op(op),
                          before=(f"... {shown_before}" if step > 6 else shown_before) or "an empty cache")
             case = _StreamCase(kind, (), number, of, hidden, seed, (), extra)
+            if needs_block(state, op) and not state["free"]:       # the stream's last request: the pool is full
+                _raises_cache_full(name, fn, state, op, case, replay)
+                break
             before = copy.deepcopy(state)
             # the student's function gets a copy (as in the grader's worker, where every call crosses a pipe)
             got = call(name, fn, (copy.deepcopy(state), (op[0], op[1], np.array(op[2])) if op[0] == "append" else op),

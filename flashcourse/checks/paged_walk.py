@@ -7,9 +7,9 @@ out of order, a block shared by two sequences, lengths of 1 and of exactly a blo
 0), stale tokens past each sequence's end and a page of NaN that no table names; it compares the partials with
 float64 partials of the same fp16 values and, under the interpreter, counts the keys loaded and gives a masked
 load's masked-out lanes NaN (a load without ``other=`` is undefined there). A wrong result is
-matched against NumPy emulations of the known mistakes (:func:`emulate_paged`: no running maximum, no rescale,
-the mask off by one or missing, the logical block used as the page, the first sequence's table, KV head 0) to
-name it.
+matched against NumPy emulations of the known mistakes (:func:`emulate_paged`: no running maximum, no rescale
+or acc's alone left out, the mask off by one or missing, the logits past seq_len left as loaded, the logical
+block used as the page, the first sequence's table, KV head 0 or the query head used as the KV head) to name it.
 
 Example:
     >>> from flashcourse.kernels.paged import paged_split_kernel      # the library's: the exercise's answer
@@ -63,6 +63,12 @@ _PAGED_MISTAKES = [
                     "block_tables + b * stride_bt."),
     ("kv head 0", "every query head reads KV head 0: query head h reads KV head g = h // GROUP, at g * stride_kh "
                   "within each row of a page."),
+    ("query head", "the query head h was used as the KV head: GROUP query heads share one KV head, g = h // GROUP "
+                   "(the kernel's g); h * stride_kh reads another head's row, or another token's."),
+    ("logits unmasked", "the rows past seq_len were loaded as 0 but their logits were left as they are: a logit of 0 "
+                        "still adds 2^(0 - m) to l_i. Their logits must be -inf, so that p = 0 there."),
+    ("acc not rescaled", "acc is not rescaled when the maximum rises (l_i is): the page's p V is measured against "
+                         "m_new, so the acc so far must be scaled by alpha = 2^(m_i - m_new) too before adding it."),
 ]
 
 
@@ -84,6 +90,8 @@ def emulate_paged(q, k_pool, v_pool, tables, lens, PAGES: int, S: int, mistake: 
     G = H_q // H_kv
     scale = np.float32(1.0 / math.sqrt(d)) * np.float32(LOG2E)
     kp, vp, q32 = (np.asarray(t, dtype=np.float32) for t in (k_pool, v_pool, q))
+    # the pools' rows end to end (token, KV head): where an address h * stride_kh in a token's row lands
+    k_rows, v_rows = (np.concatenate([t.reshape(-1, d), np.full((1, d), np.nan, np.float32)]) for t in (kp, vp))
     o_s, lse_s = np.zeros((S, B, H_q, d), np.float32), np.zeros((S, B, H_q), np.float32)
     offs = np.arange(bs)
     with np.errstate(all="ignore"):
@@ -98,14 +106,20 @@ def emulate_paged(q, k_pool, v_pool, tables, lens, PAGES: int, S: int, mistake: 
                         left = n - j * bs
                         valid = {"no seq_len mask": offs < bs, "one past": offs <= left,
                                  "one short": offs < left - 1}.get(mistake, offs < left)
-                        K = np.where(valid[:, None], kp[page, :, g], np.float32(0))
-                        V = np.where(valid[:, None], vp[page, :, g], np.float32(0))
-                        qk = np.where(valid, (K @ q32[b, h]) * scale, np.float32(-np.inf))
+                        if mistake == "query head":                     # row (page, t), head h: past the pool, NaN
+                            at = np.minimum((page * bs + offs) * H_kv + h, len(k_rows) - 1)
+                            K_page, V_page = k_rows[at], v_rows[at]
+                        else:
+                            K_page, V_page = kp[page, :, g], vp[page, :, g]
+                        K = np.where(valid[:, None], K_page, np.float32(0))
+                        V = np.where(valid[:, None], V_page, np.float32(0))
+                        qk = (K @ q32[b, h]) * scale
+                        qk = qk if mistake == "logits unmasked" else np.where(valid, qk, np.float32(-np.inf))
                         m_new = qk.max() if mistake == "block max" else np.maximum(m, qk.max())
                         alpha = np.float32(1) if mistake == "no rescale" else np.exp2(m - m_new)
                         p = np.exp2(qk - m_new)
                         l = l * alpha + p.sum()
-                        acc = acc * alpha + p @ V
+                        acc = (acc if mistake == "acc not rescaled" else acc * alpha) + p @ V
                         m = m_new
                     l_safe = np.float32(1) if l == 0 else l
                     o_s[s, b, h] = acc / l_safe

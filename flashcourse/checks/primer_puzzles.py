@@ -94,10 +94,8 @@ def run_case(name, kernel, grid, args, meta, kc: KernelCase, out, where, inputs,
                                         f"hint: {hint or 'every element of the output is written by one program.'}",
                                         replay))
     if (written & ~inside).any():
-        flat = int(np.flatnonzero(written & ~inside)[0])
-        raise AssertionError(join_lines(f"{name} wrote outside the output (at {flat - int(where.max()) - 1:+d} "
-                                        f"elements past the last element, or between rows) on {kc.describe()}",
-                                        f"hint: {outside}", replay))
+        raise AssertionError(join_lines(f"{name} wrote outside the output ({stray_write(written & ~inside, where)}) "
+                                        f"on {kc.describe()}", f"hint: {outside}", replay))
     got = out.cpu().numpy()[where].astype(np.float64)
     with np.errstate(all="ignore"):
         ok = np.isclose(got, expected, rtol, atol, equal_nan=True)
@@ -108,7 +106,25 @@ def run_case(name, kernel, grid, args, meta, kc: KernelCase, out, where, inputs,
             else:
                 hint = next((h for h, y in mistakes if not np.allclose(y, expected, rtol, atol, equal_nan=True)
                              and np.allclose(got, y, 4 * rtol, 4 * atol, equal_nan=True)), GENERIC)
-    compare(name, "out", got, expected, kc, rtol, atol, join_lines(hint, replay) if hint else "")
+    compare(name, "out", got, expected, kc, rtol, atol, join_lines(hint, replay) if hint else "",
+            nan_hint=hint != UNDEFINED)
+
+
+def stray_write(outside: np.ndarray, where: np.ndarray) -> str:
+    """Where the first write outside the output landed, in words: past the last element (how far) or in the
+    gap after a row (which row), from the flat mask of such writes and the output's flat indices ``where``.
+
+    Example:
+        >>> where = np.array([[0, 1], [4, 5]])                    # 2 rows of 2, rows 4 elements apart
+        >>> stray_write(np.eye(1, 9, 2, dtype=bool)[0], where), stray_write(np.eye(1, 9, 7, dtype=bool)[0], where)
+        ('in the gap after row 0, 1 element past its end', '2 elements past the last element')
+    """
+    flat, last = int(np.flatnonzero(outside)[0]), int(where.max())
+    if flat > last:
+        return f"{flat - last} element{'s' if flat - last > 1 else ''} past the last element"
+    ends = np.atleast_2d(where)[:, -1]
+    row = int(np.searchsorted(ends, flat) - 1)
+    return f"in the gap after row {row}, {flat - int(ends[row])} element{'s' if flat - ends[row] > 1 else ''} past its end"
 
 
 def draw_cases(kinds_shown, kinds_hidden, draw, seed, fixed_seed):

@@ -1,11 +1,13 @@
 """The worker: the process that runs a student's solution cells and answers the grader's calls.
 
 It imports nothing of the course. :class:`flashcourse.grading.worker.Worker` (in the verdict) copies
-this module and :mod:`.wire` into a folder of the worker's own, and starts a fresh Python (``-I -S``)
-behind :func:`flashcourse.grading.sandbox.launch`, whose path is the standard library, that folder and
-a view of the site directories without the course: so ``import flashcourse`` fails there, no object
-of the course is alive (``gc`` finds none) and nothing the grader sends is one (plain data,
-:mod:`.wire`; a chapter 8 mask is a stand-in, :class:`Mask`, that asks the grader for its values).
+this module, :mod:`.wire` and :mod:`flashcourse.reference.online_blocks` into a folder of the worker's
+own, and starts a fresh Python (``-I -S``) behind :func:`flashcourse.grading.sandbox.launch`, whose path
+is the standard library, that folder and a view of the site directories without the course: so
+``import flashcourse`` fails there, no object of the course is alive (``gc`` finds none) and nothing the
+grader sends is one (plain data, :mod:`.wire`; a chapter 8 mask is a stand-in, :class:`Mask`, that asks
+the grader for its values; chapter 1's stream of row blocks is built here again by the copy of
+:mod:`flashcourse.reference.online_blocks`).
 
 :func:`serve` runs the exercise's set-up (imports and definitions, none of the course: the grader sends
 the values of the set-up's other names, ``DEVICE``), then the solution cells, with ``get_ipython()`` and
@@ -119,6 +121,27 @@ class Mask:
         return f"Mask({self.name})"
 
 
+def _row_blocks(spec: dict):
+    """Chapter 1's stream of row blocks, built in the worker from its array and width by the worker's copy of
+    :mod:`flashcourse.reference.online_blocks` (imported here: the course's own serve.py never runs this)."""
+    from .online_blocks import RowBlocks
+    return RowBlocks(spec["x"], int(spec["width"]))
+
+
+def _exception_class(spec: dict) -> type:
+    """An exception class of the course's set-up (chapter 9's ``CacheFull``), made again here from its name and
+    its built-in base, so that the student's code can raise it and the grader sees its name.
+
+    Example:
+        >>> e = _exception_class({"name": "CacheFull", "base": "MemoryError"})
+        >>> e.__name__, issubclass(e, MemoryError)
+        ('CacheFull', True)
+    """
+    base = getattr(builtins, str(spec["base"]), Exception)
+    base = base if isinstance(base, type) and issubclass(base, Exception) else Exception
+    return type(str(spec["name"]), (base,), {"__module__": "__main__"})
+
+
 def _error(e: BaseException) -> dict:
     return {"ename": type(e).__name__, "evalue": str(e)[:4000]}
 
@@ -130,7 +153,7 @@ def serve(fd: int) -> None:
     devnull = os.open(os.devnull, os.O_RDWR)
     for k in (0, 1, 2):
         os.dup2(devnull, k)
-    job = wire.decode(conn.recv_bytes())
+    job = wire.decode(conn.recv_bytes(), tags={"exception class": _exception_class})
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     namespace.update(job.get("values", {}))
     errors = []
@@ -151,7 +174,7 @@ def serve(fd: int) -> None:
         except BaseException as e:    # a cell that fails still lets the others define their functions
             errors.append({"where": f"cell {cid}", **_error(e)})
     conn.send_bytes(wire.encode({"errors": errors}))
-    masks = {"mask": lambda spec: Mask(conn, spec)}
+    masks = {"mask": lambda spec: Mask(conn, spec), "row blocks": _row_blocks}
     while True:
         try:
             data = conn.recv_bytes()

@@ -14,9 +14,9 @@ The worker has no course at all, so no solution can hand back the course's own a
 by removing the import blocker, through the globals of a chapter 8 mask it was given). Its path is the
 standard library, a folder with copies of :mod:`.serve` and :mod:`.wire`, and :func:`site_view`, the site
 directories without the course. Of the set-up it runs what needs no course (imports, definitions);
-what does (``DEVICE = flashcourse.backend.DEVICE``) runs here and is sent as its value
-(:func:`split_setup`). A chapter 8 mask crosses as a stand-in that asks this side for its values
-(:meth:`Worker.call`).
+what does (``DEVICE = flashcourse.backend.DEVICE``) runs here and is sent as its value, an exception class
+of the course (``CacheFull``) as its name and built-in base (:func:`split_setup`). A chapter 8 mask crosses as a stand-in that asks this side for its values
+(:meth:`Worker.call`); chapter 1's stream of row blocks as its array, built again there as a stream.
 
 Example:
     >>> import numpy as np
@@ -56,8 +56,10 @@ COURSE = "flashcourse"
 #: The time the worker is given, besides the per-call limit, to import and run the set-up (importing
 #: torch alone takes seconds).
 SETUP_SECONDS = 30
-#: The worker's own modules, copied into a folder of its own (a package named :data:`_RUNTIME`).
-_RUNTIME, _RUNTIME_FILES = "graderworker", ("serve.py", "wire.py")
+#: The worker's own modules, copied into a folder of its own (a package named :data:`_RUNTIME`), by their path in
+#: the course: the grading process's two, and chapter 1's stream of row blocks (NumPy only), which a check hands
+#: the student's function.
+_RUNTIME, _RUNTIME_FILES = "graderworker", ("grading/serve.py", "grading/wire.py", "reference/online_blocks.py")
 
 
 class WorkerDied(RuntimeError):
@@ -165,13 +167,35 @@ def split_setup(setup: str) -> tuple[str, list[str]]:
 
 
 def _plain_values(statements: list[str]) -> dict:
-    """The names the set-up's course statements bind, run here, whose values are plain (``DEVICE``)."""
+    """The names the set-up's course statements bind, run here, whose values are plain (``DEVICE``), or an
+    exception class of the course (chapter 9's ``CacheFull``), which the worker makes again by its name and its
+    built-in base (:func:`_plain_class`), for the student's code to raise.
+
+    Example:
+        >>> sorted(_plain_values(["from flashcourse.reference.paged import CacheFull, cache_usage", "n = 3"]))
+        ['CacheFull', 'n']
+    """
     namespace: dict = {"__name__": "__main__"}
     for source in statements:
         with contextlib.suppress(Exception):      # (an exercise's set-up raises nothing: tests/test_grading.py)
             exec(compile(source, "<set-up>", "exec"), namespace)
-    return {k: v for k, v in namespace.items()
-            if not k.startswith("__") and (v is None or type(v) in (bool, int, float, str))}
+    return {k: v for k, v in namespace.items() if not k.startswith("__") and (
+        v is None or type(v) in (bool, int, float, str) or (isinstance(v, type) and issubclass(v, Exception)))}
+
+
+def _plain_class(value):
+    """An exception class as what crosses to the worker: its name and its nearest built-in base (None for
+    anything else: :func:`.wire.encode`'s ``extra``).
+
+    Example:
+        >>> from flashcourse.reference.paged import CacheFull
+        >>> _plain_class(CacheFull)
+        ('exception class', {'name': 'CacheFull', 'base': 'MemoryError'})
+    """
+    if isinstance(value, type) and issubclass(value, Exception):
+        base = next(c.__name__ for c in value.__mro__ if getattr(builtins, c.__name__, None) is c)
+        return "exception class", {"name": value.__name__, "base": base}
+    return None
 
 
 def _exception(err: dict) -> BaseException:
@@ -213,7 +237,7 @@ class Worker:
         runtime.mkdir(parents=True)
         (runtime / "__init__.py").write_text("")
         for name in _RUNTIME_FILES:
-            shutil.copyfile(Path(__file__).with_name(name), runtime / name)
+            shutil.copyfile(Path(__file__).parents[1] / name, runtime / Path(name).name)
         view = site_view(self.home / "lib")
         (self.home / "work").mkdir()
         if self.uid is not None:
@@ -236,7 +260,8 @@ class Worker:
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         theirs.close()
         self.conn = Connection(mine.detach())
-        self.conn.send_bytes(encode({"setup": plain, "values": values, "cells": [list(c) for c in self.cells]}))
+        self.conn.send_bytes(encode({"setup": plain, "values": values, "cells": [list(c) for c in self.cells]},
+                                    extra=_plain_class))
         self._receive(f"importing the set-up took more than {SETUP_SECONDS} s", SETUP_SECONDS)
         self.errors = self._receive(f"running your solution cells took more than {self.timeout:g} s")["errors"]
         return self.errors
@@ -269,10 +294,15 @@ class Worker:
             return {"error": f"{type(e).__name__}: {e}"[:2000]}
 
     def _plain_mask(self, value):
+        """A chapter 8 mask as a stand-in that asks for its values; chapter 1's stream of row blocks as its
+        array and width, from which the worker builds its own (:mod:`flashcourse.reference.online_blocks`)."""
         from ..formulas.sparse import Mask
+        from ..reference.online_blocks import RowBlocks
         if isinstance(value, Mask):
             self.masks.append(value)
             return "mask", {"id": len(self.masks) - 1, "name": value.name, "length": value.length}
+        if isinstance(value, RowBlocks):
+            return "row blocks", value.plain()
         return None
 
     def call(self, name: str, *args):
