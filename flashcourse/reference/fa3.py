@@ -3,7 +3,7 @@
 FlashAttention-3 (Shah et al., 2024) is three ways of keeping an H100's tensor cores busy while the softmax and
 the loads run. This module is a small discrete-event simulation of one SM running one program (128 query rows,
 key/value blocks of ``block_n`` rows) of :func:`flashcourse.kernels.fa3_forward`, one step of
-:data:`flashcourse.kernels.VARIANTS` at a time, with stated latencies per block (:class:`Hopper`):
+:data:`flashcourse.kernels.fa3.VARIANTS` at a time, with stated latencies per block (:class:`Hopper`):
 
 * three **units**, each doing one thing at a time: ``"tma"`` (the copy engine: K_j and V_j from memory into a
   shared-memory stage), ``"tensor"`` (the SM's four tensor cores: a warpgroup's ``wgmma`` uses all four) and
@@ -42,10 +42,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-__all__ = ["Hopper", "Interval", "Schedule", "STEPS", "simulate", "check_timeline", "unit_times",
+__all__ = ["Hopper", "Interval", "Timeline", "STEPS", "simulate", "check_timeline", "unit_times",
            "ping_pong_turns"]
 
-#: The steps of chapter 10, in order (the names of :data:`flashcourse.kernels.VARIANTS`).
+#: The steps of chapter 10, in order (the names of :data:`flashcourse.kernels.fa3.VARIANTS`).
 STEPS = ("pipeline", "ws", "pingpong", "pingpong_overlap")
 
 UNITS = ("tma", "tensor", "softmax")
@@ -139,7 +139,7 @@ class Interval:
 
 
 @dataclass(frozen=True)
-class Schedule:
+class Timeline:
     """What :func:`simulate` predicts: every :class:`Interval`, the steady-state time per key block
     (``block_ns``), the program's FLOPs per block, and the GPU's TFLOP/s if every SM runs such programs."""
     step: str
@@ -247,7 +247,7 @@ class _Sim:
 
 
 def simulate(step: str, d: int = 128, blocks: int = 12, hopper: Hopper | None = None, stages: int = 3,
-             block_n: int = 128, elem_bytes: int = 2) -> Schedule:
+             block_n: int = 128, elem_bytes: int = 2) -> Timeline:
     """Simulate one program of 128 query rows against ``blocks`` key blocks in one of :data:`STEPS`.
 
     Example:
@@ -314,14 +314,14 @@ def simulate(step: str, d: int = 128, blocks: int = 12, hopper: Hopper | None = 
                 loads[j + stages] = load(j + stages)
     intervals = sim.run()
     flops = 4 * 128 * block_n * d
-    schedule = Schedule(step, d, blocks, intervals, 0.0, flops, 0.0, h)
+    schedule = Timeline(step, d, blocks, intervals, 0.0, flops, 0.0, h)
     t0, t1 = schedule.window
     per_block = (t1 - t0) / (blocks - 2 - blocks // 3)
     return replace(schedule, block_ns=per_block, tflops=flops / per_block * 1e9 * h.sms / 1e12)
 
 
 def check_timeline(intervals, stages: int = 3) -> None:
-    """Raise ValueError if ``intervals`` (a :class:`Schedule`'s, or edited) break a rule of the model: a unit
+    """Raise ValueError if ``intervals`` (a :class:`Timeline`'s, or edited) break a rule of the model: a unit
     doing two things at once, a task starting before a task it waits for ended, a consumer's ``S_j`` before its
     copy of ``K_j`` landed, a copy into a stage before every consumer's ``P V`` of the block it held.
 
