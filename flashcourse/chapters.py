@@ -171,7 +171,8 @@ CHAPTERS: tuple[Chapter, ...] = (
             checks=("cache_step", "paged_split_kernel", "requests_that_fit"), bench="paged",
             extra_modules=("kernels.paged_write", "checks.paged_walk", "checks.paged_predict")),
     Chapter(10, "fa3", "FlashAttention-3 on Hopper, in Gluon", "10_fa3_hopper",
-            layers=("reference", "kernels", "viz"), kernels=("fa3_forward",), extra_modules=("kernels.fa3_gluon",)),
+            layers=("reference", "kernels", "checks", "viz"), kernels=("fa3_forward",),
+            checks=("block_ns", "ring_phases"), extra_modules=("kernels.fa3_gluon",)),
 )
 
 

@@ -282,8 +282,8 @@ CELLS = [
     * Measured: the overlap reaches cuDNN at N = 16k, d = 128 (0.99-1.03x) and is 1.00-1.20x `fa2_forward` there
       at every N; not yet at N = 4k-8k or at d = 64.
 
-    **Exercise:** `exercises/10_fa3_hopper.ipynb` (not written yet): predict a step's time with the model, and
-    the consumer's stage wait and release with mbarrier phases.
+    **Exercise:** `exercises/10_fa3_hopper.ipynb`: predict a step's time per block and count it with the model;
+    the ring's stage and mbarrier phases for block j, as the kernel computes them.
     """, "slide", name="summary"),
     md("""
     Instructor notes: about 45 minutes. Before the model, ask the room how long a block's exponentials take

@@ -247,8 +247,10 @@ class _Sim:
 
 
 def simulate(step: str, d: int = 128, blocks: int = 12, hopper: Hopper | None = None, stages: int = 3,
-             block_n: int = 128, elem_bytes: int = 2) -> Timeline:
-    """Simulate one program of 128 query rows against ``blocks`` key blocks in one of :data:`STEPS`.
+             block_n: int = 128, elem_bytes: int = 2, times: dict | None = None) -> Timeline:
+    """Simulate one program of 128 query rows against ``blocks`` key blocks in one of :data:`STEPS`. ``times``
+    (``mma``, ``softmax``, ``load``: ns for a 64-row warpgroup, as :func:`unit_times` gives them) replaces the
+    durations the ``hopper``'s rates give.
 
     Example:
         >>> [round(simulate(s, d=128).tflops) for s in STEPS]     # two warpgroups already hide each other's softmax
@@ -268,6 +270,10 @@ def simulate(step: str, d: int = 128, blocks: int = 12, hopper: Hopper | None = 
         raise ValueError(f"simulate: blocks must be at least 4 (a steady state to measure), got {blocks}")
     h = hopper or Hopper()
     t = unit_times(d, h, block_n, elem_bytes)
+    if times is not None:
+        if set(times) != set(t) or not all(isinstance(v, (int, float)) and v > 0 for v in times.values()):
+            raise ValueError(f"simulate: times must give positive ns for each of {sorted(t)}, got {times!r}")
+        t = dict(times)
     sim = _Sim(h.mma_latency_ns)
     wgs = ["wg0+1"] if step == "pipeline" else ["wg0", "wg1"]
     width = 2 if step == "pipeline" else 1          # the pipeline's one consumer does both warpgroups' rows
