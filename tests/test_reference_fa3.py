@@ -3,6 +3,7 @@ rejects schedules that break the kernel's rules."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -96,3 +97,26 @@ def test_bad_input_names_the_argument():
         Hopper(mma_latency_ns=-1)
     with pytest.raises(ValueError, match="blocks must be a positive integer"):
         ping_pong_turns(0)
+
+
+def test_the_lectures_numbers_are_the_model_and_the_measurement():
+    """What lectures/10_fa3_hopper.py states, from the model and the shipped H100 run (bench.measured("fa3"))."""
+    from flashcourse.bench import measured
+    text = (Path(__file__).resolve().parents[1] / "lectures" / "10_fa3_hopper.py").read_text()
+    t = {(r["variant"], r["dtype"], r["d"], r["causal"], r["N"]): r["tflops"] for r in measured("fa3")["timing"]}
+    at16k = [round(t[(v, "fp16", 128, False, 16384)]) for v in ("pipeline", "ws", "pingpong", "pingpong_overlap", "cudnn")]
+    assert at16k == [462, 507, 508, 578, 575] and "pipeline 462, warp specialisation 507, ping-pong 508, overlap 578" in text
+
+    def span(num, den, dtypes=("fp16", "bf16"), d=128, causal=(False, True), ns=(1024, 2048, 4096, 8192, 16384)):
+        r = [t[(num, dt, d, c, n)] / t[(den, dt, d, c, n)] for dt in dtypes for c in causal for n in ns]
+        return f"{min(r):.2f}-{max(r):.2f}"
+    assert span("pingpong_overlap", "cudnn", ns=(16384,)) == "0.99-1.03" and "0.99-1.03x cuDNN" in text
+    assert span("pingpong_overlap", "cudnn", ns=(4096, 8192)) == "0.84-0.96" and "0.84-0.96x" in text
+    assert span("pingpong_overlap", "fa2_forward") == "1.00-1.20" and "1.00-1.20x `fa2_forward`" in text
+    assert span("pingpong_overlap", "fa2_forward", d=64) == "0.78-0.99" and "0.78-0.99x `fa2_forward`" in text
+    assert span("pingpong_overlap", "fa2_forward", dtypes=("fp16",), causal=(False,)) == "1.07-1.20" and "1.07-1.20x" in text
+    assert span("fa2_forward", "cudnn", dtypes=("fp16",), causal=(False,)) == "0.72-0.84" and "0.72-0.84x" in text
+    fast = Hopper(tensor_flops=664e12)
+    assert [round(simulate(s, d=128, hopper=replace(fast, mma_latency_ns=250)).tflops) for s in STEPS] == [372, 581, 581, 664]
+    assert {round(simulate("pipeline", d=128, hopper=replace(fast, mma_latency_ns=L)).tflops) for L in (0, 100)} == {446, 413}
+    assert "413-446" in text and "581" in text and "1,932 ns a block, 573 TFLOP/s" in text
