@@ -283,7 +283,7 @@ CELLS = [
       at every N; not yet at N = 4k-8k or at d = 64.
 
     **Exercise:** `exercises/10_fa3_hopper.ipynb`: predict a step's time per block and count it with the model;
-    the ring's stage and mbarrier phases for block j, as the kernel computes them.
+    the ring's stage and mbarrier phases for block j, as the kernel computes them; one overlapped step in order.
     """, "slide", name="summary"),
     md("""
     Instructor notes: about 45 minutes. Before the model, ask the room how long a block's exponentials take

@@ -18,9 +18,10 @@ CELLS = [
     1. **predict** a step's time per key block from the durations of its parts, then count it with the
        chapter's schedule model and hold it to the H100's measurement (15–25 minutes);
     2. the **ring of stages**: for key block j, the stage it goes into and the mbarrier phases the consumers and
-       the producer wait for, as the Gluon kernel computes them (10–15 minutes).
+       the producer wait for, as the Gluon kernel computes them (10–15 minutes);
+    3. one step of the **overlapped loop**, put in an order its barriers allow (10 minutes).
 
-    About 25–40 minutes in all: estimated by the course's author, who knew the answers; not yet timed on a
+    About 35–50 minutes in all: estimated by the course's author, who knew the answers; not yet timed on a
     student's fresh solve.
 
     Each **check cell** runs your function on cases you can see and on hidden ones, and prints one line ending
@@ -138,6 +139,29 @@ CELLS = [
     else:
         print("the kernel needs an H100:", why)
     """, "fragment", name="kernel-phases"),
+
+    md(r"""
+    ## 3. One step of the overlap, in order
+
+    `steps` are the eleven things a warpgroup does in one step $j \ge 1$ of the overlap's loop (the
+    kernel printed in the lecture), handed to you shuffled. Return them in an order the kernel
+    may run them: every barrier waited for before what it guards, the products issued in the warpgroup's turn,
+    each result waited for before it is read, the stage released only when nothing reads it any more, and the
+    softmax running while $P_{j-1} V_{j-1}$ is on the tensor cores.
+    """, "slide", name="order-intro"),
+
+    code("""
+    def overlap_order(steps):
+        \"\"\"The steps of one overlapped step, reordered as the kernel may run them.\"\"\"
+        ### BEGIN SOLUTION
+        order = ["wait K_j ready", "wait V_j-1 ready", "take the turn", "issue S_j = Q K_j^T",
+                 "issue O += P_j-1 V_j-1", "pass the turn", "wait for S_j", "softmax(S_j)",
+                 "wait for P_j-1 V_j-1", "release the stage of j-1", "rescale O"]
+        return sorted(steps, key=order.index)
+        ### END SOLUTION
+    """, "subslide", tags=("solution",), name="overlap-order"),
+
+    check("overlap_order"),
 
     done("""
     Your ring is the one `kernels.fa3_forward` runs; the lecture's model is `reference.fa3.simulate`, and its

@@ -1,5 +1,5 @@
-"""Chapter 10's checks: a step's time per block predicted (block_ns) and the ring's stage and mbarrier phases
-(ring_phases) pass the solutions on fresh seeds and reject the known mistakes -- textual mutations of the solutions
+"""Chapter 10's checks: a step's time per block predicted (block_ns), the ring's stage and mbarrier phases
+(ring_phases) and one overlapped step in order (overlap_order) pass the solutions on fresh seeds and reject the known mistakes -- textual mutations of the solutions
 notebook's own cells -- under the fixed seed and three fresh ones, with the hint that names each. Both run on a CPU.
 """
 import inspect
@@ -18,6 +18,7 @@ NOTEBOOK = "10_fa3_hopper"
 @pytest.mark.parametrize("cell, attr, check", [
     ("block-ns", "block_ns", checks.block_ns),
     ("ring-phases", "ring_phases", checks.ring_phases),
+    ("overlap-order", "overlap_order", checks.overlap_order),
 ])
 def test_the_solutions_pass_on_fresh_seeds_and_the_stubs_are_not_implemented(tmp_path, capsys, seed, cell, attr, check):
     fn = cells.load(tmp_path, NOTEBOOK, cell, attr)
@@ -85,6 +86,25 @@ def test_ring_phases_mutants_are_rejected_on_every_seed(tmp_path, seed, replace,
     rejected(checks.ring_phases, fn, seed, "ring_phases: wrong", *expected)
 
 
+@pytest.mark.parametrize("replace, expected", [
+    pytest.param((('"wait for P_j-1 V_j-1", "release the stage of j-1"', '"release the stage of j-1", "wait for P_j-1 V_j-1"'),),
+                 ("'release the stage of j-1' comes before", "releasing the stage before P_j-1 V_j-1 retired"),
+                 id="release-before-the-product-retired"),
+    pytest.param((('"softmax(S_j)",\n             "wait for P_j-1 V_j-1"', '"wait for P_j-1 V_j-1",\n             "softmax(S_j)"'),),
+                 ("leaves the tensor cores idle",), id="no-overlap"),
+    pytest.param((('["wait K_j ready", "wait V_j-1 ready", "take the turn", "issue S_j = Q K_j^T",',
+                   '["wait V_j-1 ready", "take the turn", "issue S_j = Q K_j^T", "wait K_j ready",'),),
+                 ("S_j reads K_j's stage",), id="S-before-its-K-landed"),
+    pytest.param((('"issue O += P_j-1 V_j-1", "pass the turn"', '"pass the turn", "issue O += P_j-1 V_j-1"'),),
+                 ("pass the turn once both products are issued",), id="turn-passed-too-early"),
+    pytest.param((("return sorted(steps, key=order.index)", "return list(steps)"),), ("hidden case",),
+                 id="the-listed-order-kept"),
+])
+def test_overlap_order_mutants_are_rejected_on_every_seed(tmp_path, seed, replace, expected):
+    fn = cells.load(tmp_path, NOTEBOOK, "overlap-order", "overlap_order", replace)
+    rejected(checks.overlap_order, fn, seed, "overlap_order:", *expected)
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     return cells.grade_untouched_and_completed(tmp_path_factory, NOTEBOOK)
@@ -94,9 +114,11 @@ def graded(tmp_path_factory):
 def test_grade_reports_the_untouched_exercise_and_passes_the_completed_one(graded):
     report = graded["untouched"]
     assert not report.passed
-    assert [(c.name, c.status) for c in report.checks] == [("block_ns", "not implemented"),
-                                                           ("ring_phases", "not implemented")], report.format()
+    assert [(c.name, c.status) for c in report.checks] == [
+        ("block_ns", "not implemented"), ("ring_phases", "not implemented"), ("overlap_order", "not implemented")
+    ], report.format()
     report = graded["completed"]
     assert report.passed, report.format()
-    assert [(c.name, c.status) for c in report.checks] == [("block_ns", "passed"), ("ring_phases", "passed")]
+    assert [(c.name, c.status) for c in report.checks] == [("block_ns", "passed"), ("ring_phases", "passed"),
+                                                           ("overlap_order", "passed")]
     assert report.other_failures == [] and report.notes == []

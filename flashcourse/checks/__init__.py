@@ -66,7 +66,8 @@ The checks, by chapter:
   a given size holds, reserved contiguously and in pages);
 * :mod:`.fa3` (chapter 10): :func:`block_ns` (a FlashAttention-3 step's time per key block, predicted and counted
   with the schedule model) and :func:`ring_phases` (the stage and mbarrier phases of block j in the ring of stages,
-  as the Gluon kernel computes them).
+  as the Gluon kernel computes them) and :func:`overlap_order` (one step of FA3's overlapped loop, put in an order
+  its barriers allow).
 
 Adding a check for a later chapter: a module ``STEM.py`` here (the chapter's stem, see
 :mod:`flashcourse.chapters`) with a function ``NAME(fn, seed=None)`` that refuses a non-function

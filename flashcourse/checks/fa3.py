@@ -13,8 +13,11 @@
   "ready" mbarriers, and the phase the producer waits for on its "empty" mbarrier before copying it: the
   expressions of :mod:`flashcourse.kernels.fa3_gluon`'s ``_producer`` and ``_consumer`` (tests hold the two to
   each other). Runs on a CPU: the phases are plain integers of the loop index.
+* :func:`overlap_order` checks ``fn(steps) -> steps reordered``: one step of the overlap's loop (waits, turn,
+  issues, softmax, release, rescale), shuffled, put in an order the kernel may run them: every barrier and data
+  dependence kept, and the softmax before the wait for the previous block's P V (else nothing overlaps).
 
-Both answers are whole numbers, judged exactly; a wrong one is named by the mistake it equals.
+The first two answers are whole numbers, judged exactly; a wrong one is named by the mistake it equals.
 
 Example:
     >>> from flashcourse import checks
@@ -31,7 +34,7 @@ from ..reference.fa3 import Hopper, simulate
 from .cases import KernelCase, call, join_lines, number_cases, passed, require_callable, seed_of, whole_number
 from .numbers import number_check
 
-__all__ = ["block_ns", "ring_phases"]
+__all__ = ["block_ns", "ring_phases", "overlap_order"]
 
 _NAMES = ("step", "mma_ns", "softmax_ns", "latency_ns")
 
@@ -193,4 +196,65 @@ def ring_phases(fn, seed: int | None = None) -> None:
                 raise AssertionError(join_lines(f"{name}: wrong {parts[i]} on {case.describe()}",
                                                 f"got {got[i]}, the kernel's is {want[i]}",
                                                 f"hint: {join_lines(hint, replay if case.hidden else '')}"))
+    passed(name, len(shown), len(hidden))
+
+
+#: One step of the overlap's loop (FA3's Algorithm 2, `fa3_gluon`'s consumer), for block j >= 1, in no order.
+OVERLAP_STEPS = ("wait K_j ready", "wait V_j-1 ready", "take the turn", "issue S_j = Q K_j^T", "issue O += P_j-1 V_j-1",
+                 "pass the turn", "wait for S_j", "softmax(S_j)", "wait for P_j-1 V_j-1", "release the stage of j-1",
+                 "rescale O")
+
+#: (before, after, the hint when ``after`` comes first): what the kernel's barriers and data need.
+_ORDER = (
+    ("wait K_j ready", "issue S_j = Q K_j^T", "S_j reads K_j's stage: wait for its ready barrier before issuing S_j"),
+    ("wait V_j-1 ready", "issue O += P_j-1 V_j-1",
+     "P_j-1 V_j-1 reads V_j-1's stage: wait for its ready barrier before issuing the product"),
+    ("take the turn", "issue S_j = Q K_j^T", "ping-pong: a warpgroup issues its products only in its turn"),
+    ("take the turn", "issue O += P_j-1 V_j-1", "ping-pong: a warpgroup issues its products only in its turn"),
+    ("issue S_j = Q K_j^T", "pass the turn", "pass the turn once both products are issued, not before"),
+    ("issue O += P_j-1 V_j-1", "pass the turn", "pass the turn once both products are issued, not before"),
+    ("issue S_j = Q K_j^T", "wait for S_j", "wait for S_j after issuing it"),
+    ("wait for S_j", "softmax(S_j)", "the softmax reads S_j: wait for S_j's product to retire first"),
+    ("issue O += P_j-1 V_j-1", "wait for P_j-1 V_j-1", "wait for P_j-1 V_j-1 after issuing it"),
+    ("softmax(S_j)", "wait for P_j-1 V_j-1",
+     "waiting for P_j-1 V_j-1 before the softmax leaves the tensor cores idle while it runs: the overlap is "
+     "softmax(S_j) while P_j-1 V_j-1 is on the tensor cores"),
+    ("wait for P_j-1 V_j-1", "release the stage of j-1",
+     "releasing the stage before P_j-1 V_j-1 retired lets the producer overwrite V_j-1 while the tensor cores "
+     "still read it: release after the wait"),
+    ("wait for P_j-1 V_j-1", "rescale O", "O is rescaled after P_j-1 V_j-1 retired: until then the product is still "
+                                          "adding into it"),
+    ("softmax(S_j)", "rescale O", "the rescale factor comes from softmax(S_j)'s new row maxima"),
+)
+
+
+def overlap_order(fn, seed: int | None = None) -> None:
+    """Check ``fn(steps) -> the same steps in an order the overlap's loop may run them``: ``steps`` are the
+    :data:`OVERLAP_STEPS` of one step of FA3's Algorithm 2, shuffled; every order that keeps the kernel's barriers
+    and data dependences passes (which ones: ``_ORDER``). 1 shown case (the steps as listed) and 4 hidden
+    shuffles.
+
+    Example:
+        >>> overlap_order(lambda steps: [s for s in OVERLAP_STEPS if s in steps])
+        overlap_order: 5 cases passed (1 shown, 4 hidden) ✓
+    """
+    name = "overlap_order"
+    require_callable(name, fn, "check.overlap_order(overlap_order)")
+    seed = seed_of(seed)
+    rng = np.random.default_rng(seed)
+    shown = [("the steps as listed", (list(OVERLAP_STEPS),))]
+    hidden = [("the steps shuffled", ([OVERLAP_STEPS[i] for i in rng.permutation(len(OVERLAP_STEPS))],))
+              for _ in range(4)]
+    replay = f"check.overlap_order(overlap_order, seed={seed}) draws this hidden case again."
+    for case in number_cases(shown, hidden, seed, ("steps",)):
+        got = call(name, fn, (list(case.inputs[0]),), case)
+        if not isinstance(got, (list, tuple)) or sorted(map(str, got)) != sorted(OVERLAP_STEPS):
+            raise AssertionError(join_lines(f"{name} must return each of the steps it was given once, reordered; on "
+                                            f"{case.where()} it returned {got!r}",
+                                            "hint: reorder the list you are given; add or drop nothing"))
+        at = {s: i for i, s in enumerate(got)}
+        for before, after, why in _ORDER:
+            if at[after] < at[before]:
+                raise AssertionError(join_lines(f"{name}: {after!r} comes before {before!r} on {case.where()}",
+                                                f"hint: {join_lines(why, replay if case.hidden else '')}"))
     passed(name, len(shown), len(hidden))
