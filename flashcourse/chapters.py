@@ -171,6 +171,9 @@ CHAPTERS: tuple[Chapter, ...] = (
             kernels=("paged_decode", "paged_decode_taught", "paged_append"),
             checks=("cache_step", "paged_split_kernel", "requests_that_fit"), bench="paged",
             extra_modules=("kernels.paged_write", "checks.paged_walk", "checks.paged_predict")),
+    Chapter(10, "fa3", "FlashAttention-3 on Hopper, in Gluon", "10_fa3_hopper",
+            layers=("reference", "kernels", "checks", "viz"), kernels=("fa3_forward",),
+            checks=("block_ns", "ring_phases", "overlap_order"), extra_modules=("kernels.fa3_gluon",)),
 )
 
 

@@ -3,8 +3,8 @@ sm_90 on the CPU, its PTX read for Hopper's instructions; off Hopper, fa3_forwar
 
 Gluon does not run in Triton's interpreter, so correctness against float64 is measured on an H100 by
 lab/gpu_fa3.py. Supported Triton: 3.6 (the course's GPUs) and 3.9 (CI), both checked; below 3.6 (no Gluon Hopper
-API) the tests skip. Everything runs in one fresh process, which registers the kernel with aot: until chapter 10's row lists the
-module, it must not join this process's registry (tests/test_chapters.py holds every registered kernel to a chapter).
+API) the tests skip. Everything runs in one fresh process (chapter 10's row lists the module, so importing it registers
+the kernel with aot; tests/test_aot.py compiles all eight configs).
 """
 from __future__ import annotations
 
@@ -32,7 +32,6 @@ from triton.backends import backends
 if version < (3, 6) or "nvidia" not in backends:
     print(json.dumps({"skip": f"Triton {triton.__version__}: fa3 needs Triton >= 3.6 with the CUDA backend"})); sys.exit()
 from flashcourse.kernels import aot, fa3
-fa3.register_aot()          # until chapter 10's row lists the module (then its import registers it)
 out = {"targets": aot.targets_of("fa3_fwd"),
        "elsewhere": {f"{a}{b}": len(aot.configs_of("fa3_fwd", (a, b))) for a, b in aot.TARGETS},
        "notes": [l.note for l in aot.configs_of("fa3_fwd", (9, 0))], "ptx": {}}

@@ -240,7 +240,16 @@ def _figures():
         "padding_waste": lambda: viz.padding_waste(Ms=[1, 8, 9]),
         **_decode_figures(),
         **_paged_figures(),
+        **_fa3_figures(),
     }
+
+
+def _fa3_figures():
+    from flashcourse.bench import measured
+    from flashcourse.reference.fa3 import simulate
+    from flashcourse.viz import fa3
+    return {"timeline_plot": lambda: fa3.timeline_plot(simulate("pingpong_overlap", d=128, blocks=6)),
+            "fa3_speed_plot": lambda: fa3.fa3_speed_plot(measured("fa3"))}
 
 
 def _paged_cache():

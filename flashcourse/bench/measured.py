@@ -15,7 +15,10 @@ things measured on the course's H100 that a lecture or an exercise reads, each w
   smallest tiles, TF32, ``tl.device_print``'s lines, a compile's cost) and an RMSNorm kernel's time
   (``lab/gpu_primer.py``);
 * ``backward_gpt_train`` and ``backward_gpt_train_bfloat16``: chapter 7's GPT trained on the course's
-  attention and on SDPA's (``lab/gpu_backward_gpt.py --yardstick``).
+  attention and on SDPA's (``lab/gpu_backward_gpt.py --yardstick``);
+* ``fa3``: chapter 10's FlashAttention-3 steps beside cuDNN and ``fa2_forward`` (TFLOP/s, fp16/bf16, d 64/128,
+  causal or not, N 1k-16k) and each step's correctness checks, copied from ``lab/gpu_fa3.py``'s run
+  (``lab/results/h100/fa3.json``; ``provenance.copied_from`` says what was kept).
 
 What the lab measured and the course does not read at run time stays in ``lab/results/``, out of the wheel.
 

@@ -64,7 +64,11 @@ The checks, by chapter:
 * :mod:`.paged` (chapter 9): :func:`cache_step` (a paged KV cache's bookkeeping in NumPy: blocks, reference
   counts, copy-on-write, driven one request at a time); :mod:`.paged_walk`: :func:`paged_split_kernel` (the
   page walk of the split-KV kernel, in Triton); :mod:`.paged_predict`: :func:`requests_that_fit` (how many requests a cache of
-  a given size holds, reserved contiguously and in pages).
+  a given size holds, reserved contiguously and in pages);
+* :mod:`.fa3` (chapter 10): :func:`block_ns` (a FlashAttention-3 step's time per key block, predicted and counted
+  with the schedule model) and :func:`ring_phases` (the stage and mbarrier phases of block j in the ring of stages,
+  as the Gluon kernel computes them) and :func:`overlap_order` (one step of FA3's overlapped loop, put in an order
+  its barriers allow).
 
 Adding a check for a later chapter: a module ``STEM.py`` here (the chapter's stem, see
 :mod:`flashcourse.chapters`) with a function ``NAME(fn, seed=None)`` that refuses a non-function

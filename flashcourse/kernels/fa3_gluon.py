@@ -41,6 +41,8 @@ except Exception as e:  # noqa: BLE001 - reported by fa3.fa3_unavailable()
 #: torch dtype -> Gluon dtype of the tiles the kernel reads
 GL_DTYPES = {} if gluon is None else {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 fa3_kernel = None
+#: The consumer warpgroups' code (a @gluon.jit function fa3_kernel calls), as chapter 10's lecture prints it.
+fa3_consumer = None
 
 if gluon is not None:
 
@@ -206,6 +208,8 @@ if gluon is not None:
             lse = gl.where(l_i == 0.0, -float("inf"), (m_i + gl.log2(l_i)) * 0.6931471805599453)
             rows_s = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
             gl.store(LSE + base + rows_s, lse, mask=rows_s < N_q)
+
+    fa3_consumer = _consumer
 
     # N_q, N_k and GROUP only bound loops and masks: one compile serves every length (Triton would otherwise
     # compile again for 1, for multiples of 16 and for the rest)
