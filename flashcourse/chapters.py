@@ -170,6 +170,9 @@ CHAPTERS: tuple[Chapter, ...] = (
             kernels=("paged_decode", "paged_decode_taught", "paged_append"),
             checks=("cache_step", "paged_split_kernel", "requests_that_fit"), bench="paged",
             extra_modules=("kernels.paged_write", "checks.paged_walk", "checks.paged_predict")),
+    Chapter(11, "ring", "Ring attention across GPUs", "11_ring_attention",
+            layers=("formulas", "reference", "checks", "bench", "viz"),
+            checks=("ring_step", "zigzag_positions", "ring_predict")),
 )
 
 

@@ -207,7 +207,7 @@ def test_every_check_has_hints_quoted_from_the_checks(c):
 
 def test_lecture_lengths_are_the_instructor_notes():
     line = next(l for l in GUIDE.read_text(encoding="utf-8").split("\n\n") if "The lecture lengths" in l)
-    said = dict(re.findall(r"(\d[a-z]?): (\d+)", words(line).split("):", 1)[1]))
+    said = dict(re.findall(r"(\d+[a-z]?): (\d+)", words(line).split("):", 1)[1]))
     notes = {}
     for c in CHAPTERS:
         found = re.search(r"Instructor notes: about (\d+) minutes", (ROOT / c.source).read_text(encoding="utf-8"))

@@ -191,7 +191,7 @@ def test_kernelspec_is_the_one_jupyter_writes_back():
 def test_readme_lecture_lengths_are_the_instructor_notes():
     import re
     readme = " ".join((ROOT / "README.md").read_text().split())
-    said = {k: int(m) for k, m in re.findall(r"chapter (\d[a-z]?)(?: \([^)]*\))?: (\d+) min", readme)}
+    said = {k: int(m) for k, m in re.findall(r"chapter (\d+[a-z]?)(?: \([^)]*\))?: (\d+) min", readme)}
     notes = {}
     for source in nbtools.sources():
         chap, solutions = nbtools.chapter_of(source)

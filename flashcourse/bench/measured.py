@@ -17,6 +17,10 @@ things measured on the course's H100 that a lecture or an exercise reads, each w
 * ``backward_gpt_train`` and ``backward_gpt_train_bfloat16``: chapter 7's GPT trained on the course's
   attention and on SDPA's (``lab/gpu_backward_gpt.py --yardstick``).
 
+On two GPUs, ``results/h100x2/measured/`` (``measured(name, gpu="h100x2")``): ``ring``, ``ring_noncausal`` and
+``ring_512k``, chapter 11's ring attention beside PyTorch's context parallelism and one GPU
+(``torchrun --nproc-per-node 2 -m flashcourse.bench.ring``; the lab keeps the same files in ``lab/results/h100x2/``).
+
 What the lab measured and the course does not read at run time stays in ``lab/results/``, out of the wheel.
 
 Example:

@@ -63,7 +63,10 @@ The checks, by chapter:
 * :mod:`.paged` (chapter 9): :func:`cache_step` (a paged KV cache's bookkeeping in NumPy: blocks, reference
   counts, copy-on-write, driven one request at a time); :mod:`.paged_walk`: :func:`paged_split_kernel` (the
   page walk of the split-KV kernel, in Triton); :mod:`.paged_predict`: :func:`requests_that_fit` (how many requests a cache of
-  a given size holds, reserved contiguously and in pages).
+  a given size holds, reserved contiguously and in pages);
+* :mod:`.ring` (chapter 11): :func:`ring_step` (one step of ring attention over simulated ranks: attend, merge with
+  the log-sum-exps, pass the K/V shard on, driven for the whole ring), :func:`zigzag_positions` (the causal
+  load-balanced layout) and :func:`ring_predict` (a step's bytes and the shard length past which the transfer hides).
 
 Adding a check for a later chapter: a module ``STEM.py`` here (the chapter's stem, see
 :mod:`flashcourse.chapters`) with a function ``NAME(fn, seed=None)`` that refuses a non-function
