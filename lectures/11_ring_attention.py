@@ -224,7 +224,8 @@ CELLS = [
     The ring takes 1.22-1.53x less time than `context_parallel` at every N, causal and not, forward and
     forward + backward. Scaling efficiency, $t_{{1 GPU}} / (2\\, t_{{ring}})$, is 0.94-1.03 at N ≥ 128k; at
     32k (calls of 3-21 ms) it is 0.71-0.93: each step's fixed costs (launches, the combine, the transfer's
-    start) weigh more. The sends alone take 1-9% of the ring's time ([lab notes]({LAB})).
+    start) weigh more. The sends alone would take 0.3-14% of the ring's time (the most at 32k causal, under 1%
+    at 512k), and they run beside the compute ([lab notes]({LAB})).
     """, "fragment", name="measured-text"),
 
     md(r"""
