@@ -52,7 +52,7 @@ CELLS = [
 
     Every rank sends and receives at every step but the last: after $p - 1$ sends each K/V shard has visited
     every rank once. No rank ever holds more than two K/V shards (the one it computes on and the one arriving),
-    so memory per GPU stays $O(N/p)$ whatever $N$ is.
+    so the K/V memory per GPU stays $O(N/p)$ whatever $N$ is.
     """, "slide", name="ring"),
     code("""
     # NBVAL_IGNORE_OUTPUT
@@ -129,7 +129,8 @@ CELLS = [
     """, "fragment", name="hide-check"),
     md(r"""
     On two H100s the transfer hides past a few thousand positions a rank: far below the lengths that need a
-    ring. The links of a cluster are slower than NVLink ($W$ smaller), which is why $n^*$ matters there.
+    ring. Between the nodes of a cluster the link is usually slower than between two GPUs of one host, and $n^*$
+    grows as $1/W$: that is where it matters.
     """, "fragment", name="hide-text"),
 
     md(r"""
@@ -165,7 +166,8 @@ CELLS = [
     `flashcourse.distributed.ring_attention(q, k, v, causal)` runs on `torch.distributed`: NCCL on GPUs,
     gloo on a CPU. Each rank calls it with its shard (B, H, N/p, d). The loop of the forward: post the next
     shard's transfer (`batch_isend_irecv` to rank r + 1), attend with chapter 3's `fa2_forward` returning the
-    log-sum-exp, keep the partial, wait for what arrived; the partials are merged by chapter 4's combine kernel:
+    log-sum-exp, keep the partial, wait for what arrived; the p partials of each row are merged at the end by
+    chapter 4's combine kernel (so this forward keeps p partial outputs a row; merging as they come would keep one):
     """, "slide", name="impl"),
     code("""
     import inspect
@@ -256,7 +258,7 @@ CELLS = [
     ## What we learned
 
     * Ring attention is chapter 4's log-sum-exp merge with the key blocks moving between GPUs: p ranks, p steps,
-      p - 1 sends of one K/V shard each; memory per GPU O(N/p).
+      p - 1 sends of one K/V shard each; K/V memory per GPU O(N/p).
     * A step sends $2 n d H_{kv}$ elements and computes $4 n^2 d H$ FLOPs: past $n^* = 2 b F H_{kv} / (c H W)$
       the transfer hides under the compute, a few thousand positions a rank on two H100s.
     * Causal attention with contiguous shards leaves ranks idle; zigzag gives every rank the same half-block a

@@ -189,7 +189,7 @@ CELLS = [
          "would?",
          "Each step only needs the shard the previous rank held, and chapter 4's merge is associative and "
          "order-free: a rank can fold the shards in whatever order they arrive. So every rank holds at most two "
-         "shards (the one it computes on, the one arriving), O(N/p) memory, and the transfer of the next shard "
+         "shards (the one it computes on, the one arriving), O(N/p) K/V memory, and the transfer of the next shard "
          "overlaps the compute of this one. An all-gather holds all N keys on every rank."),
         ("On 2 H100s the transfer hides past n* of about 1,400 positions a rank (not causal). What happens to n* on "
          "a cluster whose link between nodes gives 25 GB/s, and with grouped-query attention of 32 query heads over "
