@@ -1,5 +1,5 @@
-"""A ring of a few processes on this machine, for chapter 11's lecture: gloo on the CPU (the kernels in Triton's
-interpreter), NCCL with one GPU a rank where there are enough GPUs.
+"""A ring of a few processes on this machine, for chapter 11's lecture: NCCL with one GPU a rank where there are
+enough GPUs, else gloo on the CPU (the ranks see no GPU, so the kernels run in Triton's interpreter).
 
 :func:`run_ring` starts ``python -m flashcourse.distributed.demo`` in a fresh process (a notebook's kernel should not
 fork itself), which imports the course once and forks (spawns, on GPUs) ``world`` ranks into one process group. Each
@@ -40,15 +40,23 @@ def run_ring(world: int = 2, N: int = 64, heads: int = 2, heads_kv: int = 1, d: 
     """
     if not isinstance(world, int) or world < 2:
         raise ValueError(f"run_ring: world is {world!r}; expected at least 2 ranks")
+    env = dict(os.environ)
+    if _gpus() < world:                  # NCCL needs a GPU a rank: else gloo, the ranks seeing no GPU (interpreter)
+        env["CUDA_VISIBLE_DEVICES"] = ""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "ring.json")
         args = json.dumps(dict(world=world, N=N, heads=heads, heads_kv=heads_kv, d=d, causal=causal, seed=seed))
         run = subprocess.run([sys.executable, "-m", "flashcourse.distributed.demo", out, args], capture_output=True,
-                             text=True, timeout=timeout)
+                             text=True, timeout=timeout, env=env)
         if run.returncode != 0 or not os.path.exists(out):
             raise RuntimeError(f"run_ring: the ranks failed:\n{run.stderr[-2000:]}")
         with open(out) as f:
             return json.load(f)
+
+
+def _gpus() -> int:
+    import torch
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def _free_port() -> int:
