@@ -45,7 +45,7 @@ CELLS = [
     for world in (1, 2, 4, 8):
         o, lse, sends = ring_attention(q, k, v, world)
         print(f"ring of {world}: == attention {np.allclose(o, attention_float64(q, k, v))}, {len(sends):2d} sends")
-    """, "fragment", name="merge-run"),
+    """, "subslide", name="merge-run"),
 
     md(r"""
     ## The ring, step by step
@@ -105,7 +105,8 @@ CELLS = [
     comp, comm = big[("ring compute", False, "fwd")], big[("ring comm", False, "fwd")]
     F = comp["flops"] / world / (comp["ms"] / 1e3)                   # per GPU
     W = comm["bytes_per_rank"] / (comm["ms"] / 1e3)
-    print(f"{runs['ring_512k']['provenance']['gpu']} x {world}, NCCL: F = {F / 1e12:.0f} TFLOP/s, W = {W / 1e9:.0f} GB/s")
+    gpu = runs["ring_512k"]["provenance"]["gpu"]
+    print(f"{gpu} x {world}, NCCL: F = {F / 1e12:.0f} TFLOP/s, W = {W / 1e9:.0f} GB/s")
     for causal in (False, True):
         n_star = formulas.crossover_shard(heads=8, heads_kv=8, flops_per_s=F, bytes_per_s=W, causal=causal)
         print(f"causal={causal!s:5}: the transfer hides past n* = {n_star:,.0f} positions a rank")
@@ -152,7 +153,9 @@ CELLS = [
     q, k, v = rng.normal(size=(3, 2, 64, 16))
     for layout in ("contiguous", "zigzag"):
         o, _, _ = ring_attention(q, k, v, 4, causal=True, layout=layout)
-        print(f"{layout:10s} rank 0 holds {shard_positions(64, 4, layout)[0].tolist()}, == causal attention: "
+        held = shard_positions(64, 4, layout)[0]
+        pieces = np.split(held, np.flatnonzero(np.diff(held) != 1) + 1)      # consecutive positions
+        print(f"{layout:10s} rank 0 holds {', '.join(f'{r[0]}-{r[-1]}' for r in pieces):10s} == causal attention: "
               f"{all(np.allclose(o[h], attention_float64(q[h], k[h], v[h], causal=True)) for h in range(2))}")
     """, "subslide", name="causal-check"),
     md(r"""
@@ -171,15 +174,22 @@ CELLS = [
     """, "slide", name="impl"),
     code("""
     import inspect
+    import textwrap
     from flashcourse.distributed import ring
     src = inspect.getsource(ring.ring_forward)
-    print(src[src.index("    B, H, n, d"):])
-    """, "fragment", name="impl-src"),
+    for line in textwrap.dedent(src[src.index("    B, H, n, d"):]).splitlines():   # 100 characters a line:
+        line = line if len(line) <= 100 else line.split("  #")[0].rstrip()       # comments cut,
+        while len(line) > 100:                                                    # long calls wrapped
+            cut = line.rindex(", ", 0, 100) + 1
+            print(line[:cut])
+            line = " " * (line.index("(") + 1) + line[cut + 1:]
+        print(line)
+    """, "subslide", name="impl-src"),
     md(r"""
     The backward sends each K/V shard round again with the dK, dV accumulated for it (float32), every rank adding
     its queries' share with chapter 7's kernels; after $p$ steps they are home. `step_block` names the block a
     zigzag step computes: the diagonal step causal, the others one unmasked half-block.
-    """, "fragment", name="impl-text"),
+    """, "subslide", name="impl-text"),
 
     md(r"""
     ## A ring on this machine
@@ -210,10 +220,16 @@ CELLS = [
     # NBVAL_CHECK_OUTPUT
     rows = {(r["N"], r["causal"], r["pass"]): r for name in ("ring_noncausal", "ring", "ring_512k")
             for r in runs[name]["summary"] if r["vs_context_parallel"] is not None}
-    print(f"{'N':>5s} {'causal':>6s} {'pass':>7s} {'ring':>7s} {'c_p':>7s} {'1 GPU':>7s} {'vs c_p':>6s} {'eff.':>5s}")
-    for (N, causal, pas), r in sorted(rows.items()):
-        print(f"{N // 1024:4d}k {causal!s:>6s} {pas:>7s} {r['ring']:7.1f} {r['context_parallel']:7.1f} "
-              f"{r['1 GPU']:7.1f} {r['vs_context_parallel']:6.2f} {r['scaling_efficiency']:5.2f}")
+    head = f"{'ring':>7s} {'c_p':>7s} {'1 GPU':>7s} {'vs c_p':>6s} {'eff.':>5s}"
+    print(f"{'':12s} | {'forward':^37s} | {'forward + backward':^37s}")
+    print(f"{'N':>5s} {'causal':>6s} | {head} | {head}")
+    for N, causal in sorted({key[:2] for key in rows}):
+        print(f"{N // 1024:4d}k {causal!s:>6s}", end="")
+        for pas in ("fwd", "fwd+bwd"):
+            r = rows[(N, causal, pas)]
+            print(f" | {r['ring']:7.1f} {r['context_parallel']:7.1f} {r['1 GPU']:7.1f} "
+                  f"{r['vs_context_parallel']:6.2f} {r['scaling_efficiency']:5.2f}", end="")
+        print()
     """, "subslide", name="measured-table"),
     code("""
     # NBVAL_IGNORE_OUTPUT
