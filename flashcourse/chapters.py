@@ -174,6 +174,9 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter(10, "fa3", "FlashAttention-3 on Hopper, in Gluon", "10_fa3_hopper",
             layers=("reference", "kernels", "checks", "viz"), kernels=("fa3_forward",),
             checks=("block_ns", "ring_phases", "overlap_order"), extra_modules=("kernels.fa3_gluon",)),
+    Chapter(11, "ring", "Ring attention across GPUs", "11_ring_attention",
+            layers=("formulas", "reference", "checks", "bench", "viz"),
+            checks=("ring_step", "zigzag_positions", "ring_predict")),
 )
 
 

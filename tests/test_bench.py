@@ -543,6 +543,26 @@ def test_the_paged_lectures_numbers_are_the_shipped_ones():
     assert round(best, 1) == 3.0 == round(bench.shipped("roofline").ceilings()["TBps"], 1)
 
 
+def test_the_ring_lectures_numbers_are_the_shipped_ones():
+    """What notebooks/11_ring_attention.ipynb says of the 2-GPU measurement (``measured-text``, ``summary``) and
+    INSTRUCTORS.md repeats, read off bench.measured(name, gpu="h100x2"): each range is the rounded min and max."""
+    runs = {n: bench.measured(n, gpu="h100x2") for n in ("ring", "ring_noncausal", "ring_512k")}
+    rows = [r for d in runs.values() for r in d["summary"] if r["vs_context_parallel"] is not None]
+    assert len(rows) == 20 and {d["provenance"]["world"] for d in runs.values()} == {2}
+
+    def span(key, keep=lambda r: True):
+        values = [r[key] for r in rows if keep(r)]
+        return round(min(values), 2), round(max(values), 2)
+    assert span("vs_context_parallel") == (1.22, 1.53)
+    assert span("scaling_efficiency", lambda r: r["N"] >= 131072) == (0.94, 1.03)
+    assert span("scaling_efficiency", lambda r: r["N"] == 32768) == (0.71, 0.93)
+    assert (round(min(r["ring"] for r in rows if r["N"] == 32768)), round(max(r["ring"] for r in rows
+                                                                              if r["N"] == 32768))) == (3, 21)
+    sends = [r["ring comm"] / r["ring"] for r in rows]
+    assert (round(100 * min(sends), 1), round(100 * max(sends))) == (0.3, 14)
+    assert max(s for s, r in zip(sends, rows) if r["N"] == 524288) < 0.01
+
+
 # -- no GPU: plain refusal ------------------------------------------------------------------------
 needs_cpu = pytest.mark.skipif(backend.DEVICE == "cuda", reason="checks the refusal on a CPU-only machine")
 

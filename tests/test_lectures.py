@@ -29,7 +29,7 @@ MAX_WORDS = 3500
 #: still to do, and join this set when they are.
 FITTED = {"00_roofline", "00b_triton_primer", "01_online_softmax", "02_flashattention1", "03_flashattention2",
           "04_flash_decode", "05_unified_max_decode", "06_flat_gemm", "07_backward",
-          "08_block_sparse", "09_paged_attention", "10_fa3_hopper"}
+          "08_block_sparse", "09_paged_attention", "10_fa3_hopper", "11_ring_attention"}
 
 #: A printed table on a slide: at most this many characters wide and lines tall.
 MAX_COLUMNS, MAX_LINES = 100, 18

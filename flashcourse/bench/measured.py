@@ -20,6 +20,10 @@ things measured on the course's H100 that a lecture or an exercise reads, each w
   causal or not, N 1k-16k) and each step's correctness checks, copied from ``lab/gpu_fa3.py``'s run
   (``lab/results/h100/fa3.json``; ``provenance.copied_from`` says what was kept).
 
+On two GPUs, ``results/h100x2/measured/`` (``measured(name, gpu="h100x2")``): ``ring``, ``ring_noncausal`` and
+``ring_512k``, chapter 11's ring attention beside PyTorch's context parallelism and one GPU
+(``torchrun --nproc-per-node 2 -m flashcourse.bench.ring``; the lab keeps the same files in ``lab/results/h100x2/``).
+
 What the lab measured and the course does not read at run time stays in ``lab/results/``, out of the wheel.
 
 Example:

@@ -69,6 +69,9 @@ The checks, by chapter:
   with the schedule model) and :func:`ring_phases` (the stage and mbarrier phases of block j in the ring of stages,
   as the Gluon kernel computes them) and :func:`overlap_order` (one step of FA3's overlapped loop, put in an order
   its barriers allow).
+* :mod:`.ring` (chapter 11): :func:`ring_step` (one step of ring attention over simulated ranks: attend, merge with
+  the log-sum-exps, pass the K/V shard on, driven for the whole ring), :func:`zigzag_positions` (the causal
+  load-balanced layout) and :func:`ring_predict` (a step's bytes and the shard length past which the transfer hides).
 
 Adding a check for a later chapter: a module ``STEM.py`` here (the chapter's stem, see
 :mod:`flashcourse.chapters`) with a function ``NAME(fn, seed=None)`` that refuses a non-function
