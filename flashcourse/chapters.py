@@ -255,7 +255,7 @@ def import_layer(package: str) -> list:
 
     Example:
         >>> [m.__name__ for m in import_layer("flashcourse.reference")][:2]
-        ['flashcourse.reference.online', 'flashcourse.reference.attention']
+        ['flashcourse.reference.online', 'flashcourse.reference.online_blocks']
     """
     layer = package.rsplit(".", 1)[-1]
     return [importlib.import_module(f"{package}.{name}") for name in layer_modules(layer)]

@@ -173,11 +173,10 @@ CELLS = [
     chapter 4's combine kernel (so this forward keeps p partial outputs a row; merging as they come would keep one):
     """, "slide", name="impl"),
     code("""
-    import inspect
     import textwrap
     from flashcourse.distributed import ring
-    src = inspect.getsource(ring.ring_forward)
-    for line in textwrap.dedent(src[src.index("    B, H, n, d"):]).splitlines():   # 100 characters a line:
+    src = textwrap.dedent(viz.kernel_source(ring.ring_forward, start="B, H, n, d"))
+    for line in src.splitlines():                                                 # 100 characters a line:
         line = line if len(line) <= 100 else line.split("  #")[0].rstrip()       # comments cut,
         while len(line) > 100:                                                    # long calls wrapped
             cut = line.rindex(", ", 0, 100) + 1
