@@ -49,7 +49,7 @@ from ..formulas.ring import ring_bytes
 from ..kernels import flash_attention
 from .harness import provenance
 
-__all__ = ["parse_args", "main", "Silent", "summarise", "timeline", "hidden_by_compute"]
+__all__ = ["parse_args", "main", "Silent", "summarise", "scaling_rows", "timeline", "hidden_by_compute"]
 
 IMPLS = ("ring", "ring compute", "ring comm", "context_parallel", "1 GPU")
 _MESHES: dict = {}
@@ -290,6 +290,42 @@ def summarise(records, world: int) -> list[dict]:
         row["hidden"] = (min(1.0, max(0.0, 1 - (ring - comp) / comm)) if ring and comp is not None and comm
                          else None)
         out.append(row)
+    return out
+
+
+def scaling_rows(runs) -> list[dict]:
+    """Several runs of one host joined, one row per (p, dtype, N, causal, pass): the ring's and context_parallel's
+    times on p GPUs, one GPU's time from whichever run timed it (same dtype, N, causal, pass), ``vs_context_parallel``
+    and ``scaling_efficiency`` t_1GPU / (p t_ring). A run made with ``--impls`` leaving out "1 GPU" (a 2-GPU run
+    on a 4-GPU host) takes the 1-GPU time of the host's other run.
+
+    Example:
+        >>> def run(world, impls):
+        ...     return {"provenance": {"world": world}, "params": {"dtype": "float16"},
+        ...             "records": [{"N": 8, "causal": True, "pass": "fwd", "impl": i, "ms": t} for i, t in impls]}
+        >>> rows = scaling_rows([run(4, [("ring", 3.0), ("context_parallel", 4.5), ("1 GPU", 10.0)]),
+        ...                      run(2, [("ring", 5.5), ("context_parallel", 8.0)])])
+        >>> [(r["world"], round(r["vs_context_parallel"], 3), round(r["scaling_efficiency"], 3)) for r in rows]
+        [(2, 1.455, 0.909), (4, 1.5, 0.833)]
+    """
+    one, rows = {}, {}
+    for run in runs:
+        world, dtype = run["provenance"]["world"], run["params"]["dtype"]
+        for r in run["records"]:
+            if r.get("ms") is None:
+                continue
+            case = (dtype, r["N"], r["causal"], r["pass"])
+            if r["impl"] == "1 GPU":
+                one[case] = r["ms"]
+            elif r["impl"] in ("ring", "context_parallel"):
+                rows.setdefault((world, *case), {})[r["impl"]] = r["ms"]
+    out = []
+    for (world, dtype, N, causal, pas), t in sorted(rows.items()):
+        ring, cp, t1 = t.get("ring"), t.get("context_parallel"), one.get((dtype, N, causal, pas))
+        out.append({"world": world, "dtype": dtype, "N": N, "causal": causal, "pass": pas, "ring": ring,
+                    "context_parallel": cp, "1 GPU": t1,
+                    "vs_context_parallel": cp / ring if ring and cp else None,
+                    "scaling_efficiency": t1 / (world * ring) if ring and t1 else None})
     return out
 
 

@@ -8,7 +8,8 @@ measurement on 2 GPUs.
 * :func:`hide_plot`: a step's transfer time and compute time against the shard length n = N/p, and the crossover
   (:func:`flashcourse.formulas.ring.crossover_shard`);
 * :func:`ring_timeline_plot`: one measured ring call, kernel by kernel, compute and communication per rank;
-* :func:`ring_speed_plot`: measured speed-up over PyTorch's context parallelism and scaling efficiency against N.
+* :func:`ring_speed_plot`: measured speed-up over PyTorch's context parallelism and scaling efficiency against N;
+* :func:`ring_scaling_plot`: scaling efficiency against N on 2 and 4 GPUs of one host.
 
 The measured ones take the JSON ``flashcourse.bench.measured(name, gpu="h100x2")`` returns (viz never reads bench).
 
@@ -28,7 +29,8 @@ from ..formulas.ring import crossover_shard, step_seconds
 from ..reference.ring import holder, step_work
 from ._common import DPI, PALETTE, compact_png, figure_of, legend_outside, new_figure, short_gpu, size_axis, styled
 
-__all__ = ["ring_grid", "show_ring", "load_balance_plot", "hide_plot", "ring_timeline_plot", "ring_speed_plot"]
+__all__ = ["ring_grid", "show_ring", "load_balance_plot", "hide_plot", "ring_timeline_plot", "ring_speed_plot",
+           "ring_scaling_plot"]
 
 COMPUTE_COLOR, COMM_COLOR, IDLE_COLOR = PALETTE[0], PALETTE[1], "#F2F2F2"
 
@@ -275,4 +277,38 @@ def ring_speed_plot(data, *, ax=None):
         a.set_xlabel("sequence length N")
         a.set_title(f"{title}, {prov.get('world', 2)} x {short_gpu(prov.get('gpu'))}", fontsize=11)
     legend_outside(axes[1])
+    return fig
+
+
+def ring_scaling_plot(rows, *, gpu: str | None = None, ax=None):
+    """Scaling efficiency t_1GPU / (p t_ring) against N, one panel per pass (forward; forward + backward), one
+    line per (p, causal), from rows as ``flashcourse.bench.ring.scaling_rows`` joins them (one dtype). The Figure
+    has ``fig.series``: (pass, p, causal) -> {N: efficiency}.
+
+    Example:
+        >>> rows = [{"world": 4, "N": 65536, "causal": True, "pass": "fwd", "scaling_efficiency": 0.72}]
+        >>> ring_scaling_plot(rows, gpu="NVIDIA H100 80GB HBM3").series
+        {('fwd', 4, True): {65536: 0.72}}
+    """
+    fig, axes = new_figure(1, 2, figsize=(12.5, 3.9)) if ax is None else (ax[0].figure, ax)
+    fig.series = {}
+    worlds = sorted({r["world"] for r in rows})
+    for a, pas in zip(axes, ("fwd", "fwd+bwd")):
+        for i, world in enumerate(worlds):
+            for causal in (False, True):
+                pts = sorted((r["N"], r["scaling_efficiency"]) for r in rows if r["pass"] == pas and
+                             r["world"] == world and r["causal"] == causal and r["scaling_efficiency"] is not None)
+                if not pts:
+                    continue
+                fig.series[(pas, world, causal)] = dict(pts)
+                a.plot([n for n, _ in pts], [e for _, e in pts], color=PALETTE[i], marker="os^v"[i % 4],
+                       ls="-" if causal else "--", label=f"{world} GPUs, {'causal' if causal else 'not causal'}")
+        a.axhline(1.0, color="black", lw=1)
+        a.set_xscale("log", base=2)
+        size_axis(a.xaxis)
+        a.set_ylim(0.6, 1.1)
+        a.set_xlabel("sequence length N")
+        a.set_ylabel("t(1 GPU) / (p t(ring))")
+        a.set_title(f"scaling efficiency, {pas}, {short_gpu(gpu)}", fontsize=11)
+    legend_outside(axes[1] if axes[1].lines else axes[0])
     return fig
