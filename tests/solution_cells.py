@@ -121,6 +121,17 @@ def passes_with_one_line(check, fn, attr: str, capsys) -> None:
     assert int(m.group(2)) == int(m.group(3)) + int(m.group(4)) and int(m.group(4)) >= 8
 
 
+def solves_and_stub_refused(tmp_path, capsys, notebook: str, cell: str, attr: str, check, seeds) -> None:
+    """The solutions notebook's ``cell`` (function ``attr``) passes ``check`` on each of ``seeds``, one success line
+    each, and the exercise notebook's untouched stub is refused as not implemented (at the first seed)."""
+    fn = load(tmp_path, notebook, cell, attr)
+    for s in seeds:                                                     # (200 seeds each: tools/seeds.py)
+        check(fn, seed=s)
+    assert capsys.readouterr().out.count("✓") == len(seeds)
+    with pytest.raises(NotImplementedError, match="not implemented yet"):
+        check(load(tmp_path, notebook, cell, attr, exercise=True), seed=seeds[0])
+
+
 def completed(name: str):
     """Exercise ``name`` with the solution code typed back in where it says # YOUR CODE HERE (and the
     instructor's answers where it says YOUR ANSWER HERE)."""
