@@ -186,7 +186,7 @@ def test_a_hopper_case_that_hangs_is_reported_as_a_hang(monkeypatch):
     monkeypatch.setattr(fa3_hopper, "HOPPER_CHILD", "import json, time; print(json.dumps({'start': 0}), flush=True); "
                                                   "time.sleep(60)")
     with pytest.raises(AssertionError, match="hung on hidden Hopper case 1 of 4") as info:
-        fa3_hopper.run_on_hopper(fa3_turn.course_take_turn_source(), 1, "", case_timeout_s=1.5)
+        fa3_hopper.run_on_hopper(fa3_turn.course_take_turn_source(), 1, "", case_timeout_s=1.0)
     assert "a wait on the wrong phase never completes" in str(info.value)
 
 
