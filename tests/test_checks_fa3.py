@@ -166,6 +166,10 @@ def test_the_replay_computes_as_gluon_does():
     node = fa3_turn.check_subset(ast.parse(src).body[0])
     assert fa3_turn.simulate(lambda wg, t: fa3_turn.replay(node, t, wg, True), turns=7) is None
     assert fa3_turn.replay(node, 4, 1, False) == []
+    grows = ("def take_turn(turn, t, WG: gl.constexpr, PINGPONG: gl.constexpr):\n    x = PINGPONG + PINGPONG\n"
+             + "    x = x * x\n" * 40)      # in the grader's process: a value that would take its memory
+    with pytest.raises(fa3_turn.TurnProblem, match="past 64 bits"):
+        fa3_turn.replay(fa3_turn.check_subset(ast.parse(grows).body[0]), 3, 1, True)
     course = fa3_turn.course_take_turn_source()
     assert [fa3_turn.replay(course, t, wg, True) for wg in (0, 1) for t in (0, 1)] == [
         [("wait", 0, 1)], [("wait", 0, 0)], [("wait", 1, 0)], [("wait", 1, 1)]]

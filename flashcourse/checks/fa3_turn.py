@@ -119,7 +119,7 @@ def check_subset(node: ast.FunctionDef) -> ast.FunctionDef:
             line = getattr(n, "lineno", first) - first + 1
             if not isinstance(n, _ALLOWED):
                 _refuse(line, f"uses a `{type(n).__name__}` ({ast.unparse(n).splitlines()[0][:50]})")
-            if isinstance(n, ast.Name) and n.id not in set(PARAMS) | locals_ | {"mbarrier"}:
+            if isinstance(n, ast.Name) and (n.id.startswith("_") or n.id not in set(PARAMS) | locals_ | {"mbarrier"}):
                 _refuse(line, f"uses `{n.id}`")
             if isinstance(n, ast.Constant) and not isinstance(n.value, (bool, int)):
                 _refuse(line, f"uses the constant {n.value!r}")
@@ -256,14 +256,54 @@ class _Gl:
     constexpr = "constexpr"
 
 
+_OP = "__flashcourse_op"      # a name no student's code may use (check_subset refuses it): the bounded operator
+_OPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.FloorDiv: "floordiv", ast.Mod: "mod",
+        ast.BitAnd: "and", ast.BitOr: "or", ast.BitXor: "xor", ast.LShift: "lshift", ast.RShift: "rshift"}
+
+
+class _Bounded(ast.NodeTransformer):
+    """Every ``a OP b`` and ``-a`` of the body becomes a call of :func:`_bounded_op`, so that no value grows past
+    64 bits while the grader replays it (Python's ints would grow without end: ``x = x * x`` forty times)."""
+
+    def visit_BinOp(self, node):
+        self.generic_visit(node)
+        return ast.Call(ast.Name(_OP, ast.Load()), [ast.Constant(_OPS[type(node.op)]), node.left, node.right], [])
+
+    def visit_UnaryOp(self, node):
+        self.generic_visit(node)
+        if isinstance(node.op, ast.USub):
+            return ast.Call(ast.Name(_OP, ast.Load()), [ast.Constant("sub"), ast.Constant(0), node.operand], [])
+        return node
+
+
+def _bounded_op(name: str, a, b):
+    """``a name b`` as the replay computes it: with :class:`I32`'s rules when either side is one (a runtime
+    value), else Python's (constexprs); a TurnProblem for a value past 64 bits."""
+    if isinstance(a, bool):
+        a = int(a)
+    if isinstance(b, bool):
+        b = int(b)
+    if name in ("lshift", "rshift") and not isinstance(a, I32) and not isinstance(b, I32) and not 0 <= b < 64:
+        raise TurnProblem("arith", f"shifts by {b}")
+    if isinstance(a, I32) or isinstance(b, I32):
+        a = a if isinstance(a, I32) else I32(a)
+    out = getattr(a, f"__{name}__")(b) if name not in ("floordiv", "mod") or isinstance(a, I32) else (
+        getattr(a, f"__{name}__")(b) if b != 0 else None)
+    if out is None:
+        raise TurnProblem("arith", "divides by zero")
+    if abs(int(out)) >= 2 ** 63:
+        raise TurnProblem("arith", "computes a value past 64 bits")
+    return out
+
+
 def replay(node: ast.FunctionDef, t: int, wg: int, pingpong: bool) -> list:
     """The barrier operations ``take_turn(turn, t, WG=wg, PINGPONG=pingpong)`` makes, as ``("wait", barrier,
     phase)`` / ``("arrive", barrier, count)``, from the body ``node`` (checked by :func:`check_subset`)."""
-    fn_node = copy.copy(node)
+    fn_node = _Bounded().visit(copy.deepcopy(node))
     fn_node.decorator_list = []
     module = ast.fix_missing_locations(ast.Module(body=[fn_node], type_ignores=[]))
     rec = _Recorder()
-    scope = {"__builtins__": {}, "gl": _Gl, "mbarrier": rec}
+    scope = {"__builtins__": {}, "gl": _Gl, "mbarrier": rec, _OP: _bounded_op}
     exec(compile(module, f"<{NAME}>", "exec"), scope)      # noqa: S102 - the subset only: no names but these
     try:
         scope[node.name](_Turn(), I32(t), wg, pingpong)
