@@ -106,6 +106,15 @@ def _compile_main(path: str) -> None:
     print(json.dumps({"error": error}), flush=True)
 
 
+def _python(code: str, *args: str) -> list[str]:
+    """The command of a child Python running ``code`` as isolated as this process, on this process's path: in
+    the grader's verdict (``-I -S``, the verified copy of the course) the child imports that same copy (as
+    :func:`flashcourse.kernels.aot.check`'s children do)."""
+    if sys.flags.no_site:
+        return [sys.executable, "-I", "-S", "-c", f"import sys; sys.path[:0] = {sys.path!r}; {code}", *args]
+    return [sys.executable, "-c", code, *args]
+
+
 def compile_for_hopper(node: ast.FunctionDef, timeout_s: float = 600) -> None:
     """Compile the student's turn (``node``) for sm_90, alone and in the course's kernel in place of
     ``_take_turn``, in a fresh process (cached by the source); an AssertionError with the compiler's line
@@ -117,7 +126,7 @@ def compile_for_hopper(node: ast.FunctionDef, timeout_s: float = 600) -> None:
         fd, path = tempfile.mkstemp(prefix="flashcourse_take_turn_", suffix=".py")
         with os.fdopen(fd, "w") as f:
             f.write(text)
-        proc = subprocess.Popen([sys.executable, "-c", COMPILE_CHILD, path], stdout=subprocess.PIPE,
+        proc = subprocess.Popen(_python(COMPILE_CHILD, path), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             out, err = proc.communicate(timeout=timeout_s)
@@ -219,7 +228,7 @@ def run_on_hopper(node: ast.FunctionDef, seed: int, replay_call: str, case_timeo
     with os.fdopen(fd, "w") as f:
         f.write(_module_text(node))
     errfile = tempfile.TemporaryFile(mode="w+")       # a file, not a pipe: a full pipe would stall the child
-    proc = subprocess.Popen([sys.executable, "-c", HOPPER_CHILD, path, json.dumps(cases)], stdout=subprocess.PIPE,
+    proc = subprocess.Popen(_python(HOPPER_CHILD, path, json.dumps(cases)), stdout=subprocess.PIPE,
                             stderr=errfile, text=True, start_new_session=True)
     lines, hung = [], False
     try:
