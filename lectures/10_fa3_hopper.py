@@ -283,7 +283,8 @@ CELLS = [
       at every N; not yet at N = 4k-8k or at d = 64.
 
     **Exercise:** `exercises/10_fa3_hopper.ipynb`: predict a step's time per block and count it with the model;
-    the ring's stage and mbarrier phases for block j, as the kernel computes them; one overlapped step in order.
+    the ring's stage and mbarrier phases for block j, as the kernel computes them; one overlapped step in order;
+    and, in Gluon, the ping-pong turn's wait (`_take_turn`), compiled into this kernel.
     """, "slide", name="summary"),
     md("""
     Instructor notes: about 45 minutes. Before the model, ask the room how long a block's exponentials take

@@ -19,13 +19,16 @@ CELLS = [
        chapter's schedule model and hold it to the H100's measurement (15–25 minutes);
     2. the **ring of stages**: for key block j, the stage it goes into and the mbarrier phases the consumers and
        the producer wait for, as the Gluon kernel computes them (10–15 minutes);
-    3. one step of the **overlapped loop**, put in an order its barriers allow (10 minutes).
+    3. one step of the **overlapped loop**, put in an order its barriers allow (10 minutes);
+    4. the **ping-pong turn**, written in Gluon: the wait with which a warpgroup takes its turn, compiled into the
+       course's kernel (15–20 minutes).
 
-    About 35–50 minutes in all: estimated by the course's author, who knew the answers; not yet timed on a
+    About 50–70 minutes in all: estimated by the course's author, who knew the answers; not yet timed on a
     student's fresh solve.
 
     Each **check cell** runs your function on cases you can see and on hidden ones, and prints one line ending
-    in ✓; when it fails, the hint names the mistake. Both run on a CPU. Then grade the notebook:
+    in ✓; when it fails, the hint names the mistake. All run on a CPU; part 4 also runs the kernel when the
+    machine has an H100 or H200. Then grade the notebook:
     `flashcourse grade exercises/10_fa3_hopper.ipynb`.
 
     *Sources: Shah et al., "FlashAttention-3" (2024), §3; the chapter's lecture and `reference/fa3.py`.*
@@ -162,6 +165,59 @@ CELLS = [
     """, "subslide", tags=("solution",), name="overlap-order"),
 
     check("overlap_order"),
+
+    md(r"""
+    ## 4. The ping-pong turn, in Gluon
+
+    Now a piece of the kernel. With ping-pong the two consumer warpgroups take turns issuing their products:
+    warpgroup 0's turn 0, warpgroup 1's turn 0, warpgroup 0's turn 1, ... (turn $t$: key block $t$'s products;
+    the overlap's loop has one more, for the last $P V$). Two mbarriers, `turn.index(0)` and `turn.index(1)`,
+    initialised with `count=1`, carry the turn; after issuing, a warpgroup passes it with the kernel's
+
+    ```python
+    @gluon.jit
+    def _pass_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
+        if PINGPONG:
+            mbarrier.arrive(turn.index(1 - WG), count=1)
+    ```
+
+    Write `take_turn(turn, t, WG, PINGPONG)`, the kernel's `_take_turn`: the `mbarrier.wait` (which barrier,
+    which phase) with which warpgroup `WG` waits for its turn `t`; nothing when `PINGPONG` is false (the "ws"
+    step). The phase rule is part 2's. About 15–20 minutes.
+    """, "slide", name="turn-intro"),
+
+    code("""
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+    """, "skip", name="gluon-imports"),
+
+    code("""
+    @gluon.jit
+    def take_turn(turn, t, WG: gl.constexpr, PINGPONG: gl.constexpr):
+        \"\"\"Warpgroup WG waits until it may issue its products of turn t (ping-pong); without ping-pong, nothing.\"\"\"
+        ### BEGIN SOLUTION
+        if PINGPONG:
+            # warpgroup 0: turn t follows warpgroup 1's turn t - 1, the t-th pass on its barrier (turn 0: none)
+            # warpgroup 1: turn t follows warpgroup 0's turn t, the (t + 1)-th pass
+            mbarrier.wait(turn.index(WG), (t & 1) ^ (1 - WG))
+        ### END SOLUTION
+    """, "subslide", tags=("solution",), name="take-turn"),
+
+    md("""
+    The check replays your waits on a CPU through a model of the two barriers, over every way the two
+    warpgroups can interleave (a deadlock or a product out of turn fails), and compiles the course's kernel with
+    your function in place of `_take_turn` for sm_90. On an H100 or H200 it also runs that kernel on hidden cases
+    against float64, each under a timeout (a wait that never completes is a hang, reported); elsewhere that run
+    is not done, and the cell after the check says so.
+    """, "subslide", name="turn-check-text"),
+
+    check("take_turn"),
+
+    code("""
+    from flashcourse.checks import fa3_turn
+    print("the run on Hopper:", fa3_turn.hopper_status)
+    """, "fragment", name="turn-hopper"),
 
     done("""
     Your ring is the one `kernels.fa3_forward` runs; the lecture's model is `reference.fa3.simulate`, and its

@@ -1,14 +1,20 @@
 """Chapter 10's checks: a step's time per block predicted (block_ns), the ring's stage and mbarrier phases
-(ring_phases) and one overlapped step in order (overlap_order) pass the solutions on fresh seeds and reject the known mistakes -- textual mutations of the solutions
-notebook's own cells -- under the fixed seed and three fresh ones, with the hint that names each. Both run on a CPU.
+(ring_phases), one overlapped step in order (overlap_order) and the ping-pong turn in Gluon (take_turn) pass the
+solutions on fresh seeds and reject the known mistakes -- textual mutations of the solutions notebook's own cells --
+under the fixed seed and three fresh ones, with the hint that names each. All run on a CPU; take_turn's run of the
+kernel on Hopper is tested on an sm_90 GPU (marked gpu), its timeout on a CPU with a stand-in child.
 """
+import ast
 import inspect
+import tempfile
 
+import numpy as np
 import pytest
 
 from flashcourse import checks
 from flashcourse.checks import fa3 as fa3_checks
-from flashcourse.kernels import fa3_gluon
+from flashcourse.checks import fa3_hopper, fa3_turn
+from flashcourse.kernels import fa3, fa3_gluon
 import solution_cells as cells
 from solution_cells import rejected, seeds_of
 
@@ -19,6 +25,7 @@ NOTEBOOK = "10_fa3_hopper"
     ("block-ns", "block_ns", checks.block_ns),
     ("ring-phases", "ring_phases", checks.ring_phases),
     ("overlap-order", "overlap_order", checks.overlap_order),
+    (["gluon-imports", "take-turn"], "take_turn", checks.take_turn),
 ])
 def test_the_solutions_pass_on_fresh_seeds_and_the_stubs_are_not_implemented(tmp_path, capsys, seed, cell, attr, check):
     cells.solves_and_stub_refused(tmp_path, capsys, NOTEBOOK, cell, attr, check,
@@ -100,6 +107,102 @@ def test_overlap_order_mutants_are_rejected_on_every_seed(tmp_path, seed, replac
     rejected(checks.overlap_order, fn, seed, "overlap_order:", *expected)
 
 
+TURN = ["gluon-imports", "take-turn"]
+WAIT = "mbarrier.wait(turn.index(WG), (t & 1) ^ (1 - WG))"
+
+
+def test_take_turns_truth_is_the_kernels():
+    """The solution's wait is the kernel's _take_turn, and the simulation's pass is the kernel's _pass_turn."""
+    src = inspect.getsource(fa3_gluon)
+    assert WAIT in src and "mbarrier.arrive(turn.index(1 - WG), count=1)" in src
+    assert "mbarrier.init(turn.index(w), count=1)" in src
+    assert WAIT in cells.solution_source(NOTEBOOK, "take-turn")
+
+
+@pytest.mark.parametrize("replace, expected", [
+    pytest.param(((WAIT, "mbarrier.wait(turn.index(WG), t & 1)"),), ("deadlock", "wrong parity for warpgroup 0"),
+                 id="both-wait-the-same-parity"),
+    pytest.param(((WAIT, "mbarrier.wait(turn.index(WG), (t & 1) ^ 1)"),),
+                 ("warpgroup 1 can issue its turn 0 before", "wrong parity for warpgroup 1"), id="both-go-first"),
+    pytest.param(((WAIT, "mbarrier.wait(turn.index(WG), (t & 1) ^ WG)"),),
+                 ("warpgroup 1 can issue its turn 0 before", "wrong parity for warpgroup 0"), id="roles-swapped"),
+    pytest.param(((WAIT, "mbarrier.wait(turn.index(1 - WG), (t & 1) ^ (1 - WG))"),),
+                 ("turns do not alternate", "the other consumer's turn barrier"), id="waits-on-the-other-barrier"),
+    pytest.param(((WAIT, "mbarrier.wait(turn.index(WG), t ^ (1 - WG))"),), ("phase 3", "one bit"),
+                 id="phase-is-the-turn"),
+    pytest.param((("if PINGPONG:", "if True:"),), ("shown case 3 of 3", "run free"), id="waits-without-ping-pong"),
+    pytest.param(((WAIT, "mbarrier.arrive(turn.index(1 - WG), count=1)"),), ("take_turn only waits",),
+                 id="passes-instead-of-taking"),
+    pytest.param(((WAIT, "pass\n        x = t"),), ("does not wait for its turn",), id="no-wait"),
+])
+def test_take_turn_mutants_are_rejected_on_every_seed(tmp_path, seed, replace, expected):
+    fn = cells.load(tmp_path, NOTEBOOK, TURN, "take_turn", replace)
+    rejected(checks.take_turn, fn, seed, "take_turn:", *expected)
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("mbarrier.wait(turn.index(WG), (t & 1) ^ (1 - WG), pred=True)", "passes mbarrier.wait a keyword"),
+    ("mbarrier.wait(turn.index(WG), gl.to_tensor(t) & 1)", "calls `gl.to_tensor`"),
+    ("print(t)", "calls `print`"),
+])
+def test_take_turn_refuses_what_its_replay_cannot_run_soundly(tmp_path, line, expected):
+    fn = cells.load(tmp_path, NOTEBOOK, TURN, "take_turn", ((WAIT, line),))
+    with pytest.raises(AssertionError, match="the check replays a turn written with") as info:
+        checks.take_turn(fn, seed=1)
+    assert expected in str(info.value)
+
+
+def test_the_replay_computes_as_gluon_does():
+    """t is a 32-bit integer whose // and % truncate (Gluon's, C's); a correct turn written with them passes the
+    simulation; a barrier left one phase short deadlocks."""
+    assert [int(fa3_turn.I32(-7) // 2), int(fa3_turn.I32(-7) % 2), int(fa3_turn.I32(2 ** 31))] == [-3, -1, -2 ** 31]
+    src = ("def take_turn(turn, t, WG: gl.constexpr, PINGPONG: gl.constexpr):\n    if PINGPONG:\n"
+           "        p = (t + 1 - WG) % 2\n        mbarrier.wait(turn.index(WG), p)\n")
+    node = fa3_turn.check_subset(ast.parse(src).body[0])
+    assert fa3_turn.simulate(lambda wg, t: fa3_turn.replay(node, t, wg, True), turns=7) is None
+    assert fa3_turn.replay(node, 4, 1, False) == []
+    grows = ("def take_turn(turn, t, WG: gl.constexpr, PINGPONG: gl.constexpr):\n    x = PINGPONG + PINGPONG\n"
+             + "    x = x * x\n" * 40)      # in the grader's process: a value that would take its memory
+    with pytest.raises(fa3_turn.TurnProblem, match="past 64 bits"):
+        fa3_turn.replay(fa3_turn.check_subset(ast.parse(grows).body[0]), 3, 1, True)
+    course = fa3_turn.course_take_turn_source()
+    assert [fa3_turn.replay(course, t, wg, True) for wg in (0, 1) for t in (0, 1)] == [
+        [("wait", 0, 1)], [("wait", 0, 0)], [("wait", 1, 0)], [("wait", 1, 1)]]
+
+
+def test_a_take_turn_that_does_not_compile_is_reported_with_the_compilers_line():
+    src = ("def take_turn(turn, t, WG: gl.constexpr, PINGPONG: gl.constexpr):\n    if PINGPONG:\n"
+           "        mbarrier.wait(turn.index(WG), (t & 1) ^ (1 - WG), t, t, t)\n")
+    with pytest.raises(AssertionError, match="does not compile for sm_90") as info:
+        fa3_hopper.compile_for_hopper(ast.parse(src).body[0])
+    assert "at 3:8" in str(info.value) and "your line 3 of take_turn: mbarrier.wait(" in str(info.value)
+
+
+def test_a_hopper_case_that_hangs_is_reported_as_a_hang(monkeypatch):
+    """The run's timeout, on a CPU: a stand-in child that starts case 0 and never finishes it."""
+    from flashcourse.kernels import fa3
+    monkeypatch.setattr(fa3, "fa3_unavailable", lambda device=None: None)
+    monkeypatch.setattr(fa3_hopper, "HOPPER_CHILD", "import json, time; print(json.dumps({'start': 0}), flush=True); "
+                                                  "time.sleep(60)")
+    with pytest.raises(AssertionError, match="hung on hidden Hopper case 1 of 4") as info:
+        fa3_hopper.run_on_hopper(fa3_turn.course_take_turn_source(), 1, "", case_timeout_s=1.0)
+    assert "a wait on the wrong phase never completes" in str(info.value)
+
+
+@pytest.mark.gpu
+def test_take_turn_runs_the_kernel_on_hopper(tmp_path):
+    """On an sm_90 GPU: the solution passes the run on Hopper, and a wait on the wrong phase is a hang, not a
+    frozen test."""
+    if fa3.fa3_unavailable() is not None:
+        pytest.skip(fa3.fa3_unavailable())
+    checks.take_turn(cells.load(tmp_path, NOTEBOOK, TURN, "take_turn"), seed=3)
+    assert fa3_turn.hopper_status == "passed"
+    wrong = fa3_turn.check_subset(ast.parse(cells.solution_source(NOTEBOOK, "take-turn").replace(
+        WAIT, "mbarrier.wait(turn.index(WG), t & 1)").split("\n", 1)[1]).body[0])
+    with pytest.raises(AssertionError, match="hung on hidden Hopper case 1"):
+        fa3_hopper.run_on_hopper(wrong, 3, "", case_timeout_s=60)
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     return cells.grade_untouched_and_completed(tmp_path_factory, NOTEBOOK)
@@ -110,10 +213,11 @@ def test_grade_reports_the_untouched_exercise_and_passes_the_completed_one(grade
     report = graded["untouched"]
     assert not report.passed
     assert [(c.name, c.status) for c in report.checks] == [
-        ("block_ns", "not implemented"), ("ring_phases", "not implemented"), ("overlap_order", "not implemented")
+        ("block_ns", "not implemented"), ("ring_phases", "not implemented"), ("overlap_order", "not implemented"),
+        ("take_turn", "not implemented")
     ], report.format()
     report = graded["completed"]
     assert report.passed, report.format()
     assert [(c.name, c.status) for c in report.checks] == [("block_ns", "passed"), ("ring_phases", "passed"),
-                                                           ("overlap_order", "passed")]
+                                                           ("overlap_order", "passed"), ("take_turn", "passed")]
     assert report.other_failures == [] and report.notes == []

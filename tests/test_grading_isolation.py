@@ -194,6 +194,31 @@ def test_a_kernel_outside_tritons_language_is_refused(tmp_path, change, message)
         kernel_source.load_kernel([("c", KERNEL.replace(*change))], "k", tmp_path)
 
 
+GLUON = '''
+@gluon.jit
+def turn(bars, t, WG: gl.constexpr):
+    mbarrier.wait(bars.index(WG), (t & 1) ^ (1 - WG))
+'''
+
+
+@pytest.mark.parametrize("change, message", [
+    (("(t & 1)", "(t % 2)"), None),
+    (("(t & 1)", "gl.nvidia.hopper"), "module `gl.nvidia`"),
+    (("mbarrier.wait(", "mbarrier._wait("), "private attribute"),
+    (("mbarrier.wait(", "mbarrier.sleep("), "not in Gluon's mbarrier"),
+    (("(t & 1)", "bars.handle"), "`.handle`"),
+    (("@gluon.jit", "@triton.jit"), "which is Gluon's"),
+])
+def test_a_gluon_function_is_rebuilt_in_gluons_language_only(tmp_path, change, message):
+    """Chapter 10's exercise is a @gluon.jit function: gl and mbarrier for tl, rebuilt as Gluon."""
+    if message is None:
+        fn = kernel_source.load_kernel([("c", GLUON.replace(*change))], "turn", tmp_path)
+        assert fn.is_gluon() and fn.fn.__name__ == "turn"
+        return
+    with pytest.raises(kernel_source.KernelSourceError, match=message):
+        kernel_source.load_kernel([("c", GLUON.replace(*change))], "turn", tmp_path)
+
+
 def test_a_kernel_is_rebuilt_from_its_text_with_its_jit_helpers_and_constants(tmp_path):
     src = KERNEL.replace("tl.exp(x - tl.max(x, axis=0))", "helper(x) * SCALE") + textwrap.dedent('''
         SCALE = tl.constexpr(2.0)

@@ -68,7 +68,9 @@ The checks, by chapter:
 * :mod:`.fa3` (chapter 10): :func:`block_ns` (a FlashAttention-3 step's time per key block, predicted and counted
   with the schedule model) and :func:`ring_phases` (the stage and mbarrier phases of block j in the ring of stages,
   as the Gluon kernel computes them) and :func:`overlap_order` (one step of FA3's overlapped loop, put in an order
-  its barriers allow).
+  its barriers allow); :mod:`.fa3_turn`: :func:`take_turn` (the ping-pong turn's mbarrier wait, in Gluon: its
+  protocol replayed through a model of the barriers on a CPU; :mod:`.fa3_hopper` compiles it into the course's
+  kernel for sm_90 and runs that on hidden cases on an H100 or H200).
 * :mod:`.ring` (chapter 11): :func:`ring_step` (one step of ring attention over simulated ranks: attend, merge with
   the log-sum-exps, pass the K/V shard on, driven for the whole ring), :func:`zigzag_positions` (the causal
   load-balanced layout) and :func:`ring_predict` (a step's bytes and the shard length past which the transfer hides).

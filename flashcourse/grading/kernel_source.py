@@ -3,7 +3,8 @@
 A kernel check needs the ``@triton.jit`` function itself, and the grader runs it in its own process
 (under the interpreter on a CPU), where nothing of the student's may run. :func:`load_kernel` reads
 the kernel's definition from the text of the solution cells and checks that it is written in
-Triton's language only: the decorator is ``triton.jit``; the kernel uses its arguments, its local
+Triton's language only: the decorator is ``triton.jit`` (or ``gluon.jit``, for chapter 10's Gluon exercise: then
+``gl`` and Hopper's ``mbarrier`` module take the place of ``tl``, with the methods of Gluon's shared memory); the kernel uses its arguments, its local
 variables, ``tl``/``triton`` functions (no submodules but ``tl.math``), the tensor methods and
 attributes of ``tl.tensor`` and ``tl.dtype``, a few built-ins (``range``, ``min``, ``max``, ``float``,
 ``int``, ``bool``, ``len``, ``print``), other ``@triton.jit`` functions of the same cells and
@@ -67,12 +68,20 @@ def _local_attributes() -> frozenset:
                               "primitive_bitwidth", "fp_mantissa_width", "scalar", "T"})
 
 
+def _gluon_attributes() -> frozenset:
+    """The attributes of a Gluon function's shared memory and barriers: ``.index(i)``, ``.permute(...)``, ..."""
+    if not _gluon_modules():   # pragma: no cover - a Triton without Gluon
+        return frozenset()
+    from triton.experimental.gluon.language import shared_memory_descriptor
+    return frozenset(n for n in dir(shared_memory_descriptor) if not n.startswith("_"))
+
+
 def _is_jit(decorator) -> bool:
     target = decorator.func if isinstance(decorator, ast.Call) else decorator
     ok_args = not isinstance(decorator, ast.Call) or (
         not decorator.args and all(isinstance(k.value, ast.Constant) for k in decorator.keywords))
     return (isinstance(target, ast.Attribute) and target.attr == "jit" and isinstance(target.value, ast.Name)
-            and target.value.id == "triton" and ok_args)
+            and target.value.id in ("triton", "gluon") and ok_args)
 
 
 def is_jit_def(node) -> bool:
@@ -97,7 +106,21 @@ def _tl_chain(node) -> bool:
     """``tl.X`` or ``tl.X.Y`` / ``triton.language.X``: an attribute of Triton's language (checked later)."""
     while isinstance(node, ast.Attribute):
         node = node.value
-    return isinstance(node, ast.Name) and node.id in ("tl", "triton")
+    return isinstance(node, ast.Name) and node.id in ("tl", "triton") + _GLUON_NAMES
+
+
+#: The names a ``@gluon.jit`` function may use besides Triton's: Gluon's language and Hopper's mbarrier module.
+_GLUON_NAMES = ("gl", "mbarrier")
+
+
+def _gluon_modules() -> dict:
+    """``gl`` and ``mbarrier`` as a Gluon function imports them (empty where this Triton has no Gluon)."""
+    try:
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+    except ImportError:  # pragma: no cover - a Triton without Gluon
+        return {}
+    return {"gl": gl, "mbarrier": mbarrier}
 
 
 #: What :func:`constant_value` computes with: ``math``'s constants and functions of numbers.
@@ -222,7 +245,11 @@ class _Definitions:
     def module_text(self, kernels) -> str:
         """The module the grader imports: the constants and the jit functions ``kernels``, written from
         their values and syntax trees (never from the cells' text)."""
-        parts = ["import triton", "import triton.language as tl", ""]
+        parts = ["import triton", "import triton.language as tl"]
+        if any(ast.unparse(d).startswith("gluon.") for n in kernels for d in self.jit[n].decorator_list):
+            parts += ["from triton.experimental import gluon", "from triton.experimental.gluon import language as gl",
+                      "from triton.experimental.gluon.language.nvidia.hopper import mbarrier"]
+        parts += [""]
         parts += [f"{name} = tl.constexpr({_literal(value)})" for name, value in self.constants.items()]
         parts += ["\n" + ast.unparse(self.jit[n]) + "\n" for n in self.jit if n in kernels]
         return "\n".join(parts) + "\n"
@@ -232,10 +259,12 @@ class _Validator(ast.NodeVisitor):
     def __init__(self, name, node, defs: _Definitions, where):
         self.name, self.defs, self.where = name, defs, where
         args = node.args
+        self.gluon = any(ast.unparse(d).startswith("gluon.") for d in node.decorator_list)
         self.allowed = ({a.arg for a in args.args + args.posonlyargs + args.kwonlyargs} | {"tl", "triton"}
+                        | (set(_GLUON_NAMES) if self.gluon else set())
                         | set(defs.jit) | set(defs.constants) | SAFE_BUILTINS
                         | {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)})
-        self.local_attrs = _local_attributes()
+        self.local_attrs = _local_attributes() | (_gluon_attributes() if self.gluon else frozenset())
         self.calls = set()
 
     def fail(self, node, what):
@@ -292,6 +321,17 @@ class _Validator(ast.NodeVisitor):
             parts.append(node.attr)
             node = node.value
         parts = [node.id] + parts[::-1]
+        if parts[0] in _GLUON_NAMES:
+            if not self.gluon:
+                self.fail(node, f"uses `{parts[0]}`, which is Gluon's: a @triton.jit kernel uses tl")
+            obj = _gluon_modules()[parts[0]]
+            for depth, part in enumerate(parts[1:], 1):
+                if part.startswith("_") or not hasattr(obj, part):
+                    self.fail(node, f"uses `{'.'.join(parts[:depth + 1])}`, which is not in Gluon's {parts[0]}")
+                obj = getattr(obj, part)
+                if type(obj).__name__ == "module":
+                    self.fail(node, f"uses the module `{'.'.join(parts[:depth + 1])}`")
+            return obj
         if parts[0] == "triton":
             if len(parts) > 1 and parts[1] not in _TRITON_ATTRS:
                 self.fail(node, f"uses `triton.{parts[1]}`: of triton, a kernel may use "
@@ -331,6 +371,8 @@ def _validate(name: str, defs: _Definitions, seen: set) -> None:
         v.fail(node, f"is named {name}: give the kernel a name of its own")
     if len(node.decorator_list) != 1:
         v.fail(node, "has decorators besides @triton.jit: the grader launches the kernel itself")
+    if v.gluon and not _gluon_modules():   # pragma: no cover - a Triton without Gluon
+        v.fail(node, "is a @gluon.jit function, and this Triton has no Gluon")
     v.check_signature(node)
     for statement in node.body:
         if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant) and statement is node.body[0]:
