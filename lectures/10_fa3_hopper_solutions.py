@@ -23,13 +23,9 @@ CELLS = [
     4. the **ping-pong turn**, written in Gluon: the wait with which a warpgroup takes its turn, compiled into the
        course's kernel (15–20 minutes).
 
-    About 50–70 minutes in all: estimated by the course's author, who knew the answers; not yet timed on a
-    student's fresh solve.
-
-    Each **check cell** runs your function on cases you can see and on hidden ones, and prints one line ending
-    in ✓; when it fails, the hint names the mistake. All run on a CPU; part 4 also runs the kernel when the
-    machine has an H100 or H200. Then grade the notebook:
-    `flashcourse grade exercises/10_fa3_hopper.ipynb`.
+    About 50–70 minutes in all (the author's estimate; not yet timed on a fresh solve). Each **check cell**
+    prints one line ending in ✓, or a hint that names the mistake; all run on a CPU, and part 4 also runs the
+    kernel on an H100 or H200. Then: `flashcourse grade exercises/10_fa3_hopper.ipynb`.
 
     *Sources: Shah et al., "FlashAttention-3" (2024), §3; the chapter's lecture and `reference/fa3.py`.*
     """, "slide", name="title"),
