@@ -196,7 +196,7 @@ def fa3_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool 
         o = torch.zeros((B, H, N_q, d), dtype=q.dtype, device=q.device)
         lse = torch.full((B, H, N_q), -math.inf, dtype=torch.float32, device=q.device)
         return (o, lse) + (([],) if timeline else ()) if return_lse else ((o, []) if timeline else o)
-    c = {"PERSISTENT": False, **launch.constexprs}
+    c = {k: v for k, v in {"PERSISTENT": False, **launch.constexprs}.items() if k not in ("TL", "TIMELINE")}
     rows = c["BLOCK_M"] // (2 if c["WARP_SPECIALIZE"] else 1)
     q_desc = descriptor(_as_rows(q), rows, d)
     k_desc = descriptor(_as_rows(k), c["BLOCK_N"], d)
