@@ -3,7 +3,8 @@ float64 and timed beside cuDNN and the course's fa2_forward, in one run.
 
     python lab/gpu_fa3.py --out $OUT/fa3.json          # on an sm_90 GPU with Triton 3.6
     python lab/gpu_fa3.py --sweep --out $OUT/fa3_sweep.json   # then, to tune: key/value block and stages
-    python lab/gpu_fa3.py --aot                        # on a CPU: compile all eight configs for sm_90, read the PTX
+    python lab/gpu_fa3.py --timeline --out $OUT/fa3_timeline.json   # the in-kernel timeline of each variant
+    python lab/gpu_fa3.py --aot                        # on a CPU: compile every config for sm_90, read the PTX
 
 1. Correctness of every variant (fa3.VARIANTS), fp16 and bf16, d 64 and 128, causal and not, on a grid of shapes
    (ragged N, N_q != N_k both ways, grouped-query and multi-query K/V): the course's rule
@@ -15,6 +16,11 @@ float64 and timed beside cuDNN and the course's fa2_forward, in one run.
 
 3. ``--sweep`` (a second run): the pipeline and pingpong_overlap with other key/value blocks (B_c) and stages,
    fp16, causal and not, N 4k and 16k: TFLOP/s and the largest difference from the default config's output.
+
+4. ``--timeline`` (a third run): each variant with its in-kernel timeline on (fa3_forward(..., timeline=True)):
+   first the stamps must not change results (the course's rule on small cases, and the output at the timed
+   shape bit for bit the same as without the stamps), then the events of the first programs at d = 128,
+   N = 8k, fp16, causal and not (TIMELINE_SHAPE), with the same call timed with and without the stamps.
 
 Each variant runs in a process of its own (a deadlock in its barriers, or a crash, is killed and recorded with
 what it printed before; the others still run); a compile or runtime error is recorded with its text. The JSON
@@ -50,6 +56,10 @@ TIMED_N = (1024, 2048, 4096, 8192, 16384)
 #: --sweep: (B_c, STAGES) per head dim, the default first (all compile for sm_90 within its shared memory)
 SWEEP = {64: [(128, 3), (128, 2), (64, 4), (256, 2)], 128: [(128, 3), (128, 2), (64, 4)]}
 SWEEP_VARIANTS = ("pipeline", "pingpong_overlap")
+#: --timeline: (dtype, d, B, H, N) of the timed shape (16k tokens, hidden 2048); the programs and the tiles of
+#: each whose events the JSON keeps (about 2 MB in all)
+TIMELINE_SHAPE = ("fp16", 128, 2, 16, 8192)
+TIMELINE_PROGRAMS, TIMELINE_TILES = 2, 3
 TOKENS, HIDDEN = 16384, 2048
 LSE_TOL = 2e-3
 
@@ -108,7 +118,7 @@ def reference(q, k, v, causal):
     return ref, lse, torch_got
 
 
-def check_case(variant, case, dtype, d, causal, seed):
+def check_case(variant, case, dtype, d, causal, seed, timeline=False):
     import numpy as np
 
     from flashcourse.checks.fp16_rule import error_rule
@@ -118,7 +128,7 @@ def check_case(variant, case, dtype, d, causal, seed):
            "N_q": N_q, "N_k": N_k, "seed": seed}
     try:
         q, k, v = inputs(B, H, H_kv, N_q, N_k, d, dtype, seed)
-        o, lse = fa3_forward(q, k, v, causal=causal, return_lse=True, variant=variant)
+        o, lse = fa3_forward(q, k, v, causal=causal, return_lse=True, variant=variant, timeline=timeline)[:2]
         torch.cuda.synchronize()
         ref, lse_ref, torch_got = reference(q, k, v, causal)
         rule = error_rule(o, ref, torch_got)
@@ -176,11 +186,53 @@ def sweep(variant, emit):
                     emit("sweep", row)
 
 
-def child(variant: str, seed: int, tune: bool = False, checks_until: float = float("inf")) -> int:
+def timeline_run(variant, seed, emit):
+    """The stamps must not change results: a few small cases by the course's rule with the timeline on; then at
+    TIMELINE_SHAPE, causal and not, the output with and without the stamps (equal bit for bit), both timed, and
+    the events of the first tiles of the traced programs. The time with the stamps counts their buffer's fill
+    (3 MB) and the kernel, not the host's decoding."""
+    from flashcourse.kernels import fa3
+    from flashcourse.kernels.fa3 import fa3_forward
+    emit("smoke", check_case(variant, (1, 2, 2, 300, 300), "fp16", 64, True, seed, timeline=True))
+    for i, case in enumerate(CASES[1:10:2]):
+        for causal in (False, True):
+            emit("check", check_case(variant, case, "fp16", 128, causal, seed + i, timeline=True))
+    dtype, d, B, H, N = TIMELINE_SHAPE
+    for causal in (False, True):
+        row = {"variant": variant, "dtype": dtype, "d": d, "causal": causal, "B": B, "H": H, "N": N}
+        try:
+            q, k, v = inputs(B, H, H, N, N, d, dtype, seed=N)
+            o, lse = fa3_forward(q, k, v, causal=causal, return_lse=True, variant=variant)
+            o_t, lse_t, events = fa3_forward(q, k, v, causal=causal, return_lse=True, variant=variant, timeline=True)
+            torch.cuda.synchronize()
+            same = bool(torch.equal(o, o_t) and torch.equal(lse, lse_t))
+            ms = bench_ms(lambda: fa3_forward(q, k, v, causal=causal, return_lse=True, variant=variant))
+            decode, fa3.decode_timeline = fa3.decode_timeline, lambda buf, **kw: buf   # time the kernel, not the decoding
+            try:
+                ms_t = bench_ms(lambda: fa3_forward(q, k, v, causal=causal, return_lse=True, variant=variant,
+                                                    timeline=True))
+            finally:
+                fa3.decode_timeline = decode
+            kept = [e for e in events if e.program < TIMELINE_PROGRAMS and e.tile < TIMELINE_TILES]
+            row.update(ok=same, same_as_without=same, ms=round(ms, 4), ms_with_timeline=round(ms_t, 4),
+                       tflops=round(tflops(B, H, N, d, causal, ms), 1), n_events=len(events),
+                       fields=["program", "role", "phase", "start_ns", "end_ns", "block", "tile", "sm"],
+                       events=[[e.program, e.role, e.phase, round(e.start_ns, 1), round(e.end_ns, 1), e.block, e.tile,
+                                e.sm] for e in kept])
+        except Exception as e:  # noqa: BLE001
+            row.update(ok=False, failed=error_text(e))
+        emit("timeline", row)
+
+
+def child(variant: str, seed: int, tune: bool = False, checks_until: float = float("inf"),
+          timeline: bool = False) -> int:
     def emit(kind, row):
         print(json.dumps({"kind": kind, **row}), flush=True)
     if tune:
         sweep(variant, emit)
+        return 0
+    if timeline:
+        timeline_run(variant, seed, emit)
         return 0
     from flashcourse.kernels.fa3 import fa3_config
     for d in (64, 128):
@@ -233,11 +285,12 @@ def _cudnn(F, sdpa_kernel, SDPBackend, q, k, v, causal):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
-def run_child(variant, seed, first_line_s, total_s, tune=False):
+def run_child(variant, seed, first_line_s, total_s, tune=False, timeline=False):
     """Run the child for ``variant``; return (rows, status). A child silent for ``first_line_s`` seconds at the start
     (compile + the small case), or running past ``total_s``, is killed: its barriers most likely deadlocked."""
     cmd = [sys.executable, os.path.abspath(__file__), "--child", variant, "--seed", str(seed),
-           "--checks-until", str(time.time() + 0.6 * total_s)] + (["--sweep"] if tune else [])
+           "--checks-until", str(time.time() + 0.6 * total_s)] + (["--sweep"] if tune else []) + \
+          (["--timeline"] if timeline else [])
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
@@ -295,12 +348,13 @@ def aot_check() -> int:
 
     from flashcourse.kernels import aot, fa3
     fa3.register_aot()
-    for launch in aot.configs_of("fa3_fwd", (9, 0)):
+    for launch in [l for base in aot.configs_of("fa3_fwd", (9, 0)) for l in (base, fa3.timeline_launch(base))]:
         r = aot.compile_launch("fa3_fwd", (9, 0), launch)
         ptx = aot.ptx_of("fa3_fwd", (9, 0), launch) if r.ok else ""
         counts = {k: len(re.findall(p, ptx)) for k, p in (("wgmma", r"\bwgmma\.mma_async\."), ("tma", r"\bcp\.async\.bulk\.tensor\."),
-                                                          ("mbarrier", r"\bmbarrier\."), ("setmaxnreg", r"\bsetmaxnreg\."))}
-        print(f"{launch.note:24} {'ok' if r.ok else r.why()}  shared {r.shared} B  {counts}", flush=True)
+                                                          ("mbarrier", r"\bmbarrier\."), ("setmaxnreg", r"\bsetmaxnreg\."),
+                                                          ("timer", r"%clock64|%globaltimer"))}
+        print(f"{launch.note:37} {'ok' if r.ok else r.why()}  shared {r.shared} B  {counts}", flush=True)
     return 0
 
 
@@ -315,11 +369,12 @@ def main(argv=None) -> int:
     p.add_argument("--checks-until", type=float, default=float("inf"), help=argparse.SUPPRESS)
     p.add_argument("--aot", action="store_true", help="compile every config for sm_90 on this machine (no GPU)")
     p.add_argument("--sweep", action="store_true", help="time other key/value blocks and stages instead")
+    p.add_argument("--timeline", action="store_true", help="each variant's in-kernel timeline instead")
     args = p.parse_args(argv)
     if args.aot:
         return aot_check()
     if args.child:
-        return child(args.child, args.seed, tune=args.sweep, checks_until=args.checks_until)
+        return child(args.child, args.seed, tune=args.sweep, checks_until=args.checks_until, timeline=args.timeline)
     from flashcourse.bench.harness import provenance
     from flashcourse.kernels.fa3 import VARIANTS, fa3_unavailable
     variants = args.variants or list(VARIANTS)
@@ -346,6 +401,29 @@ def main(argv=None) -> int:
             write(result, args.out)
             for r in rows:
                 print(json.dumps({k: v for k, v in r.items() if k != "kind"}), flush=True)
+        return 0
+    if args.timeline:
+        result.update(what="issue 34: each fa3_forward variant's in-kernel timeline (fa3_forward(..., timeline=True)): "
+                           "the stamps' results against float64 (the course's rule) and, at the timed shape, bit for bit "
+                           "against the call without them; the events of programs 0-%d (their first %d tiles), "
+                           "ns from the launch's first stamp" % (TIMELINE_PROGRAMS - 1, TIMELINE_TILES), timeline=[],
+                      command="python lab/gpu_fa3.py --timeline --out $OUT/fa3_timeline.json")
+        for i, variant in enumerate(variants):
+            share = (args.budget - (time.monotonic() - t0)) / (len(variants) - i)
+            rows, status, err = run_child(variant, args.seed, first_line_s=min(150, share), total_s=share, timeline=True)
+            result["status"][variant] = status
+            if err.strip():
+                result["stderr"][variant] = err
+            result["correctness"] += [{k: v for k, v in r.items() if k != "kind"} for r in rows
+                                      if r["kind"] in ("smoke", "check")]
+            result["timeline"] += [{k: v for k, v in r.items() if k != "kind"} for r in rows if r["kind"] == "timeline"]
+            checks = [r for r in rows if r["kind"] != "config"]
+            bad = [r for r in checks if not r.get("ok")]
+            print(f"{variant}: {status}; {len(checks) - len(bad)}/{len(checks)} ok"
+                  + (f"; first failure: {json.dumps({k: v for k, v in bad[0].items() if k != 'events'})}" if bad else "")
+                  + "".join(f"; causal={r['causal']} {r.get('ms')} ms, {r.get('ms_with_timeline')} ms with the stamps, "
+                            f"{r.get('n_events')} events" for r in rows if r["kind"] == "timeline"), flush=True)
+            write(result, args.out)
         return 0
     print("baselines: cuDNN and fa2_forward", flush=True)
     result["timing"] += baselines(t0 + args.budget * 0.3)

@@ -157,7 +157,9 @@ CELLS = [
 
     `kernels/fa3_gluon.py`'s consumer, the overlap's loop (FA3's Algorithm 2): wait for K's stage and V's, take
     the turn, issue both products, pass the turn, wait for S only (`num_outstanding=1`), softmax, then wait for
-    PV and hand the stage back (`_release` arrives on its "empty" mbarrier):
+    PV and hand the stage back (`_release` arrives on its "empty" mbarrier). `j` counts key blocks over every
+    tile a program computes (with the persistent schedule a program computes several, and the ring's phases carry
+    over), `j - base` is the block within this tile; the timeline's stamps are left out:
     """, "slide", name="kernel-src-md"),
     code("""
     # NBVAL_CHECK_OUTPUT
@@ -166,9 +168,9 @@ CELLS = [
     if fa3_gluon.fa3_kernel is None:
         print("Gluon is not in this Triton:", fa3_gluon.GLUON_ERROR)
     else:
-        loop = viz.kernel_source(fa3_gluon.fa3_consumer, start="for j in range(1, n_blocks)",
-                                 stop="last = n_blocks - 1")
+        loop = viz.kernel_source(fa3_gluon.fa3_consumer, start="range(base + 1", stop="if PERSISTENT:")
         for line in textwrap.dedent(loop).splitlines():      # a trailing comment on its own line, to fit
+            if "_stamp(" in line or "_now(" in line: continue          # the timeline's stamps
             code_part, _, comment = line.partition("  # ")
             if comment:
                 print(" " * (len(line) - len(line.lstrip())) + "# " + comment.strip())
@@ -186,7 +188,7 @@ CELLS = [
     | overlap | 229,736 B | 64 | 8 | 12 | 168 cap, 0 |
 
     Three stages of K and V at d = 128 fill 224 KiB of the 227 KiB a program may have. `python -m
-    flashcourse.kernels.aot --names fa3_fwd` compiles all eight configurations here (about 30 s).
+    flashcourse.kernels.aot --names fa3_fwd` compiles all ten configurations here (about a minute).
     """, "subslide", name="ptx"),
 
     md(r"""

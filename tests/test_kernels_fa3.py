@@ -18,9 +18,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: Two of the eight configs (CI time: about 3 s of compiling each): the pipeline alone, and every step on top
-#: of it. lab/gpu_fa3.py --aot compiles all eight on a CPU.
-CHECKED = ("pipeline d=64", "pingpong_overlap d=128")
+#: Two of the ten configs (CI time: about 3 s of compiling each): the pipeline alone, and every step on top of it
+#: (the persistent schedule), each with the in-kernel timeline off; and one with it on (warp-specialised: the
+#: producer's stamps too). lab/gpu_fa3.py --aot compiles all ten, timeline off and on, on a CPU.
+CHECKED = ("pipeline d=64", "pingpong_overlap_persistent d=128")
+TIMELINE = "ws d=64 timeline"
 
 _CHILD = """
 import json, os, re, sys
@@ -35,6 +37,13 @@ from flashcourse.kernels import aot, fa3
 out = {"targets": aot.targets_of("fa3_fwd"),
        "elsewhere": {f"{a}{b}": len(aot.configs_of("fa3_fwd", (a, b))) for a, b in aot.TARGETS},
        "notes": [l.note for l in aot.configs_of("fa3_fwd", (9, 0))], "ptx": {}}
+out["bad"] = []
+for call in (lambda: fa3.fa3_forward(*torch.randn(3, 1, 2, 100, 64).half(), timeline="yes"),
+             lambda: fa3.fa3_config(64, "persistent")):
+    try:
+        call()
+    except (ValueError, RuntimeError) as e:
+        out["bad"].append(f"{type(e).__name__}: {e}")
 if fa3.fa3_unavailable() is None:      # an sm_90 GPU: a small causal case of each variant, the course's rule
     sdpa = torch.nn.functional.scaled_dot_product_attention
     q, k, v = torch.randn(3, 1, 2, 300, 64, device="cuda").half()
@@ -42,13 +51,17 @@ if fa3.fa3_unavailable() is None:      # an sm_90 GPU: a small causal case of ea
     bound = 2 * float((sdpa(q, k, v, is_causal=True).double() - want).abs().max()) + 1e-3
     out["gpu"] = {name: [float((fa3.fa3_forward(q, k, v, causal=True, variant=name).double() - want).abs().max()),
                          bound] for name in fa3.VARIANTS}
+    out["gpu_timeline"] = {name: [bool(torch.equal(fa3.fa3_forward(q, k, v, causal=True, variant=name),
+                                                   fa3.fa3_forward(q, k, v, causal=True, variant=name, timeline=True)[0])),
+                                  len(fa3.fa3_forward(q, k, v, causal=True, variant=name, timeline=True)[1])]
+                           for name in fa3.VARIANTS}
 else:
     try:
         fa3.fa3_forward(*torch.randn(3, 1, 2, 100, 64).half())
         out["cpu_error"] = None
     except RuntimeError as e:
         out["cpu_error"] = str(e)
-for launch in aot.configs_of("fa3_fwd", (9, 0)):
+for launch in [l for base in aot.configs_of("fa3_fwd", (9, 0)) for l in (base, fa3.timeline_launch(base))]:
     if launch.note in sys.argv[1:]:
         result = aot.compile_launch("fa3_fwd", (9, 0), launch)
         ptx = aot.ptx_of("fa3_fwd", (9, 0), launch) if result.ok else ""
@@ -56,7 +69,7 @@ for launch in aot.configs_of("fa3_fwd", (9, 0)):
                                    **{k: len(re.findall(p, ptx)) for k, p in (
                                        ("wgmma", r"\\bwgmma\\.mma_async\\."), ("tma", r"\\bcp\\.async\\.bulk\\.tensor\\."),
                                        ("mbarrier", r"\\bmbarrier\\."), ("mma_sync", r"\\bmma\\.sync\\."),
-                                       ("setmaxnreg", r"\\bsetmaxnreg\\."))}}
+                                       ("setmaxnreg", r"\\bsetmaxnreg\\."), ("timer", r"%clock64|%globaltimer"))}}
 print(json.dumps(out))
 """
 
@@ -76,18 +89,22 @@ def test_fa3_compiles_for_sm90_into_wgmma_tma_and_mbarriers():
     mma.sync), TMA bulk tensor copies completing on mbarriers, and, warp-specialised, setmaxnreg (the producer
     gives registers to the consumers). Registered for sm_90 only. Off an sm_90 GPU fa3_forward says what it needs; on
     one, each variant matches SDPA on a small causal case."""
-    out = _run_child(CHECKED)
+    out = _run_child((*CHECKED, TIMELINE))
     assert out["targets"] == [[9, 0]]
-    assert out["elsewhere"] == {"75": 0, "80": 0, "89": 0, "90": 8}
-    assert sorted(out["notes"]) == sorted(f"{v} d={d}" for v in ("pipeline", "ws", "pingpong", "pingpong_overlap")
-                                          for d in (64, 128))
+    assert out["elsewhere"] == {"75": 0, "80": 0, "89": 0, "90": 10}
+    assert sorted(out["notes"]) == sorted(f"{v} d={d}" for v in ("pipeline", "ws", "pingpong", "pingpong_overlap",
+                                                                 "pingpong_overlap_persistent") for d in (64, 128))
+    assert out["bad"][0].startswith("ValueError: fa3_forward: timeline is 'yes'"), out["bad"]
+    assert out["bad"][1].startswith("ValueError: fa3_config: variant 'persistent' is not one of"), out["bad"]
     if "gpu" in out:                   # on an H100 (lab/gpu_fa3.py checks the whole grid against float64)
         assert all(err <= bound for err, bound in out["gpu"].values()), out["gpu"]
+        assert all(same and n_events > 0 for same, n_events in out["gpu_timeline"].values()), out["gpu_timeline"]
     else:
         assert "needs an sm_90 GPU" in out["cpu_error"] and "Triton >= 3.6" in out["cpu_error"]
-    assert set(out["ptx"]) == set(CHECKED)
+    assert set(out["ptx"]) == {*CHECKED, TIMELINE}
     for note, ptx in out["ptx"].items():
         assert ptx["ok"], ptx["why"]
         assert ptx["wgmma"] > 0 and ptx["mma_sync"] == 0, (note, ptx)
         assert ptx["tma"] > 0 and ptx["mbarrier"] > 0, (note, ptx)
         assert (ptx["setmaxnreg"] > 0) == (not note.startswith("pipeline")), (note, ptx)
+        assert (ptx["timer"] > 0) == note.endswith(" timeline"), (note, ptx)     # the stamps only when asked for

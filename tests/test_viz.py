@@ -248,7 +248,15 @@ def _fa3_figures():
     from flashcourse.bench import measured
     from flashcourse.reference.fa3 import simulate
     from flashcourse.viz import fa3
+    events = [(0, "producer", "load_kv", 0, 200, 0), (0, "producer", "wait_empty", 200, 2000, 3)]
+    for wg in (0, 1):       # two blocks of each consumer, as fa3_forward(..., timeline=True) decodes them
+        t = 300 + 500 * wg
+        for b in (0, 1):
+            events += [(0, f"wg{wg}", "wait_kv", t, t + 100, b), (0, f"wg{wg}", "qk", t + 100, t + 500, b),
+                       (0, f"wg{wg}", "softmax", t + 500, t + 1000, b)]
+            t += 1000
     return {"timeline_plot": lambda: fa3.timeline_plot(simulate("pingpong_overlap", d=128, blocks=6)),
+            "measured_timeline_plot": lambda: fa3.measured_timeline_plot(events),
             "fa3_speed_plot": lambda: fa3.fa3_speed_plot(measured("fa3"))}
 
 

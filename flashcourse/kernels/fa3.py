@@ -17,6 +17,13 @@ with constexpr switches, so that the lecture can show each step on its own (:dat
 * ``"pingpong_overlap"`` -- + intra-warpgroup overlap (FA3 section 3.2, Algorithm 2): a warpgroup issues
   ``S_{j+1} = Q_i K_{j+1}^T`` and ``O_i += P_j V_j`` together and computes the softmax of ``S_{j+1}`` while
   ``P_j V_j`` is still running on the tensor cores. :func:`fa3_forward`'s default.
+* ``"pingpong_overlap_persistent"`` -- + the persistent schedule (FA3 section 3.1, its tile scheduler): one
+  program an SM loops over the (query block, head) tiles, longest first when causal; the producer loads the
+  next tile's Q (once a consumer's last ``S = Q K^T`` of the tile retired) and K/V (into the ring, whose phases
+  carry over: its counter runs over all of a program's tiles) while the consumers finish the tile's epilogue.
+
+``fa3_forward(..., timeline=True)`` also returns what each role did when, stamped inside the kernel
+(:func:`decode_timeline`).
 
 Conventions are the course's (:func:`flashcourse.kernels.fa2_forward`'s): ``e^x = 2^(x log2 e)``; causal
 masking aligned bottom-right (query ``i`` sees key ``j`` when ``j <= i + N_k - N_q``); a row that sees no key
@@ -29,7 +36,7 @@ the course checks them without a GPU.
 
 Example:
     >>> sorted(VARIANTS)
-    ['pingpong', 'pingpong_overlap', 'pipeline', 'ws']
+    ['pingpong', 'pingpong_overlap', 'pingpong_overlap_persistent', 'pipeline', 'ws']
     >>> fa3_config(128, "pingpong_overlap").constexprs["STAGES"], fa3_config(128, "pipeline").num_warps
     (3, 8)
 """
@@ -37,25 +44,31 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import torch
 
 from . import aot
-from .fa3_gluon import GL_DTYPES, GLUON_ERROR, descriptor, fa3_kernel
+from .fa3_gluon import GL_DTYPES, GLUON_ERROR, PHASES, TL_CAP, TL_PROGRAMS, descriptor, fa3_kernel
 from .validate import expect_qkv, expect_sm_scale
 
-__all__ = ["fa3_forward", "fa3_config", "fa3_unavailable"]     # VARIANTS, HEAD_DIMS: as fa3.VARIANTS (one home a name)
+__all__ = ["fa3_forward", "fa3_config", "fa3_unavailable", "decode_timeline", "TimelineEvent"]     # VARIANTS, HEAD_DIMS: as fa3.VARIANTS (one home a name)
 
 #: Head dims the kernel is built for.
 HEAD_DIMS = (64, 128)
 
 #: The named steps of the chapter: constexpr switches of the one kernel.
 VARIANTS = {
-    "pipeline": {"WARP_SPECIALIZE": False, "PINGPONG": False, "OVERLAP": False},
-    "ws": {"WARP_SPECIALIZE": True, "PINGPONG": False, "OVERLAP": False},
-    "pingpong": {"WARP_SPECIALIZE": True, "PINGPONG": True, "OVERLAP": False},
-    "pingpong_overlap": {"WARP_SPECIALIZE": True, "PINGPONG": True, "OVERLAP": True},
+    "pipeline": {"WARP_SPECIALIZE": False, "PINGPONG": False, "OVERLAP": False, "PERSISTENT": False},
+    "ws": {"WARP_SPECIALIZE": True, "PINGPONG": False, "OVERLAP": False, "PERSISTENT": False},
+    "pingpong": {"WARP_SPECIALIZE": True, "PINGPONG": True, "OVERLAP": False, "PERSISTENT": False},
+    "pingpong_overlap": {"WARP_SPECIALIZE": True, "PINGPONG": True, "OVERLAP": True, "PERSISTENT": False},
+    "pingpong_overlap_persistent": {"WARP_SPECIALIZE": True, "PINGPONG": True, "OVERLAP": True, "PERSISTENT": True},
 }
+
+#: The roles of the in-kernel timeline (fa3_forward(..., timeline=True)), in the schedule model's row names
+#: (the pipeline alone has one 8-warp partition: its consumer row is "wg0+1")
+ROLES = ("producer", "wg0", "wg1")
 
 LN2 = math.log(2.0)
 LOG2E = 1.0 / LN2
@@ -134,7 +147,7 @@ def _as_rows(x: torch.Tensor) -> torch.Tensor:
 
 def fa3_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                 sm_scale: float | None = None, return_lse: bool = False, *, variant: str = "pingpong_overlap",
-                launch: aot.Launch | None = None):
+                launch: aot.Launch | None = None, timeline: bool = False):
     """softmax(Q K^T * sm_scale) V by FlashAttention-3's pipeline on an H100 or H200 (sm_90): ``O`` of q's shape.
 
     ``q``: (B, H, N_q, d), ``k`` and ``v``: (B, H_kv, N_k, d), SDPA's layout, H a multiple of H_kv (grouped-query
@@ -143,7 +156,9 @@ def fa3_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool 
     ``sm_scale`` defaults to 1/sqrt(d). With ``return_lse`` also returns each row's log-sum-exp, (B, H, N_q)
     float32, natural log (``-inf`` for a row that sees no key, whose output is 0). ``variant`` picks a step of
     the chapter (:data:`VARIANTS`); ``launch`` runs that config instead of :func:`fa3_config`'s (for tuning: its
-    ``HEAD_DIM`` must be d). Forward only. Raises RuntimeError off an sm_90 GPU (:func:`fa3_unavailable` says why).
+    ``HEAD_DIM`` must be d). ``timeline`` compiles the kernel with its stamps on and returns, last, the decoded
+    timeline of its first programs (:func:`decode_timeline`). Forward only. Raises RuntimeError off an sm_90 GPU
+    (:func:`fa3_unavailable` says why).
 
     Example:
         >>> import torch
@@ -161,6 +176,8 @@ def fa3_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool 
         ...     except RuntimeError as e:
         ...         assert "needs an sm_90 GPU" in str(e) or "Triton >= 3.6" in str(e)
     """
+    if not isinstance(timeline, bool):
+        raise ValueError(f"fa3_forward: timeline is {timeline!r}; expected True or False")
     why = _unavailable_on(q.device.index if isinstance(q, torch.Tensor) and q.is_cuda else None)
     if why is not None:
         raise RuntimeError(why)
@@ -178,8 +195,8 @@ def fa3_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool 
     if q.numel() == 0 or N_k == 0:                # nothing to load (a TMA descriptor needs every dimension > 0)
         o = torch.zeros((B, H, N_q, d), dtype=q.dtype, device=q.device)
         lse = torch.full((B, H, N_q), -math.inf, dtype=torch.float32, device=q.device)
-        return (o, lse) if return_lse else o
-    c = launch.constexprs
+        return (o, lse) + (([],) if timeline else ()) if return_lse else ((o, []) if timeline else o)
+    c = {k: v for k, v in {"PERSISTENT": False, **launch.constexprs}.items() if k not in ("TL", "TIMELINE")}
     rows = c["BLOCK_M"] // (2 if c["WARP_SPECIALIZE"] else 1)
     q_desc = descriptor(_as_rows(q), rows, d)
     k_desc = descriptor(_as_rows(k), c["BLOCK_N"], d)
@@ -187,10 +204,82 @@ def fa3_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool 
     o = torch.empty((B, H, N_q, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, N_q), dtype=torch.float32, device=q.device) if return_lse else o
     grid = (triton_cdiv(N_q, c["BLOCK_M"]), B * H)
+    if c["PERSISTENT"]:                            # one program an SM (or a tile), each looping over tiles
+        grid = (min(_sm_count(q.device), grid[0] * grid[1]),)
+    tl = torch.full((TL_PROGRAMS, len(ROLES), TL_CAP, 4), -1, dtype=torch.int64, device=q.device) if timeline else None
     extra = {"maxnreg": launch.maxnreg} if launch.maxnreg else {}
-    fa3_kernel[grid](q_desc, k_desc, v_desc, o, lse, sm_scale * LOG2E, N_q, N_k, H // H_kv,
-                   CAUSAL=bool(causal), STORE_LSE=bool(return_lse), **c, num_warps=launch.num_warps, **extra)
-    return (o, lse) if return_lse else o
+    fa3_kernel[grid](q_desc, k_desc, v_desc, o, lse, sm_scale * LOG2E, N_q, N_k, H // H_kv, B * H, tl,
+                     CAUSAL=bool(causal), STORE_LSE=bool(return_lse), **c, TIMELINE=timeline,
+                     num_warps=launch.num_warps, **extra)
+    out = (o, lse) if return_lse else (o,)
+    if timeline:
+        out += (decode_timeline(tl, one_partition=not c["WARP_SPECIALIZE"]),)
+    return out if len(out) > 1 else o
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+class TimelineEvent(NamedTuple):
+    """One phase of one role of one program, measured inside the kernel: ``start_ns``, ``end_ns`` from the
+    first stamp of the launch (by the SM's cycle counter, converted with the role's own %globaltimer at its
+    start and end). ``block``: the key block (its index in the tile), or the tile's number for ``wait_q``,
+    ``load_q``, ``wait_q_free`` and ``epilogue``; ``tile``: the program's tile (0, 1, ... in its order)."""
+    program: int
+    role: str
+    phase: str
+    start_ns: float
+    end_ns: float
+    block: int
+    tile: int
+    sm: int
+
+
+def decode_timeline(buf, one_partition: bool = False) -> list:
+    """The events of a timeline buffer (``(programs, 3, records, 4)`` int64, a tensor or an array, as
+    ``fa3_kernel`` fills it with ``TIMELINE`` on): each role's records 0 and 1 are (-2, SM id, clock, globaltimer ns) at its start and end, the
+    rest (phase code, block, start clock, end clock), -1 where unwritten. Returns :class:`TimelineEvent` s sorted
+    by program and start.
+    ``one_partition``: the pipeline alone, whose one consumer row is ``"wg0+1"``.
+
+    Example:
+        >>> import numpy as np
+        >>> buf = np.full((1, 3, 8, 4), -1, dtype=np.int64)
+        >>> buf[0, 1, :4] = [[-2, 5, 1000, 0], [-2, 5, 3000, 1000], [0, 0, 1000, 1200], [3, 0, 1200, 2000]]
+        >>> [(e.role, e.phase, e.start_ns, e.end_ns) for e in decode_timeline(buf)]
+        [('wg0', 'wait_q', 0.0, 100.0), ('wg0', 'qk', 100.0, 500.0)]
+        >>> decode_timeline(np.zeros((2, 3)))
+        Traceback (most recent call last):
+            ...
+        ValueError: decode_timeline: buf has shape (2, 3); expected (programs, 3, records, 4)
+    """
+    import numpy as np
+    buf = np.asarray(buf.cpu() if isinstance(buf, torch.Tensor) else buf)
+    if buf.ndim != 4 or buf.shape[1] != len(ROLES) or buf.shape[3] != 4 or buf.shape[2] < 2:
+        raise ValueError(f"decode_timeline: buf has shape {tuple(buf.shape)}; expected (programs, 3, records, 4)")
+    events, t_first = [], None
+    for program in range(buf.shape[0]):
+        for r, role in enumerate(ROLES):
+            rec = buf[program, r]
+            (m0, sm, c0, g0), (m1, _, c1, g1) = rec[0], rec[1]
+            if m0 != -2 or m1 != -2 or g1 <= g0 or c1 <= c0:
+                continue                                  # this role did not run (or did not finish) here
+            per_ns = (c1 - c0) / (g1 - g0)                # the SM's clock, cycles a ns
+            name = "wg0+1" if one_partition and role == "wg0" else role
+            tile = 0
+            for phase, block, start, end in rec[2:]:
+                if phase < 0:
+                    break
+                what = PHASES[phase]
+                if what in ("wait_q", "load_q", "wait_q_free", "epilogue"):
+                    tile = int(block)
+                events.append([program, name, what, g0 + (start - c0) / per_ns, g0 + (end - c0) / per_ns,
+                               int(block), tile, int(sm)])
+                t_first = events[-1][3] if t_first is None else min(t_first, events[-1][3])
+    return sorted((TimelineEvent(p, ro, ph, float(s - t_first), float(e - t_first), b, t, sm)
+                   for p, ro, ph, s, e, b, t, sm in events), key=lambda e: (e.program, e.start_ns))
 
 
 def triton_cdiv(a: int, b: int) -> int:
@@ -212,12 +301,26 @@ def _aot_configs(cc):
             x = torch.empty(256, d, dtype=torch.float16)          # CPU tensors: only the descriptor's type is used
             sig = {"q_desc": mangle_type(descriptor(x, rows, d)), "k_desc": mangle_type(descriptor(x, c["BLOCK_N"], d)),
                    "v_desc": mangle_type(descriptor(x, c["BLOCK_N"], d))}
-            yield aot.Launch({**c, "CAUSAL": True, "STORE_LSE": True}, launch.num_warps, launch.num_stages,
-                             sig, launch.kernel, f"{variant} d={d}", launch.maxnreg)
+            yield aot.Launch({**c, "CAUSAL": True, "STORE_LSE": True, "TL": None, "TIMELINE": False},
+                             launch.num_warps, launch.num_stages, sig, launch.kernel, f"{variant} d={d}", launch.maxnreg)
+
+
+def timeline_launch(launch: aot.Launch) -> aot.Launch:
+    """``launch`` (one of the ahead-of-time configs) with the in-kernel timeline on: ``TIMELINE`` and an int64
+    ``TL`` buffer, as ``fa3_forward(..., timeline=True)`` launches it (for the ahead-of-time check of its PTX).
+
+    Example:
+        >>> timeline_launch(aot.Launch({"TL": None, "TIMELINE": False}, note="ws d=64")).signature
+        {'TL': '*i64'}
+    """
+    constexprs = {k: v for k, v in launch.constexprs.items() if k != "TL"}
+    return aot.Launch({**constexprs, "TIMELINE": True}, launch.num_warps, launch.num_stages,
+                      {**launch.signature, "TL": "*i64"}, launch.kernel, launch.note + " timeline", launch.maxnreg)
 
 
 def register_aot() -> None:
-    """Register the kernel with :mod:`flashcourse.kernels.aot` for sm_90 (every variant at d = 64 and 128).
+    """Register the kernel with :mod:`flashcourse.kernels.aot` for sm_90 (every variant at d = 64 and 128, the
+    timeline off: :func:`timeline_launch` turns it on).
 
     Done on import, since :mod:`flashcourse.chapters` lists this module (chapter 10); registering again replaces.
 
@@ -231,9 +334,10 @@ def register_aot() -> None:
     aot.register("fa3_fwd", fa3_kernel, targets=[(9, 0)], configs=_aot_configs,
                  signature={"q_desc": "tensordesc", "k_desc": "tensordesc", "v_desc": "tensordesc",
                             "O": "*fp16", "LSE": "*fp32", "qk_scale": "fp32", "N_q": "i32", "N_k": "i32",
-                            "GROUP": "i32", "HEAD_DIM": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
+                            "GROUP": "i32", "BH": "i32", "TL": "constexpr", "HEAD_DIM": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
                             "STAGES": "constexpr", "CAUSAL": "constexpr", "STORE_LSE": "constexpr",
-                            "WARP_SPECIALIZE": "constexpr", "PINGPONG": "constexpr", "OVERLAP": "constexpr"})
+                            "WARP_SPECIALIZE": "constexpr", "PINGPONG": "constexpr", "OVERLAP": "constexpr",
+                            "PERSISTENT": "constexpr", "TIMELINE": "constexpr"})
 
 
 def _in_a_chapter() -> bool:

@@ -1,11 +1,13 @@
 """The Gluon kernel of :mod:`flashcourse.kernels.fa3` (FlashAttention-3's forward on sm_90) and its TMA descriptors.
 
 :data:`fa3_kernel` is one ``@gluon.jit`` kernel whose constexpr switches (``WARP_SPECIALIZE``, ``PINGPONG``,
-``OVERLAP``) give the chapter's steps, :data:`flashcourse.kernels.fa3.VARIANTS`; its helpers are the roles of
-FlashAttention-3's pipeline: the producer (:func:`_producer`: Q_i once, then K_j and V_j by TMA into a ring of
-mbarrier-guarded stages), a consumer warpgroup (:func:`_consumer`: wgmma for S = Q_i K_j^T and O_i += P V_j, the
-online softmax in registers), the hand-back of a stage (:func:`_release`) and the ping-pong turn
-(:func:`_take_turn`, :func:`_pass_turn`). :func:`descriptor` makes the host's TMA descriptor of a (rows, d) tensor.
+``OVERLAP``, ``PERSISTENT``) give the chapter's steps, :data:`flashcourse.kernels.fa3.VARIANTS`; its helpers are the
+roles of FlashAttention-3's pipeline: the producer (:func:`_producer`: for each tile Q_i, then K_j and V_j by TMA
+into a ring of mbarrier-guarded stages), a consumer warpgroup (:func:`_consumer` over its program's tiles,
+:func:`_consumer_tile` for one: wgmma for S = Q_i K_j^T and O_i += P V_j, the online softmax in registers), the
+hand-back of a stage (:func:`_release`) and the ping-pong turn (:func:`_take_turn`, :func:`_pass_turn`).
+``TIMELINE`` turns on the in-kernel timeline (:func:`_stamp`: each role's phases in SM cycles, into ``TL``; off,
+no code). :func:`descriptor` makes the host's TMA descriptor of a (rows, d) tensor.
 
 Gluon is experimental; this module uses what Triton 3.6 (the course's GPUs) and 3.9 (CI) share, with shims for
 the two names that moved. Where the installed Triton has no Gluon, :data:`fa3_kernel` is None and
@@ -21,7 +23,7 @@ import functools
 
 import torch
 
-__all__ = ["fa3_kernel", "descriptor", "GLUON_ERROR", "GL_DTYPES"]
+__all__ = ["fa3_kernel", "descriptor", "GLUON_ERROR", "GL_DTYPES", "PHASES", "TL_PROGRAMS", "TL_CAP"]
 
 try:   # Gluon is experimental: the module still imports where this Triton has none (fa3_forward then says so)
     from triton.experimental import gluon
@@ -41,10 +43,67 @@ except Exception as e:  # noqa: BLE001 - reported by fa3.fa3_unavailable()
 #: torch dtype -> Gluon dtype of the tiles the kernel reads
 GL_DTYPES = {} if gluon is None else {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 fa3_kernel = None
+#: The in-kernel timeline (TIMELINE on): programs 0 .. TL_PROGRAMS - 1 record, TL_CAP records of 4 int64 a role
+TL_PROGRAMS, TL_CAP = 4, 8192
+#: What a timeline record's phase code means (its index here); -2 marks the clock records
+PHASES = ("wait_q", "wait_kv", "turn", "qk", "softmax", "pv", "release", "epilogue",   # a consumer's
+          "wait_empty", "load_kv", "wait_q_free", "load_q")                              # the producer's
 #: The consumer warpgroups' code (a @gluon.jit function fa3_kernel calls), as chapter 10's lecture prints it.
 fa3_consumer = None
 
 if gluon is not None:
+    _TL_PROGRAMS = gl.constexpr(TL_PROGRAMS)
+    _TL_CAP = gl.constexpr(TL_CAP)
+    (_WAIT_Q, _WAIT_KV, _TURN, _QK, _SOFTMAX, _PV, _RELEASE, _EPILOGUE, _WAIT_EMPTY, _LOAD_KV, _WAIT_Q_FREE,
+     _LOAD_Q) = (gl.constexpr(i) for i in range(len(PHASES)))
+
+    @gluon.jit
+    def _now(TIMELINE: gl.constexpr):
+        # the SM's cycle counter (the timeline's clock; lab/gpu_fa3.py --timeline), read only when TIMELINE is on
+        if TIMELINE:
+            return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+        else:
+            return 0
+
+    @gluon.jit
+    def _stamp(tl, ev, phase: gl.constexpr, block, t0, TIMELINE: gl.constexpr):
+        # record ev of this role's part of the timeline: (phase, block, start, end) in cycles; returns ev + 1
+        if TIMELINE:
+            t1 = _now(TIMELINE)
+            if ev < _TL_CAP:
+                gl.store(tl + ev * 4, phase)
+                gl.store(tl + ev * 4 + 1, block)
+                gl.store(tl + ev * 4 + 2, t0)
+                gl.store(tl + ev * 4 + 3, t1)
+            return ev + 1
+        else:
+            return ev
+
+    @gluon.jit
+    def _clock_mark(tl, ev0, k: gl.constexpr, TIMELINE: gl.constexpr):
+        # records 0 and 1 of a role: (-2, SM id, clock, %globaltimer) at its start and end, to convert cycles to ns
+        if TIMELINE:
+            sm = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+            clock = _now(TIMELINE)
+            ns = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False,
+                                           pack=1)
+            if ev0 < _TL_CAP:
+                gl.store(tl + k * 4, -2)
+                gl.store(tl + k * 4 + 1, sm.to(gl.int64))
+                gl.store(tl + k * 4 + 2, clock)
+                gl.store(tl + k * 4 + 3, ns)
+
+    @gluon.jit
+    def _timeline_of(TL, program, role: gl.constexpr, TIMELINE: gl.constexpr):
+        # this role's part of the buffer (TL_PROGRAMS, 3, TL_CAP, 4), and its first event's record: 2 (after the
+        # clock marks), or TL_CAP for a program past TL_PROGRAMS (which then writes nothing). Off: (0, 0), unused
+        if TIMELINE:
+            ev0 = 2
+            if program >= _TL_PROGRAMS:
+                ev0 = _TL_CAP
+            return TL + (gl.minimum(program, _TL_PROGRAMS - 1).to(gl.int64) * 3 + role) * (_TL_CAP * 4), ev0
+        else:
+            return 0, 0
 
     @gluon.jit
     def _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, s, row):
@@ -55,21 +114,59 @@ if gluon is not None:
         _tma_load(v_desc, [row, 0], v_ready.index(s), v_smem.index(s))
 
     @gluon.jit
-    def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, empty,
-                  q_row, kv_row, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
-        # The producer warp: Q_i once, then K_j, V_j into stage j % STAGES as soon as both consumers released it
-        ROWS: gl.constexpr = q_desc.block_type.shape[0]
-        for c in gl.static_range(CONSUMERS):
-            mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
-            _tma_load(q_desc, [q_row + c * ROWS, 0], q_bars.index(c), q_smem.index(c))
-        for j in range(n_blocks):
-            s = j % STAGES
-            # a fresh mbarrier counts as having completed the phase before phase 0: the first lap waits for nothing
-            mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1)
-            _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, s, kv_row + j * BLOCK_N)
+    def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, k_ready, v_ready, empty,
+                  N_q, N_k, GROUP, BH, TL, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr, TIMELINE: gl.constexpr):
+        # The producer warp: for each of its tiles, Q_i, then K_j, V_j into stage j % STAGES as soon as both
+        # consumers released it. j counts key blocks over all of this program's tiles, so a stage's phase
+        # carries over from one tile to the next
+        tl, ev = _timeline_of(TL, _program(), 0, TIMELINE)
+        ev0 = ev
+        _clock_mark(tl, ev0, 0, TIMELINE)
+        if PERSISTENT:
+            base = 0
+            n_tiles, first, step = _tiles(N_q, BH, BLOCK_M)
+            for tile in range(first, n_tiles, step):
+                base, ev = _produce_tile(tile, (tile - first) // step, base, tl, ev, q_desc, k_desc, v_desc, q_smem,
+                                         k_smem, v_smem, q_bars, q_free, k_ready, v_ready, empty, N_q, N_k, GROUP, BH,
+                                         BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, PERSISTENT, TIMELINE)
+        else:
+            _, ev = _produce_tile(0, 0, 0, tl, ev, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free,
+                                  k_ready, v_ready, empty, N_q, N_k, GROUP, BH, BLOCK_M, BLOCK_N, STAGES, CONSUMERS,
+                                  CAUSAL, PERSISTENT, TIMELINE)
+        _clock_mark(tl, ev0, 1, TIMELINE)
 
     @gluon.jit
-    def _release(j, k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, empty, kv_row, n_blocks,
+    def _produce_tile(tile, t_no, base, tl, ev, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free,
+                      k_ready, v_ready, empty, N_q, N_k, GROUP, BH, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                      STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr,
+                      TIMELINE: gl.constexpr):
+        # the producer's tile number t_no of its program: Q_i for each consumer, then the tile's K_j, V_j
+        ROWS: gl.constexpr = q_desc.block_type.shape[0]
+        bh, m_start, n_blocks = _tile(tile, N_q, N_k, BH, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT)
+        kv_row = (bh // GROUP) * N_k
+        for c in gl.static_range(CONSUMERS):
+            if PERSISTENT:   # Q_i's buffer is free once consumer c's last S = Q K^T of the tile before retired
+                t0 = _now(TIMELINE)
+                mbarrier.wait(q_free.index(c), (t_no & 1) ^ 1)
+                ev = _stamp(tl, ev, _WAIT_Q_FREE, t_no, t0, TIMELINE)
+            t0 = _now(TIMELINE)
+            mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
+            _tma_load(q_desc, [bh * N_q + m_start + c * ROWS, 0], q_bars.index(c), q_smem.index(c))
+            ev = _stamp(tl, ev, _LOAD_Q, t_no, t0, TIMELINE)
+        for j in range(base, base + n_blocks):
+            s = j % STAGES
+            # a fresh mbarrier counts as having completed the phase before phase 0: the first lap waits for nothing
+            t0 = _now(TIMELINE)
+            mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1)
+            ev = _stamp(tl, ev, _WAIT_EMPTY, j - base, t0, TIMELINE)
+            t0 = _now(TIMELINE)
+            _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, s, kv_row + (j - base) * BLOCK_N)
+            ev = _stamp(tl, ev, _LOAD_KV, j - base, t0, TIMELINE)
+        return base + n_blocks, ev
+
+    @gluon.jit
+    def _release(j, base, k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, empty, kv_row, n_blocks,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, WARP_SPECIALIZE: gl.constexpr):
         # This consumer has finished reading K_j and V_j (their wgmma were waited for): the stage may be refilled
         s = j % STAGES
@@ -77,9 +174,38 @@ if gluon is not None:
             mbarrier.arrive(empty.index(s), count=1)          # one arrival per consumer partition
         else:
             _cta_barrier()                                    # both warpgroups of the one partition are done with it
-            nxt = j + STAGES
+            nxt = j - base + STAGES
             if nxt < n_blocks:
                 _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, s, kv_row + nxt * BLOCK_N)
+
+    @gluon.jit
+    def _program():
+        return gl.program_id(0) + gl.program_id(1) * gl.num_programs(0)
+
+    @gluon.jit
+    def _tiles(N_q, BH, BLOCK_M: gl.constexpr):
+        # the persistent schedule: one program an SM computes the tiles (BLOCK_M query rows of one head)
+        # range(first, n_tiles, step): pid, pid + programs, ...
+        return gl.cdiv(N_q, BLOCK_M) * BH, gl.program_id(0), gl.num_programs(0)
+
+    @gluon.jit
+    def _tile(tile, N_q, N_k, BH, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+              PERSISTENT: gl.constexpr):
+        # tile -> its head bh, first query row m_start and number of key blocks n_blocks
+        n_m = gl.cdiv(N_q, BLOCK_M)
+        if PERSISTENT:     # all heads of a query block, then the next block: a program's tiles, longest first
+            pid_m = tile // BH
+            bh = tile % BH
+        else:
+            pid_m = gl.program_id(0)
+            bh = gl.program_id(1)
+        if CAUSAL:   # the longest rows (most key blocks) start first
+            pid_m = n_m - 1 - pid_m
+        m_start = pid_m * BLOCK_M
+        hi = N_k                              # keys this tile's rows may see: [0, hi)
+        if CAUSAL:
+            hi = gl.minimum(N_k, gl.maximum(m_start + BLOCK_M + N_k - N_q, 0))
+        return bh, m_start, gl.cdiv(hi, BLOCK_N)
 
     @gluon.jit
     def _take_turn(turn, t, WG: gl.constexpr, PINGPONG: gl.constexpr):
@@ -120,12 +246,14 @@ if gluon is not None:
         return P, alpha, m_new, l_i
 
     @gluon.jit
-    def _consumer(q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, empty, turn, k_desc, v_desc,
-                  O, LSE, qk_scale, N_q, N_k, bh, row0, kv_row, n_blocks, n_full,
-                  HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                  STORE_LSE: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, PINGPONG: gl.constexpr,
-                  OVERLAP: gl.constexpr, WG: gl.constexpr):
-        # One consumer: its ROWS query rows Q_i (from row0 of head bh) against K_0 .. K_{n_blocks - 1}.
+    def _consumer_tile(q_smem, k_smem, v_smem, q_bars, q_free, k_ready, v_ready, empty, turn, k_desc, v_desc,
+                       O, LSE, qk_scale, N_q, N_k, bh, row0, kv_row, n_blocks, n_full, base, tc, t_no, tl, ev,
+                       HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                       STORE_LSE: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, PINGPONG: gl.constexpr,
+                       OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr, TIMELINE: gl.constexpr, WG: gl.constexpr):
+        # One consumer, one tile: its ROWS query rows Q_i (from row0 of head bh) against K_0 .. K_{n_blocks - 1}.
+        # j counts key blocks over the program's tiles (the ring's stage j % STAGES and phase), j - base is
+        # the tile's own; tc counts the ping-pong turns the same way. Returns base, tc and the timeline's ev, moved on.
         ROWS: gl.constexpr = q_smem.shape[1]
         W: gl.constexpr = gl.num_warps()
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1],
@@ -140,112 +268,203 @@ if gluon is not None:
         l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
         acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
         zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
-        mbarrier.wait(q_bars.index(WG), 0)
+        t0 = _now(TIMELINE)
+        mbarrier.wait(q_bars.index(WG), t_no & 1)
+        ev = _stamp(tl, ev, _WAIT_Q, t_no, t0, TIMELINE)
         if n_blocks > 0:
             if OVERLAP:
                 # FA3's Algorithm 2: S_0 first; then each turn issues S_j and P_{j-1} V_{j-1} together and
                 # computes softmax(S_j) while P_{j-1} V_{j-1} runs
-                mbarrier.wait(k_ready.index(0), 0)
-                _take_turn(turn, 0, WG, PINGPONG)
-                S = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                t0 = _now(TIMELINE)
+                mbarrier.wait(k_ready.index(base % STAGES), (base // STAGES) & 1)
+                ev = _stamp(tl, ev, _WAIT_KV, 0, t0, TIMELINE)
+                _take_turn(turn, tc, WG, PINGPONG)
+                t0 = _now(TIMELINE)
+                S = warpgroup_mma(q, k_smem.index(base % STAGES).permute((1, 0)), zero_s, use_acc=False, is_async=True)
                 _pass_turn(turn, WG, PINGPONG)
                 S = warpgroup_mma_wait(num_outstanding=0, deps=(S,))
+                ev = _stamp(tl, ev, _QK, 0, t0, TIMELINE)
+                t0 = _now(TIMELINE)
                 S = _scores(S, 0, n_full, row0, offset, N_k, qk_scale, s_layout, BLOCK_N, CAUSAL)
                 P, alpha, m_i, l_i = _softmax(S, m_i, l_i)
                 p = gl.convert_layout(P.to(dtype), p_layout)
-                for j in range(1, n_blocks):
+                ev = _stamp(tl, ev, _SOFTMAX, 0, t0, TIMELINE)
+                for j in range(base + 1, base + n_blocks):
                     s = j % STAGES
                     prev = (j - 1) % STAGES
+                    t0 = _now(TIMELINE)
                     mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
                     mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-                    _take_turn(turn, j, WG, PINGPONG)
+                    ev = _stamp(tl, ev, _WAIT_KV, j - base, t0, TIMELINE)
+                    t0 = _now(TIMELINE)
+                    _take_turn(turn, tc + j - base, WG, PINGPONG)
+                    ev = _stamp(tl, ev, _TURN, j - base, t0, TIMELINE)
+                    t0 = _now(TIMELINE)
                     S = warpgroup_mma(q, k_smem.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
                     acc = warpgroup_mma(p, v_smem.index(prev), acc, is_async=True)
                     _pass_turn(turn, WG, PINGPONG)
                     S = warpgroup_mma_wait(num_outstanding=1, deps=(S,))            # S_j done, P_{j-1} V_{j-1} may run
-                    S = _scores(S, j, n_full, row0, offset, N_k, qk_scale, s_layout, BLOCK_N, CAUSAL)
+                    ev = _stamp(tl, ev, _QK, j - base, t0, TIMELINE)
+                    t1 = _now(TIMELINE)
+                    S = _scores(S, j - base, n_full, row0, offset, N_k, qk_scale, s_layout, BLOCK_N, CAUSAL)
                     P, alpha, m_i, l_i = _softmax(S, m_i, l_i)
+                    ev = _stamp(tl, ev, _SOFTMAX, j - base, t1, TIMELINE)
                     acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))   # keeps P_{j-1}'s registers alive
-                    _release(j - 1, k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, empty, kv_row, n_blocks,
+                    ev = _stamp(tl, ev, _PV, j - base - 1, t0, TIMELINE)
+                    _release(j - 1, base, k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, empty, kv_row, n_blocks,
                              BLOCK_N, STAGES, WARP_SPECIALIZE)
                     acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
                     p = gl.convert_layout(P.to(dtype), p_layout)
-                last = n_blocks - 1
+                if PERSISTENT:
+                    mbarrier.arrive(q_free.index(WG), count=1)    # every S = Q_i K^T of this tile retired
+                last = base + n_blocks - 1
+                t0 = _now(TIMELINE)
                 mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
-                _take_turn(turn, n_blocks, WG, PINGPONG)
+                ev = _stamp(tl, ev, _WAIT_KV, n_blocks, t0, TIMELINE)
+                _take_turn(turn, tc + n_blocks, WG, PINGPONG)
+                t0 = _now(TIMELINE)
                 acc = warpgroup_mma(p, v_smem.index(last % STAGES), acc, is_async=True)
                 _pass_turn(turn, WG, PINGPONG)
                 acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
-                _release(last, k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, empty, kv_row, n_blocks,
+                ev = _stamp(tl, ev, _PV, n_blocks - 1, t0, TIMELINE)
+                _release(last, base, k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, empty, kv_row, n_blocks,
                          BLOCK_N, STAGES, WARP_SPECIALIZE)
+                if PERSISTENT:                                     # (the program's own tile: tc not needed)
+                    tc += n_blocks + 1
             else:
-                for j in range(n_blocks):
+                for j in range(base, base + n_blocks):
+                    b = j - base
                     s = j % STAGES
                     phase = (j // STAGES) & 1
+                    t0 = _now(TIMELINE)
                     mbarrier.wait(k_ready.index(s), phase)
-                    _take_turn(turn, j, WG, PINGPONG)
+                    ev = _stamp(tl, ev, _WAIT_KV, b, t0, TIMELINE)
+                    t0 = _now(TIMELINE)
+                    _take_turn(turn, tc + b, WG, PINGPONG)
+                    ev = _stamp(tl, ev, _TURN, b, t0, TIMELINE)
+                    t0 = _now(TIMELINE)
                     S = warpgroup_mma(q, k_smem.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
                     _pass_turn(turn, WG, PINGPONG)
                     S = warpgroup_mma_wait(num_outstanding=0, deps=(S,))
-                    S = _scores(S, j, n_full, row0, offset, N_k, qk_scale, s_layout, BLOCK_N, CAUSAL)
+                    ev = _stamp(tl, ev, _QK, b, t0, TIMELINE)
+                    t0 = _now(TIMELINE)
+                    S = _scores(S, b, n_full, row0, offset, N_k, qk_scale, s_layout, BLOCK_N, CAUSAL)
                     P, alpha, m_i, l_i = _softmax(S, m_i, l_i)
                     acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
                     p = gl.convert_layout(P.to(dtype), p_layout)
+                    ev = _stamp(tl, ev, _SOFTMAX, b, t0, TIMELINE)
+                    t0 = _now(TIMELINE)
                     mbarrier.wait(v_ready.index(s), phase)
+                    ev = _stamp(tl, ev, _WAIT_KV, b, t0, TIMELINE)
+                    t0 = _now(TIMELINE)
                     acc = warpgroup_mma(p, v_smem.index(s), acc, is_async=True)
                     acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
-                    _release(j, k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, empty, kv_row, n_blocks,
+                    ev = _stamp(tl, ev, _PV, b, t0, TIMELINE)
+                    t0 = _now(TIMELINE)
+                    _release(j, base, k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, empty, kv_row, n_blocks,
                              BLOCK_N, STAGES, WARP_SPECIALIZE)
+                    ev = _stamp(tl, ev, _RELEASE, b, t0, TIMELINE)
+                if PERSISTENT:
+                    mbarrier.arrive(q_free.index(WG), count=1)
+                    tc += n_blocks
+        else:
+            if PERSISTENT:
+                mbarrier.arrive(q_free.index(WG), count=1)
         # O_i = acc / l_i (0 for a row that saw no key); L_i = m_i + log2(l_i), stored in natural log
+        t0 = _now(TIMELINE)
         l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
         o = acc / gl.expand_dims(gl.where(l_o == 0.0, 1.0, l_o), 1)
         rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
         dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-        base = bh.to(gl.int64) * N_q
-        ptrs = O + (base + gl.expand_dims(rows, 1)) * HEAD_DIM + gl.expand_dims(dims, 0)
+        base_o = bh.to(gl.int64) * N_q
+        ptrs = O + (base_o + gl.expand_dims(rows, 1)) * HEAD_DIM + gl.expand_dims(dims, 0)
         gl.store(ptrs, o.to(O.dtype.element_ty), mask=gl.expand_dims(rows < N_q, 1))
         if STORE_LSE:
             lse = gl.where(l_i == 0.0, -float("inf"), (m_i + gl.log2(l_i)) * 0.6931471805599453)
             rows_s = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
-            gl.store(LSE + base + rows_s, lse, mask=rows_s < N_q)
+            gl.store(LSE + base_o + rows_s, lse, mask=rows_s < N_q)
+        ev = _stamp(tl, ev, _EPILOGUE, t_no, t0, TIMELINE)
+        return base + n_blocks, tc, ev
 
-    fa3_consumer = _consumer
+    fa3_consumer = _consumer_tile
 
-    # N_q, N_k and GROUP only bound loops and masks: one compile serves every length (Triton would otherwise
+    @gluon.jit
+    def _consumer_in(tile, t_no, base, tc, tl, ev, q_smem, k_smem, v_smem, q_bars, q_free, k_ready, v_ready, empty,
+                     turn, k_desc, v_desc, O, LSE, qk_scale, N_q, N_k, GROUP, BH,
+                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                     CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, WARP_SPECIALIZE: gl.constexpr,
+                     PINGPONG: gl.constexpr, OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr,
+                     TIMELINE: gl.constexpr, WG: gl.constexpr):
+        # a consumer's tile number t_no of its program (tile: its index, PERSISTENT)
+        ROWS: gl.constexpr = q_smem.shape[1]
+        bh, m_start, n_blocks = _tile(tile, N_q, N_k, BH, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT)
+        row0 = m_start + WG * ROWS
+        # key blocks every row of this consumer sees whole (no mask): below the causal diagonal and not ragged
+        n_full = N_k // BLOCK_N
+        if CAUSAL:
+            n_full = gl.minimum(n_full, gl.maximum(row0 + N_k - N_q + 1, 0) // BLOCK_N)
+        return _consumer_tile(q_smem, k_smem, v_smem, q_bars, q_free, k_ready, v_ready, empty, turn, k_desc, v_desc,
+                              O, LSE, qk_scale, N_q, N_k, bh, row0, (bh // GROUP) * N_k, n_blocks, n_full, base, tc,
+                              t_no, tl, ev, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, STORE_LSE, WARP_SPECIALIZE, PINGPONG,
+                              OVERLAP, PERSISTENT, TIMELINE, WG)
+
+    @gluon.jit
+    def _consumer(q_smem, k_smem, v_smem, q_bars, q_free, k_ready, v_ready, empty, turn, k_desc, v_desc,
+                  O, LSE, qk_scale, N_q, N_k, GROUP, BH, TL,
+                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, WARP_SPECIALIZE: gl.constexpr,
+                  PINGPONG: gl.constexpr, OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr, TIMELINE: gl.constexpr,
+                  WG: gl.constexpr):
+        # One consumer warpgroup (or, the pipeline alone, the one 8-warp partition), over its program's tiles
+        tl, ev = _timeline_of(TL, _program(), 1 + WG, TIMELINE)
+        ev0 = ev
+        _clock_mark(tl, ev0, 0, TIMELINE)
+        if PERSISTENT:
+            base = 0
+            tc = 0
+            n_tiles, first, step = _tiles(N_q, BH, BLOCK_M)
+            for tile in range(first, n_tiles, step):
+                base, tc, ev = _consumer_in(
+                    tile, (tile - first) // step, base, tc, tl, ev, q_smem, k_smem, v_smem, q_bars, q_free, k_ready,
+                    v_ready, empty, turn, k_desc, v_desc, O, LSE, qk_scale, N_q, N_k, GROUP, BH, HEAD_DIM, BLOCK_M,
+                    BLOCK_N, STAGES, CAUSAL, STORE_LSE, WARP_SPECIALIZE, PINGPONG, OVERLAP, PERSISTENT, TIMELINE, WG)
+        else:          # the program's own tile: straight-line code, the counters start at 0
+            _, _, ev = _consumer_in(
+                0, 0, 0, 0, tl, ev, q_smem, k_smem, v_smem, q_bars, q_free, k_ready, v_ready, empty, turn, k_desc,
+                v_desc, O, LSE, qk_scale, N_q, N_k, GROUP, BH, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STORE_LSE,
+                WARP_SPECIALIZE, PINGPONG, OVERLAP, PERSISTENT, TIMELINE, WG)
+        _clock_mark(tl, ev0, 1, TIMELINE)
+
+    # N_q, N_k, GROUP and BH only bound loops and masks: one compile serves every length (Triton would otherwise
     # compile again for 1, for multiples of 16 and for the rest)
-    @gluon.jit(do_not_specialize=["N_q", "N_k", "GROUP"])
-    def fa3_kernel(q_desc, k_desc, v_desc, O, LSE, qk_scale, N_q, N_k, GROUP,
-                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                 CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, WARP_SPECIALIZE: gl.constexpr,
-                 PINGPONG: gl.constexpr, OVERLAP: gl.constexpr):
-        # grid: (cdiv(N_q, BLOCK_M), B * H). q_desc: (B*H*N_q, d) in blocks of ROWS rows; k_desc, v_desc:
-        # (B*H_kv*N_k, d) in blocks of BLOCK_N rows; O: (B, H, N_q, d) contiguous; LSE: (B, H, N_q) fp32
+    @gluon.jit(do_not_specialize=["N_q", "N_k", "GROUP", "BH"])
+    def fa3_kernel(q_desc, k_desc, v_desc, O, LSE, qk_scale, N_q, N_k, GROUP, BH, TL,
+                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                   CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, WARP_SPECIALIZE: gl.constexpr,
+                   PINGPONG: gl.constexpr, OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr = False,
+                   TIMELINE: gl.constexpr = False):
+        # grid: (cdiv(N_q, BLOCK_M), B * H), or, PERSISTENT, (programs,) that loop over those tiles.
+        # q_desc: (B*H*N_q, d) in blocks of ROWS rows; k_desc, v_desc: (B*H_kv*N_k, d) in blocks of BLOCK_N rows;
+        # O: (B, H, N_q, d) contiguous; LSE: (B, H, N_q) fp32; BH = B * H. TIMELINE: TL, int64
+        # (TL_PROGRAMS, 3, TL_CAP, 4), receives each role's phases (None when off)
         CONSUMERS: gl.constexpr = 2 if WARP_SPECIALIZE else 1
         ROWS: gl.constexpr = BLOCK_M // CONSUMERS
         gl.static_assert(q_desc.block_type.shape[0] == ROWS)
-        pid_m = gl.program_id(0)
-        if CAUSAL:   # the longest rows (most key blocks) start first
-            pid_m = gl.num_programs(0) - 1 - pid_m
-        bh = gl.program_id(1)
-        m_start = pid_m * BLOCK_M
-        q_row = bh * N_q + m_start
-        kv_row = (bh // GROUP) * N_k          # grouped-query attention: K/V head h // GROUP, read in place
-        offset = N_k - N_q
-        hi = N_k                              # keys this tile's rows may see: [0, hi)
-        if CAUSAL:
-            hi = gl.minimum(N_k, gl.maximum(m_start + BLOCK_M + offset, 0))
-        n_blocks = gl.cdiv(hi, BLOCK_N)
+        gl.static_assert(WARP_SPECIALIZE or not PERSISTENT)
 
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, ROWS, HEAD_DIM], q_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
         q_bars = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        q_free = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for c in gl.static_range(CONSUMERS):
             mbarrier.init(q_bars.index(c), count=1)
+            if PERSISTENT:
+                mbarrier.init(q_free.index(c), count=1)
         for s in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(s), count=1)
             mbarrier.init(v_ready.index(s), count=1)
@@ -254,35 +473,31 @@ if gluon is not None:
             mbarrier.init(turn.index(w), count=1)
         fence_async_shared()                  # the barriers' initialisation, before the copy engine uses them
 
-        # key blocks every row of a consumer sees whole (no mask): below the causal diagonal and not ragged
-        n_full0 = N_k // BLOCK_N
-        n_full1 = N_k // BLOCK_N
-        if CAUSAL:
-            n_full0 = gl.minimum(n_full0, gl.maximum(m_start + offset + 1, 0) // BLOCK_N)
-            n_full1 = gl.minimum(n_full1, gl.maximum(m_start + ROWS + offset + 1, 0) // BLOCK_N)
-
         if WARP_SPECIALIZE:
             gl.warp_specialize([
-                (_consumer, (q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, empty, turn, k_desc, v_desc,
-                             O, LSE, qk_scale, N_q, N_k, bh, m_start, kv_row, n_blocks, n_full0,
-                             HEAD_DIM, BLOCK_N, STAGES, CAUSAL, STORE_LSE, WARP_SPECIALIZE, PINGPONG, OVERLAP, 0)),
-                (_consumer, (q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, empty, turn, k_desc, v_desc,
-                             O, LSE, qk_scale, N_q, N_k, bh, m_start + ROWS, kv_row, n_blocks, n_full1,
-                             HEAD_DIM, BLOCK_N, STAGES, CAUSAL, STORE_LSE, WARP_SPECIALIZE, PINGPONG, OVERLAP, 1)),
-                (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, empty,
-                             q_row, kv_row, n_blocks, BLOCK_N, STAGES, CONSUMERS)),
+                (_consumer, (q_smem, k_smem, v_smem, q_bars, q_free, k_ready, v_ready, empty, turn, k_desc, v_desc,
+                             O, LSE, qk_scale, N_q, N_k, GROUP, BH, TL, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
+                             STORE_LSE, WARP_SPECIALIZE, PINGPONG, OVERLAP, PERSISTENT, TIMELINE, 0)),
+                (_consumer, (q_smem, k_smem, v_smem, q_bars, q_free, k_ready, v_ready, empty, turn, k_desc, v_desc,
+                             O, LSE, qk_scale, N_q, N_k, GROUP, BH, TL, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
+                             STORE_LSE, WARP_SPECIALIZE, PINGPONG, OVERLAP, PERSISTENT, TIMELINE, 1)),
+                (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, k_ready, v_ready, empty,
+                             N_q, N_k, GROUP, BH, TL, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, PERSISTENT,
+                             TIMELINE)),
             ], [4, 1], [240, 24])
         else:
             # the pipeline alone: this partition fills the ring, then refills stage j % STAGES with block
             # j + STAGES each time both warpgroups are done with block j (_release)
+            bh, m_start, n_blocks = _tile(0, N_q, N_k, BH, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT)
+            kv_row = (bh // GROUP) * N_k
             mbarrier.expect(q_bars.index(0), q_desc.block_type.nbytes)
-            _tma_load(q_desc, [q_row, 0], q_bars.index(0), q_smem.index(0))
+            _tma_load(q_desc, [bh * N_q + m_start, 0], q_bars.index(0), q_smem.index(0))
             for j in gl.static_range(STAGES):
                 if j < n_blocks:
                     _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, j, kv_row + j * BLOCK_N)
-            _consumer(q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, empty, turn, k_desc, v_desc,
-                      O, LSE, qk_scale, N_q, N_k, bh, m_start, kv_row, n_blocks, n_full0,
-                      HEAD_DIM, BLOCK_N, STAGES, CAUSAL, STORE_LSE, WARP_SPECIALIZE, PINGPONG, OVERLAP, 0)
+            _consumer(q_smem, k_smem, v_smem, q_bars, q_free, k_ready, v_ready, empty, turn, k_desc, v_desc,
+                      O, LSE, qk_scale, N_q, N_k, GROUP, BH, TL, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
+                      STORE_LSE, WARP_SPECIALIZE, PINGPONG, OVERLAP, PERSISTENT, TIMELINE, 0)
 
 
 @functools.lru_cache(maxsize=None)

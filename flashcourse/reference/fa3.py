@@ -45,7 +45,8 @@ from dataclasses import dataclass, field, replace
 __all__ = ["Hopper", "Interval", "Timeline", "STEPS", "simulate", "check_timeline", "unit_times",
            "ping_pong_turns"]
 
-#: The steps of chapter 10, in order (the names of :data:`flashcourse.kernels.fa3.VARIANTS`).
+#: The steps of chapter 10, in order (the names of :data:`flashcourse.kernels.fa3.VARIANTS` but the last: the model
+#: is of one tile, so the persistent schedule is not in it).
 STEPS = ("pipeline", "ws", "pingpong", "pingpong_overlap")
 
 UNITS = ("tma", "tensor", "softmax")
