@@ -3,27 +3,46 @@ gloo group (the course imported once, before the fork; on GPUs it spawns them in
 train chapter 7's tiny GPT (test_backward_gpt's TINY, TINY_RUN) with every sequence sharded over them
 (``backward_gpt.train("ring", ...)``, the kernels in Triton's interpreter on a CPU). Rank 0 writes OUT
 (``torch.save``): each rank's losses, gradient norms and parameters after the steps, and the ValueErrors of bad
-input."""
+input. On a CPU the ranks first run lab/gpu_ring_gpt.py --cpu-smoke as torchrun would (its ring_gpt.json beside
+OUT)."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from flashcourse import backend  # the interpreter, before triton
+
+import torch._dynamo  # noqa: E402,F401  the optimiser's first construction imports it: once here, not in every rank
 from flashcourse.backward_gpt import GPTConfig, train
 from ring_ranks import free_port
 from test_backward_gpt import TINY, TINY_RUN
 
 WORLD = 2
+LAB_SCRIPT = Path(__file__).resolve().parents[1] / "lab" / "gpu_ring_gpt.py"
 DEVICE = backend.DEVICE
 
 
-def rank_main(rank, port, out):
+def lab_smoke(rank, port, out):
+    """lab/gpu_ring_gpt.py's ``main(["--cpu-smoke", ...])`` in this rank, with the environment torchrun gives a rank
+    (its rendezvous is the same ``env://``): the script end to end, without three more interpreters to start."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    spec = importlib.util.spec_from_file_location("gpu_ring_gpt", LAB_SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--cpu-smoke", "--out", str(Path(out).parent)]) == 0
+
+
+def rank_main(rank, port, out, smoke_port):
     torch.set_num_threads(1)
+    if DEVICE == "cpu":
+        lab_smoke(rank, smoke_port, out)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if DEVICE == "cuda":
         torch.cuda.set_device(rank)
@@ -49,5 +68,5 @@ def rank_main(rank, port, out):
 
 
 if __name__ == "__main__":
-    mp.start_processes(rank_main, args=(free_port(), sys.argv[1]), nprocs=WORLD,
+    mp.start_processes(rank_main, args=(free_port(), sys.argv[1], free_port()), nprocs=WORLD,
                        start_method="spawn" if DEVICE == "cuda" else "fork")

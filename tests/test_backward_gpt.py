@@ -49,7 +49,7 @@ def sharded(tmp_path_factory):
     run = subprocess.run([sys.executable, str(HERE / "gpt_ranks.py"), str(out)], capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-    return torch.load(out, weights_only=False)
+    return {**torch.load(out, weights_only=False), "dir": out.parent}
 
 
 #: Parameters many of whose elements get a gradient that is mostly rounding at this start: attention's query and key
@@ -147,16 +147,14 @@ def check_ring_gpt(result: dict, steps: int, dtypes) -> None:
         assert set(r["gaps"]) == {"ring_vs_sdpa", "ring_vs_flash", "flash_vs_sdpa", "sdpa-efficient_vs_sdpa"}
 
 
-def test_the_gpu_script_runs_end_to_end_on_the_cpu(tmp_path):
-    """lab/gpu_ring_gpt.py --cpu-smoke under torchrun: 2 gloo processes, a tiny model, 2 steps of each run."""
+def test_the_gpu_script_runs_end_to_end_on_the_cpu(sharded):
+    """lab/gpu_ring_gpt.py --cpu-smoke, run by tests/gpt_ranks.py's 2 gloo ranks as torchrun would run it (the same
+    env:// rendezvous): a tiny model, 2 steps of each run, the JSON the GPU run ships."""
     if backend.DEVICE == "cuda":
         pytest.skip("--cpu-smoke is the CPU's run; on GPUs run lab/gpu_ring_gpt.py itself")
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          str(HERE.parent / "lab" / "gpu_ring_gpt.py"), "--cpu-smoke", "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-    result = json.loads((tmp_path / "ring_gpt.json").read_text())
+    result = json.loads((sharded["dir"] / "ring_gpt.json").read_text())
     assert result["cpu_smoke"] and result["provenance"]["dist_backend"] == "gloo"
+    assert "lab/gpu_ring_gpt.py --cpu-smoke" in result["provenance"]["command"]
     check_ring_gpt(result, steps=2, dtypes=["float16"])
     r = result["runs"]["float16"]
     assert np.allclose(r["ring"]["loss"], r["flash"]["loss"], rtol=0, atol=2e-3)
