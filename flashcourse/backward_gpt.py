@@ -195,7 +195,8 @@ def train(attention: str, cfg: GPTConfig | None = None, steps: int = 200, batch_
         from .distributed.gpt import SequenceShards
         sharding = SequenceShards(cfg.block_size, group)
     elif group is not None:
-        raise ValueError(f"train: group is for attention='ring' (a sequence sharded over its ranks); got attention={attention!r}")
+        raise ValueError(f"train: group is for attention='ring' (a sequence sharded over its ranks); "
+                         f"got attention={attention!r}")
     model = GPT(cfg, attention, dtype, group).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
     forward = torch.compile(model) if compile else model

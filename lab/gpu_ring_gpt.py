@@ -9,9 +9,10 @@ course's flash attention and with SDPA's flash and memory-efficient backends (ch
 correct attentions' curves drift apart). 6 layers, 6 heads of d = 64, a context of ``--block-size`` 8192 tokens,
 batch 2 (the 16k tokens a step of chapter 7's context 1024, batch 16), AdamW at 1e-3, ``--steps`` 300; fp16 autocast
 with gradient scaling and bfloat16 autocast (``--dtypes``). The JSON: per dtype, each run's loss curve, gradient
-norms, step times (the ring's: rank 0's, and every rank's median), peak memory (the ring's: every GPU's), the gaps
-between the curves; provenance (every rank's GPU, torch, Triton, NCCL, the command). Ship it as
-``flashcourse/bench/results/h100x2/measured/ring_gpt.json`` (``bench.measured("ring_gpt", gpu="h100x2")``).
+norms (None where fp16's gradient scaler skipped a step), step times (the ring's: rank 0's, and every rank's median),
+peak memory (the ring's: every GPU's), the gaps between the curves; provenance (every rank's GPU, torch, Triton,
+NCCL, the command). Ship it as ``flashcourse/bench/results/h100x2/measured/ring_gpt.json``
+(``bench.measured("ring_gpt", gpu="h100x2")``) and ``lab/results/h100x2/ring_gpt.json``.
 
 ``--cpu-smoke`` runs it all on gloo with the kernels in Triton's interpreter, a tiny model and a few steps: that the
 script runs end to end (``torchrun --nproc-per-node 2 lab/gpu_ring_gpt.py --cpu-smoke --out DIR``).
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -114,7 +116,8 @@ def main(argv=None) -> int:
                 r = train(attention.split("-")[0], cfg, dtype=getattr(torch, name), **run)
             one[attention] = {**r, "median_step_ms": median(r["step_ms"]), "sdpa_backends": [b.name for b in backends]}
             print(f"{name}, one GPU, {attention}: loss {r['loss'][0]:.3f} -> {r['loss'][-1]:.3f}, "
-                  f"{one[attention]['median_step_ms']:.1f} ms a step, peak {r['peak_bytes'] / 2**20:.0f} MiB", flush=True)
+                  f"{one[attention]['median_step_ms']:.1f} ms a step, peak {r['peak_bytes'] / 2**20:.0f} MiB",
+                  flush=True)
         loss = {"ring": sharded[name]["loss"], **{k: v["loss"] for k, v in one.items()}}
         runs[name] = {"ring": sharded[name], **one,
                       "gaps": {"ring_vs_sdpa": gaps(loss["ring"], loss["sdpa"]),
@@ -130,9 +133,11 @@ def main(argv=None) -> int:
     out = {"name": "ring_gpt", "provenance": prov, "cpu_smoke": a.cpu_smoke, "world": world,
            "config": {**cfg.__dict__, "steps": a.steps, "batch_size": a.batch_size, "seed": a.seed,
                       "dtypes": a.dtypes}, "runs": runs}
+    for r in (run for dtype in runs.values() for run in dtype.values() if "grad_norm" in run):
+        r["grad_norm"] = [g if math.isfinite(g) else None for g in r["grad_norm"]]   # fp16 steps the scaler skipped
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "ring_gpt.json"), "w") as f:
-        json.dump(out, f)
+        json.dump(out, f, allow_nan=False)
     return 0
 
 

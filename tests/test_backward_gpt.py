@@ -177,6 +177,7 @@ def test_the_shipped_sharded_training_run_agrees_with_one_gpu():
     for dtype, r in measured["runs"].items():
         ring, flash, sdpa, efficient = (np.array(r[n]["loss"]) for n in ("ring", "flash", "sdpa", "sdpa-efficient"))
         ours, theirs = np.abs(ring - sdpa), np.abs(efficient - sdpa)
-        assert ours.max() <= 0.08 and np.abs(ring - flash).max() <= 0.08, (dtype, ours.max(), np.abs(ring - flash).max())
+        assert ours.max() <= 0.08 and np.abs(ring - flash).max() <= 0.08, (dtype, ours.max(),
+                                                                           np.abs(ring - flash).max())
         assert ours[-50:].mean() <= theirs[-50:].mean(), (dtype, ours[-50:].mean(), theirs[-50:].mean())
         assert ring[0] - ring[-1] > 2, dtype

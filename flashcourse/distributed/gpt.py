@@ -80,7 +80,8 @@ class SequenceShards:
         self.group = group if group is not None else dist.group.WORLD
         self.rank, self.world = dist.get_rank(self.group), dist.get_world_size(self.group)
         if not isinstance(block_size, int) or block_size < 1 or block_size % (2 * self.world):
-            raise ValueError(f"{fn}: block_size is {block_size!r}; expected a multiple of 2 x world = {2 * self.world}: "
+            raise ValueError(f"{fn}: block_size is {block_size!r}; expected a multiple of 2 x world = "
+                             f"{2 * self.world}: "
                              f"each rank holds 2 chunks of every sequence (zigzag, causal ring attention)")
         self.block_size = block_size
 
