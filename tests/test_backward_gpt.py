@@ -104,6 +104,8 @@ def test_bad_configs_are_named():
         GPT(GPTConfig(vocab_size=5, n_head=3, n_embd=60))
     with pytest.raises(ValueError, match="attention must be one of"):
         GPT(GPTConfig(vocab_size=5, n_head=1, n_embd=16), attention="naive")
+    with pytest.raises(ValueError, match="group: torch.distributed is not initialised"):
+        train("ring", TINY, steps=1)                                          # no process group to shard over
     with pytest.raises(ValueError, match="longer than block_size = 8"):
         GPT(GPTConfig(vocab_size=5, n_head=1, n_embd=16, block_size=8))(torch.zeros(1, 9, dtype=torch.long))
 

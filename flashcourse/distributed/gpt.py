@@ -86,23 +86,60 @@ class SequenceShards:
         self.block_size = block_size
 
     def tokens(self, x: torch.Tensor) -> torch.Tensor:
-        """This rank's shard of every sequence of ``x`` (B, block_size): (B, block_size / world)."""
+        """This rank's shard of every sequence of ``x`` (B, block_size): (B, block_size / world).
+
+        Example:
+            >>> import torch, torch.distributed as dist
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> SequenceShards(4).tokens(torch.zeros(2, 5))
+            Traceback (most recent call last):
+                ...
+            ValueError: SequenceShards.tokens: x has shape (2, 5); expected (B, 4)
+            >>> dist.destroy_process_group()
+        """
         if x.dim() != 2 or x.shape[1] != self.block_size:
             raise ValueError(f"SequenceShards.tokens: x has shape {tuple(x.shape)}; expected (B, {self.block_size})")
         return shard(x, self.rank, self.world, causal=True, dim=1)
 
     def positions(self, device=None) -> torch.Tensor:
-        """Where this rank's tokens lie in the whole sequence (:func:`positions`)."""
+        """Where this rank's tokens lie in the whole sequence (:func:`positions`).
+
+        Example:
+            >>> import torch.distributed as dist
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> SequenceShards(4).positions().tolist()
+            [0, 1, 2, 3]
+            >>> dist.destroy_process_group()
+        """
         return positions(self.block_size, self.rank, self.world, device)
 
     def mean(self, x: torch.Tensor) -> torch.Tensor:
-        """The mean over the ranks of ``x`` (every rank's mean over its equal shard: the mean over all tokens)."""
+        """The mean over the ranks of ``x`` (every rank's mean over its equal shard: the mean over all tokens), float32.
+
+        Example:
+            >>> import torch, torch.distributed as dist
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> SequenceShards(2).mean(torch.tensor(1.5, dtype=torch.float16)).dtype
+            torch.float32
+            >>> dist.destroy_process_group()
+        """
         x = x.detach().float().clone()
         dist.all_reduce(x, group=self.group)
         return x / self.world
 
     def reduce_gradients(self, model: torch.nn.Module) -> None:
-        """Average every parameter's gradient over the ranks, in place (one ``all_reduce`` of them all flattened)."""
+        """Average every parameter's gradient over the ranks, in place (one ``all_reduce`` of them all flattened).
+
+        Example (a ring of one: the gradients stay as they are):
+            >>> import torch, torch.distributed as dist
+            >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            >>> m = torch.nn.Linear(2, 1)
+            >>> m(torch.ones(1, 2)).sum().backward()
+            >>> SequenceShards(2).reduce_gradients(m)
+            >>> m.weight.grad.tolist()
+            [[1.0, 1.0]]
+            >>> dist.destroy_process_group()
+        """
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         if self.world == 1 or not grads:
             return
