@@ -164,7 +164,8 @@ CELLS = [
     of Algorithm 1 for $N$ queries, $N_k$ keys and an SRAM of $M$ elements, with the paper's blocks
     $B_c = \lceil M / 4d \rceil$, $B_r = \min(B_c, d)$. Work it out from the algorithm (the lecture's
     pseudo-code, or your own loops above): what crosses HBM once, what crosses in every outer step,
-    and how many outer steps there are when the blocks do not divide the sizes. The check runs the
+    and how many outer steps there are when the blocks do not divide the sizes. Algorithm 1's line 2
+    initialises $O$, $\ell$ and $m$ in HBM: those first writes count too. The check runs the
     course's Algorithm 1 on the counted memory for each case and compares; it does not let your
     function call the course's package.
     """, "slide", name="predict-intro"),
@@ -212,8 +213,9 @@ CELLS = [
     read it, count what that does to the output alone. Write `o_writes(loop_order, N_q, N_k, d, B_r, B_c)`:
     the number of elements of $O$ written to HBM by Algorithm 1 in FlashAttention-1's order
     (`loop_order == "fa1"`, the loops you ran above) and in FlashAttention-2's (`"fa2"`), for blocks of
-    $B_r$ queries and $B_c$ keys that need not divide $N_q$ and $N_k$. The check runs both papers'
-    Algorithm 1 on the counted memory and compares.
+    $B_r$ queries and $B_c$ keys that need not divide $N_q$ and $N_k$, counting, as in part 2, the
+    initial write of $O$ where an algorithm makes one. The check runs both papers' Algorithm 1 on the
+    counted memory and compares.
     """, "slide", name="writes-intro"),
 
     code("""

@@ -20,16 +20,16 @@ CELLS = [
     1. the inner loop and the final division of FlashAttention-2, in NumPy, with causal masking
        (about 25 minutes);
     2. the same loop body inside a Triton kernel, which runs on a GPU — or, without one, in Triton's
-       interpreter on the CPU (about 30);
+       interpreter on the CPU (30–45);
     3. the kernel's launch config — tiles, warps, pipeline stages — for a GPU, from a count of what
-       one program asks of an SM; then you compare your choice with a measurement (about 20);
-    4. how many K/V blocks the causal kernel skips, counted from its loop for any sizes (about 10).
+       one program asks of an SM; then you compare your choice with a measurement (20–25);
+    4. how many K/V blocks the causal kernel skips, counted from its loop for any sizes (10–15).
     """, "slide", name="title"),
 
     md("""
-    About 85 minutes in all, plus the questions at the end. (Estimated, not yet timed on a fresh solve:
-    from the length of each answer and the hints its check gives, beside chapter 7's and 8's parts,
-    which were timed; a fresh solve should replace these numbers.)
+    About 85–110 minutes in all, plus the questions at the end. (Estimated, not timed on a human: one
+    fresh solve of the exercise by an AI agent, with the agent's judgement of how long each part takes
+    a strong student new to Triton.)
 
     Under each exercise a **check cell** runs your code on a few cases you can see and on hidden random
     ones (ragged sizes, $N_q \\ne N_k$, causal masks with rows that see no key, huge logits, a row
@@ -248,19 +248,20 @@ CELLS = [
     returning `(B_r, B_c, num_warps, num_stages)` for head dimension `d` on a Hopper GPU whose thread
     blocks may use `smem_bytes` bytes of shared memory. What one program holds:
 
-    * **shared memory**: its block $Q_i$, and `num_stages` buffers of $K_j$ and of $V_j$, all fp16 —
-      with several stages the loads of the next blocks are in flight while this one is computed;
-      use **3 stages** (on an H200 the configs with 1 or 2 ran at 47–92% of the best);
+    * **shared memory**: its block $Q_i$, and `num_stages` buffers of $K_j$ and of $V_j$, all fp16 (the
+      next blocks load while this one is computed); use **3 stages** (on an H200 1 or 2 ran at 47–92% of
+      the best);
     * **registers**: the fp32 accumulator ($B_r \times d$) and the scores $S_{ij}$ ($B_r \times B_c$),
-      shared evenly by the program's $32 \cdot$ `num_warps` threads. A thread can have at most 255
-      registers and an SM has 65,536 for all the threads of a block; the tiles may take **half** of
-      what a thread can have (the rest holds $Q_i$'s fragments, statistics, pointers), or they spill;
+      shared by the program's $32w$ threads ($w$ = `num_warps`). A thread can have 255 registers at most,
+      and a block's threads share the SM's 65,536; the tiles may take **half** of what a thread can have
+      (the rest holds $Q_i$'s fragments, statistics, pointers), or they spill:
+      $B_r (d + B_c) / 32w \le \lfloor \min(255, \lfloor 65536 / 32w \rfloor) / 2 \rfloor$;
     * **warps**: split-Q gives each warp its own query rows, and each warp needs at least 16 of them
       (an MMA instruction's rows).
 
     Among the configs that fit, the count decides: the fewest HBM reads of $K$ and $V$ first, then the
-    fewest steps of the inner loop (each rescales `acc` and waits at a barrier). Tiles are powers of
-    two from 16 to 256; `num_warps` is 1, 2, 4, 8 or 16. Any warps and stages that keep the rules pass.
+    fewest steps of the inner loop (each rescales `acc` and waits at a barrier). Tiles are powers of two
+    from 16 to 256, $w$ is 1, 2, 4, 8 or 16; any warps and stages that keep the rules pass.
     """, "slide", name="tiles-intro"),
 
     code("""

@@ -21,17 +21,17 @@ CELLS = [
 
     1. the combine step, in NumPy (about 15 minutes);
     2. the loop over one chunk's keys, and the partial's store, inside the split-KV Triton kernel
-       (about 30);
+       (30–45 minutes);
     3. the choice of the number of splits, then what it does to the grid and what an H100 measured
-       (about 20);
+       (20–30);
     4. the split count at which the combine's traffic reaches one split's read (about 10).
 
     """, "slide", name="title"),
 
     md("""
-    About 75 minutes in all, plus the questions at the end. (Estimated, not yet timed on a fresh solve:
-    from the length of each answer and the hints its check gives, beside chapter 7's and 8's parts,
-    which were timed; a fresh solve should replace these numbers.)
+    About 75–100 minutes in all, plus the questions at the end. (Estimated, not timed on a human: one
+    fresh solve of the exercise by an AI agent, with the agent's judgement of how long each part takes
+    a strong student new to Triton.)
 
     Under each exercise a **check cell** runs your code on cases you can see and on hidden random ones
     (grouped-query attention, sequences of length 1 or 0, more splits than the cache needs, logits that
@@ -251,7 +251,8 @@ CELLS = [
 
     The check accepts any S an engineer could defend with that model, not one number:
 
-    * when the $B \cdot H_{kv}$ programs of one split already fill 80% of a wave: one split;
+    * when the $B \cdot H_{kv}$ programs of one split are already 80% of a wave or more
+      ($B \cdot H_{kv} \ge 0.8 \cdot$ `num_sms`): one split;
     * otherwise no chunk shorter than `min_chunk` keys, no empty chunk, at most one split per SM, and
       at least 85% of the best wave efficiency such an S reaches (the smallest such S costs the fewest
       partials);
@@ -335,7 +336,10 @@ CELLS = [
     """, tags=("solution",), name="combine-crossover"),
 
     md("""
-    Beside the split counts the course's heuristic chose in the H100 sweep above (`sweep`):
+    Beside the split counts the course's kernel chose in the H100 sweep above (`sweep`): `flash_decode`
+    runs part 3's rule with `min_chunk` = 128 (`kernels.decode_configs.MIN_CHUNK`, set from
+    `lab/gpu_decode.py`'s timings of the split counts), not the 256 your function defaults to, so at $L$ = 1024 it may
+    take 7 splits of 147 keys where yours stops at 4 of 256:
     """, "subslide", name="crossover-demo-text"),
 
     code("""

@@ -23,14 +23,14 @@ CELLS = [
 
     1. one chunk's partials and that check, in NumPy (10–15 minutes);
     2. a choice of $\\varphi$ for a model from the statistics of its scores, the rows it sends back counted,
-       then what a fallback costs on the GPU (25–35 minutes);
+       then what a fallback costs on the GPU (30–40 minutes);
     3. the partials as a Triton kernel in which every chunk adds into the same sums (25–40 minutes).
 
     """, "slide", name="title"),
 
     md("""
-    About 60–90 minutes in all, plus the questions at the end. How these were estimated: not by timing
-    students. Each part's code and the ideas it needs were set against the primer's RMSNorm exercise, which
+    About 65–95 minutes in all, plus the questions at the end. How these were estimated: not by timing
+    students (part 2 raised to the 30–40 minutes that one fresh solve by an AI agent judged it needs). Each part's code and the ideas it needs were set against the primer's RMSNorm exercise, which
     a strong student solving it fresh took 20–30 minutes for (issue 31): part 1 is a third of its code with
     one subtle rule (only the largest score counts), part 2 asks to see that the fallback rate is piecewise
     linear in $\\varphi$, part 3 is RMSNorm's size with two new ideas (atomics, a flag no chunk may lower).

@@ -116,7 +116,7 @@ CELLS = [
     **Predict, count.** Your rule chose $B_N$ for the ratio. Now predict what that tiling asks of memory:
     write `predict_accesses(M, K, N, B_N, B_K)`, the HBM element accesses (reads plus writes) of $y = x W$
     tiled as above (one program per tile of $B_N$ columns, each walking K in tiles of $B_K$, x's rows padded
-    to 8 on chip), for any sizes: the last tile of columns or of K partial when it does not divide. Work it
+    to 8 on chip only: the padding rows are never read from HBM), for any sizes: the last tile of columns or of K partial when it does not divide. Work it
     out from the loops (`flashcourse.reference.flat_gemm`, the lecture's count): what each program reads and
     writes, and how many programs there are. The check runs the tiling on the counted memory for each case and
     compares exactly: the count is a whole number, the same on every run.
@@ -181,8 +181,10 @@ CELLS = [
     The count and the clock disagree, and the disagreement teaches. At M = 8 and $B_N$ = 16 the count is
     up to 41% larger than at M = 1 (x, read by 256 programs), yet the H100's times differ by under 1%: x's
     re-reads cost no time that shows; at 176 KB at most, x fits the 50 MB L2 many times over. The weight's bytes must come from DRAM,
-    yet they arrive at 2.2 TB/s at best (K x N = 4096 x 11008), and W's 8 MB at N = 1024 take 28 µs
-    (0.3 TB/s): a time that does not shrink with the bytes is a fixed cost, not bandwidth.
+    yet W's 90 MB alone arrive at 2.2 TB/s at best (K x N = 4096 x 11008, at the fastest $B_N$'s time;
+    the table's 2.49 TB/s at M = 8 divides your whole count, x's re-reads from the L2 included, by the
+    time), and W's 8 MB at N = 1024 take 28 µs (0.3 TB/s): a time that does not shrink with the bytes is a
+    fixed cost, not bandwidth.
     """, "subslide", name="block-n-measure-moral"),
 
     md(r"""

@@ -18,15 +18,17 @@ CELLS = [
 
     1. one step of FlashAttention-2's backward in NumPy — what happens for one block of queries $Q_i$
        against one block of keys $K_j$ — which the chapter's loops call for every pair (about 20 minutes);
-    2. the same step for a loss that uses $L$ as well as $O$, which the lecture does not derive (about 15);
+    2. the same step for a loss that uses $L$ as well as $O$, which the lecture does not derive (15–20);
     3. a prediction of the HBM accesses of those loops, counted, then set beside the H100's time (about 20);
     4. the inner loop of the Triton kernel that computes $dK$ and $dV$, one program per block of keys
-       (about 30).
+       (30–45).
 
     """, "slide", name="title"),
 
     md("""
-    About 85 minutes in all, plus the questions at the end.
+    About 85–105 minutes in all, plus the questions at the end. (Estimated, not timed on a human: one fresh
+    solve of the exercise by an AI agent, with the agent's judgement of how long each part takes a strong
+    student new to Triton.)
 
     Under each exercise a **check cell** runs your code on cases you can see and on hidden random ones
     (ragged sizes, $N_q \\ne N_k$, causal masks with rows that see no key, logits in the thousands, a
@@ -158,9 +160,10 @@ CELLS = [
     plus writes) of Algorithm 2, not causal, for $N_q$ queries, $N_k$ keys, head dim $d$, row blocks of $B_r$
     queries and key blocks of $B_c$ keys, the last block of each partial when it does not divide. Work it
     out from the loops (`flashcourse.reference.backward.fa2_backward`, the lecture's stepper): what crosses
-    HBM once, in every outer step, in every inner step, and how many steps there are. The check runs
-    Algorithm 2 on the counted memory for each case and compares exactly: the count is a whole number, the
-    same on every run.
+    HBM once, in every outer step, in every inner step, and how many steps there are. Predict before you
+    open `flashcourse.formulas.fa2_backward_traffic`: it gives the lecture's count term by term, so read it
+    afterwards, to compare. The check runs Algorithm 2 on the counted memory for each case and compares
+    exactly: the count is a whole number, the same on every run.
     """, "slide", name="predict-intro"),
 
     code("""

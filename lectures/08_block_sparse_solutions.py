@@ -17,16 +17,17 @@ CELLS = [
     1. in NumPy, the **block lists** of a mask function: for each block of queries, which key blocks it
        sees whole and which only in part (15–20 minutes);
     2. in Triton, the **kernel's loops over those lists**: FlashAttention-2's inner loop, walking a list of
-       key blocks instead of all of them, masking the partial ones with their bit tiles (30–45 minutes);
+       key blocks instead of all of them, masking the partial ones with their bit tiles (35–45 minutes);
     3. in NumPy, the lists of a **band** mask from each query's range of keys, without looking at the
-       mask pair by pair (15–25 minutes);
+       mask pair by pair (20–25 minutes);
     4. a **prediction** of the kernel's time on a GPU from its blocks, then the count and the clock
        (10–15 minutes).
 
     """, "slide", name="title"),
 
     md("""
-    About 70–105 minutes in all. How these were estimated: each part solved once, fresh from its stub, by
+    About 80–105 minutes in all. How these were estimated (parts 2 and 3 raised to what one fresh solve
+    by an AI agent judged they need): each part solved once, fresh from its stub, by
     the course's author (parts 1, 3 and 4 in a few minutes each: one measurement, of someone who knew the
     answer's shape), then scaled to a student meeting the chapter for the first time by the primer's
     RMSNorm exercise, which a strong student solving it fresh took 20–30 minutes for: part 2 asks for

@@ -77,6 +77,19 @@ def test_mutants_are_rejected_on_every_seed(tmp_path, seed, replace, expected):
     rejected(checks.choose_fa2_config, mutant(tmp_path, *replace), seed, *expected)
 
 
+@pytest.mark.parametrize("replace, message, first_hint, absent", [
+    pytest.param((("2 * (B_r * d + 2 * stages * B_c * d)", "2 * (B_r * d + 2 * B_c * d)"),), "3 stages of K_j and V_j take",
+                 "counted for one stage of K_j and V_j, but the config returns 3 stages", ("a single stage",),
+                 id="one-stage-counted-three-returned"),
+    pytest.param((("budget = min(255, 65536 // (32 * num_warps)) // 2", "budget = min(255, 65536 // (32 * num_warps))"),),
+                 "a thread can have min(255, 65536 / (32 num_warps)) = 255 registers, and the tiles get half of them",
+                 "the tiles may take only half of a thread's registers", ("with 16 warps", "warps)) = 255)"),
+                 id="all-registers-for-the-tiles"),
+])
+def test_the_hint_names_the_mistake_made(tmp_path, seed, replace, message, first_hint, absent):
+    rejected(checks.choose_fa2_config, mutant(tmp_path, *replace), seed, message, first_hint=first_hint, absent=absent)
+
+
 def test_B_c_before_B_r_is_named():
     """Maximising B_c first (swapping the loops) is the traffic mistake: its hint says why B_r comes first."""
     def swapped(d, smem):

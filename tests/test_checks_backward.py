@@ -178,6 +178,8 @@ def test_a_prediction_that_is_not_a_whole_number_is_refused(seed):
                  ("DK", "D_i (given in Delta)"), id="no-D"),
     pytest.param((("tl.trans(Q_i)) * qk_scale - L_i[None, :])", "tl.trans(Q_i)) * qk_scale)"),),
                  ("recompute it from the saved log-sum-exp",), id="P-not-from-the-lse"),
+    pytest.param((('other=float("inf")) * 1.4426950408889634', 'other=float("inf"))'),),
+                 ("hint: L (in LSE) is a natural logarithm",), id="lse-left-in-natural-log"),
     pytest.param((("tl.store(DK + out, dK_j * sm_scale, mask=in_k[:, None])", "tl.store(DK + out, dK_j, mask=in_k[:, None])"),),
                  ("DK", "comes back in dK"), id="no-scale"),
     pytest.param((("        if CAUSAL:\n            visible = visible & (cols[:, None] <= rows[None, :] + offset)\n", ""),),

@@ -54,6 +54,18 @@ def test_mutants_are_rejected_on_every_seed(tmp_path, seed, replace, expected):
     rejected(checks.choose_phi, mutant(tmp_path, *replace), seed, *expected, exc=(AssertionError, ValueError))
 
 
+def test_phi_set_from_the_largest_row_alone_is_told_so_not_that_the_window_is_upside_down(tmp_path, seed):
+    fn = mutant(tmp_path, (RETURN, "return float(edges[-1] - b)"))
+    rejected(checks.choose_phi, fn, seed, "phi is too high for them", first_hint="phi + b at the largest row maximum",
+             absent=("upside down",))
+
+
+def test_a_phi_for_the_mirrored_window_is_told_the_window_is_upside_down(seed):
+    def mirrored(start, width, counts, bounds, target):      # the best phi for m - phi in [-b, -a]
+        return lowest_rate(start, width, counts, (-bounds[1], -bounds[0]))[1]
+    rejected(checks.choose_phi, mirrored, seed, "shown case 2", first_hint="the window is upside down")
+
+
 def test_the_rate_and_its_minimum(seed):
     assert rate(0.0, 1.0, [1, 1, 1, 1], (-1.0, 1.0), 2.0) == 0.5
     for kind, (start, width, counts, bounds, target) in hidden_cases(np.random.default_rng(seed)):

@@ -175,6 +175,18 @@ def test_prediction_mutants_are_rejected(tmp_path, seed, replace, expected):
     rejected(checks.forward_time, predict(tmp_path, *replace), seed, *expected)
 
 
+@pytest.mark.parametrize("count, first_hint", [
+    pytest.param("r[\"B\"] * r[\"H\"] * r[\"pairs\"]", "a fixed cost plus a cost per pair kept", id="affine-in-pairs"),
+    pytest.param("r[\"B\"] * r[\"H\"] * r[\"full\"]", "a fixed cost plus a cost per full block", id="affine-in-full-blocks"),
+])
+def test_a_fixed_cost_plus_a_cost_per_pair_or_full_block_fails_where_many_blocks_are_partial(tmp_path, seed, count,
+                                                                                               first_hint):
+    """The hidden case fitted to the two documents runs (a third of their blocks partial) tells the blocks from the
+    pairs kept and from the full blocks: both are 23-38% off the clock there on the H100 and the H200."""
+    fn = predict(tmp_path, ("return r[\"B\"] * r[\"H\"] * (r[\"full\"] + r[\"partial\"])", f"return {count}"))
+    rejected(checks.forward_time, fn, seed, "hidden case 1 of 4", "documents", first_hint=first_hint)
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     return cells.grade_untouched_and_completed(tmp_path_factory, NOTEBOOK)

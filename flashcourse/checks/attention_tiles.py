@@ -51,7 +51,7 @@ def rule_broken(d: int, smem_bytes: int, B_r: int, B_c: int, warps: int, stages:
 
     Example:
         >>> rule_broken(128, 232448, 128, 64, 8, 3), rule_broken(128, 232448, 128, 64, 4, 3)[:38]
-        ('', 'a thread would hold B_r (d + B_c) / 32')
+        ('', 'with 4 warps a thread would hold B_r (')
     """
     smem = fa2_shared_bytes(B_r, B_c, d, stages)
     if smem > smem_bytes:
@@ -63,9 +63,10 @@ def rule_broken(d: int, smem_bytes: int, B_r: int, B_c: int, warps: int, stages:
                 f"the best had 3 or 4 (use {MIN_STAGES} or more)")
     live, budget = fa2_tile_registers(B_r, B_c, d, warps), fa2_register_budget(warps)
     if live > budget:
-        return (f"a thread would hold B_r (d + B_c) / 32 warps = {live:g} fp32 values of acc and S_ij, more than "
-                f"the {budget} registers it can give them (half of min(255, 65536 / (32 warps)) = "
-                f"{min(255, 65536 // (32 * warps))}): they would spill to local memory")
+        return (f"with {warps} warp{'s' if warps > 1 else ''} a thread would hold B_r (d + B_c) / (32 num_warps) = "
+                f"{live:g} fp32 values of acc and S_ij, more than the {budget} registers the tiles may take: a thread "
+                f"can have min(255, 65536 / (32 num_warps)) = {min(255, 65536 // (32 * warps))} registers, and the "
+                f"tiles get half of them. They would spill to local memory")
     if B_r < MIN_ROWS_PER_WARP * warps:
         return (f"{warps} warps share B_r = {B_r} query rows: {B_r / warps:g} each, fewer than the 16 rows of an "
                 f"MMA instruction, so warps would duplicate work; at most B_r / 16 = {B_r // 16} warps")
@@ -167,7 +168,9 @@ def hidden_cases(rng):
 
 
 def _mistakes():
-    """Known-wrong choosers and the hint each earns: a student's answer that equals one names the mistake."""
+    """Known-wrong choosers, the hint each earns and the answers it can explain (``(config) -> bool``): a student's
+    answer whose tiles equal a chooser's, of a kind it explains, names the mistake. A hint may be a function of the
+    answer (``(config) -> str``)."""
     def search(d, smem, shared=fa2_shared_bytes, live=fa2_tile_registers, budget=fa2_register_budget,
                rows=MIN_ROWS_PER_WARP, stages=MIN_STAGES, order="rc"):
         cands = [(B_r, B_c, w, stages) for B_r in TILES for B_c in TILES for w in WARPS
@@ -175,21 +178,36 @@ def _mistakes():
         key = (lambda c: (c[0], c[1])) if order == "rc" else (lambda c: (c[1], c[0]))
         return max(cands, key=key) if cands else None
 
+    def any_answer(config):
+        return True
+
+    def stages_returned(config):
+        n = int(config[3])
+        return (f"the shared memory was counted for one stage of K_j and V_j, but the config returns {n} stages: "
+                f"each stage holds a K_j and a V_j buffer of its own, so the count must use the stages returned")
+
     return [
         (lambda d, s: search(d, s, shared=lambda B_r, B_c, d, st: 2 * (B_r * d + st * B_c * d)),
-         "K_j and V_j each take num_stages buffers: 2 (B_r d + 2 num_stages B_c d) bytes"),
+         "K_j and V_j each take num_stages buffers: 2 (B_r d + 2 num_stages B_c d) bytes", any_answer),
         (lambda d, s: search(d, s, shared=lambda B_r, B_c, d, st: 2 * 2 * st * B_c * d),
-         "Q_i stays in shared memory too: 2 B_r d bytes beside the K and V buffers"),
+         "Q_i stays in shared memory too: 2 B_r d bytes beside the K and V buffers", any_answer),
         (lambda d, s: search(d, s, shared=lambda B_r, B_c, d, st: 4 * (B_r * d + 2 * st * B_c * d)),
-         "the tiles are fp16 in shared memory: 2 bytes an element (the accumulator, in registers, is fp32)"),
+         "the tiles are fp16 in shared memory: 2 bytes an element (the accumulator, in registers, is fp32)", any_answer),
         (lambda d, s: search(d, s, live=lambda B_r, B_c, d, w: B_r * d / (32 * w)),
-         "the scores S_ij, B_r x B_c in fp32, live in registers beside the accumulator"),
-        (lambda d, s: search(d, s, budget=lambda w: 127),
-         "with 16 warps the 65536 registers of an SM leave a thread at most 128, so the tiles get 64"),
+         "the scores S_ij, B_r x B_c in fp32, live in registers beside the accumulator", any_answer),
+        (lambda d, s: search(d, s, budget=lambda w: min(255, 65536 // (32 * w))),
+         "the tiles may take only half of a thread's registers: the other half holds Q_i's fragments, the row "
+         "statistics, pointers and indices", any_answer),
+        (lambda d, s: search(d, s, budget=lambda w: 127),           # the register file forgotten: it binds at 16 warps
+         "with 16 warps the 65536 registers of an SM leave a thread at most 128, so the tiles get 64",
+         lambda config: int(config[2]) == 16),
         (lambda d, s: search(d, s, order="cr"),
-         "B_r comes first: K and V are read once per block of B_r queries; B_c only sets the loop's steps"),
+         "B_r comes first: K and V are read once per block of B_r queries; B_c only sets the loop's steps", any_answer),
+        (lambda d, s: search(d, s, shared=lambda B_r, B_c, d, st: fa2_shared_bytes(B_r, B_c, d, 1)),
+         stages_returned, lambda config: int(config[3]) > 1),
         (lambda d, s: search(d, s, stages=1),
-         "a single stage leaves nothing in flight while a block is computed: keep 3 or more"),
+         "a single stage leaves nothing in flight while a block is computed: keep 3 or more",
+         lambda config: int(config[3]) < MIN_STAGES),
     ]
 
 
@@ -209,7 +227,8 @@ def _hint(fn, args, config) -> str:
     got = _tiles_of(config)
     if got is None:
         return ""
-    mistakes = [(m, h) for m, h in _mistakes() if m(*args) is not None and m(*args)[:2] == got]
+    mistakes = [(m, h) for m, h, explains in _mistakes() if explains(config) and m(*args) is not None
+                and m(*args)[:2] == got]
     if got == best_tiles(*args) or not mistakes:
         return _mistakes()[-1][1] if int(config[3]) < MIN_STAGES else ""
     if len(mistakes) > 1:
@@ -220,7 +239,8 @@ def _hint(fn, args, config) -> str:
             except Exception:  # noqa: BLE001 - a probe is only a hint: a failing one tells nothing
                 answers[probe] = None
         mistakes.sort(key=lambda mh: -sum((mh[0](*p) or (None, None))[:2] == a for p, a in answers.items()))
-    return mistakes[0][1]
+    hint = mistakes[0][1]
+    return hint(config) if callable(hint) else hint
 
 
 def choose_fa2_config(fn, seed: int | None = None) -> None:

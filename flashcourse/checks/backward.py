@@ -11,8 +11,9 @@ BLOCK_N, CAUSAL)``, one program per (key block, head), launched by the check on 
 and NaN past the ends, with the log-sum-exp L and D = rowsum(dO o O) given (fp32), writing fp32 dK and dV.
 
 Both name the known mistake a wrong answer matches: D left out, P not recomputed from the saved
-log-sum-exp (a block's own softmax instead), dQ written without accumulating, the scale forgotten, the
-causal mask ignored, P^T and dS^T on the wrong side, sums kept in fp16.
+log-sum-exp (a block's own softmax instead), the saved natural-log L put unconverted into the kernel's base-2
+exponent, dQ written without accumulating, the scale forgotten, the causal mask ignored, P^T and dS^T on the
+wrong side, sums kept in fp16.
 
 Example:
     >>> from flashcourse import checks
@@ -170,6 +171,9 @@ KERNEL_MISTAKES = {
     "no D": "dS = P o (dP - D): D_i (given in Delta) is subtracted from every dP_ij of row i",
     "no lse": "P_ij = exp(S_ij - L_i) (in base 2: exp2(S_ij * qk_scale - L_i * log2 e)): recompute it from the "
               "saved log-sum-exp, do not take exp(S_ij) alone",
+    "lse in natural log": "L (in LSE) is a natural logarithm, as the forward saved it, while the exponent S_ij * qk_scale "
+                          "is in base 2: subtracting L unconverted mixes the two bases, and P_ij comes out off by a "
+                          "factor 2^(L_i (log2 e - 1)) per row: L must be in the exponent's base too",
     "no scale": "dK_j = sm_scale * sum_i dS_ij^T Q_i: the scale of S = sm_scale Q K^T comes back in dK",
     "no mask": "keys past N_k, queries past N_q and (causal) keys c > r + N_k - N_q get P = 0: mask them",
     "fp16 sums": "keep dK_j and dV_j in fp32: adding a block's contribution to an fp16 sum of hundreds rounds it away",
@@ -199,7 +203,7 @@ def emulate_dkdv(q, k, v, do, lse, delta, sm_scale, causal, BLOCK_M, mistake: st
     vis = causal_mask(N_q, N_k) if causal and mistake != "no mask" else np.ones((N_q, N_k), dtype=bool)
     for h in range(H):
         S = sm_scale * q[h] @ k[h].T
-        L = lse[h] if mistake != "no lse" else np.zeros(N_q)
+        L = {"no lse": np.zeros(N_q), "lse in natural log": lse[h] * math.log(2)}.get(mistake, lse[h])
         with np.errstate(all="ignore"):
             P = np.where(vis & ~np.isneginf(L)[:, None], np.exp(S - np.where(np.isneginf(L), 0, L)[:, None]), 0.0)
         dP = do[h] @ v[h].T

@@ -148,7 +148,14 @@ def hidden_cases(rng):
     return out
 
 
-def _hint(start, width, counts, bounds, phi):
+def _hint(start, width, counts, bounds, phi, target):
+    """The known mistake a failing phi matches, or "" (phi at the largest, smallest or mean row maximum, phi + b
+    at the largest, or a window taken upside down: a phi that only the mirrored window [-b, -a] would accept).
+
+    Example:
+        >>> _hint(0.0, 0.5, [1] * 20, (-1.0, 1.0), 9.0, 0.0)[:40]
+        'phi + b at the largest row maximum: no r'
+    """
     c = np.asarray(counts, dtype=np.float64)
     centres = start + width * (np.arange(c.size) + 0.5)
     mean, top, bottom = float((centres * c).sum() / c.sum()), start + width * c.size, start
@@ -156,12 +163,18 @@ def _hint(start, width, counts, bounds, phi):
     if abs(phi - top) <= width:
         return ("phi at the largest row maximum puts every other row below phi: rows more than |a| below it "
                 "underflow. phi only needs m - phi <= b for the largest m")
+    if abs(phi + b - top) <= width:
+        return ("phi + b at the largest row maximum: no row overflows, but phi was set from that one row alone, "
+                "without the target or the rows below it: every row more than b - a below the largest is sent "
+                "back. Count the rows sent back on both sides as phi moves")
     if abs(phi - bottom) <= width:
         return "phi at the smallest row maximum: the largest rows then overflow (m - phi > b)"
     if abs(phi - mean) <= width:
         return ("phi at the mean row maximum centres the window on the mean, but the window [a, b] is not "
                 "symmetric and the rows are not either: count the rows outside [phi + a, phi + b] instead")
-    if rate(start, width, counts, (-b, -a), phi) < rate(start, width, counts, bounds, phi):
+    mirrored = rate(start, width, counts, (-b, -a), phi)
+    if mirrored < rate(start, width, counts, bounds, phi) and \
+            mirrored <= max(target, lowest_rate(start, width, counts, (-b, -a))[0]) + 1e-3:
         return "the window is upside down: a row is safe when a <= m - phi <= b (a < 0 < b)"
     return ""
 
@@ -199,7 +212,7 @@ def choose_phi(fn, seed: int | None = None) -> None:
             raise AssertionError(f"{name}: phi = {phi} on {case.describe()}; expected a finite number{again}")
         got, (least, where) = rate(start, width, counts, bounds, phi), lowest_rate(start, width, counts, bounds)
         if got > (target + 1e-9 if least <= target else least + 1e-3):
-            hint = _hint(start, width, counts, bounds, phi)
+            hint = _hint(start, width, counts, bounds, phi, target)
             reach = (f"phi = {where:.3f} sends {least:.2%}" if least > target else
                      f"a phi such as {where:.3f} sends {least:.2%}")
             raise AssertionError(f"{name}: phi = {phi!r} on {case.describe()}\n  it sends {got:.2%} of the rows to "

@@ -59,17 +59,39 @@ def check_numbers(name: str, fn, cases, truth, mistakes, otherwise, replay: str,
           got 4, counted 3
           hint: n squared is not n + 1
     """
+    cases = list(cases)
     for case in cases:
         got = whole_number(name, call(name, fn, case.inputs, case), case, unit)
         expected = truth(*case.inputs)
         if got != expected:
             known = list(dict.fromkeys(why for why, value in mistakes(*case.inputs) if value == got))
+            if len(known) > 1:                 # the mistake that gives fn's answers on the most cases comes first
+                known.sort(key=lambda why: -_agreement(fn, cases, mistakes, why))
             hint = ("; or: ".join(known) if known else
                     otherwise(got, *case.inputs) if callable(otherwise) else otherwise)
             made_of = (f" {shown_unit}" if shown_unit else "") + (f" ({sizes(*case.inputs)})" if sizes is not None else "")
             raise AssertionError(join_lines(f"{name}: wrong {what} on {case.describe()}",
                                             f"got {got}, {truth_is} {expected}{made_of}",
                                             f"hint: {join_lines(hint, replay if case.hidden else '')}"))
+
+
+def _agreement(fn, cases, mistakes, why: str) -> int:
+    """On how many of ``cases`` ``fn`` answers what the mistake ``why`` of ``mistakes`` gives (a case ``fn`` fails
+    on counts as a disagreement).
+
+    Example:
+        >>> c = number_cases([("two", (2,)), ("three", (3,))], [], 0, ("n",))
+        >>> _agreement(lambda n: n * n, c, lambda n: [("squared", n * n), ("doubled", 2 * n)], "doubled")
+        1
+    """
+    agree = 0
+    for case in cases:
+        try:
+            answer = fn(*case.inputs)
+        except Exception:  # noqa: BLE001 - only a hint's order: a case fn fails on tells nothing
+            continue
+        agree += any(w == why and v == answer for w, v in mistakes(*case.inputs))
+    return agree
 
 
 def check_counts(name: str, fn, cases, count, mistakes, otherwise: str, replay: str, sizes, most: int = 3) -> None:

@@ -11,9 +11,10 @@ passes within :data:`TOLERANCE` of the measured time.
 
 When an answer misses, the check works out what the known mistakes predict on that case (time proportional to the
 blocks, or to the pairs the mask keeps, with no fixed cost; the blocks of one sequence and head, or the density s,
-where every sequence and head counts) and names the one the answer matches; otherwise it says what the gap is made
-of. (A fixed cost plus a cost per pair kept, or per full block, passes too: on these masks the partial blocks are
-too few for the clock to tell those models from the blocks'.)
+where every sequence and head counts; a fixed cost plus a cost per pair kept) and names the one the answer matches;
+otherwise it says what the gap is made of. Every run draws one hidden case measured from the two documents runs,
+a third of whose blocks are partial: there the pairs kept and the blocks disagree, and only the blocks follow the
+clock.
 
 Example:
     >>> forward_time(reference_forward_time, seed=0)
@@ -106,16 +107,27 @@ def _mistakes(run, measured):
     out += [("the kernel works block by block, and the time is not proportional to it: fit a fixed cost and a cost "
              "per block, not per pair kept", run["B"] * run["H"] * run["pairs"] / (r["B"] * r["H"] * r["pairs"]) * r["us"])
             for r in measured]
+    partial = sum(r["partial"] for r in measured) / sum(r["full"] + r["partial"] for r in measured)
+    out += [("a fixed cost plus a cost per full block: the kernel loads and computes a partial block whole as well (it "
+             "only masks some of its pairs), so a partial block costs what a full one does",
+             affine(lambda r: r["B"] * r["H"] * r["full"]))]
+    out += [(f"a fixed cost plus a cost per pair kept: the kernel loads and computes a partial block whole, however few "
+             f"of its pairs the mask keeps, so where many blocks are partial ({partial:.0%} of the measured runs' blocks "
+             f"here) the pairs no longer follow the time: the blocks do", affine(lambda r: r["B"] * r["H"] * r["pairs"]))]
     return out
 
 
 def _cases(rng):
-    """(gpu, what is measured, the run to predict): 4 shown (on the H100), 4 hidden (either GPU)."""
+    """(gpu, what is measured, the run to predict): 4 shown (on the H100), 4 hidden (either GPU); the first hidden one
+    predicts causal at 4k or a window of 256 or 4096 at 16k from the two documents runs, a third of whose blocks are
+    partial: there a model of pairs kept is 23-36% off the clock, the blocks' within 7%."""
     h100 = measured_runs("NVIDIA H100 80GB HBM3")
     cal = [h100[3], h100[6]]                                   # 16k causal, 16k window of 256
     shown = [("NVIDIA H100 80GB HBM3", cal, h100[i]) for i in (4, 5, 7, 0)]
-    hidden = []
-    for _ in range(4):
+    gpu = str(rng.choice(sorted(MEASURED)))
+    runs = measured_runs(gpu)
+    hidden = [(gpu, [runs[2], runs[5]], runs[int(rng.choice([0, 6, 7]))])]     # documents at 4k and 16k
+    for _ in range(3):
         gpu = str(rng.choice(sorted(MEASURED)))
         runs = measured_runs(gpu)
         cal = [runs[int(rng.choice([0, 3]))], runs[6]]         # a causal run, the narrowest window
@@ -124,6 +136,19 @@ def _cases(rng):
             cal.append(rest.pop(int(rng.integers(len(rest)))))
         hidden.append((gpu, cal, rest[int(rng.integers(len(rest)))]))
     return shown, hidden
+
+
+def _agreement(fn, cases, why: str) -> int:
+    """On how many of ``cases`` ``fn``'s answer is what the mistake ``why`` predicts (to 0.1%)."""
+    agree = 0
+    for _, cal, target in cases:
+        run = {k: v for k, v in target.items() if k != "us"}
+        try:
+            got = float(fn(dict(run), [dict(r) for r in cal]))
+        except Exception:  # noqa: BLE001 - only a hint's order: a case fn fails on tells nothing
+            continue
+        agree += any(w == why and abs(got / value - 1) <= 1e-3 for w, value in _mistakes(run, cal))
+    return agree
 
 
 def _label(r):
@@ -156,7 +181,12 @@ def forward_time(fn, seed: int | None = None) -> None:
         got, want = float(got), target["us"]
         if abs(got / want - 1) <= TOLERANCE:
             continue
-        known = [why for why, value in _mistakes(run, cal) if abs(got / value - 1) <= 0.01]
+        off = {}                            # each known mistake within 1% of the answer: how far from it
+        for why, value in _mistakes(run, cal):
+            if abs(got / value - 1) <= 0.01:
+                off[why] = min(off.get(why, 1.0), abs(got / value - 1))
+        # the mistake that gives fn's answers on the most cases comes first, then the nearest here
+        known = sorted(off, key=lambda why: (-_agreement(fn, cases, why), off[why])) if len(off) > 1 else list(off)
         gap = ("the forward's time is a fixed cost (launching the grid, each program loading Q_i and storing O_i, the "
                "last wave of programs draining) plus a cost per block visited, by every sequence and head, a partial "
                "block as much as a full one: with two measured runs, both are known")
