@@ -170,7 +170,7 @@ CELLS = [
     else:
         loop = viz.kernel_source(fa3_gluon.fa3_consumer, start="range(base + 1", stop="if PERSISTENT:")
         for line in textwrap.dedent(loop).splitlines():      # a trailing comment on its own line, to fit
-            if "_stamp(" in line or "_now(" in line: continue          # the timeline's stamps
+            if "stamp(" in line or "now(" in line: continue            # the timeline's stamps
             code_part, _, comment = line.partition("  # ")
             if comment:
                 print(" " * (len(line) - len(line.lstrip())) + "# " + comment.strip())

@@ -307,6 +307,42 @@ CELLS = [
     kernel. Not run: non-causal at 1M ([lab notes]({LAB})).
     """, "fragment", name="four-text"),
 
+    md(r"""
+    ## A model trained on the ring
+
+    Chapter 7's GPT (6 layers, 6 heads of 64), a context of 8192 tokens, batch 2, 300 steps of AdamW: every rank
+    holds all the weights and its zigzag shard of every sequence (`flashcourse.distributed.gpt`), the loss and
+    gradients averaged over the ranks; beside it, one GPU on the course's flash attention and on SDPA's two backends,
+    from the same seed and batches (`lab/gpu_ring_gpt.py` on 2 H200s, shipped as `bench.measured("ring_gpt",
+    gpu="h200x2")`). Chapter 7's yardstick: SDPA's two backends' gap to each other.
+    """, "slide", name="ring-gpt"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    import numpy as np
+    gpt = bench.measured("ring_gpt", gpu="h200x2")
+    print(f"{'':9s} {'final loss':>13s} {'gap to SDPA flash':>19s} {'ms a step':>12s} {'MiB a GPU':>12s}")
+    heads, widths = ("ring", "1 GPU", "ring", "mem-eff", "ring", "1 GPU", "ring", "1 GPU"), (6, 6, 9, 9, 6, 5, 6, 5)
+    print(f"{'dtype':9s}" + "".join(f" {h:>{w}s}" for h, w in zip(heads, widths)))
+    for dtype, r in gpt["runs"].items():
+        loss = {k: np.array(r[k]["loss"]) for k in ("ring", "flash", "sdpa", "sdpa-efficient")}
+        gap = [np.abs(loss[k] - loss["sdpa"])[-50:].mean() for k in ("ring", "sdpa-efficient")]
+        ms = r["ring"]["median_step_ms"], r["flash"]["median_step_ms"]
+        mib = max(r["ring"]["peak_bytes_per_rank"]) / 2**20, r["flash"]["peak_bytes"] / 2**20
+        print(f"{dtype:9s} {loss['ring'][-1]:6.3f} {loss['flash'][-1]:6.3f} {gap[0]:9.4f} {gap[1]:9.4f}"
+              f" {ms[0]:6.1f} {ms[1]:5.1f} {mib[0]:6.0f} {mib[1]:5.0f}")
+    print("gap: mean |loss - SDPA flash's| over the last 50 steps; 1 GPU: the course's flash")
+    """, "subslide", name="ring-gpt-table"),
+    code("""
+    # NBVAL_IGNORE_OUTPUT
+    viz.ring_gpt_plot(gpt)
+    """, "subslide", name="ring-gpt-plot"),
+    md(r"""
+    The sharded curve ends where one GPU's does, as close to SDPA flash's as SDPA's two backends are to each other.
+    At step 14 every run jumps, PyTorch's too: the training's, not an attention's (lab notes). Sharding is for
+    memory here: about 1,100 MiB a GPU instead of 1,760, at 2.0-2.5x one GPU's time a step: a context of 8k
+    leaves each of the ring's steps little work.
+    """, "fragment", name="ring-gpt-text"),
+
     md("""
     ## What we learned
 

@@ -163,23 +163,26 @@ def test_the_gpu_script_runs_end_to_end_on_the_cpu(sharded):
 
 
 def test_the_shipped_sharded_training_run_agrees_with_one_gpu():
-    """lab/gpu_ring_gpt.py on 2 H100s (bench.measured("ring_gpt", gpu="h100x2")), fp16 and bf16: chapter 7's GPT at a
+    """lab/gpu_ring_gpt.py on 2 H200s (bench.measured("ring_gpt", gpu="h200x2")), fp16 and bf16: chapter 7's GPT at a
     context of 8192 with every sequence sharded over the 2 GPUs, beside one GPU's run on the course's flash attention
     and on SDPA's two backends, from the same seed and batches, 300 steps each. Chapter 7's tolerance: the sharded
     curve stays as close to SDPA flash's as SDPA's two backends stay to each other (mean gap over the last 50 steps),
-    never more than 0.08 from SDPA flash's or from one GPU's flash, and it falls by more than 2."""
+    and falls by more than 2. Its other half, never more than 0.08 apart, holds except at a jump every run makes:
+    at step 14 each one's loss leaps to 5.1-8.9 (its gradient norm to 48-175, about 1 before), PyTorch's two backends
+    landing up to 4.0 apart, and fp16's gradient scaling skips 1-3 steps there. So: within 0.08 of SDPA flash at every
+    step where SDPA's two backends are within 0.08 of each other; at the others, no farther from the nearest one-GPU
+    curve than the one-GPU curves are from each other."""
     from flashcourse import bench
-    try:
-        measured = bench.measured("ring_gpt", gpu="h100x2")
-    except FileNotFoundError:
-        pytest.skip("not shipped yet: torchrun --nproc-per-node 2 lab/gpu_ring_gpt.py --out DIR on 2 GPUs, then "
-                    "DIR/ring_gpt.json to flashcourse/bench/results/h100x2/measured/")
-    assert not measured["cpu_smoke"] and all(g.startswith("NVIDIA H100") for g in measured["provenance"]["gpus"])
+    measured = bench.measured("ring_gpt", gpu="h200x2")
+    assert not measured["cpu_smoke"] and measured["provenance"]["gpus"] == ["NVIDIA H200"] * 2
     check_ring_gpt(measured, steps=300, dtypes=["float16", "bfloat16"])
     for dtype, r in measured["runs"].items():
         ring, flash, sdpa, efficient = (np.array(r[n]["loss"]) for n in ("ring", "flash", "sdpa", "sdpa-efficient"))
         ours, theirs = np.abs(ring - sdpa), np.abs(efficient - sdpa)
-        assert ours.max() <= 0.08 and np.abs(ring - flash).max() <= 0.08, (dtype, ours.max(),
-                                                                           np.abs(ring - flash).max())
         assert ours[-50:].mean() <= theirs[-50:].mean(), (dtype, ours[-50:].mean(), theirs[-50:].mean())
+        calm = theirs <= 0.08
+        assert calm.sum() >= 295 and ours[calm].max() <= 0.08, (dtype, calm.sum(), ours[calm].max())
+        ones = np.stack([flash, sdpa, efficient])
+        nearest, spread = np.abs(ones - ring).min(axis=0), ones.max(axis=0) - ones.min(axis=0)
+        assert (nearest[~calm] <= spread[~calm]).all(), (dtype, nearest[~calm], spread[~calm])
         assert ring[0] - ring[-1] > 2, dtype

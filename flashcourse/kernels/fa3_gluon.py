@@ -6,7 +6,7 @@ roles of FlashAttention-3's pipeline: the producer (:func:`_producer`: for each 
 into a ring of mbarrier-guarded stages), a consumer warpgroup (:func:`_consumer` over its program's tiles,
 :func:`_consumer_tile` for one: wgmma for S = Q_i K_j^T and O_i += P V_j, the online softmax in registers), the
 hand-back of a stage (:func:`_release`) and the ping-pong turn (:func:`_take_turn`, :func:`_pass_turn`).
-``TIMELINE`` turns on the in-kernel timeline (:func:`_stamp`: each role's phases in SM cycles, into ``TL``; off,
+``TIMELINE`` turns on the in-kernel timeline (:func:`stamp`: each role's phases in SM cycles, into ``TL``; off,
 no code). :func:`descriptor` makes the host's TMA descriptor of a (rows, d) tensor.
 
 Gluon is experimental; this module uses what Triton 3.6 (the course's GPUs) and 3.9 (CI) share, with shims for
@@ -40,70 +40,18 @@ except Exception as e:  # noqa: BLE001 - reported by fa3.fa3_unavailable()
     gluon = None
     GLUON_ERROR = f"{type(e).__name__}: {e}"
 
+from .fa3_timeline import PHASES, TL_CAP, TL_PROGRAMS  # noqa: E402,F401  (the in-kernel timeline's layout)
+
 #: torch dtype -> Gluon dtype of the tiles the kernel reads
 GL_DTYPES = {} if gluon is None else {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 fa3_kernel = None
-#: The in-kernel timeline (TIMELINE on): programs 0 .. TL_PROGRAMS - 1 record, TL_CAP records of 4 int64 a role
-TL_PROGRAMS, TL_CAP = 4, 8192
-#: What a timeline record's phase code means (its index here); -2 marks the clock records
-PHASES = ("wait_q", "wait_kv", "turn", "qk", "softmax", "pv", "release", "epilogue",   # a consumer's
-          "wait_empty", "load_kv", "wait_q_free", "load_q")                              # the producer's
 #: The consumer warpgroups' code (a @gluon.jit function fa3_kernel calls), as chapter 10's lecture prints it.
 fa3_consumer = None
 
 if gluon is not None:
-    _TL_PROGRAMS = gl.constexpr(TL_PROGRAMS)
-    _TL_CAP = gl.constexpr(TL_CAP)
-    (_WAIT_Q, _WAIT_KV, _TURN, _QK, _SOFTMAX, _PV, _RELEASE, _EPILOGUE, _WAIT_EMPTY, _LOAD_KV, _WAIT_Q_FREE,
-     _LOAD_Q) = (gl.constexpr(i) for i in range(len(PHASES)))
-
-    @gluon.jit
-    def _now(TIMELINE: gl.constexpr):
-        # the SM's cycle counter (the timeline's clock; lab/gpu_fa3.py --timeline), read only when TIMELINE is on
-        if TIMELINE:
-            return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
-        else:
-            return 0
-
-    @gluon.jit
-    def _stamp(tl, ev, phase: gl.constexpr, block, t0, TIMELINE: gl.constexpr):
-        # record ev of this role's part of the timeline: (phase, block, start, end) in cycles; returns ev + 1
-        if TIMELINE:
-            t1 = _now(TIMELINE)
-            if ev < _TL_CAP:
-                gl.store(tl + ev * 4, phase)
-                gl.store(tl + ev * 4 + 1, block)
-                gl.store(tl + ev * 4 + 2, t0)
-                gl.store(tl + ev * 4 + 3, t1)
-            return ev + 1
-        else:
-            return ev
-
-    @gluon.jit
-    def _clock_mark(tl, ev0, k: gl.constexpr, TIMELINE: gl.constexpr):
-        # records 0 and 1 of a role: (-2, SM id, clock, %globaltimer) at its start and end, to convert cycles to ns
-        if TIMELINE:
-            sm = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-            clock = _now(TIMELINE)
-            ns = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False,
-                                           pack=1)
-            if ev0 < _TL_CAP:
-                gl.store(tl + k * 4, -2)
-                gl.store(tl + k * 4 + 1, sm.to(gl.int64))
-                gl.store(tl + k * 4 + 2, clock)
-                gl.store(tl + k * 4 + 3, ns)
-
-    @gluon.jit
-    def _timeline_of(TL, program, role: gl.constexpr, TIMELINE: gl.constexpr):
-        # this role's part of the buffer (TL_PROGRAMS, 3, TL_CAP, 4), and its first event's record: 2 (after the
-        # clock marks), or TL_CAP for a program past TL_PROGRAMS (which then writes nothing). Off: (0, 0), unused
-        if TIMELINE:
-            ev0 = 2
-            if program >= _TL_PROGRAMS:
-                ev0 = _TL_CAP
-            return TL + (gl.minimum(program, _TL_PROGRAMS - 1).to(gl.int64) * 3 + role) * (_TL_CAP * 4), ev0
-        else:
-            return 0, 0
+    from .fa3_timeline import (EPILOGUE, LOAD_KV, LOAD_Q, PV, QK, RELEASE, SOFTMAX, TURN,  # noqa: F401
+                               WAIT_EMPTY, WAIT_KV, WAIT_Q, WAIT_Q_FREE, clock_mark, now, stamp,
+                               timeline_of)
 
     @gluon.jit
     def _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, s, row):
@@ -120,9 +68,9 @@ if gluon is not None:
         # The producer warp: for each of its tiles, Q_i, then K_j, V_j into stage j % STAGES as soon as both
         # consumers released it. j counts key blocks over all of this program's tiles, so a stage's phase
         # carries over from one tile to the next
-        tl, ev = _timeline_of(TL, _program(), 0, TIMELINE)
+        tl, ev = timeline_of(TL, _program(), 0, TIMELINE)
         ev0 = ev
-        _clock_mark(tl, ev0, 0, TIMELINE)
+        clock_mark(tl, ev0, 0, TIMELINE)
         if PERSISTENT:
             base = 0
             n_tiles, first, step = _tiles(N_q, BH, BLOCK_M)
@@ -134,7 +82,7 @@ if gluon is not None:
             _, ev = _produce_tile(0, 0, 0, tl, ev, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free,
                                   k_ready, v_ready, empty, N_q, N_k, GROUP, BH, BLOCK_M, BLOCK_N, STAGES, CONSUMERS,
                                   CAUSAL, PERSISTENT, TIMELINE)
-        _clock_mark(tl, ev0, 1, TIMELINE)
+        clock_mark(tl, ev0, 1, TIMELINE)
 
     @gluon.jit
     def _produce_tile(tile, t_no, base, tl, ev, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free,
@@ -147,22 +95,22 @@ if gluon is not None:
         kv_row = (bh // GROUP) * N_k
         for c in gl.static_range(CONSUMERS):
             if PERSISTENT:   # Q_i's buffer is free once consumer c's last S = Q K^T of the tile before retired
-                t0 = _now(TIMELINE)
+                t0 = now(TIMELINE)
                 mbarrier.wait(q_free.index(c), (t_no & 1) ^ 1)
-                ev = _stamp(tl, ev, _WAIT_Q_FREE, t_no, t0, TIMELINE)
-            t0 = _now(TIMELINE)
+                ev = stamp(tl, ev, WAIT_Q_FREE, t_no, t0, TIMELINE)
+            t0 = now(TIMELINE)
             mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
             _tma_load(q_desc, [bh * N_q + m_start + c * ROWS, 0], q_bars.index(c), q_smem.index(c))
-            ev = _stamp(tl, ev, _LOAD_Q, t_no, t0, TIMELINE)
+            ev = stamp(tl, ev, LOAD_Q, t_no, t0, TIMELINE)
         for j in range(base, base + n_blocks):
             s = j % STAGES
             # a fresh mbarrier counts as having completed the phase before phase 0: the first lap waits for nothing
-            t0 = _now(TIMELINE)
+            t0 = now(TIMELINE)
             mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1)
-            ev = _stamp(tl, ev, _WAIT_EMPTY, j - base, t0, TIMELINE)
-            t0 = _now(TIMELINE)
+            ev = stamp(tl, ev, WAIT_EMPTY, j - base, t0, TIMELINE)
+            t0 = now(TIMELINE)
             _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, s, kv_row + (j - base) * BLOCK_N)
-            ev = _stamp(tl, ev, _LOAD_KV, j - base, t0, TIMELINE)
+            ev = stamp(tl, ev, LOAD_KV, j - base, t0, TIMELINE)
         return base + n_blocks, ev
 
     @gluon.jit
@@ -268,49 +216,49 @@ if gluon is not None:
         l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
         acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
         zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
-        t0 = _now(TIMELINE)
+        t0 = now(TIMELINE)
         mbarrier.wait(q_bars.index(WG), t_no & 1)
-        ev = _stamp(tl, ev, _WAIT_Q, t_no, t0, TIMELINE)
+        ev = stamp(tl, ev, WAIT_Q, t_no, t0, TIMELINE)
         if n_blocks > 0:
             if OVERLAP:
                 # FA3's Algorithm 2: S_0 first; then each turn issues S_j and P_{j-1} V_{j-1} together and
                 # computes softmax(S_j) while P_{j-1} V_{j-1} runs
-                t0 = _now(TIMELINE)
+                t0 = now(TIMELINE)
                 mbarrier.wait(k_ready.index(base % STAGES), (base // STAGES) & 1)
-                ev = _stamp(tl, ev, _WAIT_KV, 0, t0, TIMELINE)
+                ev = stamp(tl, ev, WAIT_KV, 0, t0, TIMELINE)
                 _take_turn(turn, tc, WG, PINGPONG)
-                t0 = _now(TIMELINE)
+                t0 = now(TIMELINE)
                 S = warpgroup_mma(q, k_smem.index(base % STAGES).permute((1, 0)), zero_s, use_acc=False, is_async=True)
                 _pass_turn(turn, WG, PINGPONG)
                 S = warpgroup_mma_wait(num_outstanding=0, deps=(S,))
-                ev = _stamp(tl, ev, _QK, 0, t0, TIMELINE)
-                t0 = _now(TIMELINE)
+                ev = stamp(tl, ev, QK, 0, t0, TIMELINE)
+                t0 = now(TIMELINE)
                 S = _scores(S, 0, n_full, row0, offset, N_k, qk_scale, s_layout, BLOCK_N, CAUSAL)
                 P, alpha, m_i, l_i = _softmax(S, m_i, l_i)
                 p = gl.convert_layout(P.to(dtype), p_layout)
-                ev = _stamp(tl, ev, _SOFTMAX, 0, t0, TIMELINE)
+                ev = stamp(tl, ev, SOFTMAX, 0, t0, TIMELINE)
                 for j in range(base + 1, base + n_blocks):
                     s = j % STAGES
                     prev = (j - 1) % STAGES
-                    t0 = _now(TIMELINE)
+                    t0 = now(TIMELINE)
                     mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
                     mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-                    ev = _stamp(tl, ev, _WAIT_KV, j - base, t0, TIMELINE)
-                    t0 = _now(TIMELINE)
+                    ev = stamp(tl, ev, WAIT_KV, j - base, t0, TIMELINE)
+                    t0 = now(TIMELINE)
                     _take_turn(turn, tc + j - base, WG, PINGPONG)
-                    ev = _stamp(tl, ev, _TURN, j - base, t0, TIMELINE)
-                    t0 = _now(TIMELINE)
+                    ev = stamp(tl, ev, TURN, j - base, t0, TIMELINE)
+                    t0 = now(TIMELINE)
                     S = warpgroup_mma(q, k_smem.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
                     acc = warpgroup_mma(p, v_smem.index(prev), acc, is_async=True)
                     _pass_turn(turn, WG, PINGPONG)
                     S = warpgroup_mma_wait(num_outstanding=1, deps=(S,))            # S_j done, P_{j-1} V_{j-1} may run
-                    ev = _stamp(tl, ev, _QK, j - base, t0, TIMELINE)
-                    t1 = _now(TIMELINE)
+                    ev = stamp(tl, ev, QK, j - base, t0, TIMELINE)
+                    t1 = now(TIMELINE)
                     S = _scores(S, j - base, n_full, row0, offset, N_k, qk_scale, s_layout, BLOCK_N, CAUSAL)
                     P, alpha, m_i, l_i = _softmax(S, m_i, l_i)
-                    ev = _stamp(tl, ev, _SOFTMAX, j - base, t1, TIMELINE)
+                    ev = stamp(tl, ev, SOFTMAX, j - base, t1, TIMELINE)
                     acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))   # keeps P_{j-1}'s registers alive
-                    ev = _stamp(tl, ev, _PV, j - base - 1, t0, TIMELINE)
+                    ev = stamp(tl, ev, PV, j - base - 1, t0, TIMELINE)
                     _release(j - 1, base, k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, empty, kv_row, n_blocks,
                              BLOCK_N, STAGES, WARP_SPECIALIZE)
                     acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
@@ -318,15 +266,15 @@ if gluon is not None:
                 if PERSISTENT:
                     mbarrier.arrive(q_free.index(WG), count=1)    # every S = Q_i K^T of this tile retired
                 last = base + n_blocks - 1
-                t0 = _now(TIMELINE)
+                t0 = now(TIMELINE)
                 mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
-                ev = _stamp(tl, ev, _WAIT_KV, n_blocks, t0, TIMELINE)
+                ev = stamp(tl, ev, WAIT_KV, n_blocks, t0, TIMELINE)
                 _take_turn(turn, tc + n_blocks, WG, PINGPONG)
-                t0 = _now(TIMELINE)
+                t0 = now(TIMELINE)
                 acc = warpgroup_mma(p, v_smem.index(last % STAGES), acc, is_async=True)
                 _pass_turn(turn, WG, PINGPONG)
                 acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
-                ev = _stamp(tl, ev, _PV, n_blocks - 1, t0, TIMELINE)
+                ev = stamp(tl, ev, PV, n_blocks - 1, t0, TIMELINE)
                 _release(last, base, k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, empty, kv_row, n_blocks,
                          BLOCK_N, STAGES, WARP_SPECIALIZE)
                 if PERSISTENT:                                     # (the program's own tile: tc not needed)
@@ -336,34 +284,34 @@ if gluon is not None:
                     b = j - base
                     s = j % STAGES
                     phase = (j // STAGES) & 1
-                    t0 = _now(TIMELINE)
+                    t0 = now(TIMELINE)
                     mbarrier.wait(k_ready.index(s), phase)
-                    ev = _stamp(tl, ev, _WAIT_KV, b, t0, TIMELINE)
-                    t0 = _now(TIMELINE)
+                    ev = stamp(tl, ev, WAIT_KV, b, t0, TIMELINE)
+                    t0 = now(TIMELINE)
                     _take_turn(turn, tc + b, WG, PINGPONG)
-                    ev = _stamp(tl, ev, _TURN, b, t0, TIMELINE)
-                    t0 = _now(TIMELINE)
+                    ev = stamp(tl, ev, TURN, b, t0, TIMELINE)
+                    t0 = now(TIMELINE)
                     S = warpgroup_mma(q, k_smem.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
                     _pass_turn(turn, WG, PINGPONG)
                     S = warpgroup_mma_wait(num_outstanding=0, deps=(S,))
-                    ev = _stamp(tl, ev, _QK, b, t0, TIMELINE)
-                    t0 = _now(TIMELINE)
+                    ev = stamp(tl, ev, QK, b, t0, TIMELINE)
+                    t0 = now(TIMELINE)
                     S = _scores(S, b, n_full, row0, offset, N_k, qk_scale, s_layout, BLOCK_N, CAUSAL)
                     P, alpha, m_i, l_i = _softmax(S, m_i, l_i)
                     acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
                     p = gl.convert_layout(P.to(dtype), p_layout)
-                    ev = _stamp(tl, ev, _SOFTMAX, b, t0, TIMELINE)
-                    t0 = _now(TIMELINE)
+                    ev = stamp(tl, ev, SOFTMAX, b, t0, TIMELINE)
+                    t0 = now(TIMELINE)
                     mbarrier.wait(v_ready.index(s), phase)
-                    ev = _stamp(tl, ev, _WAIT_KV, b, t0, TIMELINE)
-                    t0 = _now(TIMELINE)
+                    ev = stamp(tl, ev, WAIT_KV, b, t0, TIMELINE)
+                    t0 = now(TIMELINE)
                     acc = warpgroup_mma(p, v_smem.index(s), acc, is_async=True)
                     acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
-                    ev = _stamp(tl, ev, _PV, b, t0, TIMELINE)
-                    t0 = _now(TIMELINE)
+                    ev = stamp(tl, ev, PV, b, t0, TIMELINE)
+                    t0 = now(TIMELINE)
                     _release(j, base, k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, empty, kv_row, n_blocks,
                              BLOCK_N, STAGES, WARP_SPECIALIZE)
-                    ev = _stamp(tl, ev, _RELEASE, b, t0, TIMELINE)
+                    ev = stamp(tl, ev, RELEASE, b, t0, TIMELINE)
                 if PERSISTENT:
                     mbarrier.arrive(q_free.index(WG), count=1)
                     tc += n_blocks
@@ -371,7 +319,7 @@ if gluon is not None:
             if PERSISTENT:
                 mbarrier.arrive(q_free.index(WG), count=1)
         # O_i = acc / l_i (0 for a row that saw no key); L_i = m_i + log2(l_i), stored in natural log
-        t0 = _now(TIMELINE)
+        t0 = now(TIMELINE)
         l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
         o = acc / gl.expand_dims(gl.where(l_o == 0.0, 1.0, l_o), 1)
         rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
@@ -383,7 +331,7 @@ if gluon is not None:
             lse = gl.where(l_i == 0.0, -float("inf"), (m_i + gl.log2(l_i)) * 0.6931471805599453)
             rows_s = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
             gl.store(LSE + base_o + rows_s, lse, mask=rows_s < N_q)
-        ev = _stamp(tl, ev, _EPILOGUE, t_no, t0, TIMELINE)
+        ev = stamp(tl, ev, EPILOGUE, t_no, t0, TIMELINE)
         return base + n_blocks, tc, ev
 
     fa3_consumer = _consumer_tile
@@ -416,9 +364,9 @@ if gluon is not None:
                   PINGPONG: gl.constexpr, OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr, TIMELINE: gl.constexpr,
                   WG: gl.constexpr):
         # One consumer warpgroup (or, the pipeline alone, the one 8-warp partition), over its program's tiles
-        tl, ev = _timeline_of(TL, _program(), 1 + WG, TIMELINE)
+        tl, ev = timeline_of(TL, _program(), 1 + WG, TIMELINE)
         ev0 = ev
-        _clock_mark(tl, ev0, 0, TIMELINE)
+        clock_mark(tl, ev0, 0, TIMELINE)
         if PERSISTENT:
             base = 0
             tc = 0
@@ -433,7 +381,7 @@ if gluon is not None:
                 0, 0, 0, 0, tl, ev, q_smem, k_smem, v_smem, q_bars, q_free, k_ready, v_ready, empty, turn, k_desc,
                 v_desc, O, LSE, qk_scale, N_q, N_k, GROUP, BH, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STORE_LSE,
                 WARP_SPECIALIZE, PINGPONG, OVERLAP, PERSISTENT, TIMELINE, WG)
-        _clock_mark(tl, ev0, 1, TIMELINE)
+        clock_mark(tl, ev0, 1, TIMELINE)
 
     # N_q, N_k, GROUP and BH only bound loops and masks: one compile serves every length (Triton would otherwise
     # compile again for 1, for multiples of 16 and for the rest)

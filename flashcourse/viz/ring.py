@@ -9,7 +9,8 @@ measurement on 2 GPUs.
   (:func:`flashcourse.formulas.ring.crossover_shard`);
 * :func:`ring_timeline_plot`: one measured ring call, kernel by kernel, compute and communication per rank;
 * :func:`ring_speed_plot`: measured speed-up over PyTorch's context parallelism and scaling efficiency against N;
-* :func:`ring_scaling_plot`: scaling efficiency against N on 2 and 4 GPUs of one host.
+* :func:`ring_scaling_plot`: scaling efficiency against N on 2 and 4 GPUs of one host;
+* :func:`ring_gpt_plot`: chapter 7's GPT trained with its sequence sharded over the ring, beside one GPU.
 
 The measured ones take the JSON ``flashcourse.bench.measured(name, gpu="h100x2")`` returns (viz never reads bench).
 
@@ -30,7 +31,7 @@ from ..reference.ring import holder, step_work
 from ._common import DPI, PALETTE, compact_png, figure_of, legend_outside, new_figure, short_gpu, size_axis, styled
 
 __all__ = ["ring_grid", "show_ring", "load_balance_plot", "hide_plot", "ring_timeline_plot", "ring_speed_plot",
-           "ring_scaling_plot"]
+           "ring_scaling_plot", "ring_gpt_plot"]
 
 COMPUTE_COLOR, COMM_COLOR, IDLE_COLOR = PALETTE[0], PALETTE[1], "#F2F2F2"
 
@@ -311,4 +312,30 @@ def ring_scaling_plot(rows, *, gpu: str | None = None, ax=None):
         a.set_ylabel("t(1 GPU) / (p t(ring))")
         a.set_title(f"scaling efficiency, {pas}, {short_gpu(gpu)}", fontsize=11)
     legend_outside(axes[1] if axes[1].lines else axes[0])
+    return fig
+
+
+def ring_gpt_plot(data, *, ax=None):
+    """Loss curves of a sharded training run (``lab/gpu_ring_gpt.py``'s JSON): per dtype, the ring's curve over the
+    one-GPU runs' (the course's flash attention, SDPA flash). The Figure has ``fig.curves``: dtype -> run -> loss.
+
+    Example:
+        >>> run = {k: {"loss": [4.0, 3.0]} for k in ("ring", "flash", "sdpa")}
+        >>> fig = ring_gpt_plot({"world": 2, "config": {"block_size": 64}, "runs": {"float16": run}})
+        >>> fig.curves["float16"]["ring"]
+        [4.0, 3.0]
+    """
+    runs = data["runs"]
+    fig, axes = new_figure(1, len(runs), figsize=(11, 3.6)) if ax is None else (np.ravel(ax)[0].figure, ax)
+    axes = np.ravel(axes)
+    fig.curves = {}
+    for a, (dtype, r) in zip(axes, runs.items()):
+        fig.curves[dtype] = {k: r[k]["loss"] for k in ("ring", "flash", "sdpa")}
+        a.plot(r["sdpa"]["loss"], color="0.7", lw=3, label="1 GPU, SDPA flash")
+        a.plot(r["flash"]["loss"], color=PALETTE[0], lw=1, label="1 GPU, the course's flash")
+        a.plot(r["ring"]["loss"], color=PALETTE[1], lw=1, ls="--", label=f"sequence over {data['world']} GPUs, ring")
+        a.set_title(f"{dtype}, context {data['config']['block_size']}", fontsize=11)
+        a.set_xlabel("step")
+    axes[0].set_ylabel("training loss")
+    legend_outside(axes[-1])
     return fig
