@@ -247,9 +247,10 @@ def decode_timeline(buf, one_partition: bool = False) -> list:
     Example:
         >>> import numpy as np
         >>> buf = np.full((1, 3, 8, 4), -1, dtype=np.int64)
-        >>> buf[0, 1, :4] = [[-2, 5, 1000, 0], [-2, 5, 3000, 1000], [0, 0, 1000, 1200], [3, 0, 1200, 2000]]
+        >>> g = 1_800_000_000_000_000_000                  # %globaltimer, ns: a float64 of it is 256 ns coarse
+        >>> buf[0, 1, :4] = [[-2, 5, 1000, g], [-2, 5, 3000, g + 1000], [0, 0, 1000, 1210], [3, 0, 1210, 2000]]
         >>> [(e.role, e.phase, e.start_ns, e.end_ns) for e in decode_timeline(buf)]
-        [('wg0', 'wait_q', 0.0, 100.0), ('wg0', 'qk', 100.0, 500.0)]
+        [('wg0', 'wait_q', 0.0, 105.0), ('wg0', 'qk', 105.0, 500.0)]
         >>> decode_timeline(np.zeros((2, 3)))
         Traceback (most recent call last):
             ...
@@ -260,6 +261,8 @@ def decode_timeline(buf, one_partition: bool = False) -> list:
     if buf.ndim != 4 or buf.shape[1] != len(ROLES) or buf.shape[3] != 4 or buf.shape[2] < 2:
         raise ValueError(f"decode_timeline: buf has shape {tuple(buf.shape)}; expected (programs, 3, records, 4)")
     events, t_first = [], None
+    marks = buf[:, :, 0]                                  # globaltimer is ~1e18 ns: a float64 of it is 256 ns coarse,
+    g_ref = int(marks[marks[..., 0] == -2][:, 3].min()) if (marks[..., 0] == -2).any() else 0   # so work from here
     for program in range(buf.shape[0]):
         for r, role in enumerate(ROLES):
             rec = buf[program, r]
@@ -275,7 +278,7 @@ def decode_timeline(buf, one_partition: bool = False) -> list:
                 what = PHASES[phase]
                 if what in ("wait_q", "load_q", "wait_q_free", "epilogue"):
                     tile = int(block)
-                events.append([program, name, what, g0 + (start - c0) / per_ns, g0 + (end - c0) / per_ns,
+                events.append([program, name, what, int(g0 - g_ref) + (start - c0) / per_ns, int(g0 - g_ref) + (end - c0) / per_ns,
                                int(block), tile, int(sm)])
                 t_first = events[-1][3] if t_first is None else min(t_first, events[-1][3])
     return sorted((TimelineEvent(p, ro, ph, float(s - t_first), float(e - t_first), b, t, sm)
