@@ -79,7 +79,7 @@ CELLS = [
     # NBVAL_CHECK_OUTPUT
     from flashcourse.reference.fa3 import STEPS, Hopper, simulate, unit_times
     from flashcourse import viz
-    from flashcourse.viz.fa3 import fa3_speed_plot, timeline_plot
+    from flashcourse.viz.fa3 import fa3_speed_plot, measured_timeline_plot, timeline_plot
     for d in (64, 128):
         t = unit_times(d)
         print(f"d = {d:3d}, a 64-row warpgroup, 128 keys: one product {t['mma']:4.0f} ns, "
@@ -236,17 +236,57 @@ CELLS = [
     pipeline's 8 warps as one instruction stream; on the GPU its two warpgroups drift apart between the
     refills and overlap a little by themselves. And the latency that puts steps 2-3 12% below the overlap, as
     measured (507 and 508 against 578), is *fitted*, not measured: about 250 ns (the table's last row: 581
-    against 664). The measurement that would settle it is a timeline stamped inside the kernel (`globaltimer` or
-    Proton), which this chapter does not have yet.
+    against 664). The measurement that settles it is a timeline stamped inside the kernel: next.
     """, "slide", name="compare"),
+
+    md(r"""
+    ## Measured inside the kernel
+
+    With `TIMELINE` on, each role stamps its SM's cycle counter around its phases (`fa3_forward(...,
+    timeline=True)`; two `%globaltimer` marks a role turn cycles into ns). `lab/gpu_fa3.py --timeline`, one H100,
+    d = 128, N = 8k, fp16, not causal, program 0, key blocks 2-11 (shipped: `bench.measured("fa3_timeline")`).
+    The stamped calls give the same output bits and take 1-15% longer. Medians, ns:
+    """, "slide", name="inside"),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    import statistics
+    inside = bench.measured("fa3_timeline")
+    print(f"{'':16s} {'ms':>5s} {'stamped':>7s} | " + " ".join(f"{r + ' ' + p:>11s}" for r in ("wg0", "wg1")
+                                                           for p in ("qk", "softmax")))
+    for run in inside["timeline"]:
+        ev = [e for e in run["events"] if 2 <= e[5] < 12]
+        med = {(r, p): statistics.median([e[4] - e[3] for e in ev if e[1] == r and e[2] == p] or [float("nan")])
+               for r in ("wg0", "wg1", "wg0+1") for p in ("qk", "softmax")}
+        if run["variant"] == "pipeline":                      # one partition: both warpgroups' 128 rows at once
+            med.update({("wg0", p): med[("wg0+1", p)] for p in ("qk", "softmax")})
+        print(f"{run['variant']:16s} {run['ms']:5.2f} {run['ms_with_timeline']:7.2f} | "
+              + " ".join(f"{med[(r, p)]:11.0f}" for r in ("wg0", "wg1") for p in ("qk", "softmax")))
+    """, "subslide", name="inside-table"),
+    code("""
+    # NBVAL_IGNORE_OUTPUT
+    run = next(r for r in inside["timeline"] if r["variant"] == "pingpong_overlap")
+    start = min(e[3] for e in run["events"] if e[5] == 4)
+    measured_timeline_plot(run["events"], from_ns=start, until_ns=start + 8000,
+                           title="pingpong_overlap, measured: program 0, blocks 4-9")
+    """, "subslide", name="inside-plot"),
+    md(r"""
+    A warpgroup's $QK^T$ (64 rows, 128 keys, d = 128) takes 335-502 ns from issue to retirement: about the
+    model's 417 ns at cuBLAS's rate, little room for the 250 ns latency it was fitted. Its softmax takes 650-870
+    ns, not the model's 406; yet the pipeline, whose one partition holds both warpgroups' 128 rows, does twice
+    the rows in 751 ns, near the model's 812 for them. A 64-row softmax is a chain of dependent steps (row max,
+    exponentials, row sum), its time set by latency, not by the exponential units' rate the model counts: the
+    time the model put into the products' latency is in the softmax.
+    """, "fragment", name="inside-text"),
 
     md(f"""
     ## What was not reached
 
     * **0.95x cuDNN at N = 4k-8k**, d = 128: the overlap is 0.84-0.96x there ([lab notes]({LAB}#the-first-gpu-run)).
       At 4k the grid is 15.5 waves of 132 programs, so the last wave's tail costs about 3%, not the gap. FA3's
-      persistent schedule, which overlaps one tile's epilogue with the next tile's loads, is the next thing to
-      measure.
+      persistent schedule (one program an SM, the next tile's loads under this one's epilogue) is built,
+      `pingpong_overlap_persistent`: correct on every check, but slower than the overlap at nearly every shape of
+      a second run (0.53-0.96x cuDNN against 0.67-1.00x; it spills registers: [lab notes]({LAB})). The timeline
+      above points at the softmax instead.
     * **Never slower than `fa2_forward`**: at d = 64 the overlap is 0.78-0.99x `fa2_forward`. The model says
       why it is harder there: a product takes 140 ns and the softmax 406, so the softmax is the busier unit and
       no schedule of the tensor cores hides it (the model's ceiling at d = 64 is 681 TFLOP/s, the softmax's).
@@ -268,7 +308,7 @@ CELLS = [
     | against FlashAttention-2 | 1.5-2.0x (abstract) | overlap 1.07-1.20x `fa2_forward`, fp16 d = 128 non-causal |
     | against cuDNN | — | 0.99-1.03x cuDNN at N = 16k; 0.84-0.96x at 4k-8k |
 
-    The paper's kernel is CUTLASS C++, with FP8 paths and a persistent schedule; ours is `fa3_gluon.py`, 299
+    The paper's kernel is CUTLASS C++, with FP8 paths and a persistent schedule; ours is `fa3_gluon.py`, 466
     lines of Python. This run's cuDNN reaches 558-615 TFLOP/s fp16 at d = 128 non-causal.
     """, "slide", name="paper"),
 

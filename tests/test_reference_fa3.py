@@ -120,3 +120,43 @@ def test_the_lectures_numbers_are_the_model_and_the_measurement():
     assert [round(simulate(s, d=128, hopper=replace(fast, mma_latency_ns=250)).tflops) for s in STEPS] == [372, 581, 581, 664]
     assert {round(simulate("pipeline", d=128, hopper=replace(fast, mma_latency_ns=L)).tflops) for L in (0, 100)} == {446, 413}
     assert "413-446" in text and "581" in text and "1,932 ns a block, 573 TFLOP/s" in text
+
+
+def test_the_lectures_timeline_and_persistent_numbers_are_the_shipped_ones():
+    """Lecture 10's "Measured inside the kernel" (bench.measured("fa3_timeline"), lab/gpu_fa3.py --timeline on an
+    H100) and its "not reached" sentence on the persistent variant (lab/results/h100/fa3_v2.json, the same script's
+    second run): medians of a warpgroup's QK^T and softmax over key blocks 2-11, the stamps' cost, the ratios."""
+    import json
+    import statistics
+    from flashcourse.bench import measured
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "lectures" / "10_fa3_hopper.py").read_text()
+    inside = measured("fa3_timeline")
+    assert inside["gpu"] == "NVIDIA H100 80GB HBM3" and inside["correctness"]["passed"] == inside["correctness"]["checks"]
+    med = {}
+    for run in inside["timeline"]:
+        assert run["same_as_without"] and run["N"] == 8192 and run["d"] == 128 and not run["causal"]
+        for role in ("wg0", "wg1", "wg0+1"):
+            for phase in ("qk", "softmax"):
+                xs = [e[4] - e[3] for e in run["events"] if 2 <= e[5] < 12 and e[1] == role and e[2] == phase]
+                if xs:
+                    med[(run["variant"], role, phase)] = statistics.median(xs)
+    one = [v for (variant, role, phase), v in med.items() if variant != "pipeline"]
+    qk = [v for (variant, role, phase), v in med.items() if variant != "pipeline" and phase == "qk"]
+    sm = [v for (variant, role, phase), v in med.items() if variant != "pipeline" and phase == "softmax"]
+    assert len(one) == 8 and (round(min(qk)), round(max(qk))) == (335, 502) and "335-502 ns" in text
+    assert (round(min(sm), -1), round(max(sm), -1)) == (650, 870) and "650-870" in text
+    assert round(med[("pipeline", "wg0+1", "softmax")]) == 751 and "751 ns" in text
+    cost = [r["ms_with_timeline"] / r["ms"] - 1 for r in inside["timeline"]]
+    assert (round(100 * min(cost)), round(100 * max(cost))) == (1, 15) and "1-15% longer" in text
+    v2 = json.loads((root / "lab" / "results" / "h100" / "fa3_v2.json").read_text())
+    assert all(c["ok"] for c in v2["correctness"]) and len(v2["correctness"]) == 194
+    t = {(r["variant"], r["dtype"], r["d"], r["causal"], r["N"]): r["tflops"] for r in v2["timing"]}
+    keys = [k[1:] for k in t if k[0] == "cudnn"]
+    for name, span in (("pingpong_overlap_persistent", "0.53-0.96x"), ("pingpong_overlap", "0.67-1.00x")):
+        r = [t[(name, *k)] / t[("cudnn", *k)] for k in keys]
+        assert f"{min(r):.2f}-{max(r):.2f}x" == span and span in text
+    slower = sum(t[("pingpong_overlap_persistent", *k)] < t[("pingpong_overlap", *k)] for k in keys)
+    assert slower >= len(keys) - 4, (slower, len(keys))
+    lines = len((root / "flashcourse" / "kernels" / "fa3_gluon.py").read_text().splitlines())
+    assert f"`fa3_gluon.py`, {lines}\n    lines of Python" in text
