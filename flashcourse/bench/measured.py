@@ -18,7 +18,8 @@ things measured on the course's H100 that a lecture or an exercise reads, each w
   attention and on SDPA's (``lab/gpu_backward_gpt.py --yardstick``);
 * ``fa3``: chapter 10's FlashAttention-3 steps beside cuDNN and ``fa2_forward`` (TFLOP/s, fp16/bf16, d 64/128,
   causal or not, N 1k-16k) and each step's correctness checks, copied from ``lab/gpu_fa3.py``'s run
-  (``lab/results/h100/fa3.json``; ``provenance.copied_from`` says what was kept).
+  (``lab/results/h100/fa3.json``; ``provenance.copied_from`` says what was kept); ``fa3_timeline``, its
+  in-kernel timeline (``lab/gpu_fa3.py --timeline``, trimmed from ``lab/results/h100/fa3_timeline.json``);
 
 On two GPUs, ``results/h100x2/measured/`` (``measured(name, gpu="h100x2")``): ``ring``, ``ring_noncausal`` and
 ``ring_512k``, chapter 11's ring attention beside PyTorch's context parallelism and one GPU
