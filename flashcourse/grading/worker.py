@@ -104,15 +104,17 @@ def interpreter_paths() -> list[str]:
 
 def isolated_command(code: str, path: list[str]) -> list[str]:
     """The command that runs ``code`` in a fresh Python that imports from the standard library, then
-    ``path``: ``-I`` (no ``PYTHON*`` variables, no user site, not the current folder) and ``-S`` (no
-    ``site``, so no ``sitecustomize`` and no ``.pth`` file runs). The standard library comes first: a
-    file in a site directory cannot stand in for one of its modules.
+    ``path``: ``-I`` (no ``PYTHON*`` variables, no user site, not the current folder), ``-S`` (no
+    ``site``, so no ``sitecustomize`` and no ``.pth`` file runs) and ``-B``: it writes no compiled file
+    where it imports from (``-I`` ignores ``PYTHONDONTWRITEBYTECODE``), so on an installation without
+    them a grade's own imports leave nothing that :mod:`.installation` would take for tampering. The
+    standard library comes first: a file in a site directory cannot stand in for one of its modules.
 
     Example:
-        >>> isolated_command("print(1)", ["/x"])[1:3]
-        ['-I', '-S']
+        >>> isolated_command("print(1)", ["/x"])[1:4]
+        ['-I', '-S', '-B']
     """
-    return [sys.executable, "-I", "-S", "-c", f"import sys; sys.path += {list(path)!r}; {code}"]
+    return [sys.executable, "-I", "-S", "-B", "-c", f"import sys; sys.path += {list(path)!r}; {code}"]
 
 
 def _is_course(name: str) -> bool:

@@ -27,7 +27,7 @@ def child_python(code: str, *args: str) -> list[str]:
         (True, 'x')
     """
     if sys.flags.no_site:
-        return [sys.executable, "-I", "-S", "-c", f"import sys; sys.path[:0] = {sys.path!r}; {code}", *args]
+        return [sys.executable, "-I", "-S", "-B", "-c", f"import sys; sys.path[:0] = {sys.path!r}; {code}", *args]
     return [sys.executable, "-c", code, *args]
 
 
