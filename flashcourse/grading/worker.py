@@ -257,7 +257,7 @@ class Worker:
         env.update(PYTHONDONTWRITEBYTECODE="1", HOME=str(self.home / "work"), TMPDIR=str(self.home / "work"))
         worker = isolated_command(f"from {_RUNTIME}.serve import serve; serve({theirs.fileno()})", path)
         self.proc = subprocess.Popen(       # behind sandbox.lock_down: as its own user, or without any privilege
-            [sys.executable, "-I", "-S", "-c", SANDBOX + "\nlaunch()\n", json.dumps({"uid": self.uid, "cmd": worker})],
+            [sys.executable, "-I", "-S", "-B", "-c", SANDBOX + "\nlaunch()\n", json.dumps({"uid": self.uid, "cmd": worker})],
             pass_fds=(theirs.fileno(),), env=env, start_new_session=True, cwd=self.home / "work",
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         theirs.close()
