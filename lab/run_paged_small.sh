@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Chapter 9 on one H100 (issue 33, session 36): paged_decode loads its first page numbers without waiting for
-# seq_len. Its tests and the grading kernel-start tests on the GPU, the batch 1-16 graph replays against
+# Chapter 9 on one H100 (issue 33): its kernel tests and the grading kernel-start tests on the GPU, paged_decode
+# against flash_decode at batch 1-16 in graph replays (lab/gpu_paged.py --small), then the bench suite.
 # flash_decode, then the bench suite.   bash lab/run_paged_small.sh   (carry .whl; about 5 minutes)
 set -u
 O=${OUT:-.}
