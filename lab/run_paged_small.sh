@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Chapter 9 on one H100 (issue 33): its kernel tests and the grading kernel-start tests on the GPU, paged_decode
 # against flash_decode at batch 1-16 in graph replays (lab/gpu_paged.py --small), then the bench suite.
-# flash_decode, then the bench suite.   bash lab/run_paged_small.sh   (carry .whl; about 5 minutes)
+# bash lab/run_paged_small.sh   (carry .whl; about 5 minutes)
 set -u
 O=${OUT:-.}
 nvidia-smi --query-gpu=name --format=csv,noheader
