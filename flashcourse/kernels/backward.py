@@ -367,7 +367,7 @@ def fa2_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
 _PLANS = Plans()
 
 
-def _launch(q, k, v, o, do, lse, causal, sm_scale, cfg, atomic=False, grad_dtype=None):
+def _launch(q, k, v, o, do, lse, causal, sm_scale, cfg, atomic, grad_dtype):
     """The three kernels on checked inputs; returns ``(dq, dk, dv)`` and ``again(q, k, v, o, do, lse)``, the same
     call for tensors of the same shape_key with the host's work done (None for empty inputs)."""
     B, H, N_q, d = q.shape
@@ -379,7 +379,6 @@ def _launch(q, k, v, o, do, lse, causal, sm_scale, cfg, atomic=False, grad_dtype
         if not isinstance(value, int) or value < 1 or group % value:
             raise ValueError(f"fa2_backward: config['{name}'] is {value!r}; expected a divisor of H / H_kv = {group}")
     # contiguous gradients, whatever the inputs' strides (a view of a qkv projection has gaps between rows)
-    grad_dtype = grad_dtype or q.dtype
     dq, dk, dv = (torch.empty(t.shape, dtype=grad_dtype, device=t.device) for t in (q, k, v))
     if dq.numel() == 0 or dk.numel() == 0:
         return (dq.zero_(), dk.zero_(), dv.zero_()), None
