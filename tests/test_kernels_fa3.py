@@ -18,10 +18,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: Two of the ten configs (CI time: about 3 s of compiling each): the pipeline alone, and every step on top of it
-#: (the persistent schedule), each with the in-kernel timeline off; and one with it on (warp-specialised: the
-#: producer's stamps too). lab/gpu_fa3.py --aot compiles all ten, timeline off and on, on a CPU.
-CHECKED = ("pipeline d=64", "pingpong_overlap_persistent d=128")
+#: Three of the twelve configs (CI time: about 3 s of compiling each): the pipeline alone, every step on top of it
+#: (the persistent schedule), and the softmax with the scale in one FMA a score (fastexp), each with the in-kernel
+#: timeline off; and one with it on (warp-specialised: the producer's stamps too). lab/gpu_fa3.py --aot compiles
+#: all twelve, timeline off and on, on a CPU.
+CHECKED = ("pipeline d=64", "pingpong_overlap_persistent d=128", "pingpong_overlap_fastexp d=128")
 TIMELINE = "ws d=64 timeline"
 
 _CHILD = """
@@ -69,7 +70,8 @@ for launch in [l for base in aot.configs_of("fa3_fwd", (9, 0)) for l in (base, f
                                    **{k: len(re.findall(p, ptx)) for k, p in (
                                        ("wgmma", r"\\bwgmma\\.mma_async\\."), ("tma", r"\\bcp\\.async\\.bulk\\.tensor\\."),
                                        ("mbarrier", r"\\bmbarrier\\."), ("mma_sync", r"\\bmma\\.sync\\."),
-                                       ("setmaxnreg", r"\\bsetmaxnreg\\."), ("timer", r"%clock64|%globaltimer"))}}
+                                       ("setmaxnreg", r"\\bsetmaxnreg\\."), ("timer", r"%clock64|%globaltimer"),
+                                       ("ex2", r"\\bex2\\.approx"), ("fmul", r"\\bmul\\.f32"), ("ffma", r"\\bfma\\.rn\\.f32"))}}
 print(json.dumps(out))
 """
 
@@ -91,9 +93,10 @@ def test_fa3_compiles_for_sm90_into_wgmma_tma_and_mbarriers():
     one, each variant matches SDPA on a small causal case."""
     out = _run_child((*CHECKED, TIMELINE))
     assert out["targets"] == [[9, 0]]
-    assert out["elsewhere"] == {"75": 0, "80": 0, "89": 0, "90": 10}
+    assert out["elsewhere"] == {"75": 0, "80": 0, "89": 0, "90": 12}
     assert sorted(out["notes"]) == sorted(f"{v} d={d}" for v in ("pipeline", "ws", "pingpong", "pingpong_overlap",
-                                                                 "pingpong_overlap_persistent") for d in (64, 128))
+                                                                 "pingpong_overlap_persistent",
+                                                                 "pingpong_overlap_fastexp") for d in (64, 128))
     assert out["bad"][0].startswith("ValueError: fa3_forward: timeline is 'yes'"), out["bad"]
     assert out["bad"][1].startswith("ValueError: fa3_config: variant 'persistent' is not one of"), out["bad"]
     if "gpu" in out:                   # on an H100 (lab/gpu_fa3.py checks the whole grid against float64)
@@ -108,3 +111,9 @@ def test_fa3_compiles_for_sm90_into_wgmma_tma_and_mbarriers():
         assert ptx["tma"] > 0 and ptx["mbarrier"] > 0, (note, ptx)
         assert (ptx["setmaxnreg"] > 0) == (not note.startswith("pipeline")), (note, ptx)
         assert (ptx["timer"] > 0) == note.endswith(" timeline"), (note, ptx)     # the stamps only when asked for
+    # fastexp: the same exponentials as the overlap (whose softmax the persistent variant shares), the scale folded
+    # into one FMA a score: a thread's 64 score multiplies a block (each consumer, S_0 and the loop) become 64 FMAs,
+    # and the row max's 2 multiplies are added
+    fast, slow = out["ptx"]["pingpong_overlap_fastexp d=128"], out["ptx"]["pingpong_overlap_persistent d=128"]
+    assert fast["ex2"] == slow["ex2"] > 0, (fast, slow)
+    assert slow["fmul"] - fast["fmul"] >= 2 * 2 * (64 - 2) and fast["ffma"] - slow["ffma"] >= 2 * 2 * 64, (fast, slow)

@@ -21,6 +21,10 @@ with constexpr switches, so that the lecture can show each step on its own (:dat
   program an SM loops over the (query block, head) tiles, longest first when causal; the producer loads the
   next tile's Q (once a consumer's last ``S = Q K^T`` of the tile retired) and K/V (into the ring, whose phases
   carry over: its counter runs over all of a program's tiles) while the consumers finish the tile's epilogue.
+* ``"pingpong_overlap_fastexp"`` -- pingpong_overlap with a shorter per-block softmax
+  (:mod:`flashcourse.kernels.fa3_softmax`): the raw scores masked, their row max scaled once, then one FMA a
+  score (``S c - m``) into ``exp2``, where the others scale every score first and subtract the max after.
+  Measured against pingpong_overlap on the GPU before it may become the default (lab/fa3.md).
 
 ``fa3_forward(..., timeline=True)`` also returns what each role did when, stamped inside the kernel
 (:func:`decode_timeline`).
@@ -36,7 +40,7 @@ the course checks them without a GPU.
 
 Example:
     >>> sorted(VARIANTS)
-    ['pingpong', 'pingpong_overlap', 'pingpong_overlap_persistent', 'pipeline', 'ws']
+    ['pingpong', 'pingpong_overlap', 'pingpong_overlap_fastexp', 'pingpong_overlap_persistent', 'pipeline', 'ws']
     >>> fa3_config(128, "pingpong_overlap").constexprs["STAGES"], fa3_config(128, "pipeline").num_warps
     (3, 8)
 """
@@ -64,6 +68,8 @@ VARIANTS = {
     "pingpong": {"WARP_SPECIALIZE": True, "PINGPONG": True, "OVERLAP": False, "PERSISTENT": False},
     "pingpong_overlap": {"WARP_SPECIALIZE": True, "PINGPONG": True, "OVERLAP": True, "PERSISTENT": False},
     "pingpong_overlap_persistent": {"WARP_SPECIALIZE": True, "PINGPONG": True, "OVERLAP": True, "PERSISTENT": True},
+    "pingpong_overlap_fastexp": {"WARP_SPECIALIZE": True, "PINGPONG": True, "OVERLAP": True, "PERSISTENT": False,
+                                 "FASTEXP": True},
 }
 
 #: The roles of the in-kernel timeline (fa3_forward(..., timeline=True)), in the schedule model's row names
@@ -340,7 +346,7 @@ def register_aot() -> None:
                             "GROUP": "i32", "BH": "i32", "TL": "constexpr", "HEAD_DIM": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
                             "STAGES": "constexpr", "CAUSAL": "constexpr", "STORE_LSE": "constexpr",
                             "WARP_SPECIALIZE": "constexpr", "PINGPONG": "constexpr", "OVERLAP": "constexpr",
-                            "PERSISTENT": "constexpr", "TIMELINE": "constexpr"})
+                            "PERSISTENT": "constexpr", "TIMELINE": "constexpr", "FASTEXP": "constexpr"})
 
 
 def _in_a_chapter() -> bool:
