@@ -9,10 +9,12 @@ the tables on the host, which waits for the GPU), and once with its default chec
 paths alternated per shape. Also the time of a device copy of the cache (``torch.Tensor.copy_`` of K and V),
 the bandwidth bar.
 
-    PYTHONPATH=. python lab/gpu_paged.py OUT.json [--graphs]
+    PYTHONPATH=. python lab/gpu_paged.py OUT.json [--graphs] [--small]
 
 ``--graphs`` times each unchecked call as the replay of a CUDA graph of it (``triton.testing.do_bench_cudagraph``):
 the GPU's time alone, without the host's launch work, which at batch 1 and short caches exceeds the kernels' own.
+``--small``: batch 1-16 only (1k-32k keys at batch 1), paged_decode with its default launch (lab/paged.md, "Batch 1
+at short lengths").
 """
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ from flashcourse.kernels.paged import paged_decode  # noqa: E402
 H_Q, H_KV, D = 32, 8, 128
 GRAPHS = False                                               # --graphs: time CUDA graph replays
 SETTINGS = [(64, 3), (64, 4), (128, 3), (128, 2)]             # (keys a step, stages)
+SHAPES = ((1, 4096), (1, 32768), (1, 131072), (16, 4096), (16, 32768), (64, 1024), (64, 8192), (256, 1024))
+SMALL = False                                                # --small: batch 1-16, the default launch only
 
 
 def case(B, L, block_size, gen):
@@ -49,7 +53,9 @@ def case(B, L, block_size, gen):
 def main(out):
     gen = torch.Generator().manual_seed(0)
     rows = []
-    for B, L in ((1, 4096), (1, 32768), (1, 131072), (16, 4096), (16, 32768), (64, 1024), (64, 8192), (256, 1024)):
+    shapes = ((1, 1024), (1, 2048), (1, 4096), (1, 8192), (1, 32768), (4, 4096), (16, 4096), (16, 32768)) if SMALL \
+        else SHAPES
+    for B, L in shapes:
         for block_size in (16, 64):
             q, k, v, pk, pv, tables, lens = case(B, L, block_size, gen)
             S = num_splits(B, H_KV, L, q.device)
@@ -57,8 +63,8 @@ def main(out):
             fns = {"flash_decode": lambda: flash_decode(q, k, v)}
             dk, dv = torch.empty_like(k), torch.empty_like(v)
             fns["copy"] = lambda: (dk.copy_(k), dv.copy_(v))
-            for bn, st in SETTINGS:
-                fns[f"paged_decode n{bn} s{st}"] = (lambda bn=bn, st=st: paged_decode(
+            for bn, st in ([(None, None)] if SMALL else SETTINGS):
+                fns["paged_decode" if SMALL else f"paged_decode n{bn} s{st}"] = (lambda bn=bn, st=st: paged_decode(
                     q, pk, pv, tables, lens, num_splits=S, block_n=bn, num_stages=st, validate=False))
             fns["checked paged_decode"] = lambda: paged_decode(q, pk, pv, tables, lens, num_splits=S)
             err = max((fn().float() - ref.float()).abs().max().item() for name, fn in fns.items()
@@ -76,10 +82,11 @@ def main(out):
                   flush=True)
     with open(out, "w") as f:
         json.dump({"provenance": provenance(command="PYTHONPATH=. python lab/gpu_paged.py OUT.json"
-                                                     + (" --graphs" if GRAPHS else "")), "graphs": GRAPHS, "rows": rows},
+                                                     + (" --graphs" if GRAPHS else "") + (" --small" if SMALL else "")),
+                   "graphs": GRAPHS, "rows": rows},
                   f, indent=1)
 
 
 if __name__ == "__main__":
-    GRAPHS = "--graphs" in sys.argv
-    main([a for a in sys.argv[1:] if a != "--graphs"][0])
+    GRAPHS, SMALL = "--graphs" in sys.argv, "--small" in sys.argv
+    main([a for a in sys.argv[1:] if not a.startswith("--")][0])

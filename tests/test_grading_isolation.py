@@ -503,3 +503,17 @@ def test_the_graders_threads_parse_python_one_at_a_time():
         assert "py_compile.compile(" not in source or "with LOCK:" in source, name
     assert syntax.parse("x = 1").body and syntax.LOCK.acquire(blocking=False)
     syntax.LOCK.release()
+
+
+def test_the_graders_processes_compile_nothing_where_they_import_from(tmp_path):
+    """The worker and the verdict import the installation's modules under ``-I``, which ignores
+    PYTHONDONTWRITEBYTECODE: on an installation whose packages came without compiled files (``pip install
+    --no-compile``, the GPU machine's), each grade's first import of one wrote them, the grade saw new files under
+    its roots and refused (every chapter's grade, on that machine). The command they run writes none."""
+    from flashcourse.grading.worker import isolated_command
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "plain.py").write_text("x = 1\n")
+    out = subprocess.run(isolated_command("import plain; print(plain.x)", [str(tmp_path / "lib")]),
+                         capture_output=True, text=True, env={"PYTHONDONTWRITEBYTECODE": "1"})
+    assert out.stdout == "1\n", out.stderr
+    assert not (tmp_path / "lib" / "__pycache__").exists()

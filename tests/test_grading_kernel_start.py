@@ -7,6 +7,9 @@ The kernel is made to die for real: an ``ipykernel_launcher`` module put first o
 before it answers for its first ``DEATHS`` starts, counted in a file, and then runs ipykernel's own.
 """
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -29,12 +32,22 @@ kernelapp.launch_new_instance()
 '''
 
 
-def dying_kernel(tmp_path, monkeypatch, deaths: int) -> Path:
+@pytest.fixture
+def launcher_folder():
+    """A folder the kernel can read and count in even when it runs as a user of its own (the grader under root:
+    Colab's), which ``tmp_path`` (readable by its owner only) is not."""
+    folder = Path(tempfile.mkdtemp(prefix="flashcourse-launcher-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def dying_kernel(folder, monkeypatch, deaths: int) -> Path:
     """Make the next ``deaths`` kernel starts die; returns the file counting the starts."""
-    folder = tmp_path / "launcher"
-    folder.mkdir()
     (folder / "ipykernel_launcher.py").write_text(LAUNCHER.format(deaths=deaths))
-    monkeypatch.setenv("PYTHONPATH", str(folder))
+    (folder / "starts").write_text("0")
+    (folder / "starts").chmod(0o666)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(folder)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     return folder / "starts"
 
 
@@ -54,8 +67,8 @@ def test_kernel_never_started_only_when_every_cell_failed_in_setup_with_the_star
 
 
 @pytest.mark.slow
-def test_a_kernel_that_died_at_start_up_is_started_again(tmp_path, monkeypatch):
-    starts = dying_kernel(tmp_path, monkeypatch, deaths=1)
+def test_a_kernel_that_died_at_start_up_is_started_again(launcher_folder, monkeypatch):
+    starts = dying_kernel(launcher_folder, monkeypatch, deaths=1)
     report = grade(EXERCISE)
     assert int(starts.read_text()) == 2
     assert [c.status for c in report.checks] == ["not implemented"] * 5, report.format()
@@ -63,21 +76,21 @@ def test_a_kernel_that_died_at_start_up_is_started_again(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_kernel_that_never_starts_is_not_graded(tmp_path, monkeypatch):
+def test_a_kernel_that_never_starts_is_not_graded(launcher_folder, monkeypatch):
     # 2 starts, not grading's 3 (each start is a pytest run of its own): enough to show that it starts again and
     # stops at the limit it reads, neither at 1 nor at the 99 deaths
     monkeypatch.setattr(grading.notebook_run, "_KERNEL_STARTS", 2)
-    starts = dying_kernel(tmp_path, monkeypatch, deaths=99)
+    starts = dying_kernel(launcher_folder, monkeypatch, deaths=99)
     with pytest.raises(GradingError, match=r"kernel did not start \(2 tries\)"):
         grade(EXERCISE)
     assert int(starts.read_text()) == 2
 
 
 @pytest.mark.slow
-def test_the_batch_reports_it_as_not_graded(tmp_path, monkeypatch):
+def test_the_batch_reports_it_as_not_graded(launcher_folder, tmp_path, monkeypatch):
     # what the batch makes of grade's GradingError; how many starts grade makes is the test above's
     monkeypatch.setattr(grading.notebook_run, "_KERNEL_STARTS", 1)
-    dying_kernel(tmp_path, monkeypatch, deaths=99)
+    dying_kernel(launcher_folder, monkeypatch, deaths=99)
     from flashcourse.grading.batch import grade_batch
     rows = grade_batch([EXERCISE], tmp_path / "grades", progress=False)
     assert {r["status"] for r in rows} == {"not graded"}, json.dumps(rows, indent=1)

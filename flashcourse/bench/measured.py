@@ -18,13 +18,15 @@ things measured on the course's H100 that a lecture or an exercise reads, each w
   attention and on SDPA's (``lab/gpu_backward_gpt.py --yardstick``);
 * ``fa3``: chapter 10's FlashAttention-3 steps beside cuDNN and ``fa2_forward`` (TFLOP/s, fp16/bf16, d 64/128,
   causal or not, N 1k-16k) and each step's correctness checks, copied from ``lab/gpu_fa3.py``'s run
-  (``lab/results/h100/fa3.json``; ``provenance.copied_from`` says what was kept).
+  (``lab/results/h100/fa3.json``; ``provenance.copied_from`` says what was kept); ``fa3_timeline``, its
+  in-kernel timeline (``lab/gpu_fa3.py --timeline``, trimmed from ``lab/results/h100/fa3_timeline.json``);
 
 On two GPUs, ``results/h100x2/measured/`` (``measured(name, gpu="h100x2")``): ``ring``, ``ring_noncausal`` and
 ``ring_512k``, chapter 11's ring attention beside PyTorch's context parallelism and one GPU
 (``torchrun --nproc-per-node 2 -m flashcourse.bench.ring``; the lab keeps the same files in ``lab/results/h100x2/``).
 On 2 H200s, ``results/h200x2/measured/``: ``ring_gpt``, chapter 7's GPT trained with its sequence sharded over the 2
-GPUs beside one GPU's runs (``torchrun --nproc-per-node 2 lab/gpu_ring_gpt.py``). On 4 H100s of one host,
+GPUs beside one GPU's runs (``torchrun --nproc-per-node 2 lab/gpu_ring_gpt.py``), and ``ring2_bf16_32k_256k``,
+``ring2_bf16_512k``, the ring benchmark in bf16 (``lab/run_ring_scaling.sh d``). On 4 H100s of one host,
 ``results/h100x4/measured/``: ``ring4_64k_256k``, ``ring4_512k``, ``ring4_1m_causal`` (4 GPUs) and ``ring2_64k_256k``,
 ``ring2_512k`` (2 of them), written by ``lab/run_ring_scaling.sh``.
 

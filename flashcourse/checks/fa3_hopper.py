@@ -22,7 +22,6 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 import tempfile
 
 import numpy as np
@@ -38,10 +37,6 @@ CASE_TIMEOUT_S = 60
 HOPPER_CHILD = "import sys; from flashcourse.checks.fa3_hopper import _hopper_main; _hopper_main(sys.argv[1], sys.argv[2])"
 
 _CACHE: dict = {}          # source digest -> None (compiled) or why not
-
-_KERNEL_SIGNATURE = {"q_desc": "tensordesc", "k_desc": "tensordesc", "v_desc": "tensordesc", "O": "*fp16",
-                     "LSE": "*fp32", "qk_scale": "fp32", "N_q": "i32", "N_k": "i32", "GROUP": "i32"}
-
 
 def _module_text(node: ast.FunctionDef) -> str:
     """A module that defines the student's function (from its checked syntax tree, never its text) and puts it
@@ -81,8 +76,7 @@ def _compile_main(path: str) -> None:
     spec = importlib.util.spec_from_file_location("flashcourse_take_turn_compile", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    sig = {p: _KERNEL_SIGNATURE.get(p, "constexpr") for p in fa3_gluon.fa3_kernel.arg_names}
-    aot.register("check_take_turn", fa3_gluon.fa3_kernel, targets=[(9, 0)], signature=sig,
+    aot.register("check_take_turn", fa3_gluon.fa3_kernel, targets=[(9, 0)], signature=aot.signature_of("fa3_fwd"),
                  configs=lambda cc: [l for l in aot.configs_of("fa3_fwd", cc) if l.note == "pingpong_overlap d=64"])
     launches = aot.configs_of("check_take_turn", (9, 0))
     results = [aot.compile_launch("check_take_turn", (9, 0), launch, assemble=False) for launch in launches]
@@ -106,27 +100,18 @@ def _compile_main(path: str) -> None:
     print(json.dumps({"error": error}), flush=True)
 
 
-def _python(code: str, *args: str) -> list[str]:
-    """The command of a child Python running ``code`` as isolated as this process, on this process's path: in
-    the grader's verdict (``-I -S``, the verified copy of the course) the child imports that same copy (as
-    :func:`flashcourse.kernels.aot.check`'s children do)."""
-    if sys.flags.no_site:
-        return [sys.executable, "-I", "-S", "-c", f"import sys; sys.path[:0] = {sys.path!r}; {code}", *args]
-    return [sys.executable, "-c", code, *args]
-
-
 def compile_for_hopper(node: ast.FunctionDef, timeout_s: float = 600) -> None:
     """Compile the student's turn (``node``) for sm_90, alone and in the course's kernel in place of
     ``_take_turn``, in a fresh process (cached by the source); an AssertionError with the compiler's line
     when it does not compile."""
-    from ..kernels.aot import stop_processes
+    from ..kernels.processes import child_python, stop_processes
     text = _module_text(node)
     digest = hashlib.sha256(text.encode()).hexdigest()
     if digest not in _CACHE:
         fd, path = tempfile.mkstemp(prefix="flashcourse_take_turn_", suffix=".py")
         with os.fdopen(fd, "w") as f:
             f.write(text)
-        proc = subprocess.Popen(_python(COMPILE_CHILD, path), stdout=subprocess.PIPE,
+        proc = subprocess.Popen(child_python(COMPILE_CHILD, path), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             out, err = proc.communicate(timeout=timeout_s)
@@ -219,7 +204,7 @@ def run_on_hopper(node: ast.FunctionDef, seed: int, replay_call: str, case_timeo
     import time
 
     from ..kernels import fa3
-    from ..kernels.aot import stop_processes
+    from ..kernels.processes import child_python, stop_processes
     why = fa3.fa3_unavailable()
     if why is not None:
         return f"not run: {why}"
@@ -228,7 +213,7 @@ def run_on_hopper(node: ast.FunctionDef, seed: int, replay_call: str, case_timeo
     with os.fdopen(fd, "w") as f:
         f.write(_module_text(node))
     errfile = tempfile.TemporaryFile(mode="w+")       # a file, not a pipe: a full pipe would stall the child
-    proc = subprocess.Popen(_python(HOPPER_CHILD, path, json.dumps(cases)), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(child_python(HOPPER_CHILD, path, json.dumps(cases)), stdout=subprocess.PIPE,
                             stderr=errfile, text=True, start_new_session=True)
     lines, hung = [], False
     try:

@@ -14,7 +14,7 @@ mean, and every rank takes the same optimiser step as one process training on wh
 :class:`SequenceShards` does these three things with ``torch.distributed`` collectives;
 :func:`flashcourse.backward_gpt.train` with ``attention="ring"`` uses it.
 
-Example (a ring of one; tests/test_distributed_gpt.py trains on 2 processes):
+Example (a ring of one; tests/test_backward_gpt.py trains on 2 processes):
     >>> import torch.distributed as dist
     >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     >>> positions(8, rank=0, world=2).tolist()        # rank 0 of 2 holds chunks 0 and 3 of 4

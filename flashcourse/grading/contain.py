@@ -41,7 +41,7 @@ def run_contained(cmd: list[str], *, timeout: float, lock: bool = False, uid: in
     :data:`TIMED_OUT`). A command killed by signal N exits 128 + N, as in a shell. ``pass_fds`` are handed
     to the command (and closed here); ``lock``: the command runs the student's code (as ``uid`` under root)."""
     job = {"cmd": list(cmd), "timeout": timeout, "lock": lock, "uid": uid, "pass_fds": list(pass_fds)}
-    supervisor = [sys.executable, "-I", "-S", "-c", SANDBOX + "\nsupervise()\n", json.dumps(job)]
+    supervisor = [sys.executable, "-I", "-S", "-B", "-c", SANDBOX + "\nsupervise()\n", json.dumps(job)]
     with subprocess.Popen(supervisor, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, pass_fds=tuple(pass_fds),
                           **kwargs) as proc:

@@ -104,15 +104,17 @@ def interpreter_paths() -> list[str]:
 
 def isolated_command(code: str, path: list[str]) -> list[str]:
     """The command that runs ``code`` in a fresh Python that imports from the standard library, then
-    ``path``: ``-I`` (no ``PYTHON*`` variables, no user site, not the current folder) and ``-S`` (no
-    ``site``, so no ``sitecustomize`` and no ``.pth`` file runs). The standard library comes first: a
-    file in a site directory cannot stand in for one of its modules.
+    ``path``: ``-I`` (no ``PYTHON*`` variables, no user site, not the current folder), ``-S`` (no
+    ``site``, so no ``sitecustomize`` and no ``.pth`` file runs) and ``-B``: it writes no compiled file
+    where it imports from (``-I`` ignores ``PYTHONDONTWRITEBYTECODE``), so on an installation without
+    them a grade's own imports leave nothing that :mod:`.installation` would take for tampering. The
+    standard library comes first: a file in a site directory cannot stand in for one of its modules.
 
     Example:
-        >>> isolated_command("print(1)", ["/x"])[1:3]
-        ['-I', '-S']
+        >>> isolated_command("print(1)", ["/x"])[1:4]
+        ['-I', '-S', '-B']
     """
-    return [sys.executable, "-I", "-S", "-c", f"import sys; sys.path += {list(path)!r}; {code}"]
+    return [sys.executable, "-I", "-S", "-B", "-c", f"import sys; sys.path += {list(path)!r}; {code}"]
 
 
 def _is_course(name: str) -> bool:
@@ -255,7 +257,7 @@ class Worker:
         env.update(PYTHONDONTWRITEBYTECODE="1", HOME=str(self.home / "work"), TMPDIR=str(self.home / "work"))
         worker = isolated_command(f"from {_RUNTIME}.serve import serve; serve({theirs.fileno()})", path)
         self.proc = subprocess.Popen(       # behind sandbox.lock_down: as its own user, or without any privilege
-            [sys.executable, "-I", "-S", "-c", SANDBOX + "\nlaunch()\n", json.dumps({"uid": self.uid, "cmd": worker})],
+            [sys.executable, "-I", "-S", "-B", "-c", SANDBOX + "\nlaunch()\n", json.dumps({"uid": self.uid, "cmd": worker})],
             pass_fds=(theirs.fileno(),), env=env, start_new_session=True, cwd=self.home / "work",
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         theirs.close()

@@ -44,12 +44,13 @@ import dataclasses
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
+
+from .processes import child_python, stop_processes  # noqa: F401  (aot's children; re-exported)
 
 __all__ = ["Launch", "Result", "TARGETS", "SHARED_LIMIT", "register", "registered", "kernel_of", "targets_of", "configs_of",
            "compile_launch", "ptx_of", "error_summary", "check", "stop_processes", "report", "main"]
@@ -166,6 +167,16 @@ def kernel_of(name: str):
         '_fa2_fwd'
     """
     return _REGISTRY[name].kernel
+
+
+def signature_of(name: str) -> dict:
+    """The argument types kernel ``name`` was registered with (a copy).
+
+    Example:
+        >>> signature_of("fa2_fwd")["qk_scale"]
+        'fp32'
+    """
+    return dict(_REGISTRY[name].signature)
 
 
 def targets_of(name: str) -> list[tuple]:
@@ -381,9 +392,7 @@ def check(names: Iterable[str] | None = None, ccs: Iterable[tuple] = tuple(TARGE
     procs, outputs = [], []
     try:
         for group in groups:
-            child = ([sys.executable, "-I", "-S", "-c", f"import sys; sys.path[:0] = {sys.path!r}; {CHILD_CODE}"]
-                     if sys.flags.no_site else [sys.executable, "-c", CHILD_CODE])   # as isolated as this process
-            cmd = [*child, "--json", "--jobs", "1", "--assemble", assemble, "--cc", *[f"{a}{b}" for a, b in group]]
+            cmd = [*child_python(CHILD_CODE), "--json", "--jobs", "1", "--assemble", assemble, "--cc", *[f"{a}{b}" for a, b in group]]
             for f in files:
                 cmd += ["--file", f]
 
@@ -410,32 +419,6 @@ def check(names: Iterable[str] | None = None, ccs: Iterable[tuple] = tuple(TARGE
                     for d in data]
     order = {cc: i for i, cc in enumerate(ccs)}
     return sorted(results, key=lambda r: order[r.cc])  # stable: kernels keep their order per target
-
-
-def stop_processes(procs) -> None:
-    """Kill each process of ``procs`` (``subprocess.Popen`` objects) that still runs, with its process group
-    when it leads one (``start_new_session=True``), and reap it.
-
-    Example:
-        >>> import subprocess, sys
-        >>> p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
-        >>> stop_processes([p]); p.returncode
-        -9
-    """
-    for proc in procs:
-        if proc.poll() is None:                     # not reaped, so its pid (and group id) is still its own
-            try:
-                if hasattr(os, "killpg") and os.getpgid(proc.pid) == proc.pid:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                else:
-                    proc.kill()
-            except ProcessLookupError:
-                pass
-    for proc in procs:
-        proc.wait()
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
 
 
 def report(results: list[Result]) -> str:
