@@ -39,7 +39,7 @@ def sass_of(note: str, out: pathlib.Path) -> str:
 def between_waits(sass: str) -> list:
     """Per loop (one a consumer warpgroup): (counts between the S wait and the PV wait, counts after the PV wait
     up to the next HGMMA), each a dict with 'n' the instruction count."""
-    ins = [line.split("*/", 1)[1].split(";")[0] for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", line)]
+    ins = [line.split("*/", 1)[1].split(";")[0] for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/", line)]
     w1 = [i for i, x in enumerate(ins) if "DEPBAR.LE gsb0, 0x1" in x]
     w0 = [i for i, x in enumerate(ins) if "DEPBAR.LE gsb0, 0x0" in x]
     loops = []
