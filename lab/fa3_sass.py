@@ -20,7 +20,21 @@ os.environ["TRITON_INTERPRET"] = "0"
 import triton  # noqa: E402
 from flashcourse.kernels import aot, fa3  # noqa: E402,F401 - fa3 registers fa3_fwd
 
-BIN = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+
+def tools():
+    """(ptxas, cuobjdump): the ones this Triton assembles sm_90a with (3.9: ptxas-blackwell, 3.6: ptxas); raises
+    RuntimeError where either is missing."""
+    from triton import knobs
+    from triton.backends.nvidia.compiler import get_ptxas
+    try:
+        found = get_ptxas(90).path, knobs.nvidia.cuobjdump.path
+    except Exception as e:  # noqa: BLE001 - the caller skips
+        raise RuntimeError(f"no ptxas or cuobjdump for sm_90a: {e}") from e
+    if not all(found) or not all(os.path.exists(t) for t in found):
+        raise RuntimeError(f"no ptxas or cuobjdump for sm_90a: {found}")
+    return found
+
+
 KINDS = ("MUFU.EX2", "SHFL", "FMNMX", "FMUL", "FFMA", "FADD", "FSEL")
 
 
@@ -28,10 +42,10 @@ def sass_of(note: str, out: pathlib.Path) -> str:
     launch = next(l for l in aot.configs_of("fa3_fwd", (9, 0)) if l.note == note)
     name = re.sub(r"[^\w]+", "_", note)
     (out / f"{name}.ptx").write_text(aot.ptx_of("fa3_fwd", (9, 0), launch))
-    subprocess.run([str(BIN / "ptxas"), "-arch=sm_90a", "-v", str(out / f"{name}.ptx"), "-o", str(out / f"{name}.cubin")],
-                   check=True)
-    sass = subprocess.run([str(BIN / "cuobjdump"), "-sass", str(out / f"{name}.cubin")], capture_output=True,
-                          text=True, check=True).stdout
+    ptxas, cuobjdump = tools()
+    subprocess.run([ptxas, "-arch=sm_90a", "-v", str(out / f"{name}.ptx"), "-o", str(out / f"{name}.cubin")], check=True)
+    sass = subprocess.run([cuobjdump, "-sass", str(out / f"{name}.cubin")], capture_output=True, text=True,
+                          check=True).stdout
     (out / f"{name}.sass").write_text(sass)
     return sass
 
