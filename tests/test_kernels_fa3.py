@@ -18,14 +18,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: Three of the twelve configs (CI time: about 3 s of compiling each): the pipeline alone, every step on top of it
+#: Three of the fourteen configs (CI time: about 3 s of compiling each): the pipeline alone, every step on top of it
 #: (the persistent schedule), and the softmax with the scale in one FMA a score (fastexp), each with the in-kernel
 #: timeline off; and one with it on (warp-specialised: the producer's stamps too). lab/gpu_fa3.py --aot compiles
-#: all twelve, timeline off and on, on a CPU.
+#: all fourteen, timeline off and on, on a CPU.
 CHECKED = ("pipeline d=64", "pingpong_overlap_persistent d=128", "pingpong_overlap_fastexp d=128")
 TIMELINE = "ws d=64 timeline"
-#: The config whose SASS is read (lab/fa3_sass.py: ptxas and cuobjdump, about 2 s more): the softmax pinned
-#: between the wait for S_j and the wait for P_{j-1} V_{j-1} (lab/fa3.md, "Where ptxas puts the softmax")
+#: The config whose SASS is read (lab/fa3_sass.py: its PTX, ptxas and cuobjdump, about 7 s more, cold cache): the
+#: softmax pinned between the wait for S_j and the wait for P_{j-1} V_{j-1} (lab/fa3.md, "Where ptxas puts the softmax")
 PINNED = "pingpong_overlap_pinned d=128"
 
 _CHILD = """
