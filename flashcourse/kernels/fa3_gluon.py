@@ -258,8 +258,7 @@ if gluon is not None:
                     t1 = now(TIMELINE)
                     S = _scores(S, j - base, n_full, row0, offset, N_k, qk_scale, s_layout, BLOCK_N, CAUSAL)
                     P, alpha, m_i, l_i = _softmax(S, m_i, l_i)
-                    if PIN:
-                        clk = now(PIN)
+                    clk = now(PIN)
                     ev = stamp(tl, ev, SOFTMAX, j - base, t1, TIMELINE)
                     acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))   # keeps P_{j-1}'s registers alive
                     ev = stamp(tl, ev, PV, j - base - 1, t0, TIMELINE)
