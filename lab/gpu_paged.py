@@ -35,7 +35,8 @@ H_Q, H_KV, D = 32, 8, 128
 GRAPHS = False                                               # --graphs: time CUDA graph replays
 SETTINGS = [(64, 3), (64, 4), (128, 3), (128, 2)]             # (keys a step, stages)
 SHAPES = ((1, 4096), (1, 32768), (1, 131072), (16, 4096), (16, 32768), (64, 1024), (64, 8192), (256, 1024))
-SMALL = False                                                # --small: batch 1-16, the default launch only
+SMALL_SHAPES = ((1, 1024), (1, 2048), (1, 4096), (1, 8192), (1, 32768), (4, 4096), (16, 4096), (16, 32768))
+SMALL = False                                                # --small: SMALL_SHAPES, the default launch only
 
 
 def case(B, L, block_size, gen):
@@ -53,9 +54,7 @@ def case(B, L, block_size, gen):
 def main(out):
     gen = torch.Generator().manual_seed(0)
     rows = []
-    shapes = ((1, 1024), (1, 2048), (1, 4096), (1, 8192), (1, 32768), (4, 4096), (16, 4096), (16, 32768)) if SMALL \
-        else SHAPES
-    for B, L in shapes:
+    for B, L in SMALL_SHAPES if SMALL else SHAPES:
         for block_size in (16, 64):
             q, k, v, pk, pv, tables, lens = case(B, L, block_size, gen)
             S = num_splits(B, H_KV, L, q.device)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import flashcourse
 from flashcourse import backend
 
 from flashcourse.checks.fp16_rule import error_rule  # noqa: E402
@@ -28,6 +29,7 @@ from flashcourse.reference.backward import attention_backward_float64  # noqa: E
 from test_kernels_backward import torch_grads  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+ROOT = Path(flashcourse.__file__).resolve().parents[1]
 #: Rings of 2 and 4 processes: gloo on the CPU; on GPUs NCCL, one GPU a rank, so only the rings this machine holds.
 WORLDS = tuple(w for w in (2, 4) if backend.DEVICE == "cpu" or w <= torch.cuda.device_count())
 
@@ -40,8 +42,10 @@ def rings(tmp_path_factory):
     if not WORLDS:
         pytest.skip("ring attention on NCCL needs 2 GPUs or more")
     path = tmp_path_factory.mktemp("ring") / "world{world}.pt"
+    # the ranks import flashcourse from where this process did: a checkout on PYTHONPATH or not, installed or not
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     run = subprocess.run([sys.executable, str(HERE / "ring_ranks.py"), str(path), str(seed), *map(str, WORLDS)],
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, f"seed {seed}:\n{run.stderr[-3000:]}"
     for world in WORLDS:
         out[world] = torch.load(str(path).format(world=world), weights_only=False)

@@ -94,6 +94,24 @@ def test_fa2_backward_against_float64(device, case, causal, gen):
     assert_grads_close(fa2_backward(q, k, v, o, do, lse, causal), q, k, v, do, causal)
 
 
+@pytest.mark.parametrize("h_kv", [2, 1], ids=["mha", "gqa"])
+def test_float32_gradients_are_the_unrounded_ones(device, h_kv, gen):
+    """grad_dtype=torch.float32 (ring attention adds p calls' dK, dV): the same gradients before their rounding to
+    q's dtype, for a plan's first call and its second; any other dtype is refused by name."""
+    q, k, v, do = inputs(1, 2, 39, 39, 16, gen, device)
+    k, v = k[:, :h_kv].contiguous(), v[:, :h_kv].contiguous()
+    o, lse = fa2_forward(q, k, v, True, return_lse=True)
+    rounded = fa2_backward(q, k, v, o, do, lse, True)
+    for _ in range(2):
+        exact = fa2_backward(q, k, v, o, do, lse, True, grad_dtype=torch.float32)
+        for e, r in zip(exact, rounded):
+            assert e.dtype == torch.float32 and r.dtype == q.dtype
+            assert torch.equal(e.to(q.dtype), r)
+        assert any((e - r.float()).abs().max() > 0 for e, r in zip(exact, rounded))     # not rounded already
+    with pytest.raises(ValueError, match="grad_dtype"):
+        fa2_backward(q, k, v, o, do, lse, True, grad_dtype=torch.float64)
+
+
 #: Under the interpreter: ragged both ways, N_q != N_k both ways (with causal, rows that see no key), one query.
 TAUGHT_CASES = GPU_CASES if GPU else [(1, 2, 1, 1, 16), (2, 1, 17, 17, 32), (1, 2, 17, 113, 64), (2, 1, 113, 17, 16),
                                       (1, 1, 100, 64, 128)]

@@ -125,7 +125,8 @@ def ring_backward(do, q, k, v, o, lse, causal: bool, sm_scale: float, ring: Ring
         travelling = ring.pass_on(kv, KV_TAG) if s < p - 1 else None
         rows, cols, block_causal = step_block(ring.rank, source_rank(ring.rank, s, p), p, causal, n)
         dq_s, dk_s, dv_s = fa2_backward(q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], o[:, :, rows],
-                                        do[:, :, rows], lse[:, :, rows], block_causal, sm_scale)
+                                        do[:, :, rows], lse[:, :, rows], block_causal, sm_scale,
+                                        grad_dtype=torch.float32)    # p steps' parts added unrounded
         if returning is not None:
             grads = returning.wait()                          # the accumulators of the shard that arrived
         dq[:, :, rows] += dq_s

@@ -28,7 +28,13 @@ from pathlib import Path
 
 from .sandbox import TIMED_OUT
 
-__all__ = ["run_contained", "TIMED_OUT", "SANDBOX"]
+__all__ = ["run_contained", "TIMED_OUT", "SANDBOX", "ISOLATED"]
+
+#: How the grader starts every Python of its own: ``-I`` (no ``PYTHON*`` variables, no user site, not the current
+#: folder), ``-S`` (no ``site``: no ``sitecustomize``, no ``.pth`` file runs) and ``-B``: no compiled file written
+#: where it imports from (``-I`` ignores ``PYTHONDONTWRITEBYTECODE``, and on an installation without compiled files
+#: a grade's own imports would leave new ones that :mod:`.installation` takes for tampering).
+ISOLATED = ("-I", "-S", "-B")
 
 #: The text of :mod:`.sandbox`, read once (see the module's docstring).
 SANDBOX = Path(__file__).with_name("sandbox.py").read_text(encoding="utf-8")
@@ -41,7 +47,7 @@ def run_contained(cmd: list[str], *, timeout: float, lock: bool = False, uid: in
     :data:`TIMED_OUT`). A command killed by signal N exits 128 + N, as in a shell. ``pass_fds`` are handed
     to the command (and closed here); ``lock``: the command runs the student's code (as ``uid`` under root)."""
     job = {"cmd": list(cmd), "timeout": timeout, "lock": lock, "uid": uid, "pass_fds": list(pass_fds)}
-    supervisor = [sys.executable, "-I", "-S", "-B", "-c", SANDBOX + "\nsupervise()\n", json.dumps(job)]
+    supervisor = [sys.executable, *ISOLATED, "-c", SANDBOX + "\nsupervise()\n", json.dumps(job)]
     with subprocess.Popen(supervisor, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, pass_fds=tuple(pass_fds),
                           **kwargs) as proc:

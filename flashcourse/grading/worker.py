@@ -43,7 +43,7 @@ import builtins
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from .contain import SANDBOX
+from .contain import ISOLATED, SANDBOX
 from .serve import RUNNING_MAGICS, cell_statements, python_of, stand_ins  # noqa: F401  (the grader's names for them)
 from .syntax import parse
 from .wire import decode, encode
@@ -103,18 +103,15 @@ def interpreter_paths() -> list[str]:
 
 
 def isolated_command(code: str, path: list[str]) -> list[str]:
-    """The command that runs ``code`` in a fresh Python that imports from the standard library, then
-    ``path``: ``-I`` (no ``PYTHON*`` variables, no user site, not the current folder), ``-S`` (no
-    ``site``, so no ``sitecustomize`` and no ``.pth`` file runs) and ``-B``: it writes no compiled file
-    where it imports from (``-I`` ignores ``PYTHONDONTWRITEBYTECODE``), so on an installation without
-    them a grade's own imports leave nothing that :mod:`.installation` would take for tampering. The
-    standard library comes first: a file in a site directory cannot stand in for one of its modules.
+    """The command that runs ``code`` in a fresh Python (:data:`.contain.ISOLATED`) that imports from the
+    standard library, then ``path``. The standard library comes first: a file in a site directory cannot
+    stand in for one of its modules.
 
     Example:
         >>> isolated_command("print(1)", ["/x"])[1:4]
         ['-I', '-S', '-B']
     """
-    return [sys.executable, "-I", "-S", "-B", "-c", f"import sys; sys.path += {list(path)!r}; {code}"]
+    return [sys.executable, *ISOLATED, "-c", f"import sys; sys.path += {list(path)!r}; {code}"]
 
 
 def _is_course(name: str) -> bool:
@@ -257,7 +254,7 @@ class Worker:
         env.update(PYTHONDONTWRITEBYTECODE="1", HOME=str(self.home / "work"), TMPDIR=str(self.home / "work"))
         worker = isolated_command(f"from {_RUNTIME}.serve import serve; serve({theirs.fileno()})", path)
         self.proc = subprocess.Popen(       # behind sandbox.lock_down: as its own user, or without any privilege
-            [sys.executable, "-I", "-S", "-B", "-c", SANDBOX + "\nlaunch()\n", json.dumps({"uid": self.uid, "cmd": worker})],
+            [sys.executable, *ISOLATED, "-c", SANDBOX + "\nlaunch()\n", json.dumps({"uid": self.uid, "cmd": worker})],
             pass_fds=(theirs.fileno(),), env=env, start_new_session=True, cwd=self.home / "work",
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         theirs.close()

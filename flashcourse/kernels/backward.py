@@ -304,7 +304,7 @@ def backward_stats(o: torch.Tensor, do: torch.Tensor, lse: torch.Tensor, block: 
 
 def fa2_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
                  lse: torch.Tensor, causal: bool = False, sm_scale: float | None = None, *, config: dict | None = None,
-                 dq_mode: str = "kernel"):
+                 dq_mode: str = "kernel", grad_dtype: torch.dtype | None = None):
     """``(dq, dk, dv)`` of ``o = softmax(q k^T sm_scale) v`` for the upstream gradient ``do``, recomputing P.
 
     ``q``, ``o``, ``do``: (B, H, N_q, d); ``k``, ``v``: (B, H_kv, N_k, d) with H a multiple of H_kv
@@ -312,7 +312,8 @@ def fa2_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
     H / H_kv query heads of a group, on chip); ``lse``: (B, H, N_q) float32, the log-sum-exp
     ``fa2_forward(q, k, v, causal, sm_scale, return_lse=True)`` returned with ``o``. float16, or bfloat16 on a
     GPU of sm_80 or newer; d one of 16, 32, 64, 128. ``causal`` and ``sm_scale`` must be the forward's.
-    Gradients come in q's dtype, accumulated in float32, the same from run to run -- except dk and dv of
+    Gradients come in q's dtype (or ``grad_dtype=torch.float32``: as accumulated, unrounded, for a caller that adds
+    several calls' gradients, as ring attention does), accumulated in float32, the same from run to run -- except dk and dv of
     grouped-query K/V with at most 2048 keys, whose per-head parts are added atomically
     (:func:`~flashcourse.kernels.attention_gqa.gqa_dkdv_sum`), in any order.
 
@@ -340,7 +341,7 @@ def fa2_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
     plain = config is None and all(isinstance(t, torch.Tensor) for t in (q, k, v, o, do, lse))
     plain = plain and (sm_scale is None or isinstance(sm_scale, (int, float)))
     if plain:                           # a training loop's call: the host's work for this shape is done
-        key = (shape_key(q, k, v, o, do, lse), bool(causal), sm_scale, dq_mode)
+        key = (shape_key(q, k, v, o, do, lse), bool(causal), sm_scale, dq_mode, grad_dtype)
         again = _PLANS.get(key)
         if again is not None:
             return again(q, k, v, o, do, lse)
@@ -349,13 +350,15 @@ def fa2_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
     q, k, v = expect_qkv(fn, q, k, v, head_dims=HEAD_DIMS, grouped=True)
     o, do, lse = expect_saved(fn, q, o, do, {"lse": lse}, "fa2_forward(q, k, v, return_lse=True)")
     sm_scale = expect_sm_scale(fn, sm_scale, q.shape[-1])
+    if grad_dtype not in (None, q.dtype, torch.float32):
+        raise ValueError(f"{fn}: grad_dtype is {grad_dtype}; expected None (q's dtype, {q.dtype}) or torch.float32")
     cfg = backward_config(q.shape[-1])
     if dq_mode == "atomic":                             # the dK/dV kernel that adds dQ too has tiles of its own
         cfg["dkdv"] = cfg["dkdv_atomic"]
     cfg.update(config or {})
     for name in ("dkdv", "dq"):
         cfg[name] = expect_tiles(fn, name, cfg[name])
-    grads, again = _launch(q, k, v, o, do, lse, causal, sm_scale, cfg, dq_mode == "atomic")
+    grads, again = _launch(q, k, v, o, do, lse, causal, sm_scale, cfg, dq_mode == "atomic", grad_dtype or q.dtype)
     if plain and again is not None and all(a is b for a, b in zip((q, k, v, o, do, lse), given)):   # nothing copied
         _PLANS.put(key, again)
     return grads
@@ -364,7 +367,7 @@ def fa2_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
 _PLANS = Plans()
 
 
-def _launch(q, k, v, o, do, lse, causal, sm_scale, cfg, atomic=False):
+def _launch(q, k, v, o, do, lse, causal, sm_scale, cfg, atomic, grad_dtype):
     """The three kernels on checked inputs; returns ``(dq, dk, dv)`` and ``again(q, k, v, o, do, lse)``, the same
     call for tensors of the same shape_key with the host's work done (None for empty inputs)."""
     B, H, N_q, d = q.shape
@@ -376,7 +379,7 @@ def _launch(q, k, v, o, do, lse, causal, sm_scale, cfg, atomic=False):
         if not isinstance(value, int) or value < 1 or group % value:
             raise ValueError(f"fa2_backward: config['{name}'] is {value!r}; expected a divisor of H / H_kv = {group}")
     # contiguous gradients, whatever the inputs' strides (a view of a qkv projection has gaps between rows)
-    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    dq, dk, dv = (torch.empty(t.shape, dtype=grad_dtype, device=t.device) for t in (q, k, v))
     if dq.numel() == 0 or dk.numel() == 0:
         return (dq.zero_(), dk.zero_(), dv.zero_()), None
     sum_mode = cfg.get("dkdv_sum", gqa_dkdv_sum(N_k))
@@ -425,7 +428,7 @@ def _launch(q, k, v, o, do, lse, causal, sm_scale, cfg, atomic=False):
                               {"HEAD_DIM": d, "BLOCK_M": BM2, "BLOCK_N": BN2, "CAUSAL": bool(causal), "num_warps": w2,
                                "num_stages": s2, "GROUP": group // dq_splits, "SPLITS": dq_splits})
     o_strides, do_strides, dk_strides, dq_strides = o.stride()[:3], do.stride()[:3], dk_out.stride()[:3], dq.stride()[:3]
-    shapes = [(t.shape, t.dtype) for t in (q, k, v)]     # shapes only: the plan must keep no tensor of this call
+    shapes = [(t.shape, grad_dtype) for t in (q, k, v)]  # shapes only: the plan must keep no tensor of this call
     stub = None if atomic else dq32                      # but "kernel"'s (1,) stand-in for the fp32 dQ
 
     def again(q, k, v, o, do, lse):
