@@ -21,6 +21,14 @@ with constexpr switches, so that the lecture can show each step on its own (:dat
   program an SM loops over the (query block, head) tiles, longest first when causal; the producer loads the
   next tile's Q (once a consumer's last ``S = Q K^T`` of the tile retired) and K/V (into the ring, whose phases
   carry over: its counter runs over all of a program's tiles) while the consumers finish the tile's epilogue.
+* ``"pingpong_overlap_fastexp"`` -- pingpong_overlap with a shorter per-block softmax
+  (:mod:`flashcourse.kernels.fa3_softmax`): the raw scores masked, their row max scaled once, then one FMA a
+  score (``S c - m``) into ``exp2``, where the others scale every score first and subtract the max after.
+  Measured against pingpong_overlap on the GPU before it may become the default (lab/fa3.md).
+* ``"pingpong_overlap_pinned"`` -- pingpong_overlap with the softmax held before the wait for ``P_j V_j`` in the
+  machine code: ptxas otherwise puts that wait before the row max (the SASS, lab/fa3.md), so the exponentials ran
+  after ``P_j V_j`` instead of under it. ``PIN`` reads the SM's clock after each block's softmax and keeps the value
+  (the output store's mask): ptxas keeps the softmax before that read. Measured against pingpong_overlap first.
 
 ``fa3_forward(..., timeline=True)`` also returns what each role did when, stamped inside the kernel
 (:func:`decode_timeline`).
@@ -35,8 +43,9 @@ The kernels still compile ahead of time on a CPU (:mod:`flashcourse.kernels.aot`
 the course checks them without a GPU.
 
 Example:
-    >>> sorted(VARIANTS)
-    ['pingpong', 'pingpong_overlap', 'pingpong_overlap_persistent', 'pipeline', 'ws']
+    >>> print(" ".join(sorted(VARIANTS)))     # doctest: +NORMALIZE_WHITESPACE
+    pingpong pingpong_overlap pingpong_overlap_fastexp pingpong_overlap_persistent
+    pingpong_overlap_pinned pipeline ws
     >>> fa3_config(128, "pingpong_overlap").constexprs["STAGES"], fa3_config(128, "pipeline").num_warps
     (3, 8)
 """
@@ -64,6 +73,10 @@ VARIANTS = {
     "pingpong": {"WARP_SPECIALIZE": True, "PINGPONG": True, "OVERLAP": False, "PERSISTENT": False},
     "pingpong_overlap": {"WARP_SPECIALIZE": True, "PINGPONG": True, "OVERLAP": True, "PERSISTENT": False},
     "pingpong_overlap_persistent": {"WARP_SPECIALIZE": True, "PINGPONG": True, "OVERLAP": True, "PERSISTENT": True},
+    "pingpong_overlap_fastexp": {"WARP_SPECIALIZE": True, "PINGPONG": True, "OVERLAP": True, "PERSISTENT": False,
+                                 "FASTEXP": True},
+    "pingpong_overlap_pinned": {"WARP_SPECIALIZE": True, "PINGPONG": True, "OVERLAP": True, "PERSISTENT": False,
+                                "PIN": True},
 }
 
 #: The roles of the in-kernel timeline (fa3_forward(..., timeline=True)), in the schedule model's row names
@@ -304,7 +317,10 @@ def _aot_configs(cc):
             x = torch.empty(256, d, dtype=torch.float16)          # CPU tensors: only the descriptor's type is used
             sig = {"q_desc": mangle_type(descriptor(x, rows, d)), "k_desc": mangle_type(descriptor(x, c["BLOCK_N"], d)),
                    "v_desc": mangle_type(descriptor(x, c["BLOCK_N"], d))}
-            yield aot.Launch({**c, "CAUSAL": True, "STORE_LSE": True, "TL": None, "TIMELINE": False},
+            # every switch named, defaults too: Triton's compile cache keys the constexprs by their values alone (in
+            # parameter order), so FASTEXP=True with PIN left out and PIN=True with FASTEXP left out would share one
+            yield aot.Launch({"FASTEXP": False, "PIN": False, **c, "CAUSAL": True, "STORE_LSE": True, "TL": None,
+                              "TIMELINE": False},
                              launch.num_warps, launch.num_stages, sig, launch.kernel, f"{variant} d={d}", launch.maxnreg)
 
 
@@ -340,7 +356,8 @@ def register_aot() -> None:
                             "GROUP": "i32", "BH": "i32", "TL": "constexpr", "HEAD_DIM": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
                             "STAGES": "constexpr", "CAUSAL": "constexpr", "STORE_LSE": "constexpr",
                             "WARP_SPECIALIZE": "constexpr", "PINGPONG": "constexpr", "OVERLAP": "constexpr",
-                            "PERSISTENT": "constexpr", "TIMELINE": "constexpr"})
+                            "PERSISTENT": "constexpr", "TIMELINE": "constexpr", "FASTEXP": "constexpr",
+                            "PIN": "constexpr"})
 
 
 def _in_a_chapter() -> bool:

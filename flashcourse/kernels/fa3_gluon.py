@@ -52,6 +52,7 @@ if gluon is not None:
     from .fa3_timeline import (EPILOGUE, LOAD_KV, LOAD_Q, PV, QK, RELEASE, SOFTMAX, TURN,  # noqa: F401
                                WAIT_EMPTY, WAIT_KV, WAIT_Q, WAIT_Q_FREE, clock_mark, now, stamp,
                                timeline_of)
+    from .fa3_softmax import masked, online_fma, raw_scores
 
     @gluon.jit
     def _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, s, row):
@@ -172,16 +173,8 @@ if gluon is not None:
     def _scores(S, j, n_full, row0, offset, N_k, qk_scale,
                 s_layout: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
         # S_ij in log2 units; the mask only on the blocks that need one (the ragged last block, the causal diagonal)
-        S = S * qk_scale
-        if j >= n_full:
-            ROWS: gl.constexpr = S.shape[0]
-            cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-            rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
-            visible = gl.expand_dims(cols < N_k, 0)
-            if CAUSAL:
-                visible = visible & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1) + offset)
-            S = gl.where(visible, S, -float("inf"))
-        return S
+        # (FASTEXP masks the raw scores with the same fa3_softmax.masked, and scales inside the exponent)
+        return masked(S * qk_scale, j, n_full, row0, offset, N_k, s_layout, BLOCK_N, CAUSAL)
 
     @gluon.jit
     def _softmax(S, m_i, l_i):
@@ -198,7 +191,8 @@ if gluon is not None:
                        O, LSE, qk_scale, N_q, N_k, bh, row0, kv_row, n_blocks, n_full, base, tc, t_no, tl, ev,
                        HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                        STORE_LSE: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, PINGPONG: gl.constexpr,
-                       OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr, TIMELINE: gl.constexpr, WG: gl.constexpr):
+                       OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr, TIMELINE: gl.constexpr, WG: gl.constexpr,
+                       FASTEXP: gl.constexpr = False, PIN: gl.constexpr = False):
         # One consumer, one tile: its ROWS query rows Q_i (from row0 of head bh) against K_0 .. K_{n_blocks - 1}.
         # j counts key blocks over the program's tiles (the ring's stage j % STAGES and phase), j - base is
         # the tile's own; tc counts the ping-pong turns the same way. Returns base, tc and the timeline's ev, moved on.
@@ -211,11 +205,19 @@ if gluon is not None:
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         dtype: gl.constexpr = k_smem.dtype
         offset = N_k - N_q
+        if FASTEXP:
+            # fa3_softmax's shorter softmax under the loop's names (the lecture prints the loop): the raw scores
+            # masked, their row max scaled once, the scale folded into each exponent's FMA
+            _scores: gl.constexpr = raw_scores
+            _softmax: gl.constexpr = online_fma
         q = q_smem.index(WG)
         m_i = gl.full([ROWS], -float("inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
         l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
         acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
         zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
+        # PIN: the SM's clock read after each block's softmax and kept (the output store's mask): ptxas does not move
+        # the softmax past a clock read, so the PV wait stays after it (lab/fa3.md, "Where ptxas puts the softmax")
+        clk = now(PIN)
         t0 = now(TIMELINE)
         mbarrier.wait(q_bars.index(WG), t_no & 1)
         ev = stamp(tl, ev, WAIT_Q, t_no, t0, TIMELINE)
@@ -256,6 +258,7 @@ if gluon is not None:
                     t1 = now(TIMELINE)
                     S = _scores(S, j - base, n_full, row0, offset, N_k, qk_scale, s_layout, BLOCK_N, CAUSAL)
                     P, alpha, m_i, l_i = _softmax(S, m_i, l_i)
+                    clk = now(PIN)
                     ev = stamp(tl, ev, SOFTMAX, j - base, t1, TIMELINE)
                     acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))   # keeps P_{j-1}'s registers alive
                     ev = stamp(tl, ev, PV, j - base - 1, t0, TIMELINE)
@@ -326,7 +329,10 @@ if gluon is not None:
         dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
         base_o = bh.to(gl.int64) * N_q
         ptrs = O + (base_o + gl.expand_dims(rows, 1)) * HEAD_DIM + gl.expand_dims(dims, 0)
-        gl.store(ptrs, o.to(O.dtype.element_ty), mask=gl.expand_dims(rows < N_q, 1))
+        keep = gl.expand_dims(rows < N_q, 1)
+        if PIN:
+            keep = keep & (clk >= 0)          # always true; it keeps the clock reads (ptxas drops an unused one)
+        gl.store(ptrs, o.to(O.dtype.element_ty), mask=keep)
         if STORE_LSE:
             lse = gl.where(l_i == 0.0, -float("inf"), (m_i + gl.log2(l_i)) * 0.6931471805599453)
             rows_s = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
@@ -342,7 +348,8 @@ if gluon is not None:
                      HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                      CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, WARP_SPECIALIZE: gl.constexpr,
                      PINGPONG: gl.constexpr, OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr,
-                     TIMELINE: gl.constexpr, WG: gl.constexpr):
+                     TIMELINE: gl.constexpr, WG: gl.constexpr, FASTEXP: gl.constexpr = False,
+                     PIN: gl.constexpr = False):
         # a consumer's tile number t_no of its program (tile: its index, PERSISTENT)
         ROWS: gl.constexpr = q_smem.shape[1]
         bh, m_start, n_blocks = _tile(tile, N_q, N_k, BH, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT)
@@ -354,7 +361,7 @@ if gluon is not None:
         return _consumer_tile(q_smem, k_smem, v_smem, q_bars, q_free, k_ready, v_ready, empty, turn, k_desc, v_desc,
                               O, LSE, qk_scale, N_q, N_k, bh, row0, (bh // GROUP) * N_k, n_blocks, n_full, base, tc,
                               t_no, tl, ev, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, STORE_LSE, WARP_SPECIALIZE, PINGPONG,
-                              OVERLAP, PERSISTENT, TIMELINE, WG)
+                              OVERLAP, PERSISTENT, TIMELINE, WG, FASTEXP, PIN)
 
     @gluon.jit
     def _consumer(q_smem, k_smem, v_smem, q_bars, q_free, k_ready, v_ready, empty, turn, k_desc, v_desc,
@@ -362,7 +369,7 @@ if gluon is not None:
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, WARP_SPECIALIZE: gl.constexpr,
                   PINGPONG: gl.constexpr, OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr, TIMELINE: gl.constexpr,
-                  WG: gl.constexpr):
+                  WG: gl.constexpr, FASTEXP: gl.constexpr = False, PIN: gl.constexpr = False):
         # One consumer warpgroup (or, the pipeline alone, the one 8-warp partition), over its program's tiles
         tl, ev = timeline_of(TL, _program(), 1 + WG, TIMELINE)
         ev0 = ev
@@ -375,12 +382,13 @@ if gluon is not None:
                 base, tc, ev = _consumer_in(
                     tile, (tile - first) // step, base, tc, tl, ev, q_smem, k_smem, v_smem, q_bars, q_free, k_ready,
                     v_ready, empty, turn, k_desc, v_desc, O, LSE, qk_scale, N_q, N_k, GROUP, BH, HEAD_DIM, BLOCK_M,
-                    BLOCK_N, STAGES, CAUSAL, STORE_LSE, WARP_SPECIALIZE, PINGPONG, OVERLAP, PERSISTENT, TIMELINE, WG)
+                    BLOCK_N, STAGES, CAUSAL, STORE_LSE, WARP_SPECIALIZE, PINGPONG, OVERLAP, PERSISTENT, TIMELINE, WG,
+                    FASTEXP, PIN)
         else:          # the program's own tile: straight-line code, the counters start at 0
             _, _, ev = _consumer_in(
                 0, 0, 0, 0, tl, ev, q_smem, k_smem, v_smem, q_bars, q_free, k_ready, v_ready, empty, turn, k_desc,
                 v_desc, O, LSE, qk_scale, N_q, N_k, GROUP, BH, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, STORE_LSE,
-                WARP_SPECIALIZE, PINGPONG, OVERLAP, PERSISTENT, TIMELINE, WG)
+                WARP_SPECIALIZE, PINGPONG, OVERLAP, PERSISTENT, TIMELINE, WG, FASTEXP, PIN)
         clock_mark(tl, ev0, 1, TIMELINE)
 
     # N_q, N_k, GROUP and BH only bound loops and masks: one compile serves every length (Triton would otherwise
@@ -390,7 +398,7 @@ if gluon is not None:
                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                    CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, WARP_SPECIALIZE: gl.constexpr,
                    PINGPONG: gl.constexpr, OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr = False,
-                   TIMELINE: gl.constexpr = False):
+                   TIMELINE: gl.constexpr = False, FASTEXP: gl.constexpr = False, PIN: gl.constexpr = False):
         # grid: (cdiv(N_q, BLOCK_M), B * H), or, PERSISTENT, (programs,) that loop over those tiles.
         # q_desc: (B*H*N_q, d) in blocks of ROWS rows; k_desc, v_desc: (B*H_kv*N_k, d) in blocks of BLOCK_N rows;
         # O: (B, H, N_q, d) contiguous; LSE: (B, H, N_q) fp32; BH = B * H. TIMELINE: TL, int64
@@ -425,10 +433,10 @@ if gluon is not None:
             gl.warp_specialize([
                 (_consumer, (q_smem, k_smem, v_smem, q_bars, q_free, k_ready, v_ready, empty, turn, k_desc, v_desc,
                              O, LSE, qk_scale, N_q, N_k, GROUP, BH, TL, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
-                             STORE_LSE, WARP_SPECIALIZE, PINGPONG, OVERLAP, PERSISTENT, TIMELINE, 0)),
+                             STORE_LSE, WARP_SPECIALIZE, PINGPONG, OVERLAP, PERSISTENT, TIMELINE, 0, FASTEXP, PIN)),
                 (_consumer, (q_smem, k_smem, v_smem, q_bars, q_free, k_ready, v_ready, empty, turn, k_desc, v_desc,
                              O, LSE, qk_scale, N_q, N_k, GROUP, BH, TL, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
-                             STORE_LSE, WARP_SPECIALIZE, PINGPONG, OVERLAP, PERSISTENT, TIMELINE, 1)),
+                             STORE_LSE, WARP_SPECIALIZE, PINGPONG, OVERLAP, PERSISTENT, TIMELINE, 1, FASTEXP, PIN)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, k_ready, v_ready, empty,
                              N_q, N_k, GROUP, BH, TL, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, CAUSAL, PERSISTENT,
                              TIMELINE)),
