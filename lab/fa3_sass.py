@@ -40,8 +40,13 @@ KINDS = ("MUFU.EX2", "SHFL", "FMNMX", "FMUL", "FFMA", "FADD", "FSEL")
 
 def sass_of(note: str, out: pathlib.Path) -> str:
     launch = next(l for l in aot.configs_of("fa3_fwd", (9, 0)) if l.note == note)
-    name = re.sub(r"[^\w]+", "_", note)
-    (out / f"{name}.ptx").write_text(aot.ptx_of("fa3_fwd", (9, 0), launch))
+    return assemble(aot.ptx_of("fa3_fwd", (9, 0), launch), out, re.sub(r"[^\w]+", "_", note))
+
+
+def assemble(ptx: str, out: pathlib.Path, name: str) -> str:
+    """The SASS of ``ptx`` (a kernel's, for sm_90a) as this Triton's ptxas assembles it; writes
+    OUT/name.{ptx,cubin,sass}."""
+    (out / f"{name}.ptx").write_text(ptx)
     ptxas, cuobjdump = tools()
     subprocess.run([ptxas, "-arch=sm_90a", "-v", str(out / f"{name}.ptx"), "-o", str(out / f"{name}.cubin")], check=True)
     sass = subprocess.run([cuobjdump, "-sass", str(out / f"{name}.cubin")], capture_output=True, text=True,
@@ -50,10 +55,15 @@ def sass_of(note: str, out: pathlib.Path) -> str:
     return sass
 
 
+def instructions(sass: str) -> list:
+    """``(address, instruction)`` for each instruction of cuobjdump's listing, the instruction without its ';'."""
+    return [(int(m.group(1), 16), m.group(2).strip()) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+
+
 def between_waits(sass: str) -> list:
     """Per loop (one a consumer warpgroup): (counts between the S wait and the PV wait, counts after the PV wait
     up to the next HGMMA), each a dict with 'n' the instruction count."""
-    ins = [line.split("*/", 1)[1].split(";")[0] for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/", line)]
+    ins = [x for _, x in instructions(sass)]
     w1 = [i for i, x in enumerate(ins) if "DEPBAR.LE gsb0, 0x1" in x]
     w0 = [i for i, x in enumerate(ins) if "DEPBAR.LE gsb0, 0x0" in x]
     loops = []

@@ -4,8 +4,10 @@
     ncu ... python lab/ncu_paged_small.py --profile L PAGE          # one call of each kernel, warmed, for ncu
 
 The timing part replays CUDA graphs (``triton.testing.do_bench_cudagraph``) of flash_decode, of paged_decode on
-lab/gpu_paged.py's randomly ordered pages, and of paged_decode with the pages in order (page i of the sequence is
-page i of the pool), at batch 1 x 1k-8k, pages of 16 and 64, both kernels with flash_decode's split count.
+lab/gpu_paged.py's randomly ordered pages, of paged_decode with the pages in order (page i of the sequence is
+page i of the pool), and of paged_decode with its offsets into the pools in 64 bits (``offsets_64=True``, what a pool
+of 2**31 elements or more gets; lab/paged.md, "The key loop's instructions"), at batch 1 x 1k-8k, pages of 16 and 64, both
+kernels with flash_decode's split count.
 ``--profile`` makes one such case and calls each kernel three times (ncu skips the first two of each).
 """
 from __future__ import annotations
@@ -40,7 +42,9 @@ def calls(B, L, page, gen):
     ok, ov, ot = in_order(pk, pv, tables)
     return S, {"flash_decode": lambda: flash_decode(q, k, v, num_splits=S),
                "paged": lambda: paged_decode(q, pk, pv, tables, lens, num_splits=S, validate=False),
-               "paged in order": lambda: paged_decode(q, ok, ov, ot, lens, num_splits=S, validate=False)}
+               "paged in order": lambda: paged_decode(q, ok, ov, ot, lens, num_splits=S, validate=False),
+               "paged 64-bit offsets": lambda: paged_decode(q, pk, pv, tables, lens, num_splits=S, validate=False,
+                                                            offsets_64=True)}
 
 
 def main(out):

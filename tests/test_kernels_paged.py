@@ -62,6 +62,35 @@ def test_paged_decode_against_float64(device, case, fn, seed):
         assert_decode_close(o, q, k, v, seq_lens, what=f"page numbers loaded a step ahead or not, seed {seed}")
 
 
+@pytest.mark.parametrize("offsets_64", [False, True], ids=["32-bit offsets", "64-bit offsets"])
+def test_no_key_past_a_sequence_leaks_from_nan_pages(device, seed, offsets_64):
+    """paged_decode runs its whole steps unmasked and masks only a split's last one. Every slot of the pool that holds
+    no token is NaN (the rest of each last page, the spare pages, page 0 that a masked page number names), and
+    sequences end exactly at a step (128 and 64 keys: every step whole), mid-step (40, 33) and at one key: the
+    outputs are within the bar, with one split (page numbers loaded in their step) and two (loaded a step ahead), the
+    pool's offsets in 32 bits or (forced: a pool of 2**31 elements does not fit a test) in 64."""
+    lens = [128, 40, 33, 64, 1]
+    q, k_pool, v_pool, tables, seq_lens, k, v = paged_inputs(lens, 16, 2, 1, 64, seed)
+    held = torch.zeros(k_pool.shape[:2], dtype=torch.bool)
+    for b, n in enumerate(lens):
+        held[tables[b, (torch.arange(n) // 16).to(tables.device)].cpu(), torch.arange(n) % 16] = True
+    for pool in (k_pool, v_pool):
+        pool[~held.to(pool.device)] = float("nan")
+    for splits, ahead in ((1, False), (2, True)):
+        o = paged_decode(q, k_pool, v_pool, tables, seq_lens, num_splits=splits, ahead=ahead, offsets_64=offsets_64)
+        assert_decode_close(o, q, k, v, seq_lens, what=f"{splits} splits, ahead {ahead}, seed {seed}")
+
+
+def test_32_bit_offsets_refused_for_a_pool_that_needs_64(monkeypatch):
+    """A pool with elements 2**31 or more from its first (pretended: one does not fit a test) needs 64-bit offsets."""
+    import flashcourse.kernels.paged as paged
+    monkeypatch.setattr(paged, "needs_64_bit_offsets", lambda pool: True)
+    kv = torch.zeros(4, 16, 1, 64, dtype=torch.float16, device=DEVICE)
+    with pytest.raises(ValueError, match="offsets_64 is False, but k_cache"):
+        paged_decode(torch.zeros(1, 2, 64, dtype=torch.float16, device=DEVICE), kv, kv,
+                     torch.tensor([[0]], device=DEVICE), torch.tensor([3], device=DEVICE), offsets_64=False)
+
+
 @pytest.mark.parametrize("validate", [True, False])
 def test_tables_and_lengths_given_as_views_of_one_buffer(device, seed, validate):
     """A serving loop keeps each row's token, length and table in one int32 buffer and passes views of it: the

@@ -37,7 +37,7 @@ from .launch import kept
 from .decode_taught import COMBINE_ROWS, combine_kernel, split_kv_step
 from .validate import expect_dot_operands, expect_num_splits, expect_sm_scale, expect_tensor
 
-__all__ = ["paged_decode", "paged_decode_taught", "expect_paged", "paged_steps"]
+__all__ = ["paged_decode", "paged_decode_taught", "expect_paged", "paged_steps", "needs_64_bit_offsets"]
 
 #: Head dims the paged kernels take (chapter 4's).
 PAGED_HEAD_DIMS = (64, 128)
@@ -178,13 +178,56 @@ def paged_decode_taught(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 # The fast path: chapter 4's flash_decode over pages. One program per (split, sequence x KV head) serves the
 # G query heads of its KV head as the M side of a tl.dot (each page read once, not G times); a step takes
 # BLOCK_N keys, from one page or several, their page numbers loaded for the whole block at once (no load
-# waits on another within a step, so the loop can be pipelined as chapter 4's is).
+# waits on another within a step, so the loop can be pipelined as chapter 4's is). As chapter 4's loop, the whole
+# steps run unmasked and only the last, ragged one is masked; the offsets into the pool are 32-bit unless the pool
+# needs 64 (a key's address is then one multiply-add from its page number: lab/paged.md, "The key loop's instructions").
+
+@triton.jit
+def _page_numbers(table, start, hi, offs_n, BLOCK_SIZE: tl.constexpr, MASKED: tl.constexpr):
+    # The pages of keys start + offs_n (MASKED: page 0 past hi). Unsigned, // and % by the page size are a shift and
+    # a mask.
+    entries = table + ((start + offs_n).to(tl.uint32) // BLOCK_SIZE).to(tl.int32)
+    if MASKED:
+        return tl.load(entries, mask=start + offs_n < hi, other=0)
+    return tl.load(entries)
+
+
+@triton.jit
+def _paged_step(acc, l_i, m_i, page, Q_i, K_cache, V_cache, table, start, hi, offs_n, offs_d, head_offset, qk_scale,
+                stride_kb, stride_kt, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, AHEAD: tl.constexpr,
+                OFFSETS_64: tl.constexpr, MASKED: tl.constexpr):
+    # Keys start .. start + BLOCK_N - 1 (MASKED: those below hi) of one split: FA2's step (chapter 4's chunk_sync).
+    # ``page``: this step's page numbers when AHEAD (the next step's are returned), else unused; ``head_offset``: the
+    # KV head's offset in a row of a page.
+    if not AHEAD:
+        page = _page_numbers(table, start, hi, offs_n, BLOCK_SIZE, MASKED)
+    within = ((start + offs_n).to(tl.uint32) % BLOCK_SIZE).to(tl.int32) * stride_kt + head_offset  # (BLOCK_N,)
+    if OFFSETS_64:
+        rows = page.to(tl.int64) * stride_kb + within
+    else:
+        rows = page * stride_kb + within
+    if AHEAD:                                            # the next step's, loaded while this one runs
+        page = _page_numbers(table, start + BLOCK_N, hi, offs_n, BLOCK_SIZE, True)
+    if MASKED:
+        valid = start + offs_n < hi
+        K_j = tl.load(K_cache + rows[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
+        V_j = tl.load(V_cache + rows[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
+        qk = tl.where(valid[None, :], tl.dot(Q_i, tl.trans(K_j)) * qk_scale, float("-inf"))
+    else:
+        K_j = tl.load(K_cache + rows[:, None] + offs_d[None, :])
+        V_j = tl.load(V_cache + rows[:, None] + offs_d[None, :])
+        qk = tl.dot(Q_i, tl.trans(K_j)) * qk_scale
+    m_i, l_i, p, alpha = softmax_step(m_i, l_i, qk, 1)
+    acc = tl.dot(p.to(V_j.dtype), V_j, acc * alpha[:, None])
+    return acc, l_i, m_i, page
+
 
 @triton.jit
 def paged_split_fast(Q, K_cache, V_cache, block_tables, seq_lens, O, O_part, LSE_part, COUNT, qk_scale,
                      stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_bt, H_kv, G, PAGES,
                      HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_G: tl.constexpr, DIRECT: tl.constexpr, BLOCK_S: tl.constexpr, AHEAD: tl.constexpr):
+                     BLOCK_G: tl.constexpr, DIRECT: tl.constexpr, BLOCK_S: tl.constexpr, AHEAD: tl.constexpr,
+                     OFFSETS_64: tl.constexpr):
     split = tl.program_id(0)
     bg = tl.program_id(1)                                    # b * H_kv + g
     b = bg // H_kv
@@ -194,29 +237,24 @@ def paged_split_fast(Q, K_cache, V_cache, block_tables, seq_lens, O, O_part, LSE
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     seq_len = tl.load(seq_lens + b)
-    lo = split * PAGES * BLOCK_SIZE                          # this split's keys: whole pages
+    lo = split * PAGES * BLOCK_SIZE                          # this split's keys: whole pages, whole steps
     hi = tl.minimum(lo + PAGES * BLOCK_SIZE, seq_len)
+    full = lo + tl.maximum(hi - lo, 0) // BLOCK_N * BLOCK_N  # [lo, full): whole steps; [full, hi): the last, ragged
     Q_i = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=in_g[:, None],
                   other=0.0)                                 # (BLOCK_G, d)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
     table = block_tables + b * stride_bt
-    if AHEAD:                                                # the first step's page numbers, before the loop
-        page = tl.load(table + (lo + offs_n) // BLOCK_SIZE, mask=lo + offs_n < hi, other=0).to(tl.int64)
-    for start in range(lo, hi, BLOCK_N):
-        cols = start + offs_n                                # logical key positions
-        valid = cols < hi
-        if not AHEAD:
-            page = tl.load(table + cols // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-        rows = page * stride_kb + (cols % BLOCK_SIZE) * stride_kt + g * stride_kh      # (BLOCK_N,)
-        if AHEAD:                                            # the next step's, loaded while this one runs
-            page = tl.load(table + (cols + BLOCK_N) // BLOCK_SIZE, mask=cols + BLOCK_N < hi, other=0).to(tl.int64)
-        K_j = tl.load(K_cache + rows[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
-        V_j = tl.load(V_cache + rows[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
-        qk = tl.where(valid[None, :], tl.dot(Q_i, tl.trans(K_j)) * qk_scale, float("-inf"))
-        m_i, l_i, p, alpha = softmax_step(m_i, l_i, qk, 1)
-        acc = tl.dot(p.to(V_j.dtype), V_j, acc * alpha[:, None])
+    page = _page_numbers(table, lo, hi, offs_n, BLOCK_SIZE, True)  # the first step's (AHEAD; else unused)
+    for start in range(lo, full, BLOCK_N):
+        acc, l_i, m_i, page = _paged_step(acc, l_i, m_i, page, Q_i, K_cache, V_cache, table, start, hi, offs_n, offs_d,
+                                          g * stride_kh, qk_scale, stride_kb, stride_kt, BLOCK_SIZE, BLOCK_N, AHEAD,
+                                          OFFSETS_64, False)
+    for start in range(full, hi, BLOCK_N):
+        acc, l_i, m_i, page = _paged_step(acc, l_i, m_i, page, Q_i, K_cache, V_cache, table, start, hi, offs_n, offs_d,
+                                          g * stride_kh, qk_scale, stride_kb, stride_kt, BLOCK_SIZE, BLOCK_N, AHEAD,
+                                          OFFSETS_64, True)
     rows = b * H_kv * G + heads                                                     # rows of (B H_q, d)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     S = tl.num_programs(0)
@@ -258,7 +296,7 @@ def paged_steps(programs: int, num_splits: int, d: int, dtype, cc) -> tuple[int,
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  seq_lens: torch.Tensor, num_splits: int | None = None, sm_scale: float | None = None, *,
                  block_n: int | None = None, num_warps: int = 4, num_stages: int | None = None,
-                 ahead: bool | None = None, validate: bool = True) -> torch.Tensor:
+                 ahead: bool | None = None, offsets_64: bool | None = None, validate: bool = True) -> torch.Tensor:
     """Decoding attention over a paged cache, the fast way: :data:`paged_split_fast`, one program per (split,
     sequence x KV head) serving its G query heads with ``tl.dot``; the last of a head's programs to finish runs
     chapter 4's combine in the same launch (flash_decode's way), and with one split the program's output is final.
@@ -266,7 +304,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     Inputs and result as :func:`paged_decode_taught`'s. ``num_splits`` defaults to chapter 4's heuristic for
     B H_kv programs a split; ``block_n`` keys a step (default chapter 4's, 64 on a GPU, whatever the page size), ``num_warps`` and
     ``num_stages`` the launch's (default: chapter 4's for this GPU), ``ahead`` whether a step's page numbers are loaded
-    during the step before (default: :func:`paged_steps`'s choice). ``validate=False`` skips the check of the
+    during the step before (default: :func:`paged_steps`'s choice), ``offsets_64`` whether the offsets into the pools
+    are computed in 64 bits (default: where the pool needs it, :func:`needs_64_bit_offsets`). ``validate=False`` skips the check of the
     tables' and lengths' values (:func:`expect_paged`), which waits for the GPU: a serving loop's hot path, whose
     tables its own allocator wrote; the splits are then planned for the longest length a table can hold.
 
@@ -283,6 +322,10 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     """
     fn = "paged_decode"
     q3, tables, lens, longest = expect_paged(fn, q, k_cache, v_cache, block_tables, seq_lens, validate)
+    wide = needs_64_bit_offsets(k_cache)
+    if offsets_64 is False and wide:
+        raise ValueError(f"{fn}: offsets_64 is False, but k_cache {tuple(k_cache.shape)} with strides "
+                         f"{k_cache.stride()} has elements 2**31 or more from its first; expected None or True")
     B, H_q, d = q3.shape
     block_size, H_kv = k_cache.shape[1], k_cache.shape[2]
     G = H_q // H_kv
@@ -303,15 +346,31 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
                                         k_cache.stride(2), tables.stride(0), H_kv, G, PAGES, HEAD_DIM=d,
                                         BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N, BLOCK_G=launch.constexprs["BLOCK_G"],
                                         DIRECT=S == 1, BLOCK_S=combine_block(S),
-                                        AHEAD=plan_ahead if ahead is None else bool(ahead), **options)
+                                        AHEAD=plan_ahead if ahead is None else bool(ahead),
+                                        OFFSETS_64=wide if offsets_64 is None else bool(offsets_64), **options)
     return o
+
+
+def needs_64_bit_offsets(pool: torch.Tensor) -> bool:
+    """Whether an element of ``pool`` lies 2**31 elements or more from its first: then :data:`paged_split_fast`
+    computes its offsets into the pool in 64 bits, else in 32 (fewer instructions a key; lab/paged.md, "The key
+    loop's instructions").
+
+    Example:
+        >>> import torch
+        >>> pages = 2**31 // (16 * 8 * 128)                # pages of 16 tokens, 8 KV heads of 128: 4 GiB of fp16
+        >>> needs_64_bit_offsets(torch.empty(pages, 16, 8, 128, device="meta")), needs_64_bit_offsets(
+        ...     torch.empty(pages + 1, 16, 8, 128, device="meta"))
+        (False, True)
+    """
+    return sum((n - 1) * s for n, s in zip(pool.shape, pool.stride())) >= 2**31
 
 
 # --------------------------------------------------------------------------------------------------
 # Ahead-of-time check: what the two launchers launch, on every target. The page size changes only index arithmetic
 # (the fast kernel's step is BLOCK_N = 64 keys whatever the page; the taught kernel's block is a page, and pages of 16,
 # the engine's, stand for the bench's 64: neither uses shared memory for them), so pages of 16 stand for every page
-# size; bfloat16 (sm_80 and later) once, at d = 128.
+# size; bfloat16 (sm_80 and later) once, at d = 128; 64-bit offsets (a pool of 2**31 elements or more) at d = 128 fp16.
 
 def _dtypes(cc):
     return [(d, torch.float16) for d in PAGED_HEAD_DIMS] + ([(128, torch.bfloat16)] if cc >= (8, 0) else [])
@@ -332,9 +391,13 @@ def _fast_configs(cc):
         block_g = decode_config(d, 4, dtype, cc).constexprs["BLOCK_G"]     # G = 4: the engine's and the bench's
         steps = {paged_steps(programs, 1, d, dtype, cc) for programs in (1, 1 << 20)}   # few programs, or many
         for (block_n, stages, ahead), direct in ((s, direct) for s in sorted(steps) for direct in (False, True)):
-            yield aot.Launch({"HEAD_DIM": d, "BLOCK_SIZE": 16, "BLOCK_N": block_n, "BLOCK_G": block_g, "DIRECT": direct,
-                              "BLOCK_S": combine_block(32), "AHEAD": ahead}, 4, stages, _ptrs(dtype, "Q", "K_cache", "V_cache", "O"),
-                             "paged_split", f"d={d} {str(dtype)[6:]} page 16 n{block_n}" + (" one split" if direct else ""))
+            wide_too = (d, dtype, direct, block_n) == (128, torch.float16, False, max(steps)[0])   # once a target
+            for wide in (False, True) if wide_too else (False,):
+                yield aot.Launch({"HEAD_DIM": d, "BLOCK_SIZE": 16, "BLOCK_N": block_n, "BLOCK_G": block_g,
+                                  "DIRECT": direct, "BLOCK_S": combine_block(32), "AHEAD": ahead, "OFFSETS_64": wide},
+                                 4, stages, _ptrs(dtype, "Q", "K_cache", "V_cache", "O"), "paged_split",
+                                 f"d={d} {str(dtype)[6:]} page 16 n{block_n}" + (" one split" if direct else "")
+                                 + (" 64-bit offsets" if wide else ""))
 
 
 _TABLES = {"block_tables": "*i32", "seq_lens": "*i32", "O_part": "*fp32", "LSE_part": "*fp32"}
@@ -347,4 +410,4 @@ aot.register("paged_split", paged_split_fast, configs=_fast_configs, signature={
     "O_part": "*fp32", "LSE_part": "*fp32", "COUNT": "*i32", "qk_scale": "fp32",
     **{f"stride_{n}": "i32" for n in ("qb", "qh", "kb", "kt", "kh", "bt")}, "H_kv": "i32", "G": "i32", "PAGES": "i32",
     "HEAD_DIM": "constexpr", "BLOCK_SIZE": "constexpr", "BLOCK_N": "constexpr", "BLOCK_G": "constexpr",
-    "DIRECT": "constexpr", "BLOCK_S": "constexpr", "AHEAD": "constexpr"})
+    "DIRECT": "constexpr", "BLOCK_S": "constexpr", "AHEAD": "constexpr", "OFFSETS_64": "constexpr"})
