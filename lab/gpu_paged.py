@@ -40,10 +40,12 @@ SMALL = False                                                # --small: SMALL_SH
 
 
 def case(B, L, block_size, gen):
-    k, v = (torch.randn(B, H_KV, L, D, generator=gen).half().cuda() for _ in range(2))
-    q = torch.randn(B, H_Q, D, generator=gen).half().cuda()
+    """The cache of B sequences of L tokens, contiguous and in a pool of pages handed out in a random order, made on
+    the GPU with the CUDA generator ``gen`` (the host's randn of a 64 x 8k cache takes most of a minute)."""
+    k, v = (torch.randn(B, H_KV, L, D, generator=gen, device="cuda", dtype=torch.float16) for _ in range(2))
+    q = torch.randn(B, H_Q, D, generator=gen, device="cuda", dtype=torch.float16)
     pages = L // block_size
-    tables = torch.randperm(B * pages, generator=gen).cuda().view(B, pages).to(torch.int32)
+    tables = torch.randperm(B * pages, generator=gen, device="cuda").view(B, pages).to(torch.int32)
     pool_k = torch.empty(B * pages, block_size, H_KV, D, dtype=torch.float16, device="cuda")
     pool_v = torch.empty_like(pool_k)
     pool_k[tables.flatten().long()] = k.permute(0, 2, 1, 3).reshape(B * pages, block_size, H_KV, D)
@@ -52,7 +54,7 @@ def case(B, L, block_size, gen):
 
 
 def main(out):
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for B, L in SMALL_SHAPES if SMALL else SHAPES:
         for block_size in (16, 64):

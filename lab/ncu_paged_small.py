@@ -4,11 +4,12 @@
     ncu ... python lab/ncu_paged_small.py --profile L PAGE          # one call of each kernel, warmed, for ncu
 
 The timing part replays CUDA graphs (``triton.testing.do_bench_cudagraph``) of flash_decode, of paged_decode on
-lab/gpu_paged.py's randomly ordered pages, of paged_decode with the pages in order (page i of the sequence is
+lab/gpu_paged.py's randomly ordered pages (with flash_decode's split count, and with its own: ``split_pages``), of paged_decode with the pages in order (page i of the sequence is
 page i of the pool), and of paged_decode with its offsets into the pools in 64 bits (``offsets_64=True``, what a pool
-of 2**31 elements or more gets; lab/paged.md, "The key loop's instructions"), at batch 1 x 1k-8k, pages of 16 and 64, both
+of 2**31 elements or more gets; lab/paged.md, "The key loop's instructions"), and of paged_decode with other steps and stages (``STEPS``), at batch 1 x 1k-8k, pages of 16 and 64, both
 kernels with flash_decode's split count.
-``--profile`` makes one such case and calls each kernel three times (ncu skips the first two of each).
+``--profile`` makes one such case and calls flash_decode, paged_decode and paged_decode with 64-key steps three times
+each (ncu skips the first two rounds).
 """
 from __future__ import annotations
 
@@ -36,19 +37,28 @@ def in_order(pool_k, pool_v, tables):
         tables.numel(), dtype=torch.int32, device=tables.device).view_as(tables)
 
 
+#: other (keys a step, stages) for paged_decode, timed beside its default (128 x 3 here): the shared memory a program
+#: takes (139 KB at 128 x 3, flash_decode's 64 x 3 72 KB) against the time outside the SMs' active cycles
+STEPS = ((128, 2), (64, 3), (64, 2))
+
+
 def calls(B, L, page, gen):
     q, k, v, pk, pv, tables, lens = case(B, L, page, gen)
     S = num_splits(B, k.shape[1], L, q.device)
     ok, ov, ot = in_order(pk, pv, tables)
     return S, {"flash_decode": lambda: flash_decode(q, k, v, num_splits=S),
                "paged": lambda: paged_decode(q, pk, pv, tables, lens, num_splits=S, validate=False),
+               "paged own splits": lambda: paged_decode(q, pk, pv, tables, lens, validate=False),
                "paged in order": lambda: paged_decode(q, ok, ov, ot, lens, num_splits=S, validate=False),
                "paged 64-bit offsets": lambda: paged_decode(q, pk, pv, tables, lens, num_splits=S, validate=False,
-                                                            offsets_64=True)}
+                                                            offsets_64=True),
+               **{f"paged {n}x{st}": (lambda n=n, st=st: paged_decode(q, pk, pv, tables, lens, num_splits=S,
+                                                                     validate=False, block_n=n, num_stages=st))
+                  for n, st in STEPS}}
 
 
 def main(out):
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for L in (1024, 4096, 8192):
         for page in (16, 64):
@@ -69,9 +79,9 @@ def main(out):
 
 
 def profile(L, page):
-    _, fns = calls(1, L, page, torch.Generator().manual_seed(0))
+    _, fns = calls(1, L, page, torch.Generator(device="cuda").manual_seed(0))
     for _ in range(3):
-        for n in ("flash_decode", "paged"):
+        for n in ("flash_decode", "paged", "paged 64x3"):
             fns[n]()
     torch.cuda.synchronize()
 

@@ -75,7 +75,7 @@ def launches(aot, combine_block, kernel_args):
     yield "flash_decode", "decode_split", aot.Launch(
         {"HEAD_DIM": 128, "BLOCK_N": 64, "BLOCK_G": 16, "USE_DOT": True, "HAS_LENS": False, "DIRECT": False,
          "BLOCK_S": combine_block(7)}, 4, 3, fp16), 64
-    for page, wide, steps in ((16, False, 128), (64, False, 128), (16, True, 128), (16, False, 64)):
+    for page, wide, steps in ((16, False, 128), (64, False, 128), (16, True, 128), (16, False, 64), (64, False, 64)):
         constexprs = {"HEAD_DIM": 128, "BLOCK_SIZE": page, "BLOCK_N": steps, "BLOCK_G": 16, "DIRECT": False,
                       "BLOCK_S": combine_block(7), "AHEAD": steps == 128, "OFFSETS_64": wide}
         if wide and "OFFSETS_64" not in kernel_args:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from flashcourse import backend  # first: it decides the backend before triton is imported
-from flashcourse.kernels.paged import paged_decode, paged_decode_taught, paged_steps  # noqa: E402
+from flashcourse.kernels.paged import paged_decode, paged_decode_taught, paged_steps, split_pages  # noqa: E402
 from flashcourse.kernels.paged_write import paged_append  # noqa: E402
 from flashcourse.reference.paged import PagedKVCache  # noqa: E402
 from test_kernels_decode import assert_decode_close  # noqa: E402
@@ -79,6 +79,20 @@ def test_no_key_past_a_sequence_leaks_from_nan_pages(device, seed, offsets_64):
     for splits, ahead in ((1, False), (2, True)):
         o = paged_decode(q, k_pool, v_pool, tables, seq_lens, num_splits=splits, ahead=ahead, offsets_64=offsets_64)
         assert_decode_close(o, q, k, v, seq_lens, what=f"{splits} splits, ahead {ahead}, seed {seed}")
+
+
+@pytest.mark.parametrize("block_size,block_n", [(16, 128), (64, 128), (16, 64), (128, 64), (48, 64)])
+def test_splits_of_whole_steps_cover_every_page_and_launch_none_empty(block_size, block_n):
+    for programs in (1, 8, 24, 64, 200):
+        for longest in (1, 17, 1000, 1024, 4096, 8192, 40000):
+            for S in (1, 2, 7, 15):
+                splits, per = split_pages(S, programs, longest, block_size, block_n, 132)
+                pages = -(-longest // block_size)
+                whole = -(-(-(-pages // S) * block_size) // block_n) * block_n // block_size   # S's own split
+                assert (splits - 1) * per < pages <= splits * per, (S, programs, longest)   # all pages, no empty split
+                assert per * block_size % block_n == 0 or block_n % block_size != 0  # whole steps, where pages tile them
+                assert per <= whole                                   # never a busier split than chapter 4's S gives
+                assert programs * splits <= max(132, programs * S)    # one wave stays one wave
 
 
 def test_32_bit_offsets_refused_for_a_pool_that_needs_64(monkeypatch):

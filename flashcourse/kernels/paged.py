@@ -184,9 +184,8 @@ def paged_decode_taught(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 
 @triton.jit
 def _page_numbers(table, start, hi, offs_n, BLOCK_SIZE: tl.constexpr, MASKED: tl.constexpr):
-    # The pages of keys start + offs_n (MASKED: page 0 past hi). Unsigned, // and % by the page size are a shift and
-    # a mask.
-    entries = table + ((start + offs_n).to(tl.uint32) // BLOCK_SIZE).to(tl.int32)
+    # The pages of keys start + offs_n (MASKED: page 0 past hi).
+    entries = table + (start + offs_n) // BLOCK_SIZE
     if MASKED:
         return tl.load(entries, mask=start + offs_n < hi, other=0)
     return tl.load(entries)
@@ -201,7 +200,7 @@ def _paged_step(acc, l_i, m_i, page, Q_i, K_cache, V_cache, table, start, hi, of
     # KV head's offset in a row of a page.
     if not AHEAD:
         page = _page_numbers(table, start, hi, offs_n, BLOCK_SIZE, MASKED)
-    within = ((start + offs_n).to(tl.uint32) % BLOCK_SIZE).to(tl.int32) * stride_kt + head_offset  # (BLOCK_N,)
+    within = ((start + offs_n) % BLOCK_SIZE) * stride_kt + head_offset  # (BLOCK_N,)
     if OFFSETS_64:
         rows = page.to(tl.int64) * stride_kb + within
     else:
@@ -302,7 +301,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     chapter 4's combine in the same launch (flash_decode's way), and with one split the program's output is final.
 
     Inputs and result as :func:`paged_decode_taught`'s. ``num_splits`` defaults to chapter 4's heuristic for
-    B H_kv programs a split; ``block_n`` keys a step (default chapter 4's, 64 on a GPU, whatever the page size), ``num_warps`` and
+    B H_kv programs a split, refined into splits of whole steps (:func:`split_pages`); ``block_n`` keys a step (default chapter 4's, 64 on a GPU, whatever the page size), ``num_warps`` and
     ``num_stages`` the launch's (default: chapter 4's for this GPU), ``ahead`` whether a step's page numbers are loaded
     during the step before (default: :func:`paged_steps`'s choice), ``offsets_64`` whether the offsets into the pools
     are computed in 64 bits (default: where the pool needs it, :func:`needs_64_bit_offsets`). ``validate=False`` skips the check of the
@@ -335,7 +334,10 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     steps, stages, plan_ahead = paged_steps(B * H_kv, S, d, q3.dtype,
                                             None if backend.INTERPRET else backend.cached_compute_capability())
     BLOCK_N = block_n or steps                               # a step may cover part of a page, or several
-    PAGES = triton.cdiv(triton.cdiv(triton.cdiv(longest, block_size), S) * block_size, BLOCK_N) * BLOCK_N // block_size
+    if num_splits is None:
+        S, PAGES = split_pages(S, B * H_kv, longest, block_size, BLOCK_N, backend.num_sms(q3.device))
+    else:
+        PAGES = _split_pages(triton.cdiv(longest, block_size), S, block_size, BLOCK_N)
     o_part, lse_part = partials_scratch(q3.device, B * H_q * S, d)
     (count,) = kept("paged counters", q3.device, (B * H_kv, torch.int32, True))      # left zeroed by each call
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -349,6 +351,35 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
                                         AHEAD=plan_ahead if ahead is None else bool(ahead),
                                         OFFSETS_64=wide if offsets_64 is None else bool(offsets_64), **options)
     return o
+
+
+def _split_pages(pages, S, block_size, block_n):         # a split's pages: its share, rounded up to whole steps
+    return triton.cdiv(triton.cdiv(pages, S) * block_size, block_n) * block_n // block_size
+
+
+def split_pages(S: int, programs: int, longest: int, block_size: int, block_n: int, sms: int) -> tuple[int, int]:
+    """``(splits, pages a split)`` of :func:`paged_decode`'s launch when it chooses its splits, from chapter 4's
+    ``S`` for ``programs`` = B H_kv programs a split. A split is a whole number of ``block_n``-key steps, and at
+    batch 1 a program's time follows its number of steps (lab/paged.md, "Splits of whole steps"): so where the grid
+    is one wave with SMs to spare, up to ``sms // programs`` splits are taken if they give the busiest split fewer
+    steps, and splits that would hold no keys are not launched.
+
+    Example:
+        >>> split_pages(15, 8, 8192, 16, 128, 132)     # 1 x 8k, 8 KV heads: 16 splits of 4 steps, not 15 of <= 5
+        (16, 32)
+        >>> split_pages(7, 8, 1024, 16, 128, 132)      # 1 x 1k: 8 splits of one step, not 4 of two and 3 empty
+        (8, 8)
+        >>> split_pages(1, 256, 1024, 16, 64, 132)     # more programs than SMs: chapter 4's split count
+        (1, 64)
+    """
+    pages = triton.cdiv(longest, block_size)
+    best = S
+    if programs * S < sms:
+        for s in range(S + 1, sms // programs + 1):
+            if _split_pages(pages, s, block_size, block_n) < _split_pages(pages, best, block_size, block_n):
+                best = s
+    per = _split_pages(pages, best, block_size, block_n)
+    return triton.cdiv(pages, per), per
 
 
 def needs_64_bit_offsets(pool: torch.Tensor) -> bool:
