@@ -205,8 +205,9 @@ CELLS = [
 
     `kernels.paged_decode` is chapter 4's `flash_decode` over pages: one program per (split, KV head) serves
     the KV head's group of query heads as the rows of a `tl.dot`, so each page is read once, not once per query
-    head; a step takes 64 keys from one page or several, their page numbers loaded together, so that no load
-    waits on another and the loop pipelines as chapter 4's does. Its input check copies the tables to the host,
+    head; a step takes 64 keys from one page or several (128 on an H100 whose grid leaves SMs idle), their page
+    numbers loaded together, so that no load waits on another and the loop pipelines as chapter 4's does; a
+    sequence's splits are whole steps, and only its last step is masked. Its input check copies the tables to the host,
     which waits for the GPU: a server whose own allocator wrote the tables passes `validate=False`, as the
     bench does. On one H100 (`bench.shipped("paged")`), the printed kernel takes 3.8-41.6x its time.
     """, "slide", name="fast-path"),
