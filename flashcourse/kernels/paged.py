@@ -360,9 +360,10 @@ def _split_pages(pages, S, block_size, block_n):         # a split's pages: its 
 def split_pages(S: int, programs: int, longest: int, block_size: int, block_n: int, sms: int) -> tuple[int, int]:
     """``(splits, pages a split)`` of :func:`paged_decode`'s launch when it chooses its splits, from chapter 4's
     ``S`` for ``programs`` = B H_kv programs a split. A split is a whole number of ``block_n``-key steps, and at
-    batch 1 a program's time follows its number of steps (lab/paged.md, "Splits of whole steps"): so where the grid
-    is one wave with SMs to spare, up to ``sms // programs`` splits are taken if they give the busiest split fewer
-    steps, and splits that would hold no keys are not launched.
+    batch 1 a program's time follows its number of steps (lab/paged.md, "On the GPU: fewer instructions, splits of
+    whole steps, and the unsigned page index"): so where the grid is one wave with SMs to spare, up to
+    ``sms // programs`` splits are taken if they give the busiest split fewer steps, and splits that would hold no
+    keys are not launched.
 
     Example:
         >>> split_pages(15, 8, 8192, 16, 128, 132)     # 1 x 8k, 8 KV heads: 16 splits of 4 steps, not 15 of <= 5
