@@ -37,7 +37,7 @@ from .launch import kept
 from .decode_taught import COMBINE_ROWS, combine_kernel, split_kv_step
 from .validate import expect_dot_operands, expect_num_splits, expect_sm_scale, expect_tensor
 
-__all__ = ["paged_decode", "paged_decode_taught", "expect_paged", "paged_steps", "needs_64_bit_offsets"]
+__all__ = ["paged_decode", "paged_decode_taught", "expect_paged", "paged_steps", "split_pages", "needs_64_bit_offsets"]
 
 #: Head dims the paged kernels take (chapter 4's).
 PAGED_HEAD_DIMS = (64, 128)
@@ -301,10 +301,11 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     chapter 4's combine in the same launch (flash_decode's way), and with one split the program's output is final.
 
     Inputs and result as :func:`paged_decode_taught`'s. ``num_splits`` defaults to chapter 4's heuristic for
-    B H_kv programs a split, refined into splits of whole steps (:func:`split_pages`); ``block_n`` keys a step (default chapter 4's, 64 on a GPU, whatever the page size), ``num_warps`` and
-    ``num_stages`` the launch's (default: chapter 4's for this GPU), ``ahead`` whether a step's page numbers are loaded
-    during the step before (default: :func:`paged_steps`'s choice), ``offsets_64`` whether the offsets into the pools
-    are computed in 64 bits (default: where the pool needs it, :func:`needs_64_bit_offsets`). ``validate=False`` skips the check of the
+    B H_kv programs a split, refined into splits of whole steps (:func:`split_pages`); ``block_n`` keys a step
+    (default: :func:`paged_steps`'s choice, whatever the page size), ``num_warps`` and ``num_stages`` the launch's
+    (default: 4, and :func:`paged_steps`'s), ``ahead`` whether a step's page numbers are loaded during the step
+    before (default: :func:`paged_steps`'s choice), ``offsets_64`` whether the offsets into the pools are computed in 64
+    bits (default: where the pool needs it, :func:`needs_64_bit_offsets`). ``validate=False`` skips the check of the
     tables' and lengths' values (:func:`expect_paged`), which waits for the GPU: a serving loop's hot path, whose
     tables its own allocator wrote; the splits are then planned for the longest length a table can hold.
 
