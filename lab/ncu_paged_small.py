@@ -3,11 +3,11 @@
     PYTHONPATH=. python lab/ncu_paged_small.py OUT.json            # graph replays: flash, paged, paged in order
     ncu ... python lab/ncu_paged_small.py --profile L PAGE          # one call of each kernel, warmed, for ncu
 
-The timing part replays CUDA graphs (``triton.testing.do_bench_cudagraph``) of flash_decode, of paged_decode on
-lab/gpu_paged.py's randomly ordered pages (with flash_decode's split count, and with its own: ``split_pages``), of paged_decode with the pages in order (page i of the sequence is
-page i of the pool), and of paged_decode with its offsets into the pools in 64 bits (``offsets_64=True``, what a pool
-of 2**31 elements or more gets; lab/paged.md, "The key loop's instructions"), and of paged_decode with other steps and stages (``STEPS``), at batch 1 x 1k-8k, pages of 16 and 64, both
-kernels with flash_decode's split count.
+The timing part replays CUDA graphs (``triton.testing.do_bench_cudagraph``) at batch 1 x 1k-8k, pages of 16 and
+64, of flash_decode and of paged_decode over lab/gpu_paged.py's randomly ordered pages: with flash_decode's split
+count; with its own (``split_pages``); with the pages laid out in order (page i of the sequence is page i of the
+pool); with 64-bit offsets into the pools (``offsets_64=True``, what a pool of 2**31 elements or more gets;
+lab/paged.md, "The key loop's instructions"); and with other steps and stages (``STEPS``).
 ``--profile`` makes one such case and calls flash_decode, paged_decode and paged_decode with 64-key steps three times
 each (ncu skips the first two rounds).
 """

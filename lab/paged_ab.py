@@ -1,5 +1,6 @@
 """paged_decode against flash_decode at the bench suite's large grids, by CUDA graph replays, for an A/B of two
-versions of the kernel: run once per version with that version's flashcourse first on PYTHONPATH.
+versions of the kernel: run once per version with that version's flashcourse first on PYTHONPATH (lab/gpu_ab.py's
+way, for the attention kernels).
 
     PYTHONPATH=OLD_TREE:. python lab/paged_ab.py OUT.json [--variants | --large]
 
@@ -20,10 +21,10 @@ from flashcourse.kernels import flash_decode
 from flashcourse.kernels.paged import paged_decode
 
 sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))
-from gpu_paged import case  # noqa: E402
+from gpu_paged import H_KV, case  # noqa: E402
 
 SHAPES = ((64, 1024), (64, 8192), (256, 1024), (256, 4096), (16, 4096), (1, 8192))
-H_KV = 8                                                     # lab/gpu_paged.py's
+LARGE = ((64, 8192), (256, 1024))                            # --variants, --large: these only
 #: --variants: paged_decode's launch switches, timed beside its default at grids of an SM's worth of programs or more
 VARIANTS = ()
 
@@ -38,7 +39,8 @@ def main(out):
                    "paged_decode": lambda: paged_decode(q, pk, pv, tables, lens, validate=False)}
             for name, kw in VARIANTS if B * H_KV >= 132 else ():
                 fns[name] = lambda kw=kw: paged_decode(q, pk, pv, tables, lens, validate=False, **kw)
-            us = {n: min(1000 * triton.testing.do_bench_cudagraph(f, rep=100) for _ in range(2)) for n, f in fns.items()}
+            us = {n: min(1000 * triton.testing.do_bench_cudagraph(f, rep=100) for _ in range(2))
+                  for n, f in fns.items()}
             rows.append(dict(B=B, L=L, page=page, us=us, ratio=us["paged_decode"] / us["flash_decode"]))
             print(f"{flashcourse.__file__[:-23]:>12s} B={B:3d} L={L:5d} page={page:2d}: "
                   f"paged / flash {rows[-1]['ratio']:.3f} ({us['paged_decode']:.1f} / {us['flash_decode']:.1f} us)"
@@ -52,7 +54,6 @@ if __name__ == "__main__":
     if "--variants" in sys.argv:
         VARIANTS = (("64-bit", {"offsets_64": True}), ("ahead", {"ahead": True}), ("4 stages", {"num_stages": 4}),
                     ("128-key", {"block_n": 128}))
-        SHAPES = ((64, 8192), (256, 1024))
-    if "--large" in sys.argv:
-        SHAPES = ((64, 8192), (256, 1024))
+    if "--variants" in sys.argv or "--large" in sys.argv:
+        SHAPES = LARGE
     main([a for a in sys.argv[1:] if not a.startswith("--")][0])

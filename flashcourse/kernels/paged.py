@@ -23,6 +23,8 @@ Example:
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -358,6 +360,7 @@ def _split_pages(pages, S, block_size, block_n):         # a split's pages: its 
     return triton.cdiv(triton.cdiv(pages, S) * block_size, block_n) * block_n // block_size
 
 
+@functools.lru_cache(maxsize=4096)      # Python on a decode step's host path, as chapter 4's heuristic: once per shape
 def split_pages(S: int, programs: int, longest: int, block_size: int, block_n: int, sms: int) -> tuple[int, int]:
     """``(splits, pages a split)`` of :func:`paged_decode`'s launch when it chooses its splits, from chapter 4's
     ``S`` for ``programs`` = B H_kv programs a split. A split is a whole number of ``block_n``-key steps, and at
@@ -375,12 +378,9 @@ def split_pages(S: int, programs: int, longest: int, block_size: int, block_n: i
         (1, 64)
     """
     pages = triton.cdiv(longest, block_size)
-    best = S
+    per = _split_pages(pages, S, block_size, block_n)
     if programs * S < sms:
-        for s in range(S + 1, sms // programs + 1):
-            if _split_pages(pages, s, block_size, block_n) < _split_pages(pages, best, block_size, block_n):
-                best = s
-    per = _split_pages(pages, best, block_size, block_n)
+        per = min([per] + [_split_pages(pages, s, block_size, block_n) for s in range(S + 1, sms // programs + 1)])
     return triton.cdiv(pages, per), per
 
 
