@@ -2,10 +2,11 @@
 versions of the kernel: run once per version with that version's flashcourse first on PYTHONPATH (lab/gpu_ab.py's
 way, for the attention kernels).
 
-    PYTHONPATH=OLD_TREE:. python lab/paged_ab.py OUT.json [--variants | --large]
+    PYTHONPATH=OLD_TREE:. python lab/paged_ab.py OUT.json [--variants | --large | --tail]
 
 ``--variants``: also paged_decode's launch switches (``VARIANTS``) at batch 64 x 8k and 256 x 1k; ``--large``: only
-those two shapes. Results of lab/paged.md's last section: lab/results/h200/paged_ab_*.json.
+those two shapes; ``--tail``: paged_decode with the last, ragged step's loop unpipelined (``tail_stages=1``) beside its
+default, at batch 1-16 (``TAIL``: 1 x 1k-32k, as lab/gpu_paged.py's ``--small``) and the two large shapes. Results of lab/paged.md's last section: lab/results/h200/paged_ab_*.json.
 """
 from __future__ import annotations
 
@@ -25,8 +26,11 @@ from gpu_paged import H_KV, case  # noqa: E402
 
 SHAPES = ((64, 1024), (64, 8192), (256, 1024), (256, 4096), (16, 4096), (1, 8192))
 LARGE = ((64, 8192), (256, 1024))                            # --variants, --large: these only
+TAIL = ((1, 1000), (1, 1024), (1, 2048), (1, 4000), (1, 4096), (1, 8192), (1, 32768), (4, 4096), (16, 4096)) + LARGE
 #: --variants: paged_decode's launch switches, timed beside its default at grids of an SM's worth of programs or more
+#: (--tail: at every grid)
 VARIANTS = ()
+EVERY_GRID = False
 
 
 def main(out):
@@ -34,10 +38,12 @@ def main(out):
     rows = []
     for B, L in SHAPES:
         for page in (16, 64):
-            q, k, v, pk, pv, tables, lens = case(B, L, page, gen)
+            q, k, v, pk, pv, tables, lens = case(B, -(-L // page) * page, page, gen)     # L keys of whole pages
+            k, v = k[:, :, :L].contiguous(), v[:, :, :L].contiguous()
+            lens.fill_(L)
             fns = {"flash_decode": lambda: flash_decode(q, k, v),
                    "paged_decode": lambda: paged_decode(q, pk, pv, tables, lens, validate=False)}
-            for name, kw in VARIANTS if B * H_KV >= 132 else ():
+            for name, kw in VARIANTS if B * H_KV >= 132 or EVERY_GRID else ():
                 fns[name] = lambda kw=kw: paged_decode(q, pk, pv, tables, lens, validate=False, **kw)
             us = {n: min(1000 * triton.testing.do_bench_cudagraph(f, rep=100) for _ in range(2))
                   for n, f in fns.items()}
@@ -56,4 +62,6 @@ if __name__ == "__main__":
                     ("128-key", {"block_n": 128}))
     if "--variants" in sys.argv or "--large" in sys.argv:
         SHAPES = LARGE
+    if "--tail" in sys.argv:
+        VARIANTS, SHAPES, EVERY_GRID = (("tail 1", {"tail_stages": 1}),), TAIL, True
     main([a for a in sys.argv[1:] if not a.startswith("--")][0])

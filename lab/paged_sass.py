@@ -9,7 +9,9 @@ flash_decode: ``_decode_split`` with chapter 4's sm_90 config (64-key steps, 3 s
 chunk_sync's, the whole blocks unmasked, then the last block masked. paged_decode: ``paged_split_fast`` with
 ``paged_steps``' batch-1 choice (128-key steps, 3 stages, page numbers a step ahead), pages of 16 and 64 (and, where the
 kernel has them, 64-bit offsets), and its choice for grids of an SM's worth of programs or more (64-key steps, the page
-numbers loaded in their step). ``--tree`` compiles another checkout's kernels (e.g. an older commit's, unpacked with
+numbers loaded in their step), and the batch-1 launch with the last, ragged step's loop pipelined (``tail_stages=3``,
+the default before 2026-11-28).
+``--tree`` compiles another checkout's kernels (e.g. an older commit's, unpacked with
 ``git archive``); launch arguments that kernel does not take are left out. Writes OUTDIR/<name>.{ptx,cubin,sass}.
 """
 import argparse
@@ -75,13 +77,14 @@ def launches(aot, combine_block, kernel_args):
     yield "flash_decode", "decode_split", aot.Launch(
         {"HEAD_DIM": 128, "BLOCK_N": 64, "BLOCK_G": 16, "USE_DOT": True, "HAS_LENS": False, "DIRECT": False,
          "BLOCK_S": combine_block(7)}, 4, 3, fp16), 64
-    for page, wide, steps in ((16, False, 128), (64, False, 128), (16, True, 128), (16, False, 64), (64, False, 64)):
+    for page, wide, steps, tail in ((16, False, 128, 1), (64, False, 128, 1), (16, True, 128, 1), (16, False, 128, 3),
+                                    (16, False, 64, 1), (64, False, 64, 1)):
         constexprs = {"HEAD_DIM": 128, "BLOCK_SIZE": page, "BLOCK_N": steps, "BLOCK_G": 16, "DIRECT": False,
-                      "BLOCK_S": combine_block(7), "AHEAD": steps == 128, "OFFSETS_64": wide}
-        if wide and "OFFSETS_64" not in kernel_args:
+                      "BLOCK_S": combine_block(7), "AHEAD": steps == 128, "OFFSETS_64": wide, "TAIL_STAGES": tail}
+        if (wide and "OFFSETS_64" not in kernel_args) or (tail == 3 and "TAIL_STAGES" not in kernel_args):
             continue
         yield (f"paged_decode page {page}" + (" 64-bit offsets" if wide else "")
-               + (" 64-key steps" if steps == 64 else ""), "paged_split",
+               + (" 64-key steps" if steps == 64 else "") + (" tail pipelined" if tail == 3 else ""), "paged_split",
                aot.Launch({k: v for k, v in constexprs.items() if k in kernel_args}, 4, 3), steps)
 
 
@@ -106,6 +109,7 @@ def main(argv=None):
         usage = subprocess.run([fa3_sass.tools()[1], "-res-usage", str(out / f"{tag}.cubin")], capture_output=True,
                                text=True, check=True).stdout
         regs = int(re.search(r"REG:(\d+)", usage).group(1))
+        print(f"{name:35s} {len(fa3_sass.instructions(sass))} instructions in all", flush=True)
         for i, body in enumerate(key_loops(fa3_sass.instructions(sass))):
             c = count(body)
             rows.append({"kernel": name, "loop": i, "keys_a_step": keys, "registers": regs, **c})

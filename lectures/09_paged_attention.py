@@ -207,21 +207,23 @@ CELLS = [
     the KV head's group of query heads as the rows of a `tl.dot`, so each page is read once, not once per query
     head; a step takes 64 keys from one page or several (128 on an H100 whose grid leaves SMs idle), their page
     numbers loaded together, so that no load waits on another and the loop pipelines as chapter 4's does; a
-    sequence's splits are whole steps, and only its last step is masked. Its input check copies the tables to the host,
-    which waits for the GPU: a server whose own allocator wrote the tables passes `validate=False`, as the
-    bench does. On one H100 (`bench.shipped("paged")`), the printed kernel takes 3.8-41.6x its time.
+    sequence's splits are whole steps, and only its last step is masked, in a loop of its own that is not
+    software-pipelined (a pipelined loop's prologue loads ahead even when the loop has nothing to do). Its input
+    check copies the tables to the host, which waits for the GPU: a server whose own allocator wrote the tables
+    passes `validate=False`, as the bench does. On one H200 (`bench.shipped("paged", gpu="h200")`), the printed
+    kernel takes 5.1-55.7x its time.
     """, "slide", name="fast-path"),
 
     md(r"""
     ## Measured
 
-    `flashcourse bench paged`, one H100, fp16, 32 query heads sharing 8 KV heads of 128, pages handed out
+    `flashcourse bench paged`, one H200, fp16, 32 query heads sharing 8 KV heads of 128, pages handed out
     in a random order, the same tokens also contiguous. Times in µs, and over `flash_decode`'s:
     """, "slide", name="measured"),
     code("""
     # NBVAL_CHECK_OUTPUT
     from flashcourse import bench
-    result = bench.shipped("paged")
+    result = bench.shipped("paged", gpu="h200")
     ms = {(r.workload, r.impl): r.ms * 1e3 for r in result.records if r.ms}
     print(result.gpu, "| pages of 16 | times over flash_decode's")
     print(f"{'B':>3s} {'L':>9s} {'flash':>7s} {'paged':>7s} | {'paged':>5s} {'taught':>6s} {'SDPA':>5s} {'Flex':>5s}")
@@ -239,14 +241,16 @@ CELLS = [
     viz.paged_time_plot(result, block_size=16)
     """, "subslide", name="measured-plot"),
     md(f"""
-    At batch 64-256, `paged_decode` takes 0.93-1.01x `flash_decode`'s time and reads the cache at up to
-    3.0 TB/s, the H100's copy bandwidth (`bench.shipped("roofline")`): the pages cost nothing there. At batch
-    1-16 it takes 1.02-1.19x: with few programs, each step's page numbers are a load its keys wait for, and little
-    else runs meanwhile; there it takes steps of 128 keys and loads each step's page numbers during the step before
-    ([lab notes]({LAB}#the-combine-in-the-same-launch-and-gpu-time-alone)).
-    On ragged lengths (batch 64, up to 16k) it takes 0.73-0.86x: `flash_decode` then checks its lengths on the
-    host and SDPA reads the padded cache (1.24-1.47x). FlexAttention's paged path takes 1.04-2.37x
-    `paged_decode`'s time with pages of 64 and 1.11-4.39x with pages of 16.
+    At batch 64-256, `paged_decode` takes 0.92-1.02x `flash_decode`'s time and reads the cache at up to
+    4.4 TB/s, more than the H200's copy, 4.2 TB/s (`bench.shipped("roofline", gpu="h200")`; a copy reads and
+    writes, decoding only reads): the pages cost nothing there. At batch 1-16 it takes 0.94-1.02x. With fewer
+    programs than SMs nothing hides a program's waits and fixed work, and matching `flash_decode` there took four
+    changes, each measured in the lab notes: steps of 128 keys, each step's page numbers loaded during the step
+    before, splits of whole steps, and the last step's loop unpipelined
+    ([lab notes]({LAB}#the-last-steps-loop-unpipelined-and-the-suite-on-an-h200-issue-33)).
+    On ragged lengths (batch 64, up to 16k) it takes 0.69-0.82x: `flash_decode` then checks its lengths on the
+    host and SDPA reads the padded cache (1.09-1.29x). FlexAttention's paged path takes 1.29-3.46x
+    `paged_decode`'s time with pages of 64 and 1.31-6.33x with pages of 16.
     """, "fragment", name="measured-text"),
 
     md(r"""
@@ -301,7 +305,7 @@ CELLS = [
       the systems vLLM profiled); pages of $b$ tokens waste less than $b$ slots a sequence, and let sequences
       share a prefix block by block, copying a shared block only when one of them writes it.
     * Decoding over pages is chapter 4's split-KV with a block-table read before each page: the same traffic
-      plus one entry per page and KV head. At batch 64 and more it runs as fast as the contiguous kernel.
+      plus one entry per page and KV head. It runs as fast as the contiguous kernel, at batch 1 as at 256.
     * A server built on it admits, decodes and preempts requests step by step, over one pool of blocks.
 
     **Exercise:** `exercises/09_paged_attention.ipynb`: the block allocator with copy-on-write in NumPy, and the
@@ -311,7 +315,8 @@ CELLS = [
     Instructor notes: about 40 minutes. Before the waste count, ask the room what fraction of a contiguous cache
     reserved at 2048 tokens holds tokens when lengths are uniform (about half), and what pages of 16 change.
     Before copy-on-write, ask what must happen when two sequences sharing a half-full block both append. On the
-    measurement, ask why the paged kernel matches flash_decode at batch 64 and more but not at batch 1 (one
-    launch against two, on calls of 12-700 µs).
+    measurement, ask why matching flash_decode at batch 64 and more came for free but at batch 1 took four
+    changes (fewer programs than SMs: nothing hides one program's waits and fixed work, in calls of 7-14 µs of GPU
+    time at 1 x 1k-8k).
     """, "notes", name="notes"),
 ]

@@ -67,8 +67,9 @@ def test_no_key_past_a_sequence_leaks_from_nan_pages(device, seed, offsets_64):
     """paged_decode runs its whole steps unmasked and masks only a split's last one. Every slot of the pool that holds
     no token is NaN (the rest of each last page, the spare pages, page 0 that a masked page number names), and
     sequences end exactly at a step (128 and 64 keys: every step whole), mid-step (40, 33) and at one key: the
-    outputs are within the bar, with one split (page numbers loaded in their step) and two (loaded a step ahead), the
-    pool's offsets in 32 bits or (forced: a pool of 2**31 elements does not fit a test) in 64."""
+    outputs are within the bar, with one split (page numbers loaded in their step) and two (loaded a step ahead, the last
+    step's loop pipelined as the whole steps' is), the pool's offsets in 32 bits or (forced: a pool of 2**31 elements does not fit a test)
+    in 64."""
     lens = [128, 40, 33, 64, 1]
     q, k_pool, v_pool, tables, seq_lens, k, v = paged_inputs(lens, 16, 2, 1, 64, seed)
     held = torch.zeros(k_pool.shape[:2], dtype=torch.bool)
@@ -76,9 +77,10 @@ def test_no_key_past_a_sequence_leaks_from_nan_pages(device, seed, offsets_64):
         held[tables[b, (torch.arange(n) // 16).to(tables.device)].cpu(), torch.arange(n) % 16] = True
     for pool in (k_pool, v_pool):
         pool[~held.to(pool.device)] = float("nan")
-    for splits, ahead in ((1, False), (2, True)):
-        o = paged_decode(q, k_pool, v_pool, tables, seq_lens, num_splits=splits, ahead=ahead, offsets_64=offsets_64)
-        assert_decode_close(o, q, k, v, seq_lens, what=f"{splits} splits, ahead {ahead}, seed {seed}")
+    for splits, ahead, tail in ((1, False, None), (2, True, 3)):
+        o = paged_decode(q, k_pool, v_pool, tables, seq_lens, num_splits=splits, ahead=ahead, offsets_64=offsets_64,
+                         tail_stages=tail)
+        assert_decode_close(o, q, k, v, seq_lens, what=f"{splits} splits, ahead {ahead}, tail {tail}, seed {seed}")
 
 
 @pytest.mark.parametrize("block_size,block_n", [(16, 128), (64, 128), (16, 64), (128, 64), (48, 64)])
@@ -103,6 +105,14 @@ def test_32_bit_offsets_refused_for_a_pool_that_needs_64(monkeypatch):
     with pytest.raises(ValueError, match="offsets_64 is False, but k_cache"):
         paged_decode(torch.zeros(1, 2, 64, dtype=torch.float16, device=DEVICE), kv, kv,
                      torch.tensor([[0]], device=DEVICE), torch.tensor([3], device=DEVICE), offsets_64=False)
+
+
+@pytest.mark.parametrize("tail_stages", [0, 1.0, True, "1"])
+def test_tail_stages_must_be_a_positive_int(tail_stages):
+    kv = torch.zeros(4, 16, 1, 64, dtype=torch.float16, device=DEVICE)
+    with pytest.raises(ValueError, match=r"paged_decode: tail_stages must be None or an int >= 1, got"):
+        paged_decode(torch.zeros(1, 2, 64, dtype=torch.float16, device=DEVICE), kv, kv,
+                     torch.tensor([[0]], device=DEVICE), torch.tensor([3], device=DEVICE), tail_stages=tail_stages)
 
 
 @pytest.mark.parametrize("validate", [True, False])
@@ -288,3 +298,22 @@ def test_what_the_lab_notes_say_of_prefetching_page_numbers():
     assert sorted(round(v, 2) for (B, _, _), v in ratio.items() if B == 16) == [1.01, 1.03, 1.05, 1.06]
     assert all(1.05 <= v <= 1.095 for (B, L, _), v in ratio.items() if (B, L) == (1, 32768))
     assert all(1.215 <= v <= 1.285 for (B, L, _), v in ratio.items() if (B, L) == (1, 4096))
+
+
+def test_what_the_lab_notes_say_of_the_unpipelined_last_step():
+    """lab/paged.md's "The last step's loop unpipelined" (lab/results/h200/paged_ab_tail.json, ``lab/paged_ab.py
+    --tail``, one H200, graph replays, paged_decode's own splits): unpipelined, batch 1 at 1k-8k keys takes 0.79-0.94x
+    flash_decode's time (pipelined 0.91-1.19x), no row is more than 0.01 slower than pipelined, and at 1 x 1024 it
+    saves 1.9 µs; then (paged_small_tail.json, flash_decode's split count) batch 1-16 at 0.92-1.04x."""
+    from lab_tools import lab_result
+    rows = lab_result("paged_ab_tail", gpu="h200")["rows"]
+    rel = {(r["B"], r["L"], r["page"]): {n: us / r["us"]["flash_decode"] for n, us in r["us"].items()} for r in rows}
+    small = [v for (B, L, _), v in rel.items() if B == 1 and L <= 8192]
+    assert (round(min(v["tail 1"] for v in small), 2), round(max(v["tail 1"] for v in small), 2)) == (0.79, 0.94)
+    assert (round(min(v["paged_decode"] for v in small), 2), round(max(v["paged_decode"] for v in small), 2)) == (
+        0.91, 1.19)
+    assert all(v["tail 1"] <= v["paged_decode"] + 0.01 for v in rel.values())
+    r = next(r for r in rows if (r["B"], r["L"], r["page"]) == (1, 1024, 16))
+    assert round(r["us"]["paged_decode"] - r["us"]["tail 1"], 1) == 1.9
+    ratios = [r["best_over_flash"] for r in lab_result("paged_small_tail", gpu="h200")["rows"]]
+    assert (round(min(ratios), 2), round(max(ratios), 2)) == (0.92, 1.04)

@@ -1,7 +1,7 @@
 """``flashcourse bench SUITE``: measure a suite on this machine's GPU and write the result as JSON.
 
-``flashcourse bench --list`` names the suites; ``flashcourse bench SUITE --shipped`` prints the
-H100 results that ship with the course (no GPU needed). Without a GPU, measuring says so in one
+``flashcourse bench --list`` names the suites; ``flashcourse bench SUITE --shipped [--gpu h200]`` prints
+the results that ship with the course (no GPU needed; the H100's unless ``--gpu`` names another card). Without a GPU, measuring says so in one
 line and exits with status 2.
 
 Example:
@@ -31,7 +31,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="smaller sizes: a first look, or a GPU with little memory")
     parser.add_argument("--shipped", action="store_true",
-                        help="print the H100 results shipped with the course instead of measuring")
+                        help="print the results shipped with the course instead of measuring")
+    parser.add_argument("--gpu", default="h100",
+                        help="with --shipped: whose results, a folder of bench/results (default h100; "
+                             "--list says which cards each suite ships for)")
     parser.add_argument("--warmup", type=int, default=timers.DO_BENCH["warmup"],
                         help="do_bench warm-up time in ms (default %(default)s)")
     parser.add_argument("--rep", type=int, default=timers.DO_BENCH["rep"],
@@ -44,6 +47,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def _cards() -> list[str]:
+    """The cards whose results ship (folders of bench/results holding suites' JSON), the H100 first."""
+    return sorted((p.name for p in harness.RESULTS.iterdir() if any(p.glob("*.json"))), key=lambda g: (g != "h100", g))
+
+
 def _err(msg: str) -> None:
     print(f"flashcourse bench: {msg}", file=sys.stderr)
 
@@ -54,7 +62,8 @@ def run(args) -> int:
     if args.list or not args.suite:
         width = max(map(len, known), default=0)
         for name, s in sorted(known.items()):
-            shipped = " (H100 results shipped)" if name in harness.shipped_suites() else ""
+            cards = [g for g in _cards() if name in harness.shipped_suites(g)]
+            shipped = f" (results shipped: {', '.join(cards)})" if cards else ""
             print(f"{name:<{width}}  {s.help}{shipped}")
         if not args.list:
             _err("name a suite to run, e.g. `flashcourse bench roofline`")
@@ -65,7 +74,7 @@ def run(args) -> int:
         return 1
     if args.shipped:
         try:
-            print(harness.shipped(args.suite, flush=args.flush).table())
+            print(harness.shipped(args.suite, gpu=args.gpu, flush=args.flush).table())
         except FileNotFoundError as e:
             _err(str(e))
             return 1

@@ -181,7 +181,7 @@ def paged_decode_taught(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 # G query heads of its KV head as the M side of a tl.dot (each page read once, not G times); a step takes
 # BLOCK_N keys, from one page or several, their page numbers loaded for the whole block at once (no load
 # waits on another within a step, so the loop can be pipelined as chapter 4's is). As chapter 4's loop, the whole
-# steps run unmasked and only the last, ragged one is masked; the offsets into the pool are 32-bit unless the pool
+# steps run unmasked and only the last, ragged one is masked (in a loop of its own, not pipelined); the offsets into the pool are 32-bit unless the pool
 # needs 64 (a key's address is then one multiply-add from its page number: lab/paged.md, "The key loop's instructions").
 
 @triton.jit
@@ -228,7 +228,7 @@ def paged_split_fast(Q, K_cache, V_cache, block_tables, seq_lens, O, O_part, LSE
                      stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_bt, H_kv, G, PAGES,
                      HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_G: tl.constexpr, DIRECT: tl.constexpr, BLOCK_S: tl.constexpr, AHEAD: tl.constexpr,
-                     OFFSETS_64: tl.constexpr):
+                     OFFSETS_64: tl.constexpr, TAIL_STAGES: tl.constexpr):
     split = tl.program_id(0)
     bg = tl.program_id(1)                                    # b * H_kv + g
     b = bg // H_kv
@@ -252,7 +252,7 @@ def paged_split_fast(Q, K_cache, V_cache, block_tables, seq_lens, O, O_part, LSE
         acc, l_i, m_i, page = _paged_step(acc, l_i, m_i, page, Q_i, K_cache, V_cache, table, start, hi, offs_n, offs_d,
                                           g * stride_kh, qk_scale, stride_kb, stride_kt, BLOCK_SIZE, BLOCK_N, AHEAD,
                                           OFFSETS_64, False)
-    for start in range(full, hi, BLOCK_N):
+    for start in tl.range(full, hi, BLOCK_N, num_stages=TAIL_STAGES):     # at most one step
         acc, l_i, m_i, page = _paged_step(acc, l_i, m_i, page, Q_i, K_cache, V_cache, table, start, hi, offs_n, offs_d,
                                           g * stride_kh, qk_scale, stride_kb, stride_kt, BLOCK_SIZE, BLOCK_N, AHEAD,
                                           OFFSETS_64, True)
@@ -297,7 +297,8 @@ def paged_steps(programs: int, num_splits: int, d: int, dtype, cc) -> tuple[int,
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  seq_lens: torch.Tensor, num_splits: int | None = None, sm_scale: float | None = None, *,
                  block_n: int | None = None, num_warps: int = 4, num_stages: int | None = None,
-                 ahead: bool | None = None, offsets_64: bool | None = None, validate: bool = True) -> torch.Tensor:
+                 ahead: bool | None = None, offsets_64: bool | None = None, tail_stages: int | None = None,
+                 validate: bool = True) -> torch.Tensor:
     """Decoding attention over a paged cache, the fast way: :data:`paged_split_fast`, one program per (split,
     sequence x KV head) serving its G query heads with ``tl.dot``; the last of a head's programs to finish runs
     chapter 4's combine in the same launch (flash_decode's way), and with one split the program's output is final.
@@ -307,7 +308,9 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     (default: :func:`paged_steps`'s choice, whatever the page size), ``num_warps`` and ``num_stages`` the launch's
     (default: 4, and :func:`paged_steps`'s), ``ahead`` whether a step's page numbers are loaded during the step
     before (default: :func:`paged_steps`'s choice), ``offsets_64`` whether the offsets into the pools are computed in 64
-    bits (default: where the pool needs it, :func:`needs_64_bit_offsets`). ``validate=False`` skips the check of the
+    bits (default: where the pool needs it, :func:`needs_64_bit_offsets`), ``tail_stages`` the software-pipeline stages
+    of the loop that runs a split's last, ragged step (default 1, unpipelined: a pipelined loop's prologue, the loads
+    of its first steps, runs even when the loop has one step or none). ``validate=False`` skips the check of the
     tables' and lengths' values (:func:`expect_paged`), which waits for the GPU: a serving loop's hot path, whose
     tables its own allocator wrote; the splits are then planned for the longest length a table can hold.
 
@@ -345,6 +348,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     (count,) = kept("paged counters", q3.device, (B * H_kv, torch.int32, True))      # left zeroed by each call
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     options = dict(num_warps=num_warps, num_stages=stages if num_stages is None else num_stages)
+    if tail_stages is not None and (isinstance(tail_stages, bool) or not isinstance(tail_stages, int) or tail_stages < 1):
+        raise ValueError(f"{fn}: tail_stages must be None or an int >= 1, got {tail_stages!r}")
     with quiet():
         paged_split_fast[(S, B * H_kv)](q3, k_cache, v_cache, tables, lens, o, o_part, lse_part, count, sm_scale * LOG2E,
                                         q3.stride(0), q3.stride(1), k_cache.stride(0), k_cache.stride(1),
@@ -352,7 +357,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
                                         BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N, BLOCK_G=launch.constexprs["BLOCK_G"],
                                         DIRECT=S == 1, BLOCK_S=combine_block(S),
                                         AHEAD=plan_ahead if ahead is None else bool(ahead),
-                                        OFFSETS_64=wide if offsets_64 is None else bool(offsets_64), **options)
+                                        OFFSETS_64=wide if offsets_64 is None else bool(offsets_64),
+                                        TAIL_STAGES=tail_stages or 1, **options)
     return o
 
 
@@ -427,7 +433,8 @@ def _fast_configs(cc):
             wide_too = (d, dtype, direct, block_n) == (128, torch.float16, False, max(steps)[0])   # once a target
             for wide in (False, True) if wide_too else (False,):
                 yield aot.Launch({"HEAD_DIM": d, "BLOCK_SIZE": 16, "BLOCK_N": block_n, "BLOCK_G": block_g,
-                                  "DIRECT": direct, "BLOCK_S": combine_block(32), "AHEAD": ahead, "OFFSETS_64": wide},
+                                  "DIRECT": direct, "BLOCK_S": combine_block(32), "AHEAD": ahead, "OFFSETS_64": wide,
+                                  "TAIL_STAGES": 1},
                                  4, stages, _ptrs(dtype, "Q", "K_cache", "V_cache", "O"), "paged_split",
                                  f"d={d} {str(dtype)[6:]} page 16 n{block_n}" + (" one split" if direct else "")
                                  + (" 64-bit offsets" if wide else ""))
@@ -443,4 +450,5 @@ aot.register("paged_split", paged_split_fast, configs=_fast_configs, signature={
     "O_part": "*fp32", "LSE_part": "*fp32", "COUNT": "*i32", "qk_scale": "fp32",
     **{f"stride_{n}": "i32" for n in ("qb", "qh", "kb", "kt", "kh", "bt")}, "H_kv": "i32", "G": "i32", "PAGES": "i32",
     "HEAD_DIM": "constexpr", "BLOCK_SIZE": "constexpr", "BLOCK_N": "constexpr", "BLOCK_G": "constexpr",
-    "DIRECT": "constexpr", "BLOCK_S": "constexpr", "AHEAD": "constexpr", "OFFSETS_64": "constexpr"})
+    "DIRECT": "constexpr", "BLOCK_S": "constexpr", "AHEAD": "constexpr", "OFFSETS_64": "constexpr",
+    "TAIL_STAGES": "constexpr"})
