@@ -243,10 +243,9 @@ CELLS = [
     md(f"""
     At batch 64-256, `paged_decode` takes 0.92-1.02x `flash_decode`'s time and reads the cache at up to
     4.4 TB/s, more than the H200's copy, 4.2 TB/s (`bench.shipped("roofline", gpu="h200")`; a copy reads and
-    writes, decoding only reads): the pages cost nothing there. At batch 1-16 it takes 0.94-1.02x. With fewer
-    programs than SMs nothing hides a program's waits and fixed work, and matching `flash_decode` there took four
-    changes, each measured in the lab notes: steps of 128 keys, each step's page numbers loaded during the step
-    before, splits of whole steps, and the last step's loop unpipelined
+    writes, decoding only reads): the pages cost nothing there. At batch 1-16 it takes 0.94-1.02x; there, with
+    fewer programs than SMs to hide each other's waits, it took four changes: 128-key steps, page numbers loaded a
+    step ahead, splits of whole steps, the last step unpipelined
     ([lab notes]({LAB}#the-last-steps-loop-unpipelined-and-the-suite-on-an-h200-issue-33)).
     On ragged lengths (batch 64, up to 16k) it takes 0.69-0.82x: `flash_decode` then checks its lengths on the
     host and SDPA reads the padded cache (1.09-1.29x). FlexAttention's paged path takes 1.29-3.46x
