@@ -109,8 +109,9 @@ def main(argv=None):
         usage = subprocess.run([fa3_sass.tools()[1], "-res-usage", str(out / f"{tag}.cubin")], capture_output=True,
                                text=True, check=True).stdout
         regs = int(re.search(r"REG:(\d+)", usage).group(1))
-        print(f"{name:35s} {len(fa3_sass.instructions(sass))} instructions in all", flush=True)
-        for i, body in enumerate(key_loops(fa3_sass.instructions(sass))):
+        ins = fa3_sass.instructions(sass)
+        print(f"{name:35s} {len(ins)} instructions in all", flush=True)
+        for i, body in enumerate(key_loops(ins)):
             c = count(body)
             rows.append({"kernel": name, "loop": i, "keys_a_step": keys, "registers": regs, **c})
             print(f"{name:35s} {regs} registers, loop {i}: {c['n']:4d} a step, {c['n'] / keys:.2f} a key | "

@@ -47,11 +47,6 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def _cards() -> list[str]:
-    """The cards whose results ship (folders of bench/results holding suites' JSON), the H100 first."""
-    return sorted((p.name for p in harness.RESULTS.iterdir() if any(p.glob("*.json"))), key=lambda g: (g != "h100", g))
-
-
 def _err(msg: str) -> None:
     print(f"flashcourse bench: {msg}", file=sys.stderr)
 
@@ -61,9 +56,11 @@ def run(args) -> int:
     known = registered()
     if args.list or not args.suite:
         width = max(map(len, known), default=0)
+        cards = sorted((p.name for p in harness.RESULTS.iterdir() if p.is_dir()), key=lambda g: (g != "h100", g))
+        suites = {g: set(harness.shipped_suites(g)) for g in cards}       # each card's suites, the H100's first
         for name, s in sorted(known.items()):
-            cards = [g for g in _cards() if name in harness.shipped_suites(g)]
-            shipped = f" (results shipped: {', '.join(cards)})" if cards else ""
+            on = [g for g in suites if name in suites[g]]
+            shipped = f" (results shipped: {', '.join(on)})" if on else ""
             print(f"{name:<{width}}  {s.help}{shipped}")
         if not args.list:
             _err("name a suite to run, e.g. `flashcourse bench roofline`")

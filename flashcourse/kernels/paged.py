@@ -326,6 +326,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         True
     """
     fn = "paged_decode"
+    if tail_stages is not None and (isinstance(tail_stages, bool) or not isinstance(tail_stages, int) or tail_stages < 1):
+        raise ValueError(f"{fn}: tail_stages must be None or an int >= 1, got {tail_stages!r}")
     q3, tables, lens, longest = expect_paged(fn, q, k_cache, v_cache, block_tables, seq_lens, validate)
     wide = needs_64_bit_offsets(k_cache)
     if offsets_64 is False and wide:
@@ -348,8 +350,6 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     (count,) = kept("paged counters", q3.device, (B * H_kv, torch.int32, True))      # left zeroed by each call
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     options = dict(num_warps=num_warps, num_stages=stages if num_stages is None else num_stages)
-    if tail_stages is not None and (isinstance(tail_stages, bool) or not isinstance(tail_stages, int) or tail_stages < 1):
-        raise ValueError(f"{fn}: tail_stages must be None or an int >= 1, got {tail_stages!r}")
     with quiet():
         paged_split_fast[(S, B * H_kv)](q3, k_cache, v_cache, tables, lens, o, o_part, lse_part, count, sm_scale * LOG2E,
                                         q3.stride(0), q3.stride(1), k_cache.stride(0), k_cache.stride(1),
